@@ -1,0 +1,53 @@
+# Two commands do all set-up on a fresh machine:
+#   make serve   install the serving side and start the server on the bundled demo policy
+#   make test    install everything the tests need and run lint, type checks and tests
+#
+# torch comes from the export extra; TORCH pins the CPU wheel we test with (an unpinned
+# torch pulls a multi-GB CUDA build). Override it for your platform, e.g. TORCH=torch==2.5.1.
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+DEMO_REPOSITORY ?= examples/model_repository
+PYTEST_ARGS ?=
+
+.PHONY: serve test lint typecheck unit e2e bench demo clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# The serving install: onnxruntime and the web stack, no torch.
+$(VENV)/.serve-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	touch $@
+
+# Everything: the export extra (torch pinned first), load tests and test tools.
+$(VENV)/.test-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[export,load,test]"
+	touch $@ $(VENV)/.serve-installed
+
+serve: $(VENV)/.serve-installed
+	$(BIN)/rlserve serve --model-repository $(DEMO_REPOSITORY) --host $(HOST) --port $(PORT)
+
+lint: $(VENV)/.test-installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(VENV)/.test-installed
+	$(BIN)/mypy
+
+test: lint typecheck
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(VENV)/.test-installed
+	$(BIN)/python -m bench
+
+demo: $(VENV)/.test-installed
+	$(BIN)/python examples/train_cartpole.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

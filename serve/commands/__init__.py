@@ -1,0 +1,1 @@
+"""Subcommands of the ``rlserve`` command (see ``serve.cli``)."""

@@ -1,0 +1,172 @@
+"""The server's one typed configuration.
+
+Sources, highest precedence first:
+
+1. command-line flags of ``rlserve serve`` (and keyword arguments to :func:`load`);
+2. environment variables ``RLSERVE_<FIELD>`` (e.g. ``RLSERVE_MAX_BATCH_SIZE=64``;
+   lists as JSON, e.g. ``RLSERVE_PROVIDERS='["CUDAExecutionProvider"]'``);
+3. the YAML file named by ``--config`` / ``RLSERVE_CONFIG_FILE``;
+4. the defaults below.
+
+Per model, ``<model_repository>/<model>/config.yaml`` may override the fields of
+:class:`ModelSettings` (batching, deadline, version policy) for that model alone.
+
+Nothing is read at import time: settings exist once :func:`load` is called.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from serve.errors import RLServeError
+
+ENV_PREFIX = "RLSERVE_"
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class ConfigError(RLServeError):
+    status = 500
+    code = "config_invalid"
+
+
+class VersionPolicy(BaseModel):
+    """Which versions of a model to load (Triton's vocabulary): the newest N, or a list."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    latest: PositiveInt | None = 1
+    specific: list[int] | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> VersionPolicy:
+        if self.specific is not None and self.latest not in (None, 1):
+            raise ValueError("set either latest or specific, not both")
+        return self
+
+
+class ModelSettings(BaseModel):
+    """What a model's own config.yaml may override."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    max_batch_size: PositiveInt = Field(32, description="rows in one batch, at most")
+    max_wait_ms: float = Field(2.0, ge=0, description="wait after the first queued row")
+    max_queue_rows: PositiveInt = Field(1024, description="queued rows before 429")
+    default_deadline_ms: float = Field(1000.0, gt=0, description="per-request deadline")
+    version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
+
+    config_file: Path | None = Field(None, description="YAML file with any of these settings")
+    model_repository: Path = Field(
+        Path("model_repository"), description="<repo>/<model>/<N>/model.onnx"
+    )
+    default_model: str | None = Field(
+        None, description="served at POST /predict; default: the only model"
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+
+    # Batching and deadlines (defaults for every model; see ModelSettings).
+    max_batch_size: PositiveInt = 32
+    max_wait_ms: float = Field(2.0, ge=0)
+    max_queue_rows: PositiveInt = 1024
+    default_deadline_ms: float = Field(1000.0, gt=0)
+    version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
+    max_body_bytes: PositiveInt = Field(4 * 1024 * 1024, description="larger bodies get 413")
+
+    # onnxruntime.
+    providers: list[str] | Literal["auto"] = Field(
+        "auto", description="execution providers in order; auto = GPU providers present, then CPU"
+    )
+    allow_cpu_fallback: bool = Field(
+        False, description="stay ready when a requested GPU provider is inactive"
+    )
+    intra_op_threads: int = Field(1, ge=0, description="0 lets onnxruntime choose")
+    inter_op_threads: int = Field(1, ge=0)
+    graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
+
+    # Lifecycle: see serve/lifecycle.py for the shutdown order.
+    drain_delay_s: float = Field(5.0, ge=0, description="keep answering after SIGTERM, /ready 503")
+    graceful_timeout_s: float = Field(30.0, gt=0, description="longest wait for in-flight work")
+
+    # Logging.
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    access_log: bool = True
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
+        config_file = _config_file_from(init_settings)
+        if config_file is not None:
+            sources += (YamlConfigSettingsSource(settings_cls, yaml_file=config_file),)
+        return sources
+
+    def for_model(self, overrides: dict[str, Any]) -> ModelSettings:
+        """This server's defaults, with a model's own config.yaml on top."""
+        base = {name: getattr(self, name) for name in ModelSettings.model_fields}
+        return ModelSettings.model_validate({**base, **overrides})
+
+
+def _config_file_from(init_settings: PydanticBaseSettingsSource) -> Path | None:
+    given = init_settings().get("config_file") or os.environ.get(ENV_PREFIX + "CONFIG_FILE")
+    if given is None:
+        return None
+    path = Path(given)
+    if not path.is_file():
+        raise ConfigError(f"config_file: {path} does not exist; give the path of a YAML file")
+    return path
+
+
+def load(**overrides: Any) -> Settings:
+    """Settings from flags (``overrides``, None meaning 'not given'), env and the config file."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+
+
+def load_model_overrides(path: Path) -> dict[str, Any]:
+    """A model's config.yaml, checked against ModelSettings' fields; {} when absent."""
+    if not path.is_file():
+        return {}
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(ModelSettings.model_fields))
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown settings {unknown}; "
+            f"a model may set {sorted(ModelSettings.model_fields)}"
+        )
+    return raw
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "settings"
+        parts.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+    return "invalid configuration: " + "; ".join(parts)

@@ -1,0 +1,230 @@
+"""The policy contract: what an exported model declares about itself.
+
+A contract is JSON stored in the ONNX file's ``metadata_props`` under :data:`METADATA_KEY`,
+with schema :data:`SCHEMA` (``rlserve.policy/v1``). It says which spaces the policy lives in,
+which tensor plays which role, which preprocessing is baked into the graph, where the
+weights came from, and holds golden vectors (observation -> expected outputs) that any
+loader re-runs to prove the file is intact.
+
+This module needs neither torch nor the ``onnx`` package: the exporter writes contracts
+with it and the server reads them through onnxruntime.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from serve.distributions import DistributionKind
+from serve.errors import ContractError
+from serve.spaces import Space, leaves, parse_observations
+
+SCHEMA = "rlserve.policy/v1"
+METADATA_KEY = "rlserve.policy"
+
+
+class Algorithm(StrEnum):
+    PPO = "ppo"
+    A2C = "a2c"
+    DPO = "dpo"
+    GRPO = "grpo"
+
+
+class TensorRole(StrEnum):
+    OBSERVATION = "observation"  # input: one leaf of the observation space
+    ACTION = "action"  # output: the deterministic action, in the environment's action space
+    LOGITS = "logits"  # output: categorical / bernoulli parameters
+    MEAN = "mean"  # output: gaussian mean (before clipping)
+    LOG_STD = "log_std"  # output: gaussian log standard deviation
+    VALUE = "value"  # output: the critic's state value, shape [batch]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TensorSpec(_Model):
+    name: str
+    role: TensorRole
+    dtype: str
+    shape: list[int | str]  # "batch" marks the dynamic batch axis
+    key: str | None = None  # the Dict observation key this input carries
+
+
+class Source(_Model):
+    framework: str  # "stable-baselines3", "torch"
+    framework_version: str
+    checkpoint: str  # file name of the checkpoint the weights came from
+    sha256: str
+    policy_class: str
+
+
+class Normalization(_Model):
+    """Observation normalisation baked into the graph: clip((obs - mean) / sqrt(var + eps))."""
+
+    keys: list[str | None]  # the observation leaves that are normalised
+    clip: float | None
+    epsilon: float
+
+
+class ImageScaling(_Model):
+    key: str | None
+    layout: Literal["HWC", "CHW"]  # the layout the graph input expects
+    transposed_to_chw: bool  # the graph transposes HWC to CHW before the network
+    scale: float  # multiplied into the pixels inside the graph (1/255), or 1
+
+
+class Preprocessing(_Model):
+    normalization: Normalization | None = None
+    images: list[ImageScaling] = Field(default_factory=list)
+    action_clip: bool  # the action output is clipped to the Box bounds
+
+
+class DistributionSpec(_Model):
+    kind: DistributionKind
+    nvec: list[int] | None = None  # for multi_categorical
+
+
+class Exporter(_Model):
+    name: str = "rlserve"
+    version: str
+
+
+class GoldenVector(_Model):
+    observations: Any  # a batch of observations in request JSON form
+    outputs: dict[str, Any]  # output tensor name -> expected values
+
+
+class PolicyContract(_Model):
+    schema_: Literal["rlserve.policy/v1"] = Field("rlserve.policy/v1", alias="schema")
+    kind: Literal["actor_critic"] = "actor_critic"
+    algorithm: Algorithm
+    source: Source
+    observation_space: Space
+    action_space: Space
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    distribution: DistributionSpec
+    preprocessing: Preprocessing
+    policy_version: int
+    exporter: Exporter
+    opset: int
+    created_at: str  # ISO 8601, UTC
+    golden: list[GoldenVector]
+    golden_atol: float = 1e-4  # float outputs; discrete actions must match exactly
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True)
+
+    def output(self, role: TensorRole) -> TensorSpec | None:
+        return next((o for o in self.outputs if o.role is role), None)
+
+    def observation_feeds(self, observations: Any) -> dict[str, np.ndarray]:
+        """Graph inputs for observations in request form (validated against the space)."""
+        batch = parse_observations(self.observation_space, observations)
+        return {spec.name: batch.arrays[spec.key] for spec in self.inputs}
+
+
+def parse(text: str, origin: str) -> PolicyContract:
+    """A contract from its JSON text; ContractError says what is wrong and where it came from."""
+    try:
+        raw = _json_object(text, origin)
+        schema = raw.get("schema")
+        if schema != SCHEMA:
+            raise ContractError(
+                f"{origin}: policy contract schema {schema!r} is not supported; this rlserve "
+                f"reads {SCHEMA!r} (re-export the model with this version of rlserve)"
+            )
+        contract = PolicyContract.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ContractError(
+            f"{origin}: invalid policy contract at {where}: {first['msg']}"
+        ) from None
+    _check_inputs_cover_space(contract, origin)
+    return contract
+
+
+def _json_object(text: str, origin: str) -> dict[str, Any]:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ContractError(f"{origin}: policy contract is not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ContractError(f"{origin}: policy contract must be a JSON object")
+    return raw
+
+
+def _check_inputs_cover_space(contract: PolicyContract, origin: str) -> None:
+    keys = [k for k, _ in leaves(contract.observation_space)]
+    declared = [i.key for i in contract.inputs if i.role is TensorRole.OBSERVATION]
+    if sorted(map(str, keys)) != sorted(map(str, declared)):
+        raise ContractError(
+            f"{origin}: contract inputs carry observation keys {declared}, "
+            f"but the observation space has {keys}"
+        )
+
+
+def from_metadata(metadata: Mapping[str, str], origin: str) -> PolicyContract:
+    """The contract in an ONNX model's metadata_props (as onnxruntime reports them)."""
+    text = metadata.get(METADATA_KEY)
+    if text is None:
+        raise ContractError(
+            f"{origin}: the ONNX file has no policy contract (metadata key {METADATA_KEY!r}); "
+            "export it with `rlserve export`, which embeds one"
+        )
+    return parse(text, origin)
+
+
+def read(path: str | Path) -> PolicyContract:
+    """The contract of an ONNX file on disk, read through onnxruntime."""
+    import onnxruntime as ort
+
+    path = Path(path)
+    if not path.is_file():
+        raise ContractError(f"{path}: no such file; give the path of a model.onnx")
+    try:
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own assorted types for bad files
+        raise ContractError(f"{path}: not a loadable ONNX model ({_one_line(exc)})") from None
+    return from_metadata(session.get_modelmeta().custom_metadata_map, str(path))
+
+
+Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def check_golden(contract: PolicyContract, run: Runner) -> list[str]:
+    """Re-run the golden vectors; returns one line per mismatch (empty when the file is intact)."""
+    problems: list[str] = []
+    for i, golden in enumerate(contract.golden):
+        outputs = run(contract.observation_feeds(golden.observations))
+        for name, expected in golden.outputs.items():
+            problem = _compare(outputs.get(name), np.asarray(expected), contract.golden_atol)
+            if problem:
+                problems.append(f"golden vector {i}, output {name!r}: {problem}")
+    return problems
+
+
+def _compare(actual: np.ndarray | None, expected: np.ndarray, atol: float) -> str | None:
+    if actual is None:
+        return "missing from the model's outputs"
+    if actual.shape != expected.shape:
+        return f"shape {actual.shape}, expected {expected.shape}"
+    if expected.dtype.kind in "iub":
+        mismatched = int(np.sum(actual != expected))
+        return f"{mismatched} of {expected.size} values differ" if mismatched else None
+    diff = float(np.max(np.abs(actual.astype(np.float64) - expected))) if expected.size else 0.0
+    return f"max abs diff {diff:.3g} exceeds {atol:g}" if not diff <= atol else None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
