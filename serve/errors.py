@@ -97,3 +97,10 @@ class ServiceUnavailable(RLServeError):
 class DeadlineExceeded(RLServeError):
     status = 504
     code = "deadline_exceeded"
+
+
+class ExportError(RLServeError):
+    """An export cannot proceed: a missing or corrupt checkpoint, an unsupported space."""
+
+    status = 422
+    code = "export_failed"
