@@ -77,6 +77,7 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    workers: PositiveInt = Field(2, description="gunicorn worker processes (production only)")
 
     # Batching and deadlines (defaults for every model; see ModelSettings).
     max_batch_size: PositiveInt = 32
@@ -100,6 +101,7 @@ class Settings(BaseSettings):
     # Lifecycle: see serve/lifecycle.py for the shutdown order.
     drain_delay_s: float = Field(5.0, ge=0, description="keep answering after SIGTERM, /ready 503")
     graceful_timeout_s: float = Field(30.0, gt=0, description="longest wait for in-flight work")
+    stuck_batch_s: float = Field(30.0, gt=0, description="/health fails when a batch runs longer")
 
     # Logging.
     log_level: Literal["debug", "info", "warning", "error"] = "info"

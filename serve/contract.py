@@ -22,7 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serve.distributions import DistributionKind
-from serve.errors import ContractError
+from serve.errors import ContractError, one_line
 from serve.spaces import Space, leaves, parse_observations
 
 SCHEMA = "rlserve.policy/v1"
@@ -195,7 +195,7 @@ def read(path: str | Path) -> PolicyContract:
     try:
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own assorted types for bad files
-        raise ContractError(f"{path}: not a loadable ONNX model ({_one_line(exc)})") from None
+        raise ContractError(f"{path}: not a loadable ONNX model ({one_line(exc)})") from None
     return from_metadata(session.get_modelmeta().custom_metadata_map, str(path))
 
 
@@ -224,7 +224,3 @@ def _compare(actual: np.ndarray | None, expected: np.ndarray, atol: float) -> st
         return f"{mismatched} of {expected.size} values differ" if mismatched else None
     diff = float(np.max(np.abs(actual.astype(np.float64) - expected))) if expected.size else 0.0
     return f"max abs diff {diff:.3g} exceeds {atol:g}" if not diff <= atol else None
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300]

@@ -104,3 +104,8 @@ class ExportError(RLServeError):
 
     status = 422
     code = "export_failed"
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception's text on one line, for messages that quote a library's error."""
+    return " ".join(str(exc).split())[:limit]

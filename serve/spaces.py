@@ -297,10 +297,8 @@ def _as_numeric_array(value: Any, field: str) -> np.ndarray:
     except ValueError as exc:  # ragged nesting
         raise InvalidInput(f"{field}: lists must be rectangular ({exc})") from None
     if array.dtype.kind not in _FLOAT_KINDS + _INT_KINDS:
-        raise InvalidInput(
-            f"{field}: expected numbers, got values of type {array.dtype.kind!r} "
-            f"(e.g. {_first(array)!r})"
-        )
+        example = _first_non_number(value)
+        raise InvalidInput(f"{field}: expected numbers, got {example!r}")
     return array
 
 
@@ -344,18 +342,22 @@ def _check_bounds(array: np.ndarray, low: np.ndarray, high: np.ndarray, field: s
         index = tuple(int(i) for i in np.argwhere(outside)[0])
         lo, hi = np.broadcast_to(low, array.shape)[index], np.broadcast_to(high, array.shape)[index]
         raise InvalidInput(
-            f"{field}: value {array[index]!r} at index {list(index)} is outside the space's "
-            f"bounds [{lo}, {hi}]"
+            f"{field}: value {array[index]!s} at index {list(index)} is outside the space's "
+            f"bounds [{lo!s}, {hi!s}]"
         )
 
 
-def _first(array: np.ndarray) -> Any:
-    return array.flat[0] if array.size else None
+def _first_non_number(value: Any) -> Any:
+    if isinstance(value, list):
+        found = (_first_non_number(v) for v in value)
+        return next((v for v in found if v is not None), None)
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    return None if is_number or isinstance(value, bool) else value
 
 
 def _first_bad(mask: np.ndarray, array: np.ndarray) -> str:
     index = tuple(int(i) for i in np.argwhere(mask)[0])
-    return f"{array[index]!r} at index {list(index)}"
+    return f"{array[index]!s} at index {list(index)}"
 
 
 def _shape_text(shape: tuple[int | str, ...]) -> str:

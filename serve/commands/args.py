@@ -1,6 +1,7 @@
 """Command-line arguments declared once, as a dataclass: its fields are the flags and their help.
 
-A field's metadata holds its ``help``; ``positional=True`` makes it a positional argument.
+A field's metadata holds its ``help``; ``positional=True`` makes it a positional argument;
+``flag="--name"`` overrides the flag's name.
 Field names become ``--kebab-case`` flags; ``bool`` fields are switches; ``list[...]`` fields
 may repeat; ``Enum`` fields offer their values as choices.
 """
@@ -37,6 +38,7 @@ def _add_one(parser: argparse.ArgumentParser, f: dataclasses.Field[Any], hint: A
     meta = dict(f.metadata)
     help_text: str = meta.pop("help", "")
     positional = meta.pop("positional", False)
+    flag = meta.pop("flag", "--" + f.name.replace("_", "-"))
     base, optional = _unwrap_optional(hint)
     kwargs: dict[str, Any] = {"help": help_text, **meta}
     has_default = (
@@ -46,7 +48,6 @@ def _add_one(parser: argparse.ArgumentParser, f: dataclasses.Field[Any], hint: A
     if f.default_factory is not dataclasses.MISSING:
         default = f.default_factory()
     if base is bool:
-        flag = "--" + f.name.replace("_", "-")
         parser.add_argument(flag, dest=f.name, action="store_true", default=bool(default), **kwargs)
         return
     if typing.get_origin(base) is list:
@@ -63,9 +64,7 @@ def _add_one(parser: argparse.ArgumentParser, f: dataclasses.Field[Any], hint: A
     if has_default and default is not None and "default: " not in help_text:
         kwargs["help"] = f"{help_text} (default: {_show(default)})"
     required = not has_default and not optional
-    parser.add_argument(
-        "--" + f.name.replace("_", "-"), dest=f.name, default=default, required=required, **kwargs
-    )
+    parser.add_argument(flag, dest=f.name, default=default, required=required, **kwargs)
 
 
 def _unwrap_optional(hint: Any) -> tuple[Any, bool]:

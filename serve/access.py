@@ -1,0 +1,70 @@
+"""What every HTTP exchange gets: a request id, one structured access-log line, and
+``Connection: close`` while the server drains (so clients reconnect to another replica).
+
+A pure ASGI middleware: one wrapper around the app, no per-request task or body copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+import orjson
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from serve.lifecycle import Lifecycle
+
+log = logging.getLogger("rlserve.access")
+
+
+class AccessMiddleware:
+    def __init__(self, app: ASGIApp, lifecycle: Lifecycle, log_requests: bool) -> None:
+        self.app = app
+        self.lifecycle = lifecycle
+        self.log_requests = log_requests
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = _request_id(scope)
+        started = time.perf_counter()
+        status = 500
+
+        async def send_with_headers(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = MutableHeaders(scope=message)
+                headers["X-Request-Id"] = request_id
+                if self.lifecycle.draining:
+                    headers["Connection"] = "close"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_headers)
+        finally:
+            if self.log_requests:
+                _log(scope, request_id, status, time.perf_counter() - started)
+
+
+def _request_id(scope: Scope) -> str:
+    for name, value in scope["headers"]:
+        if name == b"x-request-id" and 0 < len(value) <= 128:
+            return value.decode("latin-1")
+    return uuid.uuid4().hex
+
+
+def _log(scope: Scope, request_id: str, status: int, seconds: float) -> None:
+    client = scope.get("client")
+    record = {
+        "request_id": request_id,
+        "method": scope["method"],
+        "path": scope["path"],
+        "status": status,
+        "latency_ms": round(seconds * 1000, 3),
+        "client": client[0] if client else None,
+    }
+    log.info(orjson.dumps(record).decode())

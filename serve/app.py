@@ -1,0 +1,100 @@
+"""The ASGI application: ``create_app()`` builds it (gunicorn: ``serve.app:create_app()``).
+
+Settings are read when the app is created, never at import. Errors of every kind become
+``{"error": {"code": ..., "message": ...}}`` here, and only here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from serve import __version__, config, routes
+from serve.access import AccessMiddleware
+from serve.errors import MalformedRequest, RLServeError
+from serve.lifecycle import Lifecycle
+from serve.metrics import Metrics
+from serve.registry import Registry
+from serve.state import ServerState
+from serve.wire import error_response, json_response
+
+log = logging.getLogger("rlserve.app")
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
+def create_app(settings: config.Settings | None = None) -> FastAPI:
+    settings = settings or config.load()
+    metrics = Metrics()
+    state = ServerState(settings, Registry(settings, metrics), Lifecycle(), metrics)
+    app = FastAPI(
+        title="rlserve",
+        version=__version__,
+        summary="A batching policy server for reinforcement-learning policies",
+        lifespan=_lifespan,
+    )
+    app.state.rlserve = state
+    app.include_router(routes.router)
+    app.add_exception_handler(RLServeError, _rlserve_error)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _unexpected_error)
+    app.add_middleware(
+        AccessMiddleware, lifecycle=state.lifecycle, log_requests=settings.access_log
+    )
+    return app
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    state: ServerState = app.state.rlserve
+    loading = asyncio.create_task(_load(state), name="rlserve-load")
+    try:
+        yield
+    finally:
+        state.lifecycle.begin_stop()
+        loading.cancel()
+        await state.registry.stop()
+        log.info("stopped")
+
+
+async def _load(state: ServerState) -> None:
+    """Load, verify and warm every model while the server already answers /health."""
+    try:
+        await state.registry.load_all()
+    except RLServeError as exc:
+        state.registry.fatal = exc.message
+        log.error("cannot load the model repository: %s", exc.message)
+        return
+    state.lifecycle.ready()
+    for reason in state.registry.unready_reasons():
+        log.error("not ready: %s", reason)
+
+
+async def _rlserve_error(request: Request, exc: RLServeError) -> Response:
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return json_response({"error": {"code": code, "message": message}}, exc.status_code)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    where = ".".join(str(p) for p in first["loc"])
+    return error_response(MalformedRequest(f"{where}: {first['msg']}"))
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_response(RLServeError(f"internal error: {type(exc).__name__}; see the server log"))

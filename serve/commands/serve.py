@@ -1,0 +1,102 @@
+"""``rlserve serve``: the development server (uvicorn, one process).
+
+Production runs gunicorn with ``serve/gunicorn.conf.py``; both read the same settings
+(see ``serve.config`` for the precedence: flags > RLSERVE_* env > config file > defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from serve.commands.args import add_arguments as add_dataclass_arguments
+from serve.commands.args import arg, from_namespace
+
+NAME = "serve"
+HELP = "serve the models of a model repository over HTTP (development server)"
+EXTRA = None
+
+_FROM_CONFIG = "default: RLSERVE_* env, then --config, then "
+
+
+@dataclass
+class ServeArgs:
+    model_repository: Path | None = field(
+        default=None, metadata=arg("folder laid out as <model>/<version>/model.onnx")
+    )
+    config_file: Path | None = field(
+        default=None, metadata=arg("YAML file with any server setting", flag="--config")
+    )
+    host: str | None = field(default=None, metadata=arg(_FROM_CONFIG + "127.0.0.1"))
+    port: int | None = field(default=None, metadata=arg(_FROM_CONFIG + "8000"))
+    default_model: str | None = field(
+        default=None, metadata=arg("model answering POST /predict (default: the only one)")
+    )
+    max_batch_size: int | None = field(default=None, metadata=arg(_FROM_CONFIG + "32"))
+    max_wait_ms: float | None = field(
+        default=None, metadata=arg("wait for more rows after the first; " + _FROM_CONFIG + "2")
+    )
+    max_queue_rows: int | None = field(
+        default=None, metadata=arg("queued rows before 429; " + _FROM_CONFIG + "1024")
+    )
+    default_deadline_ms: float | None = field(
+        default=None, metadata=arg("per-request deadline; " + _FROM_CONFIG + "1000")
+    )
+    providers: list[str] | None = field(
+        default=None,
+        metadata=arg("onnxruntime execution provider, repeat in order (default: auto)"),
+    )
+    allow_cpu_fallback: bool = field(
+        default=False, metadata=arg("stay ready when a requested GPU provider is not active")
+    )
+    drain_delay_s: float | None = field(
+        default=None,
+        metadata=arg("keep serving after SIGTERM with /ready 503; " + _FROM_CONFIG + "5"),
+    )
+    log_level: str | None = field(
+        default=None,
+        metadata=arg(
+            "debug, info, warning or error", choices=["debug", "info", "warning", "error"]
+        ),
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_dataclass_arguments(parser, ServeArgs)
+    parser.epilog = "Every setting can also come from RLSERVE_<NAME> or the YAML --config file."
+
+
+def run(namespace: argparse.Namespace) -> int:
+    import uvicorn
+
+    from serve import config, logs, repository
+    from serve.app import create_app
+    from serve.server import DrainingServer
+
+    args = from_namespace(ServeArgs, namespace)
+    overrides = dataclasses.asdict(args)
+    overrides["allow_cpu_fallback"] = True if args.allow_cpu_fallback else None
+    settings = config.load(**overrides)
+    logs.configure(settings.log_level)
+    repository.discover(settings.model_repository)  # fail fast on a wrong path
+    app = create_app(settings)
+    uv_config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        lifespan="on",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=int(settings.graceful_timeout_s),
+    )
+    logging.getLogger("rlserve").info(
+        "serving %s on http://%s:%d (docs at /docs)",
+        settings.model_repository,
+        settings.host,
+        settings.port,
+    )
+    DrainingServer(uv_config, app.state.rlserve).run()
+    return 0

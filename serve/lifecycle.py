@@ -1,0 +1,67 @@
+"""The server's phases, and the one place where the shutdown order is written down.
+
+Phases: STARTING (listening; /health 200, /ready 503 while models load, verify and warm
+up) -> READY -> DRAINING -> STOPPING.
+
+Shutdown order, on SIGTERM (``serve.server.DrainingServer``):
+
+1. DRAINING at once: /ready answers 503 so the load balancer takes this replica out of
+   rotation; every request is still served, answers carry ``Connection: close``.
+2. After ``drain_delay_s`` (time for endpoints to propagate): STOPPING. uvicorn stops
+   accepting connections and closes idle keep-alive ones; a request that still arrives on
+   an open connection gets 503.
+3. In-flight requests finish: their work is queued or running in a batcher and completes
+   within its deadline (uvicorn waits up to ``graceful_timeout_s``).
+4. Lifespan shutdown: each batcher answers what is left in its queue (runs it, or 504 when
+   its deadline passed), then its thread stops.
+5. The process exits.
+
+SIGINT (Ctrl-C in development) skips the delay of step 2; a second signal forces exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from enum import StrEnum
+
+log = logging.getLogger("rlserve.lifecycle")
+
+
+class Phase(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPING = "stopping"
+
+
+class Lifecycle:
+    def __init__(self) -> None:
+        self.phase = Phase.STARTING
+        self.started_at = time.monotonic()
+        self.drain_started_at: float | None = None
+
+    def ready(self) -> None:
+        if self.phase is Phase.STARTING:
+            self.phase = Phase.READY
+            log.info("ready after %.2fs", time.monotonic() - self.started_at)
+
+    def begin_drain(self) -> None:
+        if self.phase in (Phase.STARTING, Phase.READY):
+            self.phase = Phase.DRAINING
+            self.drain_started_at = time.monotonic()
+            log.info("draining: /ready answers 503, still serving")
+
+    def begin_stop(self) -> None:
+        if self.phase is not Phase.STOPPING:
+            self.phase = Phase.STOPPING
+            log.info("stopping: no new connections; finishing in-flight requests")
+
+    @property
+    def serving(self) -> bool:
+        """Whether predict requests are taken (loaded models also answer while STARTING)."""
+        return self.phase is not Phase.STOPPING
+
+    @property
+    def draining(self) -> bool:
+        return self.phase in (Phase.DRAINING, Phase.STOPPING)

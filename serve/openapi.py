@@ -1,0 +1,46 @@
+"""The predict request as documentation: shown in /docs, never used to validate.
+
+Validation happens against each model's policy contract (``serve.spaces``), which knows
+shapes and bounds that a static schema cannot.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from serve.types import OutputKind
+
+
+class PredictRequest(BaseModel):
+    observations: Any = Field(
+        description="One observation, or a list of them (an N-env vector), shaped as the "
+        "model's observation space (GET /v1/models/{model} shows its contract). For a Dict "
+        "space: an object of key to value, or a list of such objects.",
+        examples=[[0.01, -0.02, 0.03, 0.04]],
+    )
+    deterministic: bool = Field(True, description="the policy's mode, or a sampled action")
+    seed: int | None = Field(None, ge=0, description="makes sampled actions reproducible")
+    outputs: list[OutputKind] = Field(
+        default=[OutputKind.ACTIONS],
+        description="what to return: actions, log_probs, values, distribution",
+    )
+
+
+PREDICT_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": PredictRequest.model_json_schema()}},
+    },
+    "responses": {
+        "200": {"description": "model, model_version and the requested outputs"},
+        "400": {"description": "malformed JSON or header"},
+        "404": {"description": "unknown model or version"},
+        "413": {"description": "body larger than max_body_bytes"},
+        "422": {"description": "observations do not fit the contract (shape, dtype, bounds)"},
+        "429": {"description": "queue full; see Retry-After"},
+        "503": {"description": "not ready, or shutting down"},
+        "504": {"description": "deadline passed"},
+    },
+}

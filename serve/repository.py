@@ -1,0 +1,110 @@
+"""The model repository on disk, in Triton's layout, and loading one version from it.
+
+    <repository>/<model>/config.yaml          optional: batching, deadline, version policy
+    <repository>/<model>/<version>/model.onnx  integer versions
+
+A version directory counts only once its ``model.onnx`` exists; the exporter writes a
+version into a hidden temporary directory and renames it into place, so a reader never
+sees half a version. Names starting with ``.`` are ignored.
+
+Loading a version reads its bytes once (sha256), builds the onnxruntime session, reads the
+policy contract from the session's metadata, re-runs the golden vectors and warms every
+padded batch size; any failure is a ModelLoadError saying which step and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from serve import contract
+from serve.actor_critic import ActorCriticPolicy
+from serve.batching import buckets_for
+from serve.config import ConfigError, ModelSettings, Settings, VersionPolicy
+from serve.errors import ModelLoadError
+from serve.model import ServedModel
+from serve.runtime import create_session
+
+log = logging.getLogger("rlserve.repository")
+
+MODEL_FILE = "model.onnx"
+MODEL_CONFIG = "config.yaml"
+
+
+@dataclass(frozen=True)
+class VersionDir:
+    model: str
+    version: int
+    path: Path  # the model.onnx
+
+
+def discover(root: Path) -> dict[str, list[VersionDir]]:
+    """Every model and its complete versions, ascending."""
+    if not root.is_dir():
+        raise ConfigError(
+            f"model_repository: {root} is not a directory; give a folder laid out as "
+            "<model>/<version>/model.onnx"
+        )
+    found: dict[str, list[VersionDir]] = {}
+    for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and _visible(p)):
+        found[model_dir.name] = versions_of(model_dir)
+    return found
+
+
+def versions_of(model_dir: Path) -> list[VersionDir]:
+    versions = [
+        VersionDir(model_dir.name, int(d.name), d / MODEL_FILE)
+        for d in model_dir.iterdir()
+        if d.is_dir() and d.name.isdigit() and (d / MODEL_FILE).is_file()
+    ]
+    return sorted(versions, key=lambda v: v.version)
+
+
+def select(versions: list[VersionDir], policy: VersionPolicy) -> list[VersionDir]:
+    """The versions a policy asks for: the newest N, or the listed ones that exist."""
+    if policy.specific is not None:
+        wanted = set(policy.specific)
+        return [v for v in versions if v.version in wanted]
+    return versions[-(policy.latest or 1) :]
+
+
+def load_version(where: VersionDir, settings: Settings, model: ModelSettings) -> ServedModel:
+    origin = f"{where.model}/{where.version}"
+    started = time.monotonic()
+    data = _read(where.path, origin)
+    session = create_session(data, settings, origin)
+    policy_contract = contract.from_metadata(session.metadata, origin)
+    problems = contract.check_golden(policy_contract, session.run)
+    if problems:
+        raise ModelLoadError(f"{origin}: golden vectors do not reproduce: {'; '.join(problems)}")
+    loaded = ActorCriticPolicy(
+        where.model,
+        where.version,
+        policy_contract,
+        session,
+        hashlib.sha256(data).hexdigest(),
+        model.max_batch_size,
+    )
+    loaded.warm_up(buckets_for(model.max_batch_size))
+    log.info(
+        "loaded %s on %s in %.2fs (golden vectors OK, %d batch sizes warmed)",
+        origin,
+        loaded.provider,
+        time.monotonic() - started,
+        len(buckets_for(model.max_batch_size)),
+    )
+    return loaded
+
+
+def _read(path: Path, origin: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ModelLoadError(f"{origin}: cannot read {path} ({exc.strerror})") from None
+
+
+def _visible(path: Path) -> bool:
+    return not path.name.startswith(".")

@@ -1,0 +1,44 @@
+"""uvicorn, taught to drain: SIGTERM first takes the replica out of rotation, then stops.
+
+See ``serve.lifecycle`` for the whole shutdown order. Used by ``rlserve serve`` directly and
+by the gunicorn worker (``serve.worker``).
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from types import FrameType
+
+import uvicorn
+
+from serve.state import ServerState
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.state = state
+        self._drain_until: float | None = None
+        self._pending_signal: int | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        delay = self.state.settings.drain_delay_s
+        first = self._pending_signal is None and not self.should_exit
+        self.state.lifecycle.begin_drain()
+        if first and sig == signal.SIGTERM and delay > 0:
+            self._pending_signal = sig  # keep serving; on_tick stops us after the delay
+            self._drain_until = time.monotonic() + delay
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._drain_until is not None and time.monotonic() >= self._drain_until:
+            self._drain_until = None
+            super().handle_exit(self._pending_signal or signal.SIGTERM, None)
+        return await super().on_tick(counter)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.state.lifecycle.begin_stop()
+        await super().shutdown(sockets)

@@ -1,0 +1,80 @@
+"""The wire format: request bodies in (size-limited, orjson), JSON responses out.
+
+No per-element pydantic validation on the hot path: bodies are parsed with orjson into
+Python lists and validated into numpy by ``serve.spaces``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from serve.errors import MalformedRequest, PayloadTooLarge, RLServeError
+
+_JSON = "application/json"
+_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+
+async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
+    body = await _read_body(request, max_bytes)
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise MalformedRequest(
+            f'request body must be a JSON object like {{"observations": [...]}}, '
+            f"got a JSON {type(payload).__name__}"
+        )
+    return payload
+
+
+async def _read_body(request: Request, max_bytes: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise _too_large(int(declared), max_bytes)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(size, max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int, limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"request body of {size} bytes exceeds max_body_bytes {limit}; send fewer "
+        "observations per request or raise max_body_bytes"
+    )
+
+
+def deadline_ms(request: Request, default_ms: float) -> float:
+    """The request's deadline: the default, or less when X-Request-Timeout-Ms asks for less."""
+    raw = request.headers.get("x-request-timeout-ms")
+    if raw is None:
+        return default_ms
+    try:
+        asked = float(raw)
+    except ValueError:
+        asked = math.nan
+    if not (asked > 0 and math.isfinite(asked)):
+        raise MalformedRequest(
+            f"X-Request-Timeout-Ms: expected a positive number of milliseconds, got {raw!r}"
+        )
+    return min(asked, default_ms)
+
+
+def json_response(
+    content: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    return Response(orjson.dumps(content, option=_OPTIONS), status, headers, media_type=_JSON)
+
+
+def error_response(error: RLServeError) -> Response:
+    return json_response(error.to_json(), error.status, error.headers)
