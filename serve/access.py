@@ -7,8 +7,8 @@ A pure ASGI middleware: one wrapper around the app, no per-request task or body 
 from __future__ import annotations
 
 import logging
+import os
 import time
-import uuid
 
 import orjson
 from starlette.datastructures import MutableHeaders
@@ -54,7 +54,7 @@ def _request_id(scope: Scope) -> str:
     for name, value in scope["headers"]:
         if name == b"x-request-id" and 0 < len(value) <= 128:
             return value.decode("latin-1")
-    return uuid.uuid4().hex
+    return os.urandom(12).hex()
 
 
 def _log(scope: Scope, request_id: str, status: int, seconds: float) -> None:

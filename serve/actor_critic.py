@@ -16,10 +16,10 @@ import numpy as np
 
 from serve import distributions
 from serve.contract import PolicyContract, TensorRole
-from serve.errors import InvalidInput, RLServeError, one_line
+from serve.errors import InvalidInput, RLServeError
 from serve.runtime import Session
 from serve.spaces import Box, parse_observations
-from serve.types import Answer, OutputKind, PredictOptions, Prepared
+from serve.types import Answer, OutputKind, Outputs, PredictOptions, Prepared
 
 _FIELDS = ("observations", "deterministic", "seed", "outputs")
 
@@ -61,13 +61,10 @@ class ActorCriticPolicy:
         feeds = {spec.name: batch.arrays[spec.key] for spec in self.contract.inputs}
         return Prepared(feeds, batch.rows, batch.single, _options(payload))
 
-    def run(self, batch: Sequence[Prepared], padded_rows: int) -> list[Answer | RLServeError]:
-        try:
-            outputs = self._session.run(_stack(batch, padded_rows))
-        except Exception as exc:  # onnxruntime's own error types
-            if len(batch) > 1:  # find the culprit: the others must not fail with it
-                return [self.run([one], one.rows)[0] for one in batch]
-            return [RLServeError(f"model {self.name!r} failed on this input: {one_line(exc)}")]
+    def execute(self, batch: Sequence[Prepared], padded_rows: int) -> Outputs:
+        return self._session.run(_stack(batch, padded_rows))
+
+    def answer(self, batch: Sequence[Prepared], outputs: Outputs) -> list[Answer | RLServeError]:
         answers: list[Answer | RLServeError] = []
         start = 0
         for item in batch:
@@ -94,29 +91,36 @@ class ActorCriticPolicy:
 
     def _answer(self, rows: dict[str, np.ndarray], item: Prepared) -> Answer:
         options = item.options
-        dist = distributions.build(
-            self.contract.distribution.kind,
-            {o.role.value: rows[o.name] for o in self._params},
-            tuple(self.contract.distribution.nvec or ()) or None,
-        )
-        if options.deterministic:
-            actions = rows[self._names[TensorRole.ACTION]]
-            taken = dist.mode()
-        else:
-            rng = np.random.default_rng(options.seed) if options.seed is not None else self._rng
-            taken = dist.sample(rng)
-            actions = self._to_env(taken)
-        answer: Answer = {}
         wanted = options.outputs
+        needs_dist = not options.deterministic or OutputKind.LOG_PROBS in wanted
+        answer: Answer = {}
+        if needs_dist:
+            dist = self._distribution(rows)
+            if options.deterministic:
+                taken = dist.mode()
+                actions = rows[self._names[TensorRole.ACTION]]
+            else:
+                rng = np.random.default_rng(options.seed) if options.seed is not None else self._rng
+                taken = dist.sample(rng)
+                actions = self._to_env(taken)
+            if OutputKind.LOG_PROBS in wanted:
+                answer["log_probs"] = dist.log_prob(taken)
+        else:
+            actions = rows[self._names[TensorRole.ACTION]]
         if OutputKind.ACTIONS in wanted:
             answer["actions"] = actions
-        if OutputKind.LOG_PROBS in wanted:
-            answer["log_probs"] = dist.log_prob(taken)
         if OutputKind.VALUES in wanted and TensorRole.VALUE in self._names:
             answer["values"] = rows[self._names[TensorRole.VALUE]]
         if OutputKind.DISTRIBUTION in wanted:
             answer["distribution"] = {o.role.value: rows[o.name] for o in self._params}
         return _unbatch(answer) if item.single else answer
+
+    def _distribution(self, rows: dict[str, np.ndarray]) -> distributions.Distribution:
+        return distributions.build(
+            self.contract.distribution.kind,
+            {o.role.value: rows[o.name] for o in self._params},
+            tuple(self.contract.distribution.nvec or ()) or None,
+        )
 
     def _to_env(self, sampled: np.ndarray) -> np.ndarray:
         """A sampled action as the environment takes it: clipped to a Box's bounds."""

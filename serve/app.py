@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serve import __version__, config, routes
+from serve import __version__, config, openapi, predict, routes
 from serve.access import AccessMiddleware
 from serve.errors import MalformedRequest, RLServeError
 from serve.lifecycle import Lifecycle
@@ -42,7 +42,9 @@ def create_app(settings: config.Settings | None = None) -> FastAPI:
         lifespan=_lifespan,
     )
     app.state.rlserve = state
+    app.router.routes.extend(predict.ROUTES)
     app.include_router(routes.router)
+    openapi.install(app)
     app.add_exception_handler(RLServeError, _rlserve_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]

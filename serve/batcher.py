@@ -19,12 +19,14 @@ from dataclasses import dataclass, field
 
 from serve.batching import Plan, Policy, Waiting, buckets_for, plan
 from serve.config import ModelSettings
-from serve.errors import DeadlineExceeded, QueueFull, RLServeError
+from serve.errors import DeadlineExceeded, QueueFull, RLServeError, one_line
 from serve.metrics import VersionMetrics
 from serve.model import ServedModel
-from serve.types import Answer, Prepared
+from serve.types import Answer, Outputs, Prepared
 
 log = logging.getLogger("rlserve.batcher")
+
+Run = Outputs | Exception  # what executing a group of requests produced
 
 
 @dataclass(eq=False)
@@ -116,19 +118,41 @@ class Batcher:
         for t in tickets:
             self._metrics.queue_wait.observe(started - t.waiting.enqueued_at)
         self._metrics.pending_rows.inc(rows)
+        batch = [t.prepared for t in tickets]
         try:
-            answers = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self.model.run, [t.prepared for t in tickets], decision.padded_rows
+            runs = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._run, batch, decision.padded_rows
             )
-        except Exception as exc:  # a bug in run(): every request of the batch learns of it
-            log.exception("batch of %s failed", self.model.name)
-            answers = [RLServeError(f"internal error running the batch: {exc}")] * len(tickets)
         finally:
             self._running_since = None
             self._metrics.pending_rows.dec(rows)
         self._record(time.monotonic() - started, rows)
+        answers = [a for group, outputs in runs for a in self._answers(group, outputs)]
         for ticket, answer in zip(tickets, answers, strict=True):
             _settle(ticket, answer)
+
+    def _run(self, batch: list[Prepared], padded_rows: int) -> list[tuple[list[Prepared], Run]]:
+        """On the batch thread: run the batch; if it fails, run each request alone so that
+        only the request that breaks the model fails."""
+        try:
+            return [(batch, self.model.execute(batch, padded_rows))]
+        except Exception as exc:
+            if len(batch) == 1:
+                return [(batch, exc)]
+        return [([one], self._run([one], one.rows)[0][1]) for one in batch]
+
+    def _answers(self, group: list[Prepared], outputs: Run) -> list[Answer | RLServeError]:
+        if isinstance(outputs, Exception):
+            log.error("model %s failed on a request: %s", self.model.name, one_line(outputs))
+            error = RLServeError(
+                f"model {self.model.name!r} failed on this input: {one_line(outputs)}"
+            )
+            return [error] * len(group)
+        try:
+            return self.model.answer(group, outputs)
+        except Exception as exc:  # a bug in answer(): the requests of this group learn of it
+            log.exception("answering a batch of %s failed", self.model.name)
+            return [RLServeError(f"internal error: {type(exc).__name__}")] * len(group)
 
     def _record(self, run_s: float, rows: int) -> None:
         self._expected_run_s = (

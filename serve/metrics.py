@@ -40,6 +40,7 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         disable_created_metrics()  # *_created series only double what scrapers store
         self.registry = registry or CollectorRegistry()
+        self._request_children: dict[tuple[str, int | None, int], Counter] = {}
         r = self.registry
         mv = ("model", "version")
         self.requests = Counter(
@@ -84,6 +85,17 @@ class Metrics:
             "rlserve_model_info", "Loaded model versions and where they run",
             [*mv, "provider", "sha256"], multiprocess_mode="livemax", registry=r,
         )  # fmt: skip
+
+    def count(self, model: str, version: int | None, status: int) -> None:
+        """Count an answered request (label children cached: this runs per request)."""
+        key = (model, version, status)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self.requests.labels(
+                model, "" if version is None else str(version), str(status)
+            )
+            self._request_children[key] = child
+        child.inc()
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text of this process, or of every worker in multiprocess mode."""

@@ -1,6 +1,8 @@
 """The interface between the request path and a loaded model version, whatever its kind.
 
-The routes and the batcher only use :class:`ServedModel`. Actor-critic policies
+The routes and the batcher only use :class:`ServedModel`. ``execute`` runs on the batch
+thread and should spend its time outside the GIL (onnxruntime releases it); everything
+else runs on the event loop, so the two threads rarely wait for each other. Actor-critic policies
 (``serve.actor_critic``) are the first kind; language-model policies will be another,
 with their own ``prepare`` (tokenise) and ``run`` (generate or score).
 """
@@ -12,7 +14,7 @@ from typing import Any, Protocol
 
 from serve.errors import RLServeError
 from serve.runtime import ProviderReport
-from serve.types import Answer, Prepared
+from serve.types import Answer, Outputs, Prepared
 
 
 class ServedModel(Protocol):
@@ -26,8 +28,12 @@ class ServedModel(Protocol):
         """Validate one request body; raises an RLServeError naming what is wrong."""
         ...
 
-    def run(self, batch: Sequence[Prepared], padded_rows: int) -> list[Answer | RLServeError]:
-        """Execute a batch (in a worker thread); one answer or error per request, in order."""
+    def execute(self, batch: Sequence[Prepared], padded_rows: int) -> Outputs:
+        """Run a batch (on the batch thread): the model's raw outputs for all its rows."""
+        ...
+
+    def answer(self, batch: Sequence[Prepared], outputs: Outputs) -> list[Answer | RLServeError]:
+        """Split a batch's outputs into one answer per request, in order (on the event loop)."""
         ...
 
     def warm_up(self, sizes: Sequence[int]) -> None:

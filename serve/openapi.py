@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 
 from serve.types import OutputKind
@@ -28,19 +30,62 @@ class PredictRequest(BaseModel):
     )
 
 
-PREDICT_OPENAPI: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": PredictRequest.model_json_schema()}},
-    },
-    "responses": {
-        "200": {"description": "model, model_version and the requested outputs"},
-        "400": {"description": "malformed JSON or header"},
-        "404": {"description": "unknown model or version"},
-        "413": {"description": "body larger than max_body_bytes"},
-        "422": {"description": "observations do not fit the contract (shape, dtype, bounds)"},
-        "429": {"description": "queue full; see Retry-After"},
-        "503": {"description": "not ready, or shutting down"},
-        "504": {"description": "deadline passed"},
-    },
+_RESPONSES = {
+    "200": {"description": "model, model_version and the requested outputs"},
+    "400": {"description": "malformed JSON or header"},
+    "404": {"description": "unknown model or version"},
+    "413": {"description": "body larger than max_body_bytes"},
+    "422": {"description": "observations do not fit the contract (shape, dtype, bounds)"},
+    "429": {"description": "queue full; see Retry-After"},
+    "503": {"description": "not ready, or shutting down"},
+    "504": {"description": "deadline passed"},
 }
+_REF = "#/components/schemas/{model}"
+
+
+def _operation(summary: str, params: list[str]) -> dict[str, Any]:
+    return {
+        "post": {
+            "tags": ["predict"],
+            "summary": summary,
+            "parameters": [
+                {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+                for p in params
+            ],
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"$ref": _REF.format(model="PredictRequest")}}
+                },
+            },
+            "responses": _RESPONSES,
+        }
+    }
+
+
+PREDICT_PATHS = {
+    "/predict": _operation("Predict with the default model's latest version", []),
+    "/v1/models/{model}/predict": _operation("Predict with a model's latest version", ["model"]),
+    "/v1/models/{model}/versions/{version}/predict": _operation(
+        "Predict with one version of a model", ["model", "version"]
+    ),
+}
+
+
+def install(app: FastAPI) -> None:
+    """Serve an OpenAPI schema that includes the predict routes."""
+
+    def schema() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            spec = get_openapi(
+                title=app.title, version=app.version, summary=app.summary, routes=app.routes
+            )
+            spec["paths"] = {**PREDICT_PATHS, **spec.get("paths", {})}
+            request = PredictRequest.model_json_schema(ref_template=_REF)
+            components = spec.setdefault("components", {}).setdefault("schemas", {})
+            components.update(request.pop("$defs", {}))
+            components["PredictRequest"] = request
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = schema  # type: ignore[method-assign]

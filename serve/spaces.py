@@ -84,6 +84,15 @@ class Box(_Space):
     def high_array(self) -> np.ndarray:
         return np.broadcast_to(np.asarray(_decode_nested(self.high)), self.shape)
 
+    @cached_property
+    def finite_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """float32 bounds with infinities replaced by the largest finite float32, so that a
+        single comparison also rejects inf and NaN."""
+        big = np.finfo(np.float32).max
+        low = np.maximum(self.low_array, -big).astype(np.float32)
+        high = np.minimum(self.high_array, big).astype(np.float32)
+        return low, high
+
     @property
     def is_image(self) -> bool:
         """uint8 with 3 dimensions, the way Stable-Baselines3 recognises image observations."""
@@ -287,8 +296,26 @@ def _parse_leaf(space: Leaf, value: Any, field: str) -> tuple[np.ndarray, bool]:
             f"{field}: expected shape {_shape_text(expected)} for one observation or "
             f"{_shape_text(('N', *expected))} for N of them; got {_shape_text(array.shape)}"
         )
+    if isinstance(space, Box) and space.dtype != "uint8":
+        return _float_box(space, array, field), single
     _check_values(space, array, field)
     return array.astype(input_dtype(space), copy=False), single
+
+
+def _float_box(space: Box, array: np.ndarray, field: str) -> np.ndarray:
+    """The common case, in three array operations: finite and within bounds, as float32.
+
+    Bounds are compared in float32, the precision the policy computes in (a float64 0.4188
+    may round onto a float32 bound). Only a failing batch pays for the detailed message.
+    """
+    with np.errstate(over="ignore"):
+        cast = array.astype(np.float32, copy=False)
+    low, high = space.finite_bounds
+    fits = (cast >= low) & (cast <= high)
+    if not np.all(fits):
+        _check_values(space, array, field)  # names the first non-finite or out-of-bounds value
+        raise InvalidInput(f"{field}: value {_first_bad(~fits, array)} does not fit in float32")
+    return cast
 
 
 def _as_numeric_array(value: Any, field: str) -> np.ndarray:
@@ -329,11 +356,9 @@ def _check_box(space: Box, array: np.ndarray, field: str) -> None:
             raise InvalidInput(f"{field}: expected integers 0..255 for a uint8 Box; found {bad}")
         _check_bounds(array, space.low_array, space.high_array, field)
         return
-    # Compare in the space's own precision: a float64 0.4188 may round onto a float32 bound.
-    cast = array.astype(np.dtype(space.dtype), copy=False)
-    _check_bounds(
-        cast, space.low_array.astype(cast.dtype), space.high_array.astype(cast.dtype), field
-    )
+    # Bounds in the space's dtype, so they print as declared (0.418, not 0.41800001263).
+    low, high = space.low_array.astype(space.dtype), space.high_array.astype(space.dtype)
+    _check_bounds(array, low, high, field)
 
 
 def _check_bounds(array: np.ndarray, low: np.ndarray, high: np.ndarray, field: str) -> None:

@@ -42,3 +42,4 @@ class Prepared:
 
 
 Answer = dict[str, Any]  # the JSON-ready result of one request
+Outputs = dict[str, np.ndarray]  # a graph's outputs by tensor name, for every row of a batch
