@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -44,6 +45,7 @@ class Batcher:
             settings.max_wait_ms / 1000,
             buckets_for(settings.max_batch_size),
         )
+        self._flush = dataclasses.replace(self.policy, max_wait_s=0.0)
         self.max_queue_rows = settings.max_queue_rows
         self._metrics = metrics
         self._queue: deque[Ticket] = deque()
@@ -88,8 +90,8 @@ class Batcher:
             if not self._queue:
                 await self._wait_for_arrival(None)
                 continue
-            now = time.monotonic()
-            decision = plan(self._waiting(), now, self.policy, self._expected_run_s)
+            policy = self._flush if self._closing else self.policy  # stopping: no more waiting
+            decision = plan(self._waiting(), time.monotonic(), policy, self._expected_run_s)
             self._expire(decision)
             if decision.take:
                 await self._execute(decision)

@@ -1,0 +1,81 @@
+"""The numpy reference distributions agree with torch.distributions to 1e-5."""
+
+import numpy as np
+import pytest
+import torch
+from torch.distributions import Bernoulli, Categorical, Normal
+
+from serve.distributions import DistributionKind, build
+
+RNG = np.random.default_rng(0)
+
+
+def test_categorical_log_probs_match_torch() -> None:
+    logits = RNG.standard_normal((64, 5)).astype(np.float32) * 3
+    actions = RNG.integers(0, 5, 64)
+    ours = build(DistributionKind.CATEGORICAL, {"logits": logits}).log_prob(actions)
+    theirs = Categorical(logits=torch.from_numpy(logits)).log_prob(torch.from_numpy(actions))
+    np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-5)
+
+
+def test_multi_categorical_log_probs_are_sums_of_their_parts() -> None:
+    nvec = (3, 2, 4)
+    logits = RNG.standard_normal((32, sum(nvec))).astype(np.float32)
+    actions = np.stack([RNG.integers(0, n, 32) for n in nvec], axis=1)
+    ours = build(DistributionKind.MULTI_CATEGORICAL, {"logits": logits}, nvec).log_prob(actions)
+    parts = torch.split(torch.from_numpy(logits), list(nvec), dim=1)
+    theirs = sum(
+        Categorical(logits=p).log_prob(torch.from_numpy(actions[:, i])) for i, p in enumerate(parts)
+    )
+    np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-5)
+
+
+def test_bernoulli_log_probs_match_torch() -> None:
+    logits = RNG.standard_normal((32, 6)).astype(np.float32) * 4
+    actions = RNG.integers(0, 2, (32, 6))
+    ours = build(DistributionKind.BERNOULLI, {"logits": logits}).log_prob(actions)
+    theirs = (
+        Bernoulli(logits=torch.from_numpy(logits))
+        .log_prob(torch.from_numpy(actions).float())
+        .sum(1)
+    )
+    np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-5)
+
+
+def test_gaussian_log_probs_match_torch() -> None:
+    mean = RNG.standard_normal((32, 3)).astype(np.float32)
+    log_std = RNG.uniform(-2, 1, (32, 3)).astype(np.float32)
+    actions = (mean + np.exp(log_std) * RNG.standard_normal((32, 3))).astype(np.float32)
+    ours = build(DistributionKind.DIAG_GAUSSIAN, {"mean": mean, "log_std": log_std}).log_prob(
+        actions
+    )
+    theirs = (
+        Normal(torch.from_numpy(mean), torch.from_numpy(log_std).exp())
+        .log_prob(torch.from_numpy(actions))
+        .sum(1)
+    )
+    np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", list(DistributionKind))
+def test_a_seed_reproduces_the_same_samples(kind: DistributionKind) -> None:
+    params = {
+        "logits": RNG.standard_normal((8, 4)),
+        "mean": np.zeros((8, 4)),
+        "log_std": np.zeros((8, 4)),
+    }
+    dist = build(kind, params, (2, 2))
+    first = dist.sample(np.random.default_rng(42))
+    again = dist.sample(np.random.default_rng(42))
+    np.testing.assert_array_equal(first, again)
+
+
+def test_categorical_samples_follow_the_probabilities() -> None:
+    logits = np.log(np.array([[0.7, 0.2, 0.1]] * 20000))
+    drawn = build(DistributionKind.CATEGORICAL, {"logits": logits}).sample(np.random.default_rng(1))
+    np.testing.assert_allclose(np.bincount(drawn, minlength=3) / 20000, [0.7, 0.2, 0.1], atol=0.01)
+
+
+def test_the_bernoulli_mode_is_one_exactly_for_positive_logits() -> None:
+    logits = np.array([[-1.0, 0.0, 1e-6, 2.0]])
+    assert build(DistributionKind.BERNOULLI, {"logits": logits}).mode().tolist() == [[0, 0, 1, 1]]
