@@ -106,6 +106,8 @@ class Registry:
     def default_model(self) -> str:
         if self.settings.default_model is not None:
             return self.settings.default_model
+        if not self.models and not self.loading_done:
+            raise ServiceUnavailable("still discovering the model repository; retry shortly")
         if len(self.models) == 1:
             return next(iter(self.models))
         raise NotFound(

@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m bench`` (or ``make bench``) writes docs/benchmarks.md."""

@@ -1,0 +1,68 @@
+"""Model repositories built with the real exporter, and servers started on them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.server import RLSERVE, Server
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "examples" / "model_repository" / "cartpole"
+
+
+def export_untrained(
+    tmp: Path, repository: Path, name: str, env_id: str, net_arch: list[int]
+) -> None:
+    """An untrained SB3 PPO (weights are random, exactness is what matters) through the CLI."""
+    from stable_baselines3 import PPO
+
+    checkpoint = tmp / f"{name}.zip"
+    PPO("MlpPolicy", env_id, policy_kwargs={"net_arch": net_arch}, seed=0, device="cpu").save(
+        checkpoint
+    )
+    subprocess.run(
+        [*RLSERVE, "export", "sb3", str(checkpoint), "--name", name,
+         "--model-repository", str(repository), "--parity-samples", "32"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """cartpole (the bundled, trained demo), pendulum (Box actions), heavy (a wide MLP)."""
+    tmp = tmp_path_factory.mktemp("models")
+    repo = tmp / "repository"
+    shutil.copytree(DEMO, repo / "cartpole")
+    export_untrained(tmp, repo, "pendulum", "Pendulum-v1", [64, 64])
+    export_untrained(tmp, repo, "heavy", "CartPole-v1", [1024, 1024])
+    return repo
+
+
+def only(repository: Path, tmp: Path, *names: str, config: str | None = None) -> Path:
+    """A repository holding some of the models (and a config.yaml for the first)."""
+    repo = tmp / ("repo-" + "-".join(names))
+    for name in names:
+        shutil.copytree(repository / name, repo / name)
+    if config is not None:
+        (repo / names[0] / "config.yaml").write_text(config)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server on cartpole and pendulum, shared by a test module."""
+    tmp = tmp_path_factory.mktemp("server")
+    running = Server.rlserve(
+        only(repository, tmp, "cartpole", "pendulum"),
+        "--default-model",
+        "cartpole",
+        log=tmp / "log",
+    )
+    running.wait_ready()
+    yield running
+    running.stop()

@@ -1,0 +1,90 @@
+"""Readiness during warm-up, liveness, and draining on SIGTERM under load."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import only
+from tests.e2e.server import Server
+
+GOOD = {"observations": [0.01, -0.02, 0.03, 0.04]}
+
+
+def test_ready_is_red_until_warm_up_ends_while_health_is_green(
+    repository: Path, tmp_path: Path
+) -> None:
+    # A wide MLP warmed at every batch size up to 1024 takes a while to become ready.
+    repo = only(repository, tmp_path, "heavy", config="max_batch_size: 1024\n")
+    server = Server.rlserve(repo, log=tmp_path / "log")
+    try:
+        server.wait_listening()
+        with server.client() as client:
+            health = client.get("/health")
+            early = client.get("/ready")
+            refused = client.post("/predict", json=GOOD)
+        server.wait_ready()
+        with server.client() as client:
+            late = client.get("/ready")
+    finally:
+        server.stop()
+    assert health.status_code == 200
+    assert early.status_code == 503
+    assert "loading models" in early.json()["reasons"]
+    assert refused.status_code == 503
+    assert late.status_code == 200
+
+
+def test_sigterm_drains_without_losing_an_accepted_request(
+    repository: Path, tmp_path: Path
+) -> None:
+    repo = only(repository, tmp_path, "cartpole")
+    server = Server.rlserve(repo, "--drain-delay-s", "1", log=tmp_path / "log")
+    server.wait_ready()
+    results: list[str] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            while not stop.is_set():
+                try:
+                    results.append(str(client.post("/predict", json=GOOD).status_code))
+                except httpx.ConnectError:
+                    results.append("refused")  # not accepted: the server had stopped listening
+                    time.sleep(0.01)
+                except httpx.TransportError as exc:
+                    results.append(f"lost: {type(exc).__name__}")
+
+    threads = [threading.Thread(target=load) for _ in range(8)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    server.signal(signal.SIGTERM)
+    with httpx.Client(base_url=server.url, timeout=5) as probe:
+        draining_ready = probe.get("/ready").status_code
+        draining_predict = probe.post("/predict", json=GOOD).status_code
+    code = server.process.wait(30)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert draining_ready == 503
+    assert draining_predict == 200
+    assert not [r for r in results if r not in ("200", "refused")], sorted(set(results))
+    assert results.count("200") > 50
+    assert code in (0, -signal.SIGTERM)
+
+
+@pytest.mark.parametrize("missing", ["does-not-exist"])
+def test_serving_a_missing_repository_fails_fast_with_one_line(
+    tmp_path: Path, missing: str
+) -> None:
+    server = Server.rlserve(tmp_path / missing, log=tmp_path / "log")
+    code = server.process.wait(30)
+    server.stop()
+    assert code == 2
+    assert "is not a directory" in server.output()
