@@ -1,9 +1,12 @@
-"""The dynamic batcher: one per loaded model version.
+"""The dynamic batcher: one per model.
 
-Requests are admitted into a bounded queue (counted in rows), a loop asks
+Requests are admitted into a bounded queue (counted in rows). A loop asks
 ``serve.batching.plan`` what to do, answers expired requests with 504 without running
 them, and runs released batches on a dedicated thread so the event loop keeps accepting.
-One batch runs at a time per version; the next one forms while it runs.
+One batch runs at a time per model; the next one forms while it runs.
+
+Each request runs on the version it names, or else on the version that is active when its
+batch forms (``serve.versions``); every answer is stamped with the version that computed it.
 """
 
 from __future__ import annotations
@@ -20,26 +23,41 @@ from dataclasses import dataclass, field
 
 from serve.batching import Plan, Policy, Waiting, buckets_for, plan
 from serve.config import ModelSettings
-from serve.errors import DeadlineExceeded, QueueFull, RLServeError, one_line
-from serve.metrics import VersionMetrics
+from serve.errors import DeadlineExceeded, QueueFull, RLServeError, ServiceUnavailable, one_line
+from serve.metrics import Metrics, VersionMetrics
 from serve.model import ServedModel
 from serve.types import Answer, Outputs, Prepared
+from serve.versions import VersionTable
 
 log = logging.getLogger("rlserve.batcher")
 
 Run = Outputs | Exception  # what executing a group of requests produced
 
 
+@dataclass(frozen=True)
+class Stamped:
+    """An answer and the model version that computed it."""
+
+    answer: Answer
+    version: int
+    sha256: str
+
+
 @dataclass(eq=False)
 class Ticket:
     prepared: Prepared
-    waiting: Waiting
-    future: asyncio.Future[Answer] = field(repr=False)
+    enqueued_at: float
+    deadline: float
+    version: int | None  # pinned; None runs on whichever version is active at batch time
+    future: asyncio.Future[Stamped] = field(repr=False)
 
 
 class Batcher:
-    def __init__(self, model: ServedModel, settings: ModelSettings, metrics: VersionMetrics):
-        self.model = model
+    def __init__(
+        self, name: str, versions: VersionTable, settings: ModelSettings, metrics: Metrics
+    ) -> None:
+        self.name = name
+        self.versions = versions
         self.policy = Policy(
             settings.max_batch_size,
             settings.max_wait_ms / 1000,
@@ -48,63 +66,98 @@ class Batcher:
         self._flush = dataclasses.replace(self.policy, max_wait_s=0.0)
         self.max_queue_rows = settings.max_queue_rows
         self._metrics = metrics
+        self._per_version: dict[int, VersionMetrics] = {}
         self._queue: deque[Ticket] = deque()
         self._queued_rows = 0
-        self._arrival = asyncio.Event()
-        self._executor = ThreadPoolExecutor(
-            1, thread_name_prefix=f"batch-{model.name}-{model.version}"
-        )
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"batch-{name}")
         self._expected_run_s = 0.0  # moving average of batch run time
         self._running_since: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self.held = False
 
     # ------------------------------------------------------------------ admission
 
-    def submit(self, prepared: Prepared, deadline: float) -> asyncio.Future[Answer]:
+    def submit(
+        self, prepared: Prepared, deadline: float, version: int | None = None
+    ) -> asyncio.Future[Stamped]:
         """Queue a request; raises QueueFull (429) when its rows do not fit."""
         if self._queued_rows + prepared.rows > self.max_queue_rows:
             raise QueueFull(
-                f"model {self.model.name!r} version {self.model.version}: queue full "
-                f"({self._queued_rows} of {self.max_queue_rows} rows waiting); retry shortly",
+                f"model {self.name!r}: queue full ({self._queued_rows} of {self.max_queue_rows} "
+                "rows waiting); retry shortly",
                 retry_after_s=self._retry_after_s(),
             )
-        now = time.monotonic()
-        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        self._queue.append(Ticket(prepared, Waiting(prepared.rows, now, deadline), future))
+        future: asyncio.Future[Stamped] = asyncio.get_running_loop().create_future()
+        self._queue.append(Ticket(prepared, time.monotonic(), deadline, version, future))
         self._add_queued(prepared.rows)
-        self._arrival.set()
+        self._wakeup.set()
         return future
 
     def _retry_after_s(self) -> int:
         batches = self._queued_rows / self.policy.max_batch_size
         return max(1, math.ceil(batches * max(self._expected_run_s, 0.001)))
 
+    # ------------------------------------------------------------------ control
+
+    def pin_queued(self, version: int) -> None:
+        """Requests already queued without a version stay on ``version`` (a draining swap)."""
+        for ticket in self._queue:
+            if ticket.version is None:
+                ticket.version = version
+
+    def hold(self) -> None:
+        """Form no batches until ``resume``; queued requests wait within their deadlines."""
+        self.held = True
+
+    def resume(self) -> None:
+        self.held = False
+        self._wakeup.set()
+
     # ------------------------------------------------------------------ the loop
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name=f"batcher-{self.model.name}")
+        self._task = asyncio.create_task(self._loop(), name=f"batcher-{self.name}")
 
     async def _loop(self) -> None:
         while not (self._closing and not self._queue):
             if not self._queue:
-                await self._wait_for_arrival(None)
+                await self._sleep(None)
                 continue
             policy = self._flush if self._closing else self.policy  # stopping: no more waiting
             decision = plan(self._waiting(), time.monotonic(), policy, self._expected_run_s)
             self._expire(decision)
-            if decision.take:
+            if decision.take and not (self.held and not self._closing):
                 await self._execute(decision)
+            elif self.held and not self._closing:
+                await self._sleep(self._until_next_deadline())
             elif decision.wait_s > 0:
-                await self._wait_for_arrival(decision.wait_s)
+                await self._sleep(decision.wait_s)
 
     def _waiting(self) -> list[Waiting]:
-        return [t.waiting for t in self._queue]
+        active = self.versions.active or 0
+        return [
+            Waiting(
+                t.prepared.rows,
+                t.enqueued_at,
+                t.deadline,
+                active if t.version is None else t.version,
+            )
+            for t in self._queue
+        ]
 
-    async def _wait_for_arrival(self, timeout: float | None) -> None:
-        self._arrival.clear()
+    def _until_next_deadline(self) -> float | None:
+        return (
+            max(0.0, min(t.deadline for t in self._queue) - time.monotonic())
+            if self._queue
+            else None
+        )
+
+    async def _sleep(self, timeout: float | None) -> None:
+        self._wakeup.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._arrival.wait(), timeout)
+            await asyncio.wait_for(self._wakeup.wait(), timeout)
 
     def _expire(self, decision: Plan) -> None:
         for ticket in self._pop(decision.expired):
@@ -113,57 +166,57 @@ class Batcher:
             )
 
     async def _execute(self, decision: Plan) -> None:
+        version = self._waiting()[decision.take[0]].version
         tickets = self._pop(decision.take)
+        model = self.versions.get(version)
+        if model is None:
+            for ticket in tickets:
+                _settle(
+                    ticket,
+                    ServiceUnavailable(f"model {self.name!r} version {version} was unloaded"),
+                )
+            return
+        metrics = self._metrics_of(version)
         started = time.monotonic()
         rows = sum(t.prepared.rows for t in tickets)
-        self._running_since = started
         for t in tickets:
-            self._metrics.queue_wait.observe(started - t.waiting.enqueued_at)
-        self._metrics.pending_rows.inc(rows)
-        batch = [t.prepared for t in tickets]
-        try:
-            runs = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._run, batch, decision.padded_rows
+            metrics.queue_wait.observe(started - t.enqueued_at)
+        runs = await self._run_off_loop(
+            model, [t.prepared for t in tickets], decision.padded_rows, rows
+        )
+        self._record(metrics, time.monotonic() - started, rows)
+        answers = [a for group, outputs in runs for a in _answers(model, group, outputs)]
+        for ticket, answer in zip(tickets, answers, strict=True):
+            _settle(
+                ticket,
+                answer
+                if isinstance(answer, RLServeError)
+                else Stamped(answer, version, model.sha256),
             )
+
+    async def _run_off_loop(
+        self, model: ServedModel, batch: list[Prepared], padded_rows: int, rows: int
+    ) -> list[tuple[list[Prepared], Run]]:
+        self._running_since = time.monotonic()
+        self._metrics.pending_rows.inc(rows)
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._executor, _run, model, batch, padded_rows)
         finally:
             self._running_since = None
             self._metrics.pending_rows.dec(rows)
-        self._record(time.monotonic() - started, rows)
-        answers = [a for group, outputs in runs for a in self._answers(group, outputs)]
-        for ticket, answer in zip(tickets, answers, strict=True):
-            _settle(ticket, answer)
 
-    def _run(self, batch: list[Prepared], padded_rows: int) -> list[tuple[list[Prepared], Run]]:
-        """On the batch thread: run the batch; if it fails, run each request alone so that
-        only the request that breaks the model fails."""
-        try:
-            return [(batch, self.model.execute(batch, padded_rows))]
-        except Exception as exc:
-            if len(batch) == 1:
-                return [(batch, exc)]
-        return [([one], self._run([one], one.rows)[0][1]) for one in batch]
+    def _metrics_of(self, version: int) -> VersionMetrics:
+        if version not in self._per_version:
+            self._per_version[version] = VersionMetrics.of(self._metrics, self.name, version)
+        return self._per_version[version]
 
-    def _answers(self, group: list[Prepared], outputs: Run) -> list[Answer | RLServeError]:
-        if isinstance(outputs, Exception):
-            log.error("model %s failed on a request: %s", self.model.name, one_line(outputs))
-            error = RLServeError(
-                f"model {self.model.name!r} failed on this input: {one_line(outputs)}"
-            )
-            return [error] * len(group)
-        try:
-            return self.model.answer(group, outputs)
-        except Exception as exc:  # a bug in answer(): the requests of this group learn of it
-            log.exception("answering a batch of %s failed", self.model.name)
-            return [RLServeError(f"internal error: {type(exc).__name__}")] * len(group)
-
-    def _record(self, run_s: float, rows: int) -> None:
-        self._expected_run_s = (
-            0.8 * self._expected_run_s + 0.2 * run_s if self._expected_run_s else run_s
-        )
-        m = self._metrics
-        m.inference_latency.observe(run_s)
-        m.batch_rows.observe(rows)
-        m.batch_fill.observe(rows / self.policy.max_batch_size)
+    def _record(self, metrics: VersionMetrics, run_s: float, rows: int) -> None:
+        previous = self._expected_run_s
+        self._expected_run_s = 0.8 * previous + 0.2 * run_s if previous else run_s
+        metrics.inference_latency.observe(run_s)
+        metrics.batch_rows.observe(rows)
+        metrics.batch_fill.observe(rows / self.policy.max_batch_size)
 
     def _pop(self, indices: tuple[int, ...]) -> list[Ticket]:
         if not indices:
@@ -176,7 +229,7 @@ class Batcher:
 
     def _add_queued(self, rows: int) -> None:
         self._queued_rows += rows
-        self._metrics.queue_rows.inc(rows)
+        self._metrics.queue_rows.labels(self.name).inc(rows)
         self._metrics.pending_rows.inc(rows)
 
     # ------------------------------------------------------------------ health and stop
@@ -196,16 +249,43 @@ class Batcher:
     async def stop(self) -> None:
         """Finish what is queued (expired requests still get their 504), then stop."""
         self._closing = True
-        self._arrival.set()
+        self._wakeup.set()
         if self._task is not None:
             await self._task
         self._executor.shutdown(wait=True)
 
 
-def _settle(ticket: Ticket, answer: Answer | RLServeError) -> None:
+def _run(
+    model: ServedModel, batch: list[Prepared], padded_rows: int
+) -> list[tuple[list[Prepared], Run]]:
+    """On the batch thread: run the batch; if it fails, run each request alone so that
+    only the request that breaks the model fails."""
+    try:
+        return [(batch, model.execute(batch, padded_rows))]
+    except Exception as exc:
+        if len(batch) == 1:
+            return [(batch, exc)]
+    return [([one], _run(model, [one], one.rows)[0][1]) for one in batch]
+
+
+def _answers(
+    model: ServedModel, group: list[Prepared], outputs: Run
+) -> list[Answer | RLServeError]:
+    if isinstance(outputs, Exception):
+        log.error("model %s failed on a request: %s", model.name, one_line(outputs))
+        error = RLServeError(f"model {model.name!r} failed on this input: {one_line(outputs)}")
+        return [error] * len(group)
+    try:
+        return model.answer(group, outputs)
+    except Exception as exc:  # a bug in answer(): the requests of this group learn of it
+        log.exception("answering a batch of %s failed", model.name)
+        return [RLServeError(f"internal error: {type(exc).__name__}")] * len(group)
+
+
+def _settle(ticket: Ticket, outcome: Stamped | RLServeError) -> None:
     if ticket.future.done():  # the client gave up (deadline, disconnect)
         return
-    if isinstance(answer, RLServeError):
-        ticket.future.set_exception(answer)
+    if isinstance(outcome, RLServeError):
+        ticket.future.set_exception(outcome)
     else:
-        ticket.future.set_result(answer)
+        ticket.future.set_result(outcome)

@@ -8,7 +8,8 @@ The rules, in order:
 
 1. Requests whose deadline has passed are *expired*: answered 504 and never executed.
 2. Rows are gathered from the head of the queue (first come, first served, never
-   reordered) up to ``max_batch_size`` rows.
+   reordered) up to ``max_batch_size`` rows, all for the version the head runs on: a
+   batch never mixes model versions.
 3. The batch is released at once when it is full, when the next request does not fit,
    when ``max_wait_s`` has passed since the oldest request arrived, or when waiting any
    longer would make some gathered request miss its deadline given the expected run time.
@@ -29,6 +30,7 @@ class Waiting:
     rows: int
     enqueued_at: float  # monotonic seconds
     deadline: float  # monotonic seconds
+    version: int = 0  # the model version this request runs on
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ def _gather(queue: Sequence[Waiting], live: list[int], limit: int) -> tuple[list
     take: list[int] = []
     rows = 0
     for i in live:
-        if rows + queue[i].rows > limit:
+        if rows + queue[i].rows > limit or queue[i].version != queue[live[0]].version:
             break
         take.append(i)
         rows += queue[i].rows
@@ -88,7 +90,7 @@ def _release_time(
     expected_run_s: float,
 ) -> float:
     """The moment the gathered batch must go; in the past or now means release at once."""
-    blocked = len(take) < len(live)  # the next request does not fit: nothing more can join
+    blocked = len(take) < len(live)  # the next request cannot join: nothing more can
     if rows >= policy.max_batch_size or blocked:
         return float("-inf")
     oldest = min(queue[i].enqueued_at for i in take)

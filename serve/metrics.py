@@ -67,7 +67,7 @@ class Metrics:
             mv, buckets=FILL_BUCKETS, registry=r,
         )  # fmt: skip
         self.queue_rows = Gauge(
-            "rlserve_queue_rows", "Rows waiting in the queue", mv,
+            "rlserve_queue_rows", "Rows waiting in the queue", ["model"],
             multiprocess_mode="livesum", registry=r,
         )  # fmt: skip
         self.pending_rows = Gauge(
@@ -118,8 +118,6 @@ class VersionMetrics:
     queue_wait: Histogram
     batch_rows: Histogram
     batch_fill: Histogram
-    queue_rows: Gauge
-    pending_rows: Gauge
 
     @classmethod
     def of(cls, metrics: Metrics, model: str, version: int) -> VersionMetrics:
@@ -129,6 +127,4 @@ class VersionMetrics:
             metrics.queue_wait.labels(*labels),
             metrics.batch_rows.labels(*labels),
             metrics.batch_fill.labels(*labels),
-            metrics.queue_rows.labels(*labels),
-            metrics.pending_rows,
         )

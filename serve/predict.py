@@ -10,15 +10,15 @@ from __future__ import annotations
 import asyncio
 import time
 
+from starlette import routing
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from serve import state as server_state
+from serve.batcher import Stamped
 from serve.errors import DeadlineExceeded, NotFound, RLServeError, ServiceUnavailable
-from serve.registry import VersionEntry
+from serve.registry import Route
 from serve.state import ServerState
-from serve.types import Answer
 from serve.wire import deadline_ms, json_response, read_json_object
 
 
@@ -36,9 +36,11 @@ async def predict_version(request: Request) -> Response:
 
 
 ROUTES = [
-    Route("/predict", predict_default, methods=["POST"]),
-    Route("/v1/models/{model}/predict", predict_model, methods=["POST"]),
-    Route("/v1/models/{model}/versions/{version}/predict", predict_version, methods=["POST"]),
+    routing.Route("/predict", predict_default, methods=["POST"]),
+    routing.Route("/v1/models/{model}/predict", predict_model, methods=["POST"]),
+    routing.Route(
+        "/v1/models/{model}/versions/{version}/predict", predict_version, methods=["POST"]
+    ),
 ]
 
 
@@ -48,11 +50,11 @@ async def _predict(request: Request, model: str | None, version: int | None) -> 
     label = model or "default"
     state.metrics.inflight.inc()
     try:
-        entry = _admit(state, model, version)
-        label = entry.model.name
-        response = await _serve(request, state, entry, started)
-        state.metrics.count(label, entry.model.version, 200)
-        return response
+        route = _admit(state, model, version)
+        label = route.entry.name
+        stamped = await _serve(request, state, route, started)
+        state.metrics.count(label, stamped.version, 200)
+        return _render(label, stamped)
     except RLServeError as exc:
         state.metrics.count(label, version, exc.status)
         state.metrics.rejections.labels(label, exc.code).inc()
@@ -62,25 +64,28 @@ async def _predict(request: Request, model: str | None, version: int | None) -> 
         state.metrics.request_latency.labels(label).observe(time.monotonic() - started)
 
 
-def _admit(state: ServerState, model: str | None, version: int | None) -> VersionEntry:
+def _admit(state: ServerState, model: str | None, version: int | None) -> Route:
     if not state.lifecycle.serving:
         raise ServiceUnavailable("server is shutting down; retry on another replica")
     return state.registry.resolve(model, version)
 
 
-async def _serve(
-    request: Request, state: ServerState, entry: VersionEntry, started: float
-) -> Response:
+async def _serve(request: Request, state: ServerState, route: Route, started: float) -> Stamped:
     payload = await read_json_object(request, state.settings.max_body_bytes)
-    prepared = entry.model.prepare(payload)
-    budget_s = deadline_ms(request, entry.settings.default_deadline_ms) / 1000
-    future = entry.batcher.submit(prepared, started + budget_s)
-    answer = await _within(future, started + budget_s - time.monotonic(), budget_s)
-    body = {"model": entry.model.name, "model_version": entry.model.version, **answer}
-    return json_response(body, headers={"X-Policy-Version": str(entry.model.version)})
+    prepared = route.model.prepare(payload)
+    budget_s = deadline_ms(request, route.entry.settings.default_deadline_ms) / 1000
+    future = route.entry.batcher.submit(prepared, started + budget_s, route.pinned)
+    return await _within(future, started + budget_s - time.monotonic(), budget_s)
 
 
-async def _within(future: asyncio.Future[Answer], remaining_s: float, budget_s: float) -> Answer:
+def _render(model: str, stamped: Stamped) -> Response:
+    """The answer, stamped with the version that computed it (body and headers)."""
+    body = {"model": model, "model_version": stamped.version, "model_sha256": stamped.sha256}
+    headers = {"X-Policy-Version": str(stamped.version), "X-Policy-SHA256": stamped.sha256}
+    return json_response({**body, **stamped.answer}, headers=headers)
+
+
+async def _within(future: asyncio.Future[Stamped], remaining_s: float, budget_s: float) -> Stamped:
     """The answer, or DeadlineExceeded once the budget is spent (a timer, not a task)."""
     timer = asyncio.get_running_loop().call_later(max(remaining_s, 0.0), _expire, future, budget_s)
     try:
@@ -89,7 +94,7 @@ async def _within(future: asyncio.Future[Answer], remaining_s: float, budget_s: 
         timer.cancel()
 
 
-def _expire(future: asyncio.Future[Answer], budget_s: float) -> None:
+def _expire(future: asyncio.Future[Stamped], budget_s: float) -> None:
     if not future.done():
         future.set_exception(
             DeadlineExceeded(f"no answer within the request's deadline of {budget_s * 1000:g} ms")

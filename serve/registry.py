@@ -16,38 +16,39 @@ from serve import repository
 from serve.batcher import Batcher
 from serve.config import ModelSettings, Settings, load_model_overrides
 from serve.errors import NotFound, RLServeError, ServiceUnavailable
-from serve.metrics import Metrics, VersionMetrics
+from serve.metrics import Metrics
 from serve.model import ServedModel
 from serve.types import ModelState
+from serve.versions import VersionTable
 
 log = logging.getLogger("rlserve.registry")
-
-
-@dataclass
-class VersionEntry:
-    model: ServedModel
-    batcher: Batcher
-    settings: ModelSettings
 
 
 @dataclass
 class ModelEntry:
     name: str
     settings: ModelSettings
-    wanted: list[int]  # versions the version policy selected
-    versions: dict[int, VersionEntry] = field(default_factory=dict)
+    batcher: Batcher
+    versions: VersionTable
+    wanted: list[int]  # versions the version policy selected at start-up
     failures: dict[int, str] = field(default_factory=dict)
 
     @property
     def state(self) -> ModelState:
-        if self.versions:
+        if self.versions.active is not None:
             return ModelState.READY
         pending = set(self.wanted) - set(self.failures)
         return ModelState.LOADING if pending else ModelState.FAILED
 
-    @property
-    def latest(self) -> int | None:
-        return max(self.versions) if self.versions else None
+
+@dataclass(frozen=True)
+class Route:
+    """Where a request goes: the model's batcher, the version that validates it, and the
+    version it is pinned to (None: whichever is active when its batch forms)."""
+
+    entry: ModelEntry
+    model: ServedModel
+    pinned: int | None
 
 
 class Registry:
@@ -61,14 +62,18 @@ class Registry:
     # ------------------------------------------------------------------ loading
 
     async def load_all(self) -> None:
-        """Discover the repository and load every selected version."""
+        """Discover the repository, load every selected version, activate the newest."""
         found = await asyncio.to_thread(repository.discover, self.settings.model_repository)
         plans = {name: self._plan(name, versions) for name, versions in found.items()}
         for entry, _ in plans.values():
             self.models[entry.name] = entry
+            entry.batcher.start()
         for entry, selected in plans.values():
             for where in selected:
                 await self._load(entry, where)
+            loaded = [m.version for m in entry.versions.resident()]
+            if loaded:
+                entry.versions.activate(max(loaded))
         self.loading_done = True
 
     def _plan(
@@ -81,7 +86,9 @@ class Registry:
             log.error(
                 "model %s: no version matches its version policy %s", name, settings.version_policy
             )
-        return ModelEntry(name, settings, [v.version for v in selected]), selected
+        table = VersionTable()
+        batcher = Batcher(name, table, settings, self.metrics)
+        return ModelEntry(name, settings, batcher, table, [v.version for v in selected]), selected
 
     async def _load(self, entry: ModelEntry, where: repository.VersionDir) -> None:
         try:
@@ -92,11 +99,7 @@ class Registry:
             log.error("model %s version %d not loaded: %s", entry.name, where.version, exc.message)
             entry.failures[where.version] = exc.message
             return
-        batcher = Batcher(
-            model, entry.settings, VersionMetrics.of(self.metrics, model.name, model.version)
-        )
-        batcher.start()
-        entry.versions[where.version] = VersionEntry(model, batcher, entry.settings)
+        entry.versions.add(model)
         self.metrics.model_info.labels(
             model.name, str(model.version), model.provider, model.sha256
         ).set(1)
@@ -115,22 +118,23 @@ class Registry:
             "set default_model, or use POST /v1/models/{model}/predict"
         )
 
-    def resolve(self, model: str | None, version: int | None) -> VersionEntry:
+    def resolve(self, model: str | None, version: int | None) -> Route:
         name = model if model is not None else self.default_model()
         entry = self.models.get(name)
         if entry is None:
             hint = "still discovering the repository" if not self.loading_done else "unknown model"
             raise NotFound(f"model {name!r}: {hint}; loaded models: {sorted(self.models)}")
-        chosen = version if version is not None else entry.latest
-        if chosen is not None and chosen in entry.versions:
-            return entry.versions[chosen]
+        chosen = entry.versions.get(version) if version is not None else entry.versions.active_model
+        if chosen is not None:
+            return Route(entry, chosen, version)
         if entry.state is ModelState.LOADING or (
             version in entry.wanted and version not in entry.failures
         ):
             raise ServiceUnavailable(f"model {name!r} is still loading; retry shortly")
+        resident = [m.version for m in entry.versions.resident()]
         raise NotFound(
-            f"model {name!r} has no version {version} loaded; loaded versions: "
-            f"{sorted(entry.versions)}" + (f"; failed: {entry.failures}" if entry.failures else "")
+            f"model {name!r} has no version {version} loaded; loaded versions: {resident}"
+            + (f"; failed: {entry.failures}" if entry.failures else "")
         )
 
     # ------------------------------------------------------------------ readiness
@@ -149,15 +153,13 @@ class Registry:
             reasons.append(f"no models found in {self.settings.model_repository}")
         if not self.settings.allow_cpu_fallback:
             reasons += [
-                f"model {v.model.name!r} version {v.model.version} is not running on requested "
-                f"{list(v.model.provider_report.missing)} (set allow_cpu_fallback: true to accept)"
-                for v in self.entries()
-                if v.model.provider_report.missing
+                f"model {m.name!r} version {m.version} is not running on requested "
+                f"{list(m.provider_report.missing)} (set allow_cpu_fallback: true to accept)"
+                for entry in self.models.values()
+                for m in entry.versions.resident()
+                if m.provider_report.missing
             ]
         return reasons
-
-    def entries(self) -> list[VersionEntry]:
-        return [v for m in self.models.values() for v in m.versions.values()]
 
     def describe(self, name: str) -> dict[str, Any]:
         entry = self.models.get(name)
@@ -169,8 +171,9 @@ class Registry:
         return {
             "name": name,
             "state": entry.state.value,
-            "latest_version": entry.latest,
-            "versions": [{**v.model.describe(), "state": "ready"} for v in entry.versions.values()],
+            "active_version": entry.versions.active,
+            "held": entry.batcher.held,
+            "versions": [{**m.describe(), "state": "ready"} for m in entry.versions.resident()],
             "failed_versions": [
                 {"version": k, "state": "failed", "reason": r} for k, r in entry.failures.items()
             ],
@@ -184,4 +187,4 @@ class Registry:
         }
 
     async def stop(self) -> None:
-        await asyncio.gather(*(v.batcher.stop() for v in self.entries()))
+        await asyncio.gather(*(entry.batcher.stop() for entry in self.models.values()))

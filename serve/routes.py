@@ -29,8 +29,8 @@ async def list_models(request: Request) -> Response:
         {
             "name": m.name,
             "state": m.state.value,
-            "versions": sorted(m.versions),
-            "latest_version": m.latest,
+            "active_version": m.versions.active,
+            "versions": [v.version for v in m.versions.resident()],
         }
         for m in registry.models.values()
     ]
@@ -52,11 +52,11 @@ async def health(request: Request) -> Response:
     state = server_state.of(request)
     now = time.monotonic()
     problems = [
-        f"{e.model.name}/{e.model.version}: "
-        + ("batch worker stopped" if not e.batcher.alive else "batch running for too long")
-        for e in state.registry.entries()
-        if (not e.batcher.alive and state.lifecycle.serving)
-        or e.batcher.stuck_for(now) > state.settings.stuck_batch_s
+        f"{entry.name}: "
+        + ("batch worker stopped" if not entry.batcher.alive else "batch running for too long")
+        for entry in state.registry.models.values()
+        if (not entry.batcher.alive and state.lifecycle.serving)
+        or entry.batcher.stuck_for(now) > state.settings.stuck_batch_s
     ]
     if problems:
         return json_response({"status": "unhealthy", "problems": problems}, 503)

@@ -102,7 +102,7 @@ def test_the_models_endpoint_shows_contract_versions_and_batching(server: Server
         listing = client.get("/v1/models").json()
         model = client.get("/v1/models/pendulum").json()
     assert {m["name"] for m in listing["models"]} == {"cartpole", "pendulum"}
-    assert model["latest_version"] == 1
+    assert model["active_version"] == 1
     assert model["versions"][0]["contract"]["schema"] == "rlserve.policy/v1"
     assert model["versions"][0]["contract"]["action_space"]["type"] == "Box"
     assert model["batching"]["max_batch_size"] == 32

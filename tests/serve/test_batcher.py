@@ -13,9 +13,10 @@ import pytest
 from serve.batcher import Batcher
 from serve.config import ModelSettings
 from serve.errors import DeadlineExceeded, QueueFull, RLServeError
-from serve.metrics import Metrics, VersionMetrics
+from serve.metrics import Metrics
 from serve.runtime import ProviderReport
 from serve.types import Answer, Outputs, PredictOptions, Prepared
+from serve.versions import VersionTable
 
 
 class EchoModel:
@@ -57,12 +58,21 @@ def anyio_backend() -> str:
 
 
 def make(model: EchoModel, **settings: Any) -> Batcher:
-    metrics = VersionMetrics.of(Metrics(), model.name, model.version)
-    return Batcher(model, ModelSettings(**settings), metrics)
+    versions = VersionTable()
+    versions.add(model)
+    versions.activate(model.version)
+    return Batcher(model.name, versions, ModelSettings(**settings), Metrics())
+
+
+def prepare(batcher: Batcher, payload: Any) -> Prepared:
+    model = batcher.versions.active_model
+    assert model is not None
+    return model.prepare(payload)
 
 
 async def submit(batcher: Batcher, payload: Any, timeout_s: float = 1.0) -> Answer:
-    return await batcher.submit(batcher.model.prepare(payload), time.monotonic() + timeout_s)
+    stamped = await batcher.submit(prepare(batcher, payload), time.monotonic() + timeout_s)
+    return stamped.answer
 
 
 async def test_concurrent_requests_share_a_batch_and_get_their_own_rows_back() -> None:
@@ -77,9 +87,9 @@ async def test_concurrent_requests_share_a_batch_and_get_their_own_rows_back() -
 
 async def test_a_full_queue_refuses_with_a_retry_hint() -> None:
     batcher = make(EchoModel(), max_batch_size=4, max_wait_ms=1000, max_queue_rows=3)
-    batcher.submit(batcher.model.prepare([1, 2]), time.monotonic() + 1)
+    batcher.submit(prepare(batcher, [1, 2]), time.monotonic() + 1)
     with pytest.raises(QueueFull) as caught:
-        batcher.submit(batcher.model.prepare([3, 4]), time.monotonic() + 1)
+        batcher.submit(prepare(batcher, [3, 4]), time.monotonic() + 1)
     assert caught.value.headers["Retry-After"].isdigit()
 
 
