@@ -101,18 +101,8 @@ def promote(k: Kubectl, options: PromoteOptions, now: datetime) -> None:
     active = active_color(k)
     idle = idle_color(k, active)
     replicas = _replicas(k, active)
-    _raise_floor(k, idle, replicas, "IDLE")
-    running = k.number(k.field("RUNNING", "deployment", k.names.workload(idle), "{.spec.replicas}"))
-    if k.when("$RUNNING < $REPLICAS", lambda: _below(running, replicas)):
-        k.change("scale", f"deployment/{k.names.workload(idle)}", f"--replicas={replicas}")
-    k.change("patch", "service", k.names.preview, "--type=merge", "-p", _selects(idle))
-    report = verification.verify(k, idle, options.verify)
-    k.say(report.text())
-    if not report.ok:
-        raise CheckFailed(
-            f"promote refused: {k.names.workload(idle)} failed verification "
-            f"({', '.join(report.failed())}); service/{k.names.service} still selects {active}"
-        )
+    _prescale(k, idle, replicas)
+    _require_verified(k, idle, active, options.verify)
     _raise_floor(k, active, replicas, "ACTIVE")
     until = (now + options.rollback_window).strftime("%Y-%m-%dT%H:%M:%SZ")
     switch = _switch(idle, active, until)
@@ -122,6 +112,28 @@ def promote(k: Kubectl, options: PromoteOptions, now: datetime) -> None:
         f"{replicas} replicas until {until} (rlserve rollout rollback), then run "
         "`rlserve rollout retire`"
     )
+
+
+def _prescale(k: Kubectl, idle: str, replicas: Count) -> None:
+    """Bring the idle color to the active one's size before it takes the traffic."""
+    _raise_floor(k, idle, replicas, "IDLE")
+    name = k.names.workload(idle)
+    running = k.number(k.field("RUNNING", "deployment", name, "{.spec.replicas}"))
+    if k.when("$RUNNING < $REPLICAS", lambda: _below(running, replicas)):
+        k.change("scale", f"deployment/{name}", f"--replicas={replicas}")
+    k.change("patch", "service", k.names.preview, "--type=merge", "-p", _selects(idle))
+
+
+def _require_verified(
+    k: Kubectl, idle: str, active: str, options: verification.VerifyOptions
+) -> None:
+    report = verification.verify(k, idle, options)
+    k.say(report.text())
+    if not report.ok:
+        raise CheckFailed(
+            f"promote refused: {k.names.workload(idle)} failed verification "
+            f"({', '.join(report.failed())}); service/{k.names.service} still selects {active}"
+        )
 
 
 def rollback(k: Kubectl) -> None:

@@ -177,13 +177,9 @@ def _agreement(
     live_target = Target(k.names.service, target.model, _version(k, live))
     if live_target.version == target.version:
         return None
-    live_policy = _contract(k, live_target)
-    observations = [g.observations for g in [*policy.golden, *(live_policy or policy).golden]]
-    pairs = [
-        pair
-        for obs in observations
-        for pair in _rows(_actions(k, target, obs), _actions(k, live_target, obs))
-    ]
+    live_policy = _contract(k, live_target) or policy
+    observations = [g.observations for g in [*policy.golden, *live_policy.golden]]
+    pairs = _paired_rows(k, target, live_target, observations)
     agree = sum(1 for new, old in pairs if same(old, new, options.action_atol))
     rate = agree / len(pairs) if pairs else 0.0
     detail = (
@@ -192,6 +188,15 @@ def _agreement(
         f", continuous actions within {options.action_atol:g}"
     )
     return Check("action agreement with live", rate >= options.min_agreement, detail)
+
+
+def _paired_rows(
+    k: Kubectl, new: Target, old: Target, observations: list[Any]
+) -> list[tuple[Any, Any]]:
+    """Each row's action from both versions, on the same observations."""
+    return [
+        pair for obs in observations for pair in _rows(_actions(k, new, obs), _actions(k, old, obs))
+    ]
 
 
 def _actions(k: Kubectl, target: Target, observations: Any) -> Any:

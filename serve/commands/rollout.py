@@ -102,7 +102,8 @@ def run(namespace: argparse.Namespace) -> int:
 
 def _status(namespace: argparse.Namespace, k: Kubectl) -> int:
     rows = bluegreen_status.status(k)
-    return 0 if k.dry_run or all(r.is_ready for r in rows if r.role.value == "active") else 1
+    live = [r for r in rows if r.role is bluegreen_status.Role.ACTIVE]
+    return 0 if k.dry_run or all(r.is_ready for r in live) else 1
 
 
 def _deploy(namespace: argparse.Namespace, k: Kubectl) -> int:

@@ -231,3 +231,32 @@ def test_the_kubectl_binary_is_an_option(kubectl, tmp_path, capsys):
 
 def test_rollout_is_a_subcommand_of_rlserve():
     assert "serve.commands.rollout" in cli._SUBCOMMANDS
+
+
+def test_status_shows_the_live_color_and_each_colors_version_and_readiness(kubectl, capsys):
+    def deployment(version: str, ready: int) -> dict:
+        notes = {"rlserve.io/model-version": version}
+        containers = [{"name": "server", "image": f"rlserve:{version}"}]
+        spec = {"replicas": 3, "template": {"spec": {"containers": containers}}}
+        return {
+            "metadata": {"annotations": notes},
+            "spec": spec,
+            "status": {"readyReplicas": ready},
+        }
+
+    service = {"metadata": {"annotations": {}}, "spec": {"selector": {"color": "blue"}}}
+    kubectl.use(
+        {
+            "rules": [
+                {"when": ["get service rlserve -o json"], "json": service},
+                {"when": ["deployment rlserve-blue -o json"], "json": deployment("3", 3)},
+                {"when": ["deployment rlserve-green -o json"], "json": deployment("4", 0)},
+                {"when": ["get hpa"], "json": {"spec": {"minReplicas": 2}}},
+            ]
+        }
+    )
+    assert run_rollout("status") == 0
+    out = capsys.readouterr().out
+    assert "selects blue" in out
+    assert "blue   active  3/3    ready" in out
+    assert "green  idle    0/3    NOT ready  v4" in out
