@@ -24,6 +24,7 @@ _SUBCOMMANDS = (
     "export.commands",
     "serve.commands.inspect",
     "serve.commands.verify",
+    "serve.commands.rollout",
 )
 
 
