@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from serve import bluegreen, bluegreen_retain, bluegreen_status
-from serve.bluegreen import CheckFailed, Color, PromoteOptions
-from serve.bluegreen_kubectl import Kubectl, Names
-from serve.bluegreen_verify import VerifyOptions, verify
+from serve.bluegreen import retain, status, switch
+from serve.bluegreen.kubectl import Kubectl, Names
+from serve.bluegreen.switch import CheckFailed, Color, PromoteOptions
+from serve.bluegreen.verify import VerifyOptions, verify
 from serve.commands.args import add_arguments as add_dataclass_arguments
 from serve.commands.args import arg, from_namespace
 
@@ -101,14 +101,14 @@ def run(namespace: argparse.Namespace) -> int:
 
 
 def _status(namespace: argparse.Namespace, k: Kubectl) -> int:
-    rows = bluegreen_status.status(k)
-    live = [r for r in rows if r.role is bluegreen_status.Role.ACTIVE]
+    rows = status.status(k)
+    live = [r for r in rows if r.role is status.Role.ACTIVE]
     return 0 if k.dry_run or all(r.is_ready for r in live) else 1
 
 
 def _deploy(namespace: argparse.Namespace, k: Kubectl) -> int:
     args = from_namespace(DeployArgs, namespace)
-    bluegreen.deploy(k, args.color, args.image, args.model_version)
+    switch.deploy(k, args.color, args.image, args.model_version)
     return 0
 
 
@@ -122,23 +122,23 @@ def _verify(namespace: argparse.Namespace, k: Kubectl) -> int:
 def _promote(namespace: argparse.Namespace, k: Kubectl) -> int:
     window = timedelta(minutes=from_namespace(PromoteArgs, namespace).rollback_window_min)
     options = PromoteOptions(_verify_options(namespace), window)
-    bluegreen.promote(k, options, datetime.now(UTC))
+    switch.promote(k, options, datetime.now(UTC))
     return 0
 
 
 def _rollback(namespace: argparse.Namespace, k: Kubectl) -> int:
-    bluegreen.rollback(k)
+    switch.rollback(k)
     return 0
 
 
 def _retire(namespace: argparse.Namespace, k: Kubectl) -> int:
-    bluegreen.retire(k, datetime.now(UTC), from_namespace(RetireArgs, namespace).force)
+    switch.retire(k, datetime.now(UTC), from_namespace(RetireArgs, namespace).force)
     return 0
 
 
 def _retain(namespace: argparse.Namespace, k: Kubectl) -> int:
     args = from_namespace(RetainArgs, namespace)
-    bluegreen_retain.retain(k, args.model_repository, args.model, args.keep)
+    retain.retain(k, args.model_repository, args.model, args.keep)
     return 0
 
 

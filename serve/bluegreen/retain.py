@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serve.bluegreen_kubectl import Kubectl
-from serve.bluegreen_names import MODEL_VERSION, VERSION_POLICY_ENV
+from serve.bluegreen.kubectl import Kubectl
+from serve.bluegreen.names import MODEL_VERSION, VERSION_POLICY_ENV
 from serve.errors import Conflict, MalformedRequest, NotFound
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serve import contract
-from serve.bluegreen_kubectl import Kubectl
-from serve.bluegreen_names import MODEL_VERSION, annotation
+from serve.bluegreen.kubectl import Kubectl
+from serve.bluegreen.names import MODEL_VERSION, annotation
 from serve.contract import PolicyContract, TensorRole
 from serve.errors import MalformedRequest, NotFound
 

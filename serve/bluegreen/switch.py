@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
-from serve import bluegreen_verify as verification
-from serve.bluegreen_kubectl import Count, Kubectl
-from serve.bluegreen_names import (
+from serve.bluegreen import verify as verification
+from serve.bluegreen.kubectl import Count, Kubectl
+from serve.bluegreen.names import (
     ACTIVE_COLOR,
     CONTAINER,
     MODEL_VERSION,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from serve.bluegreen_names import Names
+from serve.bluegreen.names import Names
 from serve.errors import RLServeError
 
 
