@@ -21,7 +21,7 @@ from serve.runtime import Session
 from serve.spaces import Box, parse_observations
 from serve.types import Answer, OutputKind, Outputs, PredictOptions, Prepared
 
-_FIELDS = ("observations", "deterministic", "seed", "outputs")
+_FIELDS = ("observations", "actions", "deterministic", "seed", "outputs")
 
 
 class ActorCriticPolicy:
@@ -59,7 +59,22 @@ class ActorCriticPolicy:
                 "max_batch_size in the model's config.yaml"
             )
         feeds = {spec.name: batch.arrays[spec.key] for spec in self.contract.inputs}
-        return Prepared(feeds, batch.rows, batch.single, _options(payload))
+        evaluate = self._given_actions(payload, batch.rows, batch.single)
+        return Prepared(feeds, batch.rows, batch.single, _options(payload), evaluate)
+
+    def _given_actions(
+        self, payload: Mapping[str, Any], rows: int, single: bool
+    ) -> np.ndarray | None:
+        """Actions to score (log-probs of what the caller took), validated like observations."""
+        if "actions" not in payload:
+            return None
+        given = parse_observations(self.contract.action_space, payload["actions"], field="actions")
+        if (given.rows, given.single) != (rows, single):
+            raise InvalidInput(
+                f"actions: give one action per observation; got {given.rows} "
+                f"for {rows} observation{'s' if rows != 1 else ''}"
+            )
+        return given.arrays[None]
 
     def execute(self, batch: Sequence[Prepared], padded_rows: int) -> Outputs:
         return self._session.run(_stack(batch, padded_rows))
@@ -96,7 +111,9 @@ class ActorCriticPolicy:
         answer: Answer = {}
         if needs_dist:
             dist = self._distribution(rows)
-            if options.deterministic:
+            if item.evaluate is not None:
+                taken = actions = item.evaluate
+            elif options.deterministic:
                 taken = dist.mode()
                 actions = rows[self._names[TensorRole.ACTION]]
             else:

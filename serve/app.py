@@ -17,13 +17,15 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serve import __version__, config, openapi, predict, routes
+from serve import __version__, admin, config, openapi, predict, routes
 from serve.access import AccessMiddleware
 from serve.errors import MalformedRequest, RLServeError
 from serve.lifecycle import Lifecycle
 from serve.metrics import Metrics
 from serve.registry import Registry
 from serve.state import ServerState
+from serve.updates import Updater
+from serve.watcher import RepositoryWatcher
 from serve.wire import error_response, json_response
 
 log = logging.getLogger("rlserve.app")
@@ -34,7 +36,9 @@ _HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 def create_app(settings: config.Settings | None = None) -> FastAPI:
     settings = settings or config.load()
     metrics = Metrics()
-    state = ServerState(settings, Registry(settings, metrics), Lifecycle(), metrics)
+    registry = Registry(settings, metrics)
+    updater = Updater(registry, settings, metrics)
+    state = ServerState(settings, registry, Lifecycle(), metrics, updater)
     app = FastAPI(
         title="rlserve",
         version=__version__,
@@ -44,6 +48,7 @@ def create_app(settings: config.Settings | None = None) -> FastAPI:
     app.state.rlserve = state
     app.router.routes.extend(predict.ROUTES)
     app.include_router(routes.router)
+    app.include_router(admin.router)
     openapi.install(app)
     app.add_exception_handler(RLServeError, _rlserve_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
@@ -58,12 +63,13 @@ def create_app(settings: config.Settings | None = None) -> FastAPI:
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: ServerState = app.state.rlserve
-    loading = asyncio.create_task(_load(state), name="rlserve-load")
+    background = [asyncio.create_task(_load(state), name="rlserve-load")]
     try:
         yield
     finally:
         state.lifecycle.begin_stop()
-        loading.cancel()
+        for task in background:
+            task.cancel()
         await state.registry.stop()
         log.info("stopped")
 
@@ -79,6 +85,8 @@ async def _load(state: ServerState) -> None:
     state.lifecycle.ready()
     for reason in state.registry.unready_reasons():
         log.error("not ready: %s", reason)
+    if state.settings.poll_interval_s is not None:
+        await RepositoryWatcher(state.registry, state.updater, state.settings.poll_interval_s).run()
 
 
 async def _rlserve_error(request: Request, exc: RLServeError) -> Response:

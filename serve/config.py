@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -86,6 +86,16 @@ class Settings(BaseSettings):
     default_deadline_ms: float = Field(1000.0, gt=0)
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
     max_body_bytes: PositiveInt = Field(4 * 1024 * 1024, description="larger bodies get 413")
+
+    # Live policy updates (see docs/updates.md).
+    admin_token: SecretStr | None = Field(
+        None, description="bearer token for push/activate/rollback/hold; unset disables them"
+    )
+    poll_interval_s: float | None = Field(
+        None, gt=0, description="watch the repository for new versions this often (pull mode)"
+    )
+    resident_versions: PositiveInt = Field(2, description="versions kept loaded per model")
+    max_model_bytes: PositiveInt = Field(256 * 1024 * 1024, description="largest pushed model")
 
     # onnxruntime.
     providers: list[str] | Literal["auto"] = Field(

@@ -34,6 +34,7 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 FILL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+UPDATE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class Metrics:
@@ -85,6 +86,22 @@ class Metrics:
             "rlserve_model_info", "Loaded model versions and where they run",
             [*mv, "provider", "sha256"], multiprocess_mode="livemax", registry=r,
         )  # fmt: skip
+
+        self.policy_version = Gauge(
+            "rl_policy_version", "The active policy version per model (one series per worker)",
+            ["model"], multiprocess_mode="liveall", registry=r,
+        )  # fmt: skip
+        self.update_load = Histogram(
+            "rlserve_weight_update_load_seconds", "Building, checking and warming a new version",
+            ["model"], buckets=UPDATE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.update_swap = Histogram(
+            "rlserve_weight_update_swap_seconds", "Activating a loaded version",
+            ["model"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.updates = Counter(
+            "rlserve_weight_updates", "Version updates by result", ["model", "result"], registry=r
+        )
 
     def count(self, model: str, version: int | None, status: int) -> None:
         """Count an answered request (label children cached: this runs per request)."""

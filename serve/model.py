@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from serve.contract import PolicyContract
 from serve.errors import RLServeError
 from serve.runtime import ProviderReport
 from serve.types import Answer, Outputs, Prepared
@@ -23,6 +24,7 @@ class ServedModel(Protocol):
     sha256: str
     provider: str  # the execution provider that runs it
     provider_report: ProviderReport
+    contract: PolicyContract
 
     def prepare(self, payload: Mapping[str, Any]) -> Prepared:
         """Validate one request body; raises an RLServeError naming what is wrong."""

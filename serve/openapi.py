@@ -22,6 +22,11 @@ class PredictRequest(BaseModel):
         "space: an object of key to value, or a list of such objects.",
         examples=[[0.01, -0.02, 0.03, 0.04]],
     )
+    actions: Any = Field(
+        None,
+        description="Optional: actions already taken, one per observation; log_probs then "
+        "scores these actions instead of choosing new ones (what a trainer needs).",
+    )
     deterministic: bool = Field(True, description="the policy's mode, or a sampled action")
     seed: int | None = Field(None, ge=0, description="makes sampled actions reproducible")
     outputs: list[OutputKind] = Field(

@@ -74,6 +74,7 @@ class Registry:
             loaded = [m.version for m in entry.versions.resident()]
             if loaded:
                 entry.versions.activate(max(loaded))
+                self.metrics.policy_version.labels(entry.name).set(max(loaded))
         self.loading_done = True
 
     def _plan(

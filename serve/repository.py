@@ -72,17 +72,24 @@ def select(versions: list[VersionDir], policy: VersionPolicy) -> list[VersionDir
 
 
 def load_version(where: VersionDir, settings: Settings, model: ModelSettings) -> ServedModel:
-    origin = f"{where.model}/{where.version}"
+    data = _read(where.path, f"{where.model}/{where.version}")
+    return load_bytes(where.model, where.version, data, settings, model)
+
+
+def load_bytes(
+    name: str, version: int, data: bytes, settings: Settings, model: ModelSettings
+) -> ServedModel:
+    """A model version from its ONNX bytes: session, contract, golden vectors, warm-up."""
+    origin = f"{name}/{version}"
     started = time.monotonic()
-    data = _read(where.path, origin)
     session = create_session(data, settings, origin)
     policy_contract = contract.from_metadata(session.metadata, origin)
     problems = contract.check_golden(policy_contract, session.run)
     if problems:
         raise ModelLoadError(f"{origin}: golden vectors do not reproduce: {'; '.join(problems)}")
     loaded = ActorCriticPolicy(
-        where.model,
-        where.version,
+        name,
+        version,
         policy_contract,
         session,
         hashlib.sha256(data).hexdigest(),

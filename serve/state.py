@@ -10,6 +10,7 @@ from serve.config import Settings
 from serve.lifecycle import Lifecycle
 from serve.metrics import Metrics
 from serve.registry import Registry
+from serve.updates import Updater
 
 
 @dataclass
@@ -18,6 +19,7 @@ class ServerState:
     registry: Registry
     lifecycle: Lifecycle
     metrics: Metrics
+    updater: Updater
 
 
 def of(request: Request) -> ServerState:

@@ -39,6 +39,7 @@ class Prepared:
     rows: int
     single: bool  # one observation, not a list: answer without the batch axis
     options: PredictOptions
+    evaluate: np.ndarray | None = None  # given actions to score instead of choosing them
 
 
 Answer = dict[str, Any]  # the JSON-ready result of one request

@@ -20,7 +20,7 @@ _OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
 
 async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
-    body = await _read_body(request, max_bytes)
+    body = await read_body(request, max_bytes)
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -33,7 +33,8 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
     return payload
 
 
-async def _read_body(request: Request, max_bytes: int) -> bytes:
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The whole body, refused with 413 as soon as it is known to exceed ``max_bytes``."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(int(declared), max_bytes)
@@ -49,8 +50,8 @@ async def _read_body(request: Request, max_bytes: int) -> bytes:
 
 def _too_large(size: int, limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(
-        f"request body of {size} bytes exceeds max_body_bytes {limit}; send fewer "
-        "observations per request or raise max_body_bytes"
+        f"request body of {size} bytes exceeds the limit of {limit} bytes (max_body_bytes for "
+        "predictions, max_model_bytes for pushed models); send less or raise the limit"
     )
 
 

@@ -1,0 +1,170 @@
+"""The mutating endpoints: push, activate, roll back, hold and resume a model's versions.
+
+All of them need ``Authorization: Bearer <admin_token>`` (401 without it, 403 with a wrong
+one) and are disabled (403) while no ``admin_token`` is configured. The semantics live in
+``serve.updates``.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from serve import state as server_state
+from serve.errors import Forbidden, InvalidInput, MalformedRequest, Unauthorized
+from serve.state import ServerState
+from serve.updates import ActivationMode, Canary, Push
+from serve.wire import json_response, read_body
+
+
+def require_admin(request: Request) -> None:
+    token = server_state.of(request).settings.admin_token
+    if token is None:
+        raise Forbidden(
+            "admin endpoints are disabled: set admin_token (RLSERVE_ADMIN_TOKEN) to enable them"
+        )
+    given = request.headers.get("authorization", "")
+    if not given.lower().startswith("bearer "):
+        raise Unauthorized("missing bearer token: send Authorization: Bearer <admin_token>")
+    if not hmac.compare_digest(given[7:].strip().encode(), token.get_secret_value().encode()):
+        raise Forbidden("the bearer token does not match admin_token")
+
+
+router = APIRouter(tags=["updates"], dependencies=[Depends(require_admin)])
+
+
+@router.put("/v1/models/{model}/versions/{version}")
+async def push_version(request: Request, model: str, version: int) -> Response:
+    """Push a new version: ONNX bytes (application/octet-stream, sha256 in X-Model-SHA256,
+    options as query parameters), or JSON naming a file in the model repository."""
+    state = server_state.of(request)
+    push = await _push_from(request, state, model, version)
+    report = await state.updater.push(push)
+    return json_response(report.to_json())
+
+
+@router.post("/v1/models/{model}/versions/{version}/activate")
+async def activate_version(request: Request, model: str, version: int) -> Response:
+    """Activate a resident version (query: mode, rollback)."""
+    query = request.query_params
+    updater = server_state.of(request).updater
+    report = await updater.activate(
+        model, version, _mode(query.get("mode")), _flag(query, "rollback")
+    )
+    return json_response(report.to_json())
+
+
+@router.post("/v1/models/{model}/rollback")
+async def rollback(request: Request, model: str) -> Response:
+    """Re-activate the previous resident version at once; pull mode does not undo it."""
+    report = await server_state.of(request).updater.rollback(model)
+    return json_response(report.to_json())
+
+
+@router.post("/v1/models/{model}/hold")
+async def hold(request: Request, model: str) -> Response:
+    """Serve nothing from this model until resume; requests wait within their deadlines."""
+    server_state.of(request).updater.hold(model)
+    return json_response({"model": model, "held": True})
+
+
+@router.post("/v1/models/{model}/resume")
+async def resume(request: Request, model: str) -> Response:
+    server_state.of(request).updater.resume(model)
+    return json_response({"model": model, "held": False})
+
+
+async def _push_from(request: Request, state: ServerState, model: str, version: int) -> Push:
+    body = await read_body(request, state.settings.max_model_bytes)
+    if request.headers.get("content-type", "").startswith("application/json"):
+        return _push_from_json(state, model, version, _json_object(body))
+    sha256 = request.headers.get("x-model-sha256")
+    if not sha256:
+        raise InvalidInput("X-Model-SHA256: required with an ONNX body (the sha256 of the bytes)")
+    query = request.query_params
+    return Push(
+        model,
+        version,
+        body,
+        sha256,
+        _flag(query, "activate", True),
+        _mode(query.get("mode")),
+        _flag(query, "rollback"),
+    )
+
+
+class CanaryBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    observations: Any
+    log_probs: list[float]
+    actions: Any = None
+    atol: float = Field(1e-5, ge=0)
+
+
+class PushBody(BaseModel):
+    """A push that names a file in the model repository instead of sending its bytes."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    sha256: str
+    activate: bool = True
+    mode: ActivationMode = ActivationMode.AT_BATCH_BOUNDARY
+    rollback: bool = False
+    canary: CanaryBody | None = None
+
+
+def _push_from_json(state: ServerState, model: str, version: int, raw: dict[str, Any]) -> Push:
+    try:
+        body = PushBody.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InvalidInput(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    canary = Canary(**body.canary.model_dump()) if body.canary else None
+    data = _read_in_repository(state, body.path)
+    return Push(model, version, data, body.sha256, body.activate, body.mode, body.rollback, canary)
+
+
+def _read_in_repository(state: ServerState, relative: str) -> bytes:
+    root = state.settings.model_repository.resolve()
+    path = (root / relative).resolve()
+    if not path.is_relative_to(root):
+        raise InvalidInput(f"path: {relative!r} is outside the model repository")
+    if not path.is_file():
+        raise InvalidInput(f"path: {relative!r} is not a file in the model repository {root}")
+    return path.read_bytes()
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        raw = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise MalformedRequest("request body must be a JSON object")
+    return raw
+
+
+def _mode(value: Any) -> ActivationMode:
+    if value is None:
+        return ActivationMode.AT_BATCH_BOUNDARY
+    try:
+        return ActivationMode(value)
+    except ValueError:
+        raise InvalidInput(
+            f"mode: {value!r}; expected one of {[m.value for m in ActivationMode]}"
+        ) from None
+
+
+def _flag(query: Any, name: str, default: bool = False) -> bool:
+    value = query.get(name)
+    if value is None:
+        return default
+    if value.lower() not in ("true", "false", "1", "0"):
+        raise InvalidInput(f"{name}: expected true or false, got {value!r}")
+    return value.lower() in ("true", "1")

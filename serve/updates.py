@@ -1,0 +1,302 @@
+"""Live policy updates: push a version, activate it between batches, roll back, hold.
+
+Every update of a model goes through :class:`Updater`, one at a time per model, whether it
+comes from ``PUT /v1/models/{model}/versions/{version}`` (push) or from the repository
+watcher (pull). The semantics:
+
+- **off the hot path**: the new session is built, checked (same spaces as the live
+  version, golden vectors, optional canary) and warmed on a worker thread while the old
+  version keeps serving;
+- **atomic**: activation is one assignment on the event loop, so it lands between batches;
+  ``at_batch_boundary`` moves queued requests to the new version at their next batch,
+  ``drain`` keeps requests queued before the swap on the old version;
+- **monotonic**: a version not newer than the active one is refused (409) unless the caller
+  says it is a rollback; **idempotent**: the same version and checksum again changes nothing;
+- **all-or-nothing**: any failure leaves the old version serving and says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from serve import repository
+from serve.config import Settings
+from serve.errors import Conflict, InvalidInput, ModelLoadError, NotFound, RLServeError
+from serve.metrics import Metrics
+from serve.model import ServedModel
+from serve.registry import ModelEntry, Registry
+
+log = logging.getLogger("rlserve.updates")
+
+
+class ActivationMode(StrEnum):
+    AT_BATCH_BOUNDARY = "at_batch_boundary"
+    DRAIN = "drain"
+
+
+class UpdateResult(StrEnum):
+    ACTIVATED = "activated"
+    LOADED = "loaded"  # resident, not active (activate=false)
+    UNCHANGED = "unchanged"
+    ROLLED_BACK = "rolled_back"
+
+
+@dataclass(frozen=True)
+class Canary:
+    """Observations (and optionally the actions taken) with the log-probs the new version
+    must reproduce within ``atol``."""
+
+    observations: Any
+    log_probs: list[float]
+    actions: Any = None
+    atol: float = 1e-5
+
+
+@dataclass(frozen=True)
+class Push:
+    model: str
+    version: int
+    data: bytes
+    sha256: str
+    activate: bool = True
+    mode: ActivationMode = ActivationMode.AT_BATCH_BOUNDARY
+    rollback: bool = False  # allow a version not newer than the active one
+    canary: Canary | None = None
+
+
+@dataclass(frozen=True)
+class UpdateReport:
+    model: str
+    version: int
+    result: UpdateResult
+    active_version: int | None
+    previous_version: int | None
+    sha256: str = ""
+    load_s: float = 0.0
+    swap_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "result": self.result.value}
+
+
+class Updater:
+    def __init__(self, registry: Registry, settings: Settings, metrics: Metrics) -> None:
+        self.registry = registry
+        self.settings = settings
+        self.metrics = metrics
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # ------------------------------------------------------------------ push
+
+    async def push(self, push: Push) -> UpdateReport:
+        entry = self._entry(push.model)
+        async with self._lock(push.model):
+            try:
+                report = await self._push(entry, push)
+            except RLServeError as exc:
+                self.metrics.updates.labels(push.model, exc.code).inc()
+                log.warning("update %s/%d refused: %s", push.model, push.version, exc.message)
+                raise
+        self.metrics.updates.labels(push.model, report.result.value).inc()
+        return report
+
+    async def _push(self, entry: ModelEntry, push: Push) -> UpdateReport:
+        _check_checksum(push)
+        previous = entry.versions.active
+        resident = entry.versions.get(push.version)
+        if resident is not None:
+            return _unchanged(entry, push, resident)
+        self._check_order(entry, push.version, push.rollback)
+        started = time.monotonic()
+        model = await asyncio.to_thread(
+            repository.load_bytes,
+            entry.name,
+            push.version,
+            push.data,
+            self.settings,
+            entry.settings,
+        )
+        await asyncio.to_thread(_check_compatible, entry, model, push.canary)
+        load_s = time.monotonic() - started
+        self.metrics.update_load.labels(entry.name).observe(load_s)
+        entry.versions.add(model)
+        self.metrics.model_info.labels(
+            entry.name, str(model.version), model.provider, model.sha256
+        ).set(1)
+        if not push.activate:
+            return UpdateReport(
+                entry.name,
+                push.version,
+                UpdateResult.LOADED,
+                previous,
+                previous,
+                model.sha256,
+                load_s,
+            )
+        swap_s = self._activate(entry, push.version, push.mode)
+        return UpdateReport(
+            entry.name,
+            push.version,
+            UpdateResult.ACTIVATED,
+            push.version,
+            previous,
+            model.sha256,
+            load_s,
+            swap_s,
+        )
+
+    # ------------------------------------------------------------------ activate, rollback, hold
+
+    async def activate(
+        self, name: str, version: int, mode: ActivationMode, rollback: bool
+    ) -> UpdateReport:
+        entry = self._entry(name)
+        async with self._lock(name):
+            model = entry.versions.get(version)
+            if model is None:
+                resident = [m.version for m in entry.versions.resident()]
+                raise NotFound(
+                    f"model {name!r} has no resident version {version}; resident: {resident}"
+                )
+            previous = entry.versions.active
+            if version == previous:
+                return UpdateReport(
+                    name, version, UpdateResult.UNCHANGED, previous, previous, model.sha256
+                )
+            self._check_order(entry, version, rollback)
+            swap_s = self._activate(entry, version, mode)
+        return UpdateReport(
+            name, version, UpdateResult.ACTIVATED, version, previous, model.sha256, 0.0, swap_s
+        )
+
+    async def rollback(self, name: str) -> UpdateReport:
+        """Re-activate the previous resident version at once."""
+        entry = self._entry(name)
+        async with self._lock(name):
+            target = entry.versions.previous()
+            current = entry.versions.active
+            if target is None or current is None:
+                raise Conflict(f"model {name!r}: no previous version is resident to roll back to")
+            swap_s = self._activate(entry, target, ActivationMode.AT_BATCH_BOUNDARY)
+            model = entry.versions.get(target)
+        self.metrics.updates.labels(name, UpdateResult.ROLLED_BACK.value).inc()
+        sha = model.sha256 if model else ""
+        return UpdateReport(
+            name, target, UpdateResult.ROLLED_BACK, target, current, sha, 0.0, swap_s
+        )
+
+    def hold(self, name: str) -> None:
+        self._entry(name).batcher.hold()
+        log.info("model %s held: requests queue until resume or their deadline", name)
+
+    def resume(self, name: str) -> None:
+        self._entry(name).batcher.resume()
+        log.info("model %s resumed", name)
+
+    # ------------------------------------------------------------------ steps
+
+    def _activate(self, entry: ModelEntry, version: int, mode: ActivationMode) -> float:
+        started = time.perf_counter()
+        previous = entry.versions.active
+        if mode is ActivationMode.DRAIN and previous is not None:
+            entry.batcher.pin_queued(previous)
+        entry.versions.activate(version)
+        swap_s = time.perf_counter() - started
+        for gone in entry.versions.evict(self.settings.resident_versions):
+            self.metrics.model_info.remove(
+                entry.name, str(gone.version), gone.provider, gone.sha256
+            )
+            log.info(
+                "model %s: version %d unloaded (resident_versions %d)",
+                entry.name,
+                gone.version,
+                self.settings.resident_versions,
+            )
+        self.metrics.policy_version.labels(entry.name).set(version)
+        self.metrics.update_swap.labels(entry.name).observe(swap_s)
+        log.info("model %s: version %s -> %d (%s)", entry.name, previous, version, mode.value)
+        return swap_s
+
+    def _check_order(self, entry: ModelEntry, version: int, rollback: bool) -> None:
+        active = entry.versions.active
+        if active is not None and version <= active and not rollback:
+            raise Conflict(
+                f"model {entry.name!r}: version {version} is not newer than the active version "
+                f"{active}; versions only move forward unless rollback=true"
+            )
+
+    def _entry(self, name: str) -> ModelEntry:
+        entry = self.registry.models.get(name)
+        if entry is None:
+            raise NotFound(f"model {name!r} is not served; models: {sorted(self.registry.models)}")
+        return entry
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+
+def _check_checksum(push: Push) -> None:
+    actual = hashlib.sha256(push.data).hexdigest()
+    if actual != push.sha256.lower():
+        raise InvalidInput(
+            f"sha256: the model bytes hash to {actual}, not {push.sha256}; "
+            "the upload is corrupt or the checksum is wrong"
+        )
+
+
+def _unchanged(entry: ModelEntry, push: Push, resident: ServedModel) -> UpdateReport:
+    if resident.sha256 != push.sha256.lower():
+        raise Conflict(
+            f"model {entry.name!r} version {push.version} is already loaded with sha256 "
+            f"{resident.sha256}; a changed model needs a new version number"
+        )
+    active = entry.versions.active
+    return UpdateReport(
+        entry.name, push.version, UpdateResult.UNCHANGED, active, active, resident.sha256
+    )
+
+
+def _check_compatible(entry: ModelEntry, model: ServedModel, canary: Canary | None) -> None:
+    """The new version must take the same observations and give the same kind of actions."""
+    live = entry.versions.active_model
+    if live is not None:
+        for field in ("observation_space", "action_space"):
+            old, new = getattr(live.contract, field), getattr(model.contract, field)
+            if old.model_dump() != new.model_dump():
+                raise ModelLoadError(
+                    f"{field}: version {model.version} has {new.model_dump_json()}, but the live "
+                    f"version {live.version} has {old.model_dump_json()}; a model's spaces "
+                    "cannot change between versions (serve it under a new model name)"
+                )
+    if canary is not None:
+        _check_canary(model, canary)
+
+
+def _check_canary(model: ServedModel, canary: Canary) -> None:
+    payload: dict[str, Any] = {"observations": canary.observations, "outputs": ["log_probs"]}
+    if canary.actions is not None:
+        payload["actions"] = canary.actions
+    prepared = model.prepare(payload)
+    (answer,) = model.answer([prepared], model.execute([prepared], prepared.rows))
+    if isinstance(answer, RLServeError):
+        raise ModelLoadError(f"canary: {answer.message}")
+    got = np.atleast_1d(np.asarray(answer["log_probs"], dtype=np.float64))
+    expected = np.atleast_1d(np.asarray(canary.log_probs, dtype=np.float64))
+    if got.shape != expected.shape:
+        raise InvalidInput(
+            f"canary.log_probs: expected {got.shape[0]} values, got {expected.shape[0]}"
+        )
+    worst = float(np.max(np.abs(got - expected))) if got.size else 0.0
+    if not worst <= canary.atol:
+        raise ModelLoadError(
+            f"canary: log-probs differ from the expected ones by up to {worst:.3g} "
+            f"(atol {canary.atol:g}); the new version does not behave as the trainer expects"
+        )
