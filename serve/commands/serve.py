@@ -52,6 +52,10 @@ class ServeArgs:
     allow_cpu_fallback: bool = field(
         default=False, metadata=arg("stay ready when a requested GPU provider is not active")
     )
+    poll_interval_s: float | None = field(
+        default=None,
+        metadata=arg("watch the repository for new versions this often (pull mode; default: off)"),
+    )
     drain_delay_s: float | None = field(
         default=None,
         metadata=arg("keep serving after SIGTERM with /ready 503; " + _FROM_CONFIG + "5"),
@@ -66,7 +70,10 @@ class ServeArgs:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, ServeArgs)
-    parser.epilog = "Every setting can also come from RLSERVE_<NAME> or the YAML --config file."
+    parser.epilog = (
+        "Every setting can also come from RLSERVE_<NAME> or the YAML --config file; the admin "
+        "token for live updates only from RLSERVE_ADMIN_TOKEN or the file."
+    )
 
 
 def run(namespace: argparse.Namespace) -> int:

@@ -1,0 +1,230 @@
+"""Live policy updates against a real server: swaps under load, refusals, rollback, hold, pull."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from serve.client import PolicyClient, RequestFailed
+from serve.distributions import Categorical
+from tests.e2e.conftest import export_untrained
+from tests.e2e.server import Server
+
+TOKEN = "test-token"
+OBS = [0.01, -0.02, 0.03, 0.04]
+
+
+@pytest.fixture(scope="module")
+def versions(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Four CartPole policies with different weights: the versions to swap between."""
+    tmp = tmp_path_factory.mktemp("versions")
+    repo = tmp / "repository"
+    for seed in range(4):
+        export_untrained(tmp, repo, "swap", "CartPole-v1", [64, 64], seed=seed)
+    return [repo / "swap" / str(v) / "model.onnx" for v in range(1, 5)]
+
+
+@pytest.fixture
+def server(versions: list[Path], tmp_path: Path) -> Iterator[Server]:
+    repo = tmp_path / "repository"
+    (repo / "swap" / "1").mkdir(parents=True)
+    shutil.copy(versions[0], repo / "swap" / "1" / "model.onnx")
+    running = Server.rlserve(repo, env={"RLSERVE_ADMIN_TOKEN": TOKEN}, log=tmp_path / "log")
+    running.wait_ready()
+    yield running
+    running.stop()
+
+
+def offline(model: Path, observations: np.ndarray, seed: int) -> tuple[list[int], np.ndarray]:
+    """What the given version must answer for a seeded stochastic request."""
+    logits = ort.InferenceSession(str(model)).run(["logits"], {"obs": observations})[0]
+    dist = Categorical(logits)
+    actions = dist.sample(np.random.default_rng(seed))
+    return actions.tolist(), dist.log_prob(actions)
+
+
+def test_swaps_every_few_milliseconds_under_load_lose_nothing_and_mix_nothing(
+    server: Server, versions: list[Path]
+) -> None:
+    files: dict[int, Path] = {1: versions[0]}
+    stop = threading.Event()
+    records: list[tuple[np.ndarray, int, dict]] = []
+    failures: list[str] = []
+
+    def load(worker: int) -> None:
+        rng = np.random.default_rng(worker)
+        with PolicyClient(server.url) as client:
+            while not stop.is_set():
+                obs = rng.uniform(-0.2, 0.2, (int(rng.integers(1, 4)), 4)).astype(np.float32)
+                seed = int(rng.integers(1 << 30))
+                try:
+                    answer = client.predict(
+                        obs, deterministic=False, seed=seed, outputs=("actions", "log_probs")
+                    )
+                except RequestFailed as exc:
+                    failures.append(str(exc))
+                    continue
+                records.append((obs, seed, answer.__dict__))
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    with PolicyClient(server.url, admin_token=TOKEN) as admin:
+        version, deadline = 1, time.monotonic() + 4
+        while time.monotonic() < deadline:
+            version += 1
+            files[version] = versions[version % len(versions)]
+            report = admin.push("swap", version, files[version])
+            assert report["result"] == "activated"
+            time.sleep(random.uniform(0.02, 0.05))
+    stop.set()
+    for t in threads:
+        t.join()
+
+    assert failures == []
+    stamped = {r[2]["model_version"] for r in records}
+    assert len(stamped) > 20, f"only {len(stamped)} versions answered; swaps too slow?"
+    mismatches = 0
+    for obs, seed, answer in records:
+        actions, log_probs = offline(files[answer["model_version"]], obs, seed)
+        if answer["actions"] != actions or not np.allclose(
+            answer["log_probs"], log_probs, atol=1e-5
+        ):
+            mismatches += 1
+    assert mismatches == 0, (
+        f"{mismatches} of {len(records)} answers differ from their stamped version"
+    )
+
+
+def test_a_corrupt_or_incompatible_push_is_refused_and_the_old_version_keeps_serving(
+    server: Server, repository: Path
+) -> None:
+    pendulum = repository / "pendulum" / "1" / "model.onnx"
+    with PolicyClient(server.url, admin_token=TOKEN) as admin:
+        with pytest.raises(RequestFailed) as corrupt:
+            admin.push("swap", 2, b"not an onnx file")
+        with pytest.raises(RequestFailed) as incompatible:
+            admin.push("swap", 3, pendulum)
+        answer = admin.predict(OBS, model="swap")
+    assert (corrupt.value.status, corrupt.value.code) == (422, "model_load_failed")
+    assert (incompatible.value.status, "observation_space") == (
+        422,
+        incompatible.value.message.split(":")[0],
+    )
+    assert answer.model_version == 1
+
+
+def test_older_versions_and_changed_checksums_are_conflicts(
+    server: Server, versions: list[Path]
+) -> None:
+    with PolicyClient(server.url, admin_token=TOKEN) as admin:
+        admin.push("swap", 5, versions[1])
+        with pytest.raises(RequestFailed) as older:
+            admin.push("swap", 4, versions[2])
+        with pytest.raises(RequestFailed) as changed:
+            admin.push("swap", 5, versions[2])
+        again = admin.push("swap", 5, versions[1])
+    assert older.value.status == changed.value.status == 409
+    assert again["result"] == "unchanged"
+
+
+def test_rollback_is_immediate(server: Server, versions: list[Path]) -> None:
+    with PolicyClient(server.url, admin_token=TOKEN) as admin:
+        admin.push("swap", 2, versions[1])
+        assert admin.predict(OBS).model_version == 2
+        report = admin.rollback("swap")
+        assert admin.predict(OBS).model_version == 1
+    assert report["previous_version"] == 2
+    assert report["swap_s"] < 0.01
+
+
+def test_hold_serves_nothing_until_resume(server: Server) -> None:
+    with PolicyClient(server.url, admin_token=TOKEN) as admin, server.client() as client:
+        admin.hold("swap")
+        runs = server.metric(client, "rlserve_batch_rows_count", model="swap")
+        pending: list[int] = []
+        waiter = threading.Thread(target=lambda: pending.append(admin.predict(OBS).model_version))
+        waiter.start()
+        time.sleep(0.3)
+        assert pending == []
+        assert server.metric(client, "rlserve_batch_rows_count", model="swap") == runs
+        admin.resume("swap")
+        waiter.join(5)
+    assert pending == [1]
+
+
+def test_pull_mode_activates_a_version_written_by_another_process(
+    versions: list[Path], tmp_path: Path
+) -> None:
+    repo = tmp_path / "repository"
+    (repo / "swap" / "1").mkdir(parents=True)
+    shutil.copy(versions[0], repo / "swap" / "1" / "model.onnx")
+    server = Server.rlserve(
+        repo, "--poll-interval-s", "0.1", env={"RLSERVE_ADMIN_TOKEN": TOKEN}, log=tmp_path / "log"
+    )
+    try:
+        server.wait_ready()
+        staging = repo / "swap" / ".incoming-2"
+        copy = (
+            "import shutil, sys; "
+            "shutil.copytree(sys.argv[1], sys.argv[2]); shutil.move(sys.argv[2], sys.argv[3])"
+        )
+        subprocess.run(
+            [
+                "python3",
+                "-c",
+                copy,
+                str(versions[1].parent),
+                str(staging),
+                str(repo / "swap" / "2"),
+            ],
+            check=True,
+        )
+        with PolicyClient(server.url, admin_token=TOKEN) as client:
+            server.wait_until(
+                lambda c: (
+                    c.post("/predict", json={"observations": OBS}).json()["model_version"] == 2
+                ),
+                10,
+                "on version 2",
+            )
+            client.rollback("swap")
+            time.sleep(0.5)  # several polls: the rollback must hold
+            assert client.predict(OBS).model_version == 1
+    finally:
+        server.stop()
+
+
+def test_updates_need_the_admin_token(
+    server: Server, versions: list[Path], repository: Path, tmp_path: Path
+) -> None:
+    with (
+        PolicyClient(server.url) as anonymous,
+        PolicyClient(server.url, admin_token="wrong") as wrong,
+    ):
+        with pytest.raises(RequestFailed) as missing:
+            anonymous.push("swap", 2, versions[1])
+        with pytest.raises(RequestFailed) as bad:
+            wrong.push("swap", 2, versions[1])
+    assert (missing.value.status, bad.value.status) == (401, 403)
+    plain = Server.rlserve(repository, log=tmp_path / "log")
+    try:
+        plain.wait_ready()
+        with (
+            PolicyClient(plain.url, admin_token=TOKEN) as admin,
+            pytest.raises(RequestFailed) as disabled,
+        ):
+            admin.rollback("cartpole")
+    finally:
+        plain.stop()
+    assert disabled.value.status == 403
+    assert "admin_token" in disabled.value.message
