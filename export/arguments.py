@@ -1,6 +1,7 @@
 """The ``rlserve export`` arguments, declared once (see :mod:`serve.commands.args`).
 
-Light on purpose: the CLI parses these on every ``rlserve`` call, without torch.
+Light on purpose: the CLI parses these on every ``rlserve`` call, so torch and the sources
+are imported only when ``load_source`` runs.
 """
 
 from __future__ import annotations
@@ -8,9 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from export.sb3_layout import ImageLayout
 from serve.commands.args import arg
+from serve.contract import Algorithm
+
+if TYPE_CHECKING:
+    from export.pipeline import ParitySettings
+    from export.source import PolicySource
 
 
 class ActorCriticAlgorithm(StrEnum):
@@ -61,6 +68,19 @@ class CommonArgs:
         default=0, metadata=arg("seed for sampling parity observations and actions", metavar="N")
     )
 
+    def load_source(self) -> PolicySource:
+        raise NotImplementedError  # each source's arguments know how to load it
+
+    def parity_settings(self) -> ParitySettings:
+        from export.pipeline import ParitySettings
+
+        return ParitySettings(
+            tolerance=self.tolerance,
+            samples=self.parity_samples,
+            observations_file=self.parity_observations,
+            seed=self.seed,
+        )
+
 
 @dataclass(kw_only=True)
 class Sb3Args(CommonArgs):
@@ -95,6 +115,20 @@ class Sb3Args(CommonArgs):
             "them for its CNN; the graph does the same) or chw (already channels-first)"
         ),
     )
+
+    def load_source(self) -> PolicySource:
+        from export.sb3 import Sb3Options, load_source
+
+        algorithm = Algorithm(self.algorithm.value) if self.algorithm is not None else None
+        return load_source(
+            Sb3Options(
+                checkpoint=self.checkpoint,
+                vecnormalize=self.vecnormalize,
+                no_normalize=self.no_normalize,
+                algorithm=algorithm,
+                image_layout=self.image_layout,
+            )
+        )
 
 
 @dataclass(kw_only=True)
@@ -153,3 +187,19 @@ class TorchArgs(CommonArgs):
     algorithm: ActorCriticAlgorithm = field(
         default=ActorCriticAlgorithm.PPO, metadata=arg("algorithm the module was trained with")
     )
+
+    def load_source(self) -> PolicySource:
+        from export.torch_module import TorchOptions, load_source
+
+        return load_source(
+            TorchOptions(
+                target=self.target,
+                checkpoint=self.checkpoint,
+                env=self.env,
+                observation_space=self.observation_space,
+                action_space=self.action_space,
+                method=self.method,
+                obs_norm=self.obs_norm,
+                algorithm=Algorithm(self.algorithm.value),
+            )
+        )

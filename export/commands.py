@@ -9,15 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
-from typing import TYPE_CHECKING
 
 from export.arguments import CommonArgs, Sb3Args, TorchArgs
 from serve.commands.args import add_arguments as add_dataclass_arguments
 from serve.commands.args import from_namespace
-
-if TYPE_CHECKING:
-    from export.pipeline import ParitySettings
-    from export.source import PolicySource
 
 NAME = "export"
 HELP = "export a trained PPO/A2C policy to ONNX with an embedded policy contract"
@@ -65,60 +60,14 @@ def run(namespace: argparse.Namespace) -> int:
     args: CommonArgs = from_namespace(cls, namespace)
     destination = writer.destination(args.model_repository, args.name, args.version)
     _progress(f"loading {namespace.source} policy")
-    source = _load(args)
-    outcome = pipeline.export_policy(source, _parity(args), destination, _progress)
+    source = args.load_source()
+    outcome = pipeline.export_policy(source, args.parity_settings(), destination, _progress)
     print(outcome.report.table())
     if outcome.path is None:
         _progress("parity failed: nothing was written")
         return 1
     print(f"wrote {outcome.path}")
     return 0
-
-
-def _load(args: CommonArgs) -> PolicySource:
-    from serve.contract import Algorithm
-
-    if isinstance(args, Sb3Args):
-        from export.sb3 import Sb3Options
-        from export.sb3 import load_source as load_sb3
-
-        algorithm = Algorithm(args.algorithm.value) if args.algorithm is not None else None
-        return load_sb3(
-            Sb3Options(
-                checkpoint=args.checkpoint,
-                vecnormalize=args.vecnormalize,
-                no_normalize=args.no_normalize,
-                algorithm=algorithm,
-                image_layout=args.image_layout,
-            )
-        )
-    assert isinstance(args, TorchArgs)  # the parser only builds these two
-    from export.torch_module import TorchOptions
-    from export.torch_module import load_source as load_torch
-
-    return load_torch(
-        TorchOptions(
-            target=args.target,
-            checkpoint=args.checkpoint,
-            env=args.env,
-            observation_space=args.observation_space,
-            action_space=args.action_space,
-            method=args.method,
-            obs_norm=args.obs_norm,
-            algorithm=Algorithm(args.algorithm.value),
-        )
-    )
-
-
-def _parity(args: CommonArgs) -> ParitySettings:
-    from export.pipeline import ParitySettings
-
-    return ParitySettings(
-        tolerance=args.tolerance,
-        samples=args.parity_samples,
-        observations_file=args.parity_observations,
-        seed=args.seed,
-    )
 
 
 def _progress(message: str) -> None:
