@@ -33,8 +33,6 @@ class Sb3Options:
 
 
 def load_source(options: Sb3Options) -> PolicySource:
-    if options.vecnormalize is not None and options.no_normalize:
-        raise ExportError("--vecnormalize and --no-normalize contradict each other; give one")
     checkpoint = sb3_checkpoint.load(options.checkpoint, options.algorithm)
     _check_normalisation_known(checkpoint.trained_under_vecnormalize, options)
     normalizer = vecnormalize.load(options.vecnormalize) if options.vecnormalize else None
@@ -61,6 +59,8 @@ def load_source(options: Sb3Options) -> PolicySource:
 
 
 def _check_normalisation_known(trained_under_vecnormalize: bool, options: Sb3Options) -> None:
+    if options.vecnormalize is not None and options.no_normalize:
+        raise ExportError("--vecnormalize and --no-normalize contradict each other; give one")
     given = options.vecnormalize is not None or options.no_normalize
     if trained_under_vecnormalize and not given:
         raise ExportError(

@@ -66,34 +66,41 @@ def load_source(options: TorchOptions) -> PolicySource:
     observation_space = _observation_space(spaces.observation)
     action_space = checked(spaces.action)
     module = _module(options)
-    norm = obs_norm.load(options.obs_norm) if options.obs_norm is not None else None
-    if norm is not None:
-        norm.check_fits(observation_space, f"--obs-norm {options.obs_norm}")
-    distribution = distribution_for(action_space)
+    norm = _norm(options.obs_norm, observation_space)
     torch_probe.check_method(module, options.method, observation_space, action_space, norm)
-    core = TorchCore(module, options.method, distribution.kind)
+    kind = distribution_for(action_space).kind
     return PolicySource(
-        graph=PolicyGraph(
-            observation_pipelines([None], norm, set()), core, deterministic_action(action_space)
-        ),
+        graph=_graph(TorchCore(module, options.method, kind), norm, action_space),
         reference=TorchReference(
             module=module,
             method=options.method,
-            kind=distribution.kind,
+            kind=kind,
             norm=norm,
             action_space=action_space,
-            output_names=[s.name for s in output_specs(action_space, distribution.kind)],
+            output_names=[spec.name for spec in output_specs(action_space, kind)],
         ),
         algorithm=options.algorithm,
         provenance=_provenance(options, module),
         observation_space=observation_space,
         action_space=action_space,
-        distribution=distribution,
+        distribution=distribution_for(action_space),
         preprocessing=Preprocessing(
-            normalization=_normalization(norm),
-            action_clip=isinstance(action_space, Box),
+            normalization=_normalization(norm), action_clip=isinstance(action_space, Box)
         ),
     )
+
+
+def _graph(core: TorchCore, norm: NormStats | None, action_space: Leaf) -> PolicyGraph:
+    pipelines = observation_pipelines([None], norm, chw_keys=set())
+    return PolicyGraph(pipelines, core, deterministic_action(action_space))
+
+
+def _norm(path: Path | None, observation_space: Leaf) -> NormStats | None:
+    if path is None:
+        return None
+    norm = obs_norm.load(path)
+    norm.check_fits(observation_space, f"--obs-norm {path}")
+    return norm
 
 
 def _observation_space(space: Leaf | Dict) -> Leaf:
