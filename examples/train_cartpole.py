@@ -2,9 +2,10 @@
 
 Read top to bottom: arguments, training, a deterministic evaluation, then the export with
 rlserve's own exporter (the same code as ``rlserve export sb3``), which checks parity
-against the trained model before it writes anything. ``make demo`` runs it.
+against the trained model before it writes anything. The committed demo model is replaced
+only after a successful export. ``make demo`` runs it.
 
-    .venv/bin/python examples/train_cartpole.py [--total-timesteps 50000] [--replace]
+    .venv/bin/python examples/train_cartpole.py [--total-timesteps 50000]
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +43,6 @@ class Args:
     model_repository: Path = field(
         default=HERE / "model_repository", metadata=arg("where the export goes")
     )
-    replace: bool = field(default=False, metadata=arg("replace an existing cartpole/1"))
 
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -85,23 +86,17 @@ print(f"mean return over {args.eval_episodes} deterministic episodes: {mean_retu
 if mean_return < args.min_return:
     sys.exit(f"mean return {mean_return:.1f} < {args.min_return}: train longer, not exporting")
 
-# 3. Save the checkpoint and export it: parity first, then DIR/cartpole/1/model.onnx.
+# 3. Save the checkpoint and export it with the real exporter (parity first) into a scratch
+#    repository; only a successful export replaces the demo's cartpole/1.
 args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
 model.save(args.checkpoint)
-version_dir = args.model_repository / "cartpole" / "1"
-if args.replace and version_dir.exists():
-    shutil.rmtree(version_dir)
-status = cli.main(
-    [
-        "export",
-        "sb3",
-        str(args.checkpoint),
-        "--name",
-        "cartpole",
-        "--model-repository",
-        str(args.model_repository),
-        "--version",
-        "1",
-    ]
-)
-sys.exit(status)
+with tempfile.TemporaryDirectory() as scratch:
+    argv = ["export", "sb3", str(args.checkpoint), "--name", "cartpole"]
+    status = cli.main([*argv, "--model-repository", scratch, "--version", "1"])
+    if status != 0:
+        sys.exit(status)
+    target = args.model_repository / "cartpole" / "1"
+    shutil.rmtree(target, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(Path(scratch) / "cartpole" / "1", target)
+print(f"demo model: {target / 'model.onnx'}")
