@@ -7,7 +7,6 @@ temporary directory and exported at most once per session.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,35 +14,13 @@ import gymnasium as gym
 import pytest
 import torch
 from export_envs import DictEnv, ImageEnv, MultiBinaryEnv, MultiDiscreteEnv
+from export_policies import ExportedPolicy, TrainedPolicy, export_with_library
 from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecNormalize
 
-from export import writer
-from export.pipeline import ParitySettings, export_policy
-from export.sb3 import Sb3Options, load_source
-from serve import contract
-from serve.contract import PolicyContract
-
 TIMESTEPS = 128
 PPO_SETTINGS = {"n_steps": 64, "batch_size": 64, "n_epochs": 2}
-
-
-@dataclass(frozen=True)
-class TrainedPolicy:
-    name: str
-    checkpoint: Path
-    make_env: Callable[[], gym.Env[Any, Any]]
-    vecnormalize: Path | None = None
-
-
-@dataclass(frozen=True)
-class ExportedPolicy:
-    trained: TrainedPolicy
-    path: Path
-    contract: PolicyContract
-    parity_table: str
-    max_diffs: dict[str, float]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -134,21 +111,7 @@ def export_sb3(
 
     def export(trained: TrainedPolicy) -> ExportedPolicy:
         if trained.name not in done:
-            done[trained.name] = _export(trained, repository)
+            done[trained.name] = export_with_library(trained, repository)
         return done[trained.name]
 
     return export
-
-
-def _export(trained: TrainedPolicy, repository: Path) -> ExportedPolicy:
-    source = load_source(Sb3Options(trained.checkpoint, vecnormalize=trained.vecnormalize))
-    destination = writer.destination(repository, trained.name, None)
-    outcome = export_policy(source, ParitySettings(), destination, progress=lambda _: None)
-    assert outcome.path is not None, outcome.report.table()
-    return ExportedPolicy(
-        trained=trained,
-        path=outcome.path,
-        contract=contract.read(outcome.path),
-        parity_table=outcome.report.table(),
-        max_diffs={row.output: row.max_abs_diff for row in outcome.report.rows},
-    )

@@ -9,7 +9,7 @@ from pathlib import Path
 import cleanrl_agents
 import onnx
 import pytest
-from conftest import TrainedPolicy
+from export_policies import TrainedPolicy
 from onnx import TensorProto, helper
 
 from serve import cli

@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import ExportedPolicy, TrainedPolicy
+from export_policies import ExportedPolicy, TrainedPolicy
 from stable_baselines3 import A2C, PPO
 
 from serve.distributions import DistributionKind, build

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TrainedPolicy
+from export_policies import TrainedPolicy
 
 from export import writer
 from export.pipeline import ParitySettings, export_policy

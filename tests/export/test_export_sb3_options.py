@@ -7,7 +7,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import TrainedPolicy
+from export_policies import TrainedPolicy
 from stable_baselines3 import PPO, SAC
 
 from export import writer

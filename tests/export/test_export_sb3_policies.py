@@ -10,7 +10,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import stable_baselines3
-from conftest import ExportedPolicy, TrainedPolicy
+from export_policies import ExportedPolicy, TrainedPolicy
 from export_rollouts import OnnxActor, assert_same_episode, run_episode, sb3_actor
 from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
