@@ -1,0 +1,205 @@
+"""The ``rlserve export`` arguments, declared once (see :mod:`serve.commands.args`).
+
+Light on purpose: the CLI parses these on every ``rlserve`` call, so torch and the sources
+are imported only when ``load_source`` runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from export.sb3_layout import ImageLayout
+from serve.commands.args import arg
+from serve.contract import Algorithm
+
+if TYPE_CHECKING:
+    from export.pipeline import ParitySettings
+    from export.source import PolicySource
+
+
+class ActorCriticAlgorithm(StrEnum):
+    PPO = "ppo"
+    A2C = "a2c"
+
+
+@dataclass(kw_only=True)
+class CommonArgs:
+    """Where the model goes, and how hard parity checks it."""
+
+    name: str = field(
+        metadata=arg("model name: the directory under --model-repository", metavar="NAME")
+    )
+    model_repository: Path = field(
+        metadata=arg(
+            "model repository; the model is written to DIR/NAME/VERSION/model.onnx",
+            metavar="DIR",
+        )
+    )
+    version: int | None = field(
+        default=None,
+        metadata=arg(
+            "version to write (default: the next free one); existing ones are refused",
+            metavar="N",
+        ),
+    )
+    tolerance: float = field(
+        default=1e-5,
+        metadata=arg(
+            "largest allowed abs difference of float outputs and log-probs in parity",
+            metavar="ATOL",
+        ),
+    )
+    parity_samples: int = field(
+        default=256,
+        metadata=arg("observations sampled from the observation space for parity", metavar="N"),
+    )
+    parity_observations: Path | None = field(
+        default=None,
+        metadata=arg(
+            "also check parity on these raw observations: .npy, or .npz with one array per "
+            "Dict key",
+            metavar="FILE",
+        ),
+    )
+    seed: int = field(
+        default=0, metadata=arg("seed for sampling parity observations and actions", metavar="N")
+    )
+
+    def load_source(self) -> PolicySource:
+        raise NotImplementedError  # each source's arguments know how to load it
+
+    def parity_settings(self) -> ParitySettings:
+        from export.pipeline import ParitySettings
+
+        return ParitySettings(
+            tolerance=self.tolerance,
+            samples=self.parity_samples,
+            observations_file=self.parity_observations,
+            seed=self.seed,
+        )
+
+
+@dataclass(kw_only=True)
+class Sb3Args(CommonArgs):
+    checkpoint: Path = field(
+        metadata=arg(
+            "PPO or A2C checkpoint saved by Stable-Baselines3's model.save()",
+            positional=True,
+            metavar="CHECKPOINT.zip",
+        )
+    )
+    vecnormalize: Path | None = field(
+        default=None,
+        metadata=arg(
+            "VecNormalize statistics (VecNormalize.save()) to bake into the graph",
+            metavar="STATS.pkl",
+        ),
+    )
+    no_normalize: bool = field(
+        default=False,
+        metadata=arg(
+            "export a model trained under VecNormalize without its statistics (it will then "
+            "take already-normalised observations)"
+        ),
+    )
+    algorithm: ActorCriticAlgorithm | None = field(
+        default=None, metadata=arg("force the algorithm (default: read from the checkpoint)")
+    )
+    image_layout: ImageLayout = field(
+        default=ImageLayout.HWC,
+        metadata=arg(
+            "layout of image observations as the environment emits them: hwc (SB3 transposed "
+            "them for its CNN; the graph does the same) or chw (already channels-first)"
+        ),
+    )
+
+    def load_source(self) -> PolicySource:
+        from export.sb3 import Sb3Options, load_source
+
+        algorithm = Algorithm(self.algorithm.value) if self.algorithm is not None else None
+        return load_source(
+            Sb3Options(
+                checkpoint=self.checkpoint,
+                vecnormalize=self.vecnormalize,
+                no_normalize=self.no_normalize,
+                algorithm=algorithm,
+                image_layout=self.image_layout,
+            )
+        )
+
+
+@dataclass(kw_only=True)
+class TorchArgs(CommonArgs):
+    target: str = field(
+        metadata=arg(
+            "the policy: an importable module or a .py file, and an nn.Module instance or a "
+            "zero-argument factory in it",
+            positional=True,
+            metavar="MODULE_OR_FILE:ATTR",
+        )
+    )
+    checkpoint: Path | None = field(
+        default=None,
+        metadata=arg(
+            "state_dict to load into the module (torch.save(model.state_dict()))",
+            metavar="STATE.pt",
+        ),
+    )
+    env: str | None = field(
+        default=None,
+        metadata=arg(
+            "gymnasium id whose observation and action spaces the policy acts in",
+            metavar="GYM_ID",
+        ),
+    )
+    observation_space: str | None = field(
+        default=None,
+        metadata=arg(
+            'observation space as JSON instead of --env, e.g. \'{"type": "Box", "shape": [4]}\'',
+            metavar="JSON",
+        ),
+    )
+    action_space: str | None = field(
+        default=None,
+        metadata=arg(
+            'action space as JSON instead of --env, e.g. \'{"type": "Discrete", "n": 2}\'',
+            metavar="JSON",
+        ),
+    )
+    method: str = field(
+        default="get_dist_and_value",
+        metadata=arg(
+            "method returning (torch distribution, value) for a batch of observations",
+            metavar="NAME",
+        ),
+    )
+    obs_norm: Path | None = field(
+        default=None,
+        metadata=arg(
+            "NormalizeObservation statistics to bake in: .npz with mean, var, optional clip "
+            "and epsilon",
+            metavar="STATS.npz",
+        ),
+    )
+    algorithm: ActorCriticAlgorithm = field(
+        default=ActorCriticAlgorithm.PPO, metadata=arg("algorithm the module was trained with")
+    )
+
+    def load_source(self) -> PolicySource:
+        from export.torch_module import TorchOptions, load_source
+
+        return load_source(
+            TorchOptions(
+                target=self.target,
+                checkpoint=self.checkpoint,
+                env=self.env,
+                observation_space=self.observation_space,
+                action_space=self.action_space,
+                method=self.method,
+                obs_norm=self.obs_norm,
+                algorithm=Algorithm(self.algorithm.value),
+            )
+        )

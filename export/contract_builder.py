@@ -1,0 +1,57 @@
+"""Filling in the policy contract for an exported graph, golden vectors included."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Literal, cast
+
+from export.observations import request_form
+from export.parity import Runner
+from export.source import Observations, PolicySource
+from export.tensors import input_name, input_specs, output_specs
+from serve import __version__
+from serve.contract import SCHEMA, Exporter, GoldenVector, PolicyContract
+from serve.spaces import parse_observations
+
+GOLDEN_COUNT = 4
+GOLDEN_ATOL = 1e-4
+
+
+def golden_vectors(
+    source: PolicySource, run: Runner, observations: Observations
+) -> list[GoldenVector]:
+    """The first observations, one per vector, with every output onnxruntime gives for them.
+
+    Each is run exactly as a loader will re-run it: parsed from its request JSON form.
+    """
+    return [_golden(source, run, request_form(observations, row)) for row in range(GOLDEN_COUNT)]
+
+
+def _golden(source: PolicySource, run: Runner, request: object) -> GoldenVector:
+    batch = parse_observations(source.observation_space, request)
+    outputs = run({input_name(key): array for key, array in batch.arrays.items()})
+    return GoldenVector(
+        observations=request, outputs={name: value.tolist() for name, value in outputs.items()}
+    )
+
+
+def build_contract(
+    source: PolicySource, version: int, opset: int, golden: list[GoldenVector]
+) -> PolicyContract:
+    return PolicyContract(
+        schema=cast(Literal["rlserve.policy/v1"], SCHEMA),  # the field's only value
+        algorithm=source.algorithm,
+        source=source.provenance,
+        observation_space=source.observation_space,
+        action_space=source.action_space,
+        inputs=input_specs(source.observation_space),
+        outputs=output_specs(source.action_space, source.distribution.kind),
+        distribution=source.distribution,
+        preprocessing=source.preprocessing,
+        policy_version=version,
+        exporter=Exporter(version=__version__),
+        opset=opset,
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        golden=golden,
+        golden_atol=GOLDEN_ATOL,
+    )

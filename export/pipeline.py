@@ -1,0 +1,113 @@
+"""One export: graph to ONNX, parity against the source, contract, verified atomic write.
+
+Nothing is written unless parity passes; the written file is re-read and its golden vectors
+re-run in its temporary place before it is moved into the model repository.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from export import observations, writer
+from export.contract_builder import GOLDEN_COUNT, build_contract, golden_vectors
+from export.embedding import default_opset, with_contract
+from export.onnx_export import to_onnx
+from export.parity import ParityReport, Runner, compare
+from export.source import Observations, PolicySource
+from export.tensors import input_specs, output_specs
+from serve import contract
+from serve.errors import ExportError
+from serve.spaces import leaves, sample
+
+Progress = Callable[[str], None]
+_EXAMPLE_BATCH = 2  # torch.export specialises batches of 0 and 1
+
+
+@dataclass(frozen=True)
+class ParitySettings:
+    tolerance: float = 1e-5
+    samples: int = 256
+    observations_file: Path | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ExportOutcome:
+    report: ParityReport
+    path: Path | None  # None: parity failed and nothing was written
+
+
+def export_policy(
+    source: PolicySource,
+    parity: ParitySettings,
+    destination: writer.Destination,
+    progress: Progress,
+) -> ExportOutcome:
+    _check_settings(parity)
+    progress("exporting the graph to ONNX (torch.onnx, dynamo, opset 18)")
+    model = onnx_bytes(source, parity.seed)
+    run = runner(model)
+    checked = parity_observations(source, parity)
+    progress(f"checking parity on {observations.count(checked)} observations")
+    report = compare(source, run, checked, parity.tolerance, parity.seed)
+    if not report.passed:
+        return ExportOutcome(report, None)
+    golden = golden_vectors(source, run, checked)
+    policy = build_contract(source, destination.version, default_opset(model), golden)
+    progress(f"writing {destination.version_dir / writer.MODEL_FILE}")
+    path = writer.write(destination, with_contract(model, policy), check=verify_file)
+    return ExportOutcome(report, path)
+
+
+def _check_settings(parity: ParitySettings) -> None:
+    if parity.samples < GOLDEN_COUNT:
+        raise ExportError(
+            f"--parity-samples {parity.samples}: needs at least {GOLDEN_COUNT} "
+            "(the golden vectors are drawn from them)"
+        )
+    if not parity.tolerance >= 0:
+        raise ExportError(f"--tolerance {parity.tolerance}: must be a number >= 0")
+
+
+def onnx_bytes(source: PolicySource, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    example = [
+        torch.from_numpy(sample(leaf, rng, _EXAMPLE_BATCH))
+        for _, leaf in leaves(source.observation_space)
+    ]
+    inputs = input_specs(source.observation_space)
+    outputs = output_specs(source.action_space, source.distribution.kind)
+    return to_onnx(source.graph, example, [i.name for i in inputs], [o.name for o in outputs])
+
+
+def runner(model: bytes | Path) -> Runner:
+    """onnxruntime on the CPU, returning outputs by name."""
+    target = str(model) if isinstance(model, Path) else model
+    session = ort.InferenceSession(target, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(names, session.run(names, feeds), strict=True))
+
+    return run
+
+
+def parity_observations(source: PolicySource, parity: ParitySettings) -> Observations:
+    drawn = observations.sampled(source.observation_space, parity.samples, parity.seed)
+    if parity.observations_file is None:
+        return drawn
+    given = observations.from_file(source.observation_space, parity.observations_file)
+    return observations.joined(drawn, given)
+
+
+def verify_file(path: Path) -> None:
+    """The written file reads back with its contract and reproduces its golden vectors."""
+    problems = contract.check_golden(contract.read(path), runner(path))
+    if problems:
+        raise ExportError(f"{path}: the written model fails its own golden vectors: {problems[0]}")

@@ -1,0 +1,73 @@
+"""Stable-Baselines3's own answers for raw observations: what parity holds the graph to.
+
+Raw observations are normalised by the VecNormalize object's own ``normalize_obs`` and
+transposed as VecTransposeImage would; actions come from ``model.predict(deterministic=True)``,
+the value from ``policy.predict_values``, the distribution's parameters from the modules
+``policy.get_distribution`` runs, and log-probabilities from ``policy.evaluate_actions``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from export.source import Observations, SampledLogProb
+
+
+@dataclass(frozen=True)
+class Sb3Reference:
+    model: Any  # PPO or A2C
+    vecnormalize: Any | None  # the unpickled VecNormalize, when one was given
+    chw_keys: set[str | None]  # leaves VecTransposeImage turned from HWC into CHW
+    output_names: list[str]  # action, parameters..., value
+    gaussian: bool
+
+    def outputs(self, observations: Observations) -> dict[str, np.ndarray]:
+        prepared = self._policy_input(observations)
+        actions, _ = self.model.predict(prepared, deterministic=True)
+        policy = self.model.policy
+        with torch.no_grad():
+            obs, _ = policy.obs_to_tensor(prepared)
+            first = self._first_parameter(obs)
+            value = policy.predict_values(obs).flatten().numpy()
+        parameters = [first.numpy()]
+        if self.gaussian:
+            parameters.append(np.broadcast_to(policy.log_std.detach().numpy(), first.shape))
+        values = [np.asarray(actions), *parameters, value]
+        return dict(zip(self.output_names, values, strict=True))
+
+    def sampled_log_prob(self, observations: Observations, seed: int) -> SampledLogProb:
+        policy = self.model.policy
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            obs, _ = policy.obs_to_tensor(self._policy_input(observations))
+            actions = policy.get_distribution(obs).sample()
+            _, log_prob, _ = policy.evaluate_actions(obs, actions)
+        return SampledLogProb(actions.numpy(), log_prob.numpy())
+
+    def _first_parameter(self, obs: Any) -> torch.Tensor:
+        """action_net's output: logits, or the Gaussian mean (as get_distribution computes it)."""
+        from stable_baselines3.common.policies import BaseModel
+
+        policy = self.model.policy
+        features = BaseModel.extract_features(policy, obs, policy.pi_features_extractor)
+        out: torch.Tensor = policy.action_net(policy.mlp_extractor.forward_actor(features))
+        return out
+
+    def _policy_input(self, observations: Observations) -> Any:
+        as_sb3: Any = (
+            observations[None]
+            if None in observations
+            else {str(k): v for k, v in observations.items()}
+        )
+        if self.vecnormalize is not None:
+            as_sb3 = self.vecnormalize.normalize_obs(as_sb3)
+        if isinstance(as_sb3, dict):
+            return {k: self._layout(k, v) for k, v in as_sb3.items()}
+        return self._layout(None, as_sb3)
+
+    def _layout(self, key: str | None, batch: np.ndarray) -> np.ndarray:
+        return np.transpose(batch, (0, 3, 1, 2)) if key in self.chw_keys else batch

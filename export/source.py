@@ -1,0 +1,47 @@
+"""What a source adapter (SB3, a torch module) hands to the export pipeline.
+
+A :class:`PolicySource` is the graph to export plus a :class:`Reference`: the source
+framework's own computation of the same outputs, which parity compares against onnxruntime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from torch import nn
+
+from serve.contract import Algorithm, DistributionSpec, Preprocessing, Source
+from serve.spaces import Dict, Leaf
+
+# Raw environment observations, one array per leaf key (None: a space that is not a Dict).
+Observations = dict[str | None, np.ndarray]
+
+
+@dataclass(frozen=True)
+class SampledLogProb:
+    """Actions sampled from the source's distribution and the source's log-probability of them."""
+
+    actions: np.ndarray
+    log_prob: np.ndarray
+
+
+class Reference(Protocol):
+    def outputs(self, observations: Observations) -> dict[str, np.ndarray]:
+        """Output name (action, logits or mean and log_std, value) -> the source's values."""
+        ...
+
+    def sampled_log_prob(self, observations: Observations, seed: int) -> SampledLogProb: ...
+
+
+@dataclass(frozen=True)
+class PolicySource:
+    graph: nn.Module  # raw observations in input order -> outputs in output_specs order
+    reference: Reference
+    algorithm: Algorithm
+    provenance: Source
+    observation_space: Leaf | Dict  # the raw environment space: what the graph takes
+    action_space: Leaf
+    distribution: DistributionSpec
+    preprocessing: Preprocessing

@@ -1,0 +1,74 @@
+"""The exported graph's interface: tensor names, dtypes, shapes and roles.
+
+Inputs are ``obs`` (or ``obs.<key>`` per key of a Dict space) in the dtype
+:func:`serve.spaces.input_dtype` gives; outputs are ``action``, the distribution's parameters
+(``logits``, or ``mean`` and ``log_std``) and ``value``, each with a leading batch axis.
+"""
+
+from __future__ import annotations
+
+import math
+
+from serve.contract import TensorRole, TensorSpec
+from serve.distributions import DistributionKind
+from serve.spaces import (
+    Box,
+    Dict,
+    Discrete,
+    Leaf,
+    MultiBinary,
+    MultiDiscrete,
+    input_dtype,
+    leaf_shape,
+    leaves,
+)
+
+BATCH = "batch"
+
+
+def input_name(key: str | None) -> str:
+    return "obs" if key is None else f"obs.{key}"
+
+
+def input_specs(space: Leaf | Dict) -> list[TensorSpec]:
+    return [
+        TensorSpec(
+            name=input_name(key),
+            role=TensorRole.OBSERVATION,
+            dtype=str(input_dtype(leaf)),
+            shape=[BATCH, *leaf_shape(leaf)],
+            key=key,
+        )
+        for key, leaf in leaves(space)
+    ]
+
+
+def output_specs(action_space: Leaf, kind: DistributionKind) -> list[TensorSpec]:
+    """action, then the distribution parameters, then value: the order the graph returns."""
+    action_dtype = "float32" if isinstance(action_space, Box) else "int64"
+    action = _spec("action", TensorRole.ACTION, action_dtype, leaf_shape(action_space))
+    value = _spec("value", TensorRole.VALUE, "float32", ())
+    return [action, *_parameter_specs(action_space, kind), value]
+
+
+def _parameter_specs(action_space: Leaf, kind: DistributionKind) -> list[TensorSpec]:
+    width = (parameter_width(action_space),)
+    if kind is DistributionKind.DIAG_GAUSSIAN:
+        return [
+            _spec("mean", TensorRole.MEAN, "float32", width),
+            _spec("log_std", TensorRole.LOG_STD, "float32", width),
+        ]
+    return [_spec("logits", TensorRole.LOGITS, "float32", width)]
+
+
+def parameter_width(action_space: Leaf) -> int:
+    """Columns of the logits (or of mean and log_std) for one observation."""
+    if isinstance(action_space, Discrete | MultiBinary):
+        return action_space.n
+    if isinstance(action_space, MultiDiscrete):
+        return sum(action_space.nvec)
+    return math.prod(action_space.shape)
+
+
+def _spec(name: str, role: TensorRole, dtype: str, shape: tuple[int, ...]) -> TensorSpec:
+    return TensorSpec(name=name, role=role, dtype=dtype, shape=[BATCH, *shape])

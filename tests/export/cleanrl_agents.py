@@ -1,0 +1,99 @@
+"""CleanRL-style agents for the torch exporter tests (the shape of CleanRL's ppo*.py Agent).
+
+Each has ``get_dist_and_value(x) -> (distribution, value)``; the ``make_*`` functions are the
+zero-argument factories ``rlserve export torch FILE:make_...`` calls.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.distributions import Bernoulli, Categorical, Independent, Normal
+
+
+def layer(inputs: int, outputs: int, std: float = float(np.sqrt(2))) -> nn.Linear:
+    linear = nn.Linear(inputs, outputs)
+    nn.init.orthogonal_(linear.weight, std)
+    nn.init.constant_(linear.bias, 0.0)
+    return linear
+
+
+def mlp(inputs: int, outputs: int, std: float) -> nn.Sequential:
+    return nn.Sequential(
+        layer(inputs, 64), nn.Tanh(), layer(64, 64), nn.Tanh(), layer(64, outputs, std)
+    )
+
+
+class DiscreteAgent(nn.Module):
+    def __init__(self, observations: int, actions: int) -> None:
+        super().__init__()
+        self.critic = mlp(observations, 1, 1.0)
+        self.actor = mlp(observations, actions, 0.01)
+
+    def get_dist_and_value(self, x: Tensor) -> tuple[Categorical, Tensor]:
+        return Categorical(logits=self.actor(x)), self.critic(x)
+
+
+class ContinuousAgent(nn.Module):
+    def __init__(self, observations: int, actions: int) -> None:
+        super().__init__()
+        self.critic = mlp(observations, 1, 1.0)
+        self.actor_mean = mlp(observations, actions, 0.01)
+        self.actor_logstd = nn.Parameter(torch.full((1, actions), -0.5))
+
+    def get_dist_and_value(self, x: Tensor) -> tuple[Normal, Tensor]:
+        mean = self.actor_mean(x)
+        std = torch.exp(self.actor_logstd.expand_as(mean))
+        return Normal(mean, std), self.critic(x)
+
+
+class IndependentGaussianAgent(ContinuousAgent):
+    def get_dist_and_value(self, x: Tensor) -> tuple[Independent, Tensor]:  # type: ignore[override]
+        normal, value = super().get_dist_and_value(x)
+        return Independent(normal, 1), value.squeeze(-1)
+
+
+class BinaryAgent(DiscreteAgent):
+    def get_dist_and_value(self, x: Tensor) -> tuple[Independent, Tensor]:  # type: ignore[override]
+        return Independent(Bernoulli(logits=self.actor(x)), 1), self.critic(x)
+
+
+class MultiDiscreteAgent(nn.Module):
+    def __init__(self, observations: int, nvec: list[int]) -> None:
+        super().__init__()
+        self.nvec = nvec
+        self.critic = mlp(observations, 1, 1.0)
+        self.actor = mlp(observations, sum(nvec), 0.5)
+
+    def get_dist_and_value(self, x: Tensor) -> tuple[list[Categorical], Tensor]:
+        parts = torch.split(self.actor(x), self.nvec, dim=-1)
+        return [Categorical(logits=p) for p in parts], self.critic(x)
+
+
+def make_cartpole_agent() -> DiscreteAgent:
+    torch.manual_seed(0)
+    return DiscreteAgent(4, 2)
+
+
+def make_pendulum_agent() -> ContinuousAgent:
+    torch.manual_seed(0)
+    return ContinuousAgent(3, 1)
+
+
+def make_independent_gaussian_agent() -> IndependentGaussianAgent:
+    torch.manual_seed(0)
+    return IndependentGaussianAgent(3, 2)
+
+
+def make_binary_agent() -> BinaryAgent:
+    torch.manual_seed(0)
+    return BinaryAgent(3, 3)
+
+
+def make_multidiscrete_agent() -> MultiDiscreteAgent:
+    torch.manual_seed(0)
+    return MultiDiscreteAgent(4, [3, 2])
+
+
+pendulum_agent = make_pendulum_agent()  # an instance, for the MODULE:INSTANCE form

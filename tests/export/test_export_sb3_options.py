@@ -1,0 +1,123 @@
+"""SB3 checkpoints the exporter refuses, and the options that change what it exports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from export_policies import TrainedPolicy
+from stable_baselines3 import PPO, SAC
+
+from export import writer
+from export.action_spaces import checked
+from export.pipeline import ParitySettings, export_policy
+from export.sb3 import Sb3Options, load_source
+from export.sb3_layout import ImageLayout
+from serve import contract
+from serve.errors import ExportError
+from serve.spaces import Discrete, MultiDiscrete
+
+
+def _export(options: Sb3Options, repository: Path, parity: ParitySettings | None = None) -> Path:
+    source = load_source(options)
+    destination = writer.destination(repository, "policy", None)
+    outcome = export_policy(source, parity or ParitySettings(), destination, lambda _: None)
+    assert outcome.path is not None, outcome.report.table()
+    return outcome.path
+
+
+def test_gsde_policies_are_refused(models_dir: Path) -> None:
+    path = models_dir / "gsde.zip"
+    PPO("MlpPolicy", "Pendulum-v1", use_sde=True, device="cpu").save(path)
+    with pytest.raises(ExportError, match=r"gSDE \(use_sde=True\)"):
+        load_source(Sb3Options(path))
+
+
+def test_off_policy_algorithms_are_refused(models_dir: Path) -> None:
+    path = models_dir / "sac.zip"
+    SAC("MlpPolicy", "Pendulum-v1", buffer_size=100, device="cpu").save(path)
+    with pytest.raises(ExportError, match="unsupported policy class SACPolicy; rlserve exports"):
+        load_source(Sb3Options(path))
+
+
+@pytest.mark.parametrize(
+    "space", [Discrete(n=3, start=1), MultiDiscrete(nvec=(3, 2), start=(0, 1))]
+)
+def test_discrete_actions_that_do_not_start_at_zero_are_refused(
+    space: Discrete | MultiDiscrete,
+) -> None:
+    with pytest.raises(ExportError, match="start"):
+        checked(space)
+
+
+def test_statistics_of_another_environment_are_refused(
+    cartpole_ppo: TrainedPolicy, pendulum_vecnormalize: TrainedPolicy
+) -> None:
+    options = Sb3Options(cartpole_ppo.checkpoint, vecnormalize=pendulum_vecnormalize.vecnormalize)
+    with pytest.raises(ExportError, match=r"shape \(3,\), but the observation space's is \(4,\)"):
+        load_source(options)
+
+
+def test_a_file_that_is_not_a_vecnormalize_pickle_is_refused(
+    cartpole_ppo: TrainedPolicy, tmp_path: Path
+) -> None:
+    bad = tmp_path / "stats.pkl"
+    bad.write_bytes(b"\x80\x04K\x01.")  # pickle of the int 1
+    with pytest.raises(ExportError, match="holds a int, not a VecNormalize"):
+        load_source(Sb3Options(cartpole_ppo.checkpoint, vecnormalize=bad))
+
+
+def test_vecnormalize_and_no_normalize_together_are_refused(
+    pendulum_vecnormalize: TrainedPolicy,
+) -> None:
+    options = Sb3Options(
+        pendulum_vecnormalize.checkpoint,
+        vecnormalize=pendulum_vecnormalize.vecnormalize,
+        no_normalize=True,
+    )
+    with pytest.raises(ExportError, match="contradict"):
+        load_source(options)
+
+
+def test_the_algorithm_can_be_forced(cartpole_ppo: TrainedPolicy) -> None:
+    from serve.contract import Algorithm
+
+    assert load_source(Sb3Options(cartpole_ppo.checkpoint)).algorithm is Algorithm.PPO
+    forced = load_source(Sb3Options(cartpole_ppo.checkpoint, algorithm=Algorithm.A2C))
+    assert forced.algorithm is Algorithm.A2C
+
+
+def test_chw_image_layout_takes_channels_first_images(
+    image_cnn: TrainedPolicy, tmp_path: Path
+) -> None:
+    path = _export(Sb3Options(image_cnn.checkpoint, image_layout=ImageLayout.CHW), tmp_path)
+    policy = contract.read(path)
+    assert policy.inputs[0].shape == ["batch", 3, 36, 36]
+    (image,) = policy.preprocessing.images
+    assert (image.layout, image.transposed_to_chw) == ("CHW", False)
+
+
+def test_parity_also_runs_on_observations_from_a_file(
+    cartpole_ppo: TrainedPolicy, tmp_path: Path
+) -> None:
+    env = gym.make("CartPole-v1")
+    observed = [env.reset(seed=seed)[0] for seed in range(10)]
+    np.save(tmp_path / "observed.npy", np.stack(observed))
+    parity = ParitySettings(samples=16, observations_file=tmp_path / "observed.npy")
+    source = load_source(Sb3Options(cartpole_ppo.checkpoint))
+    outcome = export_policy(source, parity, writer.destination(tmp_path, "p", None), lambda _: None)
+    assert outcome.report.samples == 26
+    assert outcome.path is not None
+
+
+def test_a_parity_file_that_does_not_fit_the_space_is_refused(
+    cartpole_ppo: TrainedPolicy, tmp_path: Path
+) -> None:
+    np.save(tmp_path / "wrong.npy", np.zeros((5, 3), dtype=np.float32))
+    parity = ParitySettings(observations_file=tmp_path / "wrong.npy")
+    source = load_source(Sb3Options(cartpole_ppo.checkpoint))
+    with pytest.raises(ExportError, match=r"wrong.npy: expected shape \(4,\)"):
+        export_policy(source, parity, writer.destination(tmp_path, "p", None), lambda _: None)
+    assert not (tmp_path / "p").exists()
