@@ -36,23 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"rlserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _SUBCOMMANDS:
-        command = _subcommand(name)
-        if command is None:
-            continue
+        command = importlib.import_module(name)
         child = sub.add_parser(command.NAME, help=command.HELP, description=command.HELP)
         command.add_arguments(child)
         child.set_defaults(_command=command)
     return parser
-
-
-def _subcommand(name: str) -> ModuleType | None:
-    """The subcommand's module, or None while it is not part of this checkout yet."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name:
-            raise
-        return None
 
 
 def main(argv: list[str] | None = None) -> int:
