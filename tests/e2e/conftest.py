@@ -16,15 +16,14 @@ DEMO = ROOT / "examples" / "model_repository" / "cartpole"
 
 
 def export_untrained(
-    tmp: Path, repository: Path, name: str, env_id: str, net_arch: list[int]
+    tmp: Path, repository: Path, name: str, env_id: str, net_arch: list[int], seed: int = 0
 ) -> None:
     """An untrained SB3 PPO (weights are random, exactness is what matters) through the CLI."""
     from stable_baselines3 import PPO
 
-    checkpoint = tmp / f"{name}.zip"
-    PPO("MlpPolicy", env_id, policy_kwargs={"net_arch": net_arch}, seed=0, device="cpu").save(
-        checkpoint
-    )
+    checkpoint = tmp / f"{name}-{seed}.zip"
+    kwargs = {"net_arch": net_arch}
+    PPO("MlpPolicy", env_id, policy_kwargs=kwargs, seed=seed, device="cpu").save(checkpoint)
     subprocess.run(
         [*RLSERVE, "export", "sb3", str(checkpoint), "--name", name,
          "--model-repository", str(repository), "--parity-samples", "32"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -79,7 +80,7 @@ class Server:
                 time.sleep(0.02)
         raise TimeoutError(f"server not {what} after {timeout_s}s: {self.output()}")
 
-    def signal(self, sig: int) -> None:
+    def send_signal(self, sig: int) -> None:
         self.process.send_signal(sig)
 
     def stop(self, sig: int = signal.SIGINT, timeout_s: float = 30) -> int:

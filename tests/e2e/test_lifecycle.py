@@ -64,7 +64,7 @@ def test_sigterm_drains_without_losing_an_accepted_request(
     for t in threads:
         t.start()
     time.sleep(0.5)
-    server.signal(signal.SIGTERM)
+    server.send_signal(signal.SIGTERM)
     with httpx.Client(base_url=server.url, timeout=5) as probe:
         draining_ready = probe.get("/ready").status_code
         draining_predict = probe.post("/predict", json=GOOD).status_code
