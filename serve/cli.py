@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"rlserve {command.NAME}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the output went to `head` or similar, which stopped reading
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
