@@ -13,11 +13,12 @@ from typing import Any
 import gymnasium as gym
 import pytest
 import torch
-from export_envs import DictEnv, ImageEnv, MultiBinaryEnv, MultiDiscreteEnv
-from export_policies import ExportedPolicy, TrainedPolicy, export_with_library
 from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecNormalize
+
+from tests.export.export_envs import DictEnv, ImageEnv, MultiBinaryEnv, MultiDiscreteEnv
+from tests.export.export_policies import ExportedPolicy, TrainedPolicy, export_with_library
 
 TIMESTEPS = 128
 PPO_SETTINGS = {"n_steps": 64, "batch_size": 64, "n_epochs": 2}
@@ -66,7 +67,7 @@ def pendulum_vecnormalize(models_dir: Path) -> TrainedPolicy:
     venv = VecNormalize(make_vec_env("Pendulum-v1", n_envs=1, seed=0))
     path = _train(PPO, "MlpPolicy", venv, models_dir / "pendulum.zip", **PPO_SETTINGS)
     stats = models_dir / "pendulum_vecnormalize.pkl"
-    venv.save(stats)
+    venv.save(str(stats))
     return TrainedPolicy("pendulum_vecnormalize", path, _gym("Pendulum-v1"), stats)
 
 
@@ -97,7 +98,7 @@ def dict_multi_input(models_dir: Path) -> TrainedPolicy:
     venv = VecNormalize(make_vec_env(DictEnv, n_envs=1, seed=0), norm_obs_keys=["position"])
     path = _train(PPO, "MultiInputPolicy", venv, models_dir / "dict.zip", **PPO_SETTINGS)
     stats = models_dir / "dict_vecnormalize.pkl"
-    venv.save(stats)
+    venv.save(str(stats))
     return TrainedPolicy("dict_multi_input", path, DictEnv, stats)
 
 

@@ -6,13 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import cleanrl_agents
 import onnx
 import pytest
-from export_policies import TrainedPolicy
 from onnx import TensorProto, helper
 
 from serve import cli
+from tests.export import cleanrl_agents
+from tests.export.export_policies import TrainedPolicy
 
 RLSERVE = Path(sys.executable).parent / "rlserve"
 

@@ -9,11 +9,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from export_policies import ExportedPolicy, TrainedPolicy
 from stable_baselines3 import A2C, PPO
 
 from serve.distributions import DistributionKind, build
 from serve.spaces import leaves, sample
+from tests.export.export_policies import ExportedPolicy, TrainedPolicy
 
 KINDS = {
     "cartpole_ppo": DistributionKind.CATEGORICAL,

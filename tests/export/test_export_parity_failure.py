@@ -5,15 +5,16 @@ from __future__ import annotations
 import copy
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from export_policies import TrainedPolicy
 
 from export import writer
 from export.pipeline import ParitySettings, export_policy
 from export.sb3 import Sb3Options, load_source
 from serve import cli
+from tests.export.export_policies import TrainedPolicy
 
 
 def test_a_perturbed_graph_fails_parity_on_the_value_and_writes_nothing(
@@ -22,7 +23,8 @@ def test_a_perturbed_graph_fails_parity_on_the_value_and_writes_nothing(
     source = load_source(Sb3Options(cartpole_ppo.checkpoint))
     graph = copy.deepcopy(source.graph)
     with torch.no_grad():
-        graph.core.policy.value_net.bias += 1e-3  # the graph no longer matches SB3's policy
+        core: Any = graph.core
+        core.policy.value_net.bias += 1e-3  # the graph no longer matches SB3's policy
     perturbed = dataclasses.replace(source, graph=graph)
     destination = writer.destination(tmp_path, "cartpole", None)
     outcome = export_policy(perturbed, ParitySettings(), destination, progress=lambda _: None)

@@ -7,7 +7,6 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-from export_policies import TrainedPolicy
 from stable_baselines3 import PPO, SAC
 
 from export import writer
@@ -18,6 +17,7 @@ from export.sb3_layout import ImageLayout
 from serve import contract
 from serve.errors import ExportError
 from serve.spaces import Discrete, MultiDiscrete
+from tests.export.export_policies import TrainedPolicy
 
 
 def _export(options: Sb3Options, repository: Path, parity: ParitySettings | None = None) -> Path:

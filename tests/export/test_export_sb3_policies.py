@@ -10,14 +10,14 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import stable_baselines3
-from export_policies import ExportedPolicy, TrainedPolicy
-from export_rollouts import OnnxActor, assert_same_episode, run_episode, sb3_actor
 from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 import serve
 from serve import contract
 from serve.spaces import from_gymnasium
+from tests.export.export_policies import ExportedPolicy, TrainedPolicy
+from tests.export.export_rollouts import OnnxActor, assert_same_episode, run_episode, sb3_actor
 
 ALL = [
     "cartpole_ppo",
@@ -161,10 +161,10 @@ def test_with_its_stats_the_export_acts_like_sb3_under_vecnormalize_on_raw_obser
 
 def _vec_episode(venv: VecNormalize, model: Any, seed: int) -> Any:
     """SB3's own loop: VecNormalize normalises the raw observations before predict."""
-    from export_rollouts import Episode
+    from tests.export.export_rollouts import Episode
 
     venv.seed(seed)
-    observation = venv.reset()
+    observation: Any = venv.reset()
     actions, total = [], 0.0
     while True:
         action, _ = model.predict(observation, deterministic=True)

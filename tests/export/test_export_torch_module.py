@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
-import cleanrl_agents
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from export_rollouts import OnnxActor, assert_same_episode, run_episode
 
 from export import writer
 from export.pipeline import ExportOutcome, ParitySettings, export_policy
@@ -18,9 +17,15 @@ from export.torch_module import TorchOptions, load_source
 from serve import contract
 from serve.contract import PolicyContract
 from serve.errors import ExportError
+from tests.export import cleanrl_agents
+from tests.export.export_rollouts import OnnxActor, assert_same_episode, run_episode
 
 AGENTS_FILE = Path(cleanrl_agents.__file__)
-NORM = {"mean": np.array([0.1, -0.2, 0.5]), "var": np.array([0.5, 2.0, 4.0]), "clip": 5.0}
+NORM: dict[str, Any] = {
+    "mean": np.array([0.1, -0.2, 0.5]),
+    "var": np.array([0.5, 2.0, 4.0]),
+    "clip": 5.0,
+}
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +57,16 @@ def test_a_discrete_module_with_a_state_dict_exports_and_acts_like_torch(
     cartpole_state: Path, tmp_path: Path
 ) -> None:
     options = TorchOptions(
-        "cleanrl_agents:make_cartpole_agent", checkpoint=cartpole_state, env="CartPole-v1"
+        "tests.export.cleanrl_agents:make_cartpole_agent",
+        checkpoint=cartpole_state,
+        env="CartPole-v1",
     )
     outcome, policy = _export(options, tmp_path)
     assert policy.source.framework == "torch"
     assert policy.source.framework_version == torch.__version__
     assert policy.source.checkpoint == "agent.pt"
     assert policy.source.sha256 == hashlib.sha256(cartpole_state.read_bytes()).hexdigest()
-    assert policy.source.policy_class == "cleanrl_agents.DiscreteAgent"
+    assert policy.source.policy_class == "tests.export.cleanrl_agents.DiscreteAgent"
     assert policy.distribution.kind.value == "categorical"
     assert [o.name for o in policy.outputs] == ["action", "logits", "value"]
     agent = cleanrl_agents.DiscreteAgent(4, 2)
@@ -122,7 +129,7 @@ def test_spaces_given_as_json_cover_every_distribution_kind(
     dims = 4 if "multidiscrete" in factory else 3
     observation_space = f'{{"type": "Box", "shape": [{dims}], "low": -2, "high": 2}}'
     options = TorchOptions(
-        f"cleanrl_agents:{factory}",
+        f"tests.export.cleanrl_agents:{factory}",
         observation_space=observation_space,
         action_space=action_space,
     )
@@ -135,22 +142,33 @@ def test_spaces_given_as_json_cover_every_distribution_kind(
     ("options", "message"),
     [
         (TorchOptions("cleanrl_agents", env="CartPole-v1"), "MODULE_OR_FILE:ATTR"),
-        (TorchOptions("cleanrl_agents:nothing", env="CartPole-v1"), "no attribute 'nothing'"),
-        (TorchOptions("no_such_module_here:x", env="CartPole-v1"), "importing"),
-        (TorchOptions("cleanrl_agents:np", env="CartPole-v1"), "zero-argument factory"),
-        (TorchOptions("cleanrl_agents:make_cartpole_agent", env="NoSuchEnv-v9"), "--env"),
-        (TorchOptions("cleanrl_agents:make_cartpole_agent"), "--env GYM_ID"),
         (
-            TorchOptions("cleanrl_agents:make_cartpole_agent", env="CartPole-v1", method="act"),
+            TorchOptions("tests.export.cleanrl_agents:nothing", env="CartPole-v1"),
+            "no attribute 'nothing'",
+        ),
+        (TorchOptions("no_such_module_here:x", env="CartPole-v1"), "importing"),
+        (
+            TorchOptions("tests.export.cleanrl_agents:np", env="CartPole-v1"),
+            "zero-argument factory",
+        ),
+        (
+            TorchOptions("tests.export.cleanrl_agents:make_cartpole_agent", env="NoSuchEnv-v9"),
+            "--env",
+        ),
+        (TorchOptions("tests.export.cleanrl_agents:make_cartpole_agent"), "--env GYM_ID"),
+        (
+            TorchOptions(
+                "tests.export.cleanrl_agents:make_cartpole_agent", env="CartPole-v1", method="act"
+            ),
             "--method act",
         ),
         (
-            TorchOptions("cleanrl_agents:make_cartpole_agent", env="Acrobot-v1"),
+            TorchOptions("tests.export.cleanrl_agents:make_cartpole_agent", env="Acrobot-v1"),
             "shapes cannot be multiplied",
         ),
         (
             TorchOptions(
-                "cleanrl_agents:make_cartpole_agent",
+                "tests.export.cleanrl_agents:make_cartpole_agent",
                 observation_space='{"type": "Box", "shape": [4]}',
                 action_space='{"type": "Discrete", "n": 3}',
             ),
@@ -158,7 +176,7 @@ def test_spaces_given_as_json_cover_every_distribution_kind(
         ),
         (
             TorchOptions(
-                "cleanrl_agents:make_cartpole_agent",
+                "tests.export.cleanrl_agents:make_cartpole_agent",
                 env="CartPole-v1",
                 observation_space='{"type": "Box", "shape": [4]}',
             ),
@@ -166,7 +184,7 @@ def test_spaces_given_as_json_cover_every_distribution_kind(
         ),
         (
             TorchOptions(
-                "cleanrl_agents:make_cartpole_agent",
+                "tests.export.cleanrl_agents:make_cartpole_agent",
                 observation_space='{"type": "Circle"}',
                 action_space='{"type": "Discrete", "n": 2}',
             ),
@@ -185,13 +203,15 @@ def test_bad_modules_and_spaces_are_refused_with_the_fix(
 def test_a_state_dict_that_does_not_fit_the_module_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "pendulum.pt"
     torch.save(cleanrl_agents.make_pendulum_agent().state_dict(), path)
-    options = TorchOptions("cleanrl_agents:make_cartpole_agent", checkpoint=path, env="CartPole-v1")
+    options = TorchOptions(
+        "tests.export.cleanrl_agents:make_cartpole_agent", checkpoint=path, env="CartPole-v1"
+    )
     with pytest.raises(ExportError, match="does not fit the module"):
         load_source(options)
 
 
 def test_module_weights_without_a_checkpoint_are_checksummed(tmp_path: Path) -> None:
-    options = TorchOptions("cleanrl_agents:make_cartpole_agent", env="CartPole-v1")
+    options = TorchOptions("tests.export.cleanrl_agents:make_cartpole_agent", env="CartPole-v1")
     _, policy = _export(options, tmp_path)
-    assert policy.source.checkpoint == "cleanrl_agents:make_cartpole_agent"
+    assert policy.source.checkpoint == "tests.export.cleanrl_agents:make_cartpole_agent"
     assert len(policy.source.sha256) == 64

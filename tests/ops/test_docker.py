@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+
+from tests.ops.conftest import REPO
 
 DOCKER = REPO / "docker"
 DOCKERFILES = ["Dockerfile", "Dockerfile.gpu"]

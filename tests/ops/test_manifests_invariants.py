@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import K8S, OVERLAYS, REPO, render
-from ops_manifests import (
+
+from serve import config as server_config
+from tests.ops.conftest import K8S, OVERLAYS, REPO, render
+from tests.ops.ops_manifests import (
     config,
     env,
     matches,
@@ -24,8 +26,6 @@ from ops_manifests import (
     port_named,
     server,
 )
-
-from serve import config as server_config
 
 COLORS = ("blue", "green")
 # Routes the server answers (serve/routes.py): probes may only use these.

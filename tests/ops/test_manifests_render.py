@@ -5,8 +5,9 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import K8S, OVERLAYS, render
-from ops_manifests import named, of_kind
+
+from tests.ops.conftest import K8S, OVERLAYS, render
+from tests.ops.ops_manifests import named, of_kind
 
 # Custom resources whose schemas kubernetes-validate does not ship. The Prometheus
 # Operator's PodMonitor is checked by the invariant tests instead (selector, port, path).

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FakeKubectl, run_rollout
-from ops_cluster import cluster
 
 from serve import cli
+from tests.ops.conftest import FakeKubectl, run_rollout
+from tests.ops.ops_cluster import cluster
 
 MUTATING = {"patch", "scale", "apply", "delete", "annotate", "label", "set", "edit"}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -14,6 +14,7 @@ from serve.batcher import Batcher
 from serve.config import ModelSettings
 from serve.errors import DeadlineExceeded, QueueFull, RLServeError
 from serve.metrics import Metrics
+from serve.model import ServedModel
 from serve.runtime import ProviderReport
 from serve.types import Answer, Outputs, PredictOptions, Prepared
 from serve.versions import VersionTable
@@ -59,7 +60,7 @@ def anyio_backend() -> str:
 
 def make(model: EchoModel, **settings: Any) -> Batcher:
     versions = VersionTable()
-    versions.add(model)
+    versions.add(cast(ServedModel, model))  # a duck-typed model: no contract needed here
     versions.activate(model.version)
     return Batcher(model.name, versions, ModelSettings(**settings), Metrics())
 
