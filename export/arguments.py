@@ -48,7 +48,8 @@ class CommonArgs:
     tolerance: float = field(
         default=1e-5,
         metadata=arg(
-            "largest allowed abs difference of float outputs and log-probs in parity",
+            "parity tolerance of float outputs and log-probs: "
+            "|onnx - source| <= ATOL x (1 + |source|)",
             metavar="ATOL",
         ),
     )
