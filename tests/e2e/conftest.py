@@ -6,24 +6,29 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.e2e.server import RLSERVE, Server
+from tests.export.export_envs import DictEnv
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "model_repository" / "cartpole"
 
 
 def export_untrained(
-    tmp: Path, repository: Path, name: str, env_id: str, net_arch: list[int], seed: int = 0
+    tmp: Path, repository: Path, name: str, env: Any, net_arch: list[int], seed: int = 0
 ) -> None:
-    """An untrained SB3 PPO (weights are random, exactness is what matters) through the CLI."""
+    """An untrained SB3 PPO (weights are random, exactness is what matters) through the CLI.
+
+    ``env`` is a gymnasium id or an environment; Dict observations get MultiInputPolicy."""
     from stable_baselines3 import PPO
 
     checkpoint = tmp / f"{name}-{seed}.zip"
+    policy = "MultiInputPolicy" if isinstance(env, DictEnv) else "MlpPolicy"
     kwargs = {"net_arch": net_arch}
-    PPO("MlpPolicy", env_id, policy_kwargs=kwargs, seed=seed, device="cpu").save(checkpoint)
+    PPO(policy, env, policy_kwargs=kwargs, seed=seed, device="cpu").save(checkpoint)
     subprocess.run(
         [*RLSERVE, "export", "sb3", str(checkpoint), "--name", name,
          "--model-repository", str(repository), "--parity-samples", "32"],
@@ -33,12 +38,14 @@ def export_untrained(
 
 @pytest.fixture(scope="session")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """cartpole (the bundled, trained demo), pendulum (Box actions), heavy (a wide MLP)."""
+    """cartpole (the bundled, trained demo), pendulum (Box actions), heavy (a wide MLP), and
+    dict (Dict observations: an image, a discrete mode, a vector)."""
     tmp = tmp_path_factory.mktemp("models")
     repo = tmp / "repository"
     shutil.copytree(DEMO, repo / "cartpole")
     export_untrained(tmp, repo, "pendulum", "Pendulum-v1", [64, 64])
     export_untrained(tmp, repo, "heavy", "CartPole-v1", [1024, 1024])
+    export_untrained(tmp, repo, "dict", DictEnv(), [32])
     return repo
 
 
@@ -54,14 +61,10 @@ def only(repository: Path, tmp: Path, *names: str, config: str | None = None) ->
 
 @pytest.fixture(scope="module")
 def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One server on cartpole and pendulum, shared by a test module."""
+    """One server on cartpole, pendulum and dict, shared by a test module."""
     tmp = tmp_path_factory.mktemp("server")
-    running = Server.rlserve(
-        only(repository, tmp, "cartpole", "pendulum"),
-        "--default-model",
-        "cartpole",
-        log=tmp / "log",
-    )
+    repo = only(repository, tmp, "cartpole", "pendulum", "dict")
+    running = Server.rlserve(repo, "--default-model", "cartpole", log=tmp / "log")
     running.wait_ready()
     yield running
     running.stop()

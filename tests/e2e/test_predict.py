@@ -9,6 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from serve.distributions import DiagGaussian
+from serve.spaces import Dict, input_dtype, sample
 from tests.e2e.server import Server
 
 CARTPOLE_OBS = [0.01, -0.02, 0.03, 0.04]
@@ -98,11 +99,36 @@ def test_deterministic_box_actions_are_clipped_means(server: Server) -> None:
     )
 
 
+def test_dict_observations_are_answered_as_onnxruntime_answers_them(
+    server: Server, repository: Path
+) -> None:
+    with server.client() as client:
+        contract = client.get("/v1/models/dict").json()["versions"][0]["contract"]
+        space = Dict.model_validate(contract["observation_space"])
+        rng = np.random.default_rng(3)
+        rows = [
+            {key: sample(leaf, rng, 1)[0].tolist() for key, leaf in space.spaces.items()}
+            for _ in range(3)
+        ]
+        answer = client.post(
+            "/v1/models/dict/predict", json={"observations": rows, "outputs": ["actions", "values"]}
+        )
+    assert answer.status_code == 200, answer.text
+    session = ort.InferenceSession(str(repository / "dict" / "1" / "model.onnx"))
+    feeds = {
+        f"obs.{key}": np.asarray([r[key] for r in rows], input_dtype(leaf))
+        for key, leaf in space.spaces.items()
+    }
+    action, value = session.run(["action", "value"], feeds)
+    np.testing.assert_array_equal(np.asarray(answer.json()["actions"], np.float32), action)
+    np.testing.assert_array_equal(np.asarray(answer.json()["values"], np.float32), value)
+
+
 def test_the_models_endpoint_shows_contract_versions_and_batching(server: Server) -> None:
     with server.client() as client:
         listing = client.get("/v1/models").json()
         model = client.get("/v1/models/pendulum").json()
-    assert {m["name"] for m in listing["models"]} == {"cartpole", "pendulum"}
+    assert {m["name"] for m in listing["models"]} == {"cartpole", "pendulum", "dict"}
     assert model["active_version"] == 1
     assert model["versions"][0]["contract"]["schema"] == "rlserve.policy/v1"
     assert model["versions"][0]["contract"]["action_space"]["type"] == "Box"
