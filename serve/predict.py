@@ -74,6 +74,10 @@ async def _serve(request: Request, state: ServerState, route: Route, started: fl
     payload = await read_json_object(request, state.settings.max_body_bytes)
     prepared = route.model.prepare(payload)
     budget_s = deadline_ms(request, route.entry.settings.default_deadline_ms) / 1000
+    if time.monotonic() >= started + budget_s:  # spent reading and validating: never queue it
+        raise DeadlineExceeded(
+            f"the request's deadline of {budget_s * 1000:g} ms passed on admission"
+        )
     future = route.entry.batcher.submit(prepared, started + budget_s, route.pinned)
     return await _within(future, started + budget_s - time.monotonic(), budget_s)
 

@@ -88,3 +88,27 @@ def test_serving_a_missing_repository_fails_fast_with_one_line(
     server.stop()
     assert code == 2
     assert "is not a directory" in server.output()
+
+
+def test_a_requested_gpu_provider_that_is_not_active_keeps_ready_red(
+    repository: Path, tmp_path: Path
+) -> None:
+    repo = only(repository, tmp_path, "cartpole")
+    providers = {"RLSERVE_PROVIDERS": '["CUDAExecutionProvider", "CPUExecutionProvider"]'}
+    strict = Server.rlserve(repo, env=providers, log=tmp_path / "strict.log")
+    try:
+        strict.wait_until(lambda c: c.get("/ready").json()["phase"] == "ready", 30, "loaded")
+        with strict.client() as client:
+            ready = client.get("/ready")
+    finally:
+        strict.stop()
+    assert ready.status_code == 503
+    assert "CUDAExecutionProvider" in " ".join(ready.json()["reasons"])
+    assert "allow_cpu_fallback" in strict.output()
+    lenient = Server.rlserve(
+        repo, "--allow-cpu-fallback", env=providers, log=tmp_path / "lenient.log"
+    )
+    try:
+        lenient.wait_ready()
+    finally:
+        lenient.stop()
