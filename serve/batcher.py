@@ -21,7 +21,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from serve.batching import Plan, Policy, Waiting, buckets_for, plan
+from serve.batching import Policy, Waiting, buckets_for, plan
 from serve.config import ModelSettings
 from serve.errors import DeadlineExceeded, QueueFull, RLServeError, ServiceUnavailable, one_line
 from serve.metrics import Metrics, VersionMetrics
@@ -107,6 +107,10 @@ class Batcher:
             if ticket.version is None:
                 ticket.version = version
 
+    def pinned_versions(self) -> set[int]:
+        """Versions that queued requests are pinned to: they must stay loaded."""
+        return {t.version for t in self._queue if t.version is not None}
+
     def hold(self) -> None:
         """Form no batches until ``resume``; queued requests wait within their deadlines."""
         self.held = True
@@ -125,12 +129,20 @@ class Batcher:
             if not self._queue:
                 await self._sleep(None)
                 continue
+            held = self.held and not self._closing
             policy = self._flush if self._closing else self.policy  # stopping: no more waiting
-            decision = plan(self._waiting(), time.monotonic(), policy, self._expected_run_s)
-            self._expire(decision)
-            if decision.take and not (self.held and not self._closing):
-                await self._execute(decision)
-            elif self.held and not self._closing:
+            waiting = self._waiting()
+            decision = plan(waiting, time.monotonic(), policy, self._expected_run_s)
+            take = () if held else decision.take
+            expired, batch = self._pop(decision.expired, take)
+            for ticket in expired:
+                _settle(
+                    ticket,
+                    DeadlineExceeded("deadline passed while queued; the request was not run"),
+                )
+            if batch:
+                await self._execute(batch, waiting[take[0]].version, decision.padded_rows)
+            elif held:
                 await self._sleep(self._until_next_deadline())
             elif decision.wait_s > 0:
                 await self._sleep(decision.wait_s)
@@ -159,40 +171,24 @@ class Batcher:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wakeup.wait(), timeout)
 
-    def _expire(self, decision: Plan) -> None:
-        for ticket in self._pop(decision.expired):
-            _settle(
-                ticket, DeadlineExceeded("deadline passed while queued; the request was not run")
-            )
-
-    async def _execute(self, decision: Plan) -> None:
-        version = self._waiting()[decision.take[0]].version
-        tickets = self._pop(decision.take)
+    async def _execute(self, tickets: list[Ticket], version: int, padded_rows: int) -> None:
         model = self.versions.get(version)
         if model is None:
+            unloaded = ServiceUnavailable(f"model {self.name!r} version {version} was unloaded")
             for ticket in tickets:
-                _settle(
-                    ticket,
-                    ServiceUnavailable(f"model {self.name!r} version {version} was unloaded"),
-                )
+                _settle(ticket, unloaded)
             return
         metrics = self._metrics_of(version)
         started = time.monotonic()
         rows = sum(t.prepared.rows for t in tickets)
         for t in tickets:
             metrics.queue_wait.observe(started - t.enqueued_at)
-        runs = await self._run_off_loop(
-            model, [t.prepared for t in tickets], decision.padded_rows, rows
-        )
+        runs = await self._run_off_loop(model, [t.prepared for t in tickets], padded_rows, rows)
         self._record(metrics, time.monotonic() - started, rows)
         answers = [a for group, outputs in runs for a in _answers(model, group, outputs)]
         for ticket, answer in zip(tickets, answers, strict=True):
-            _settle(
-                ticket,
-                answer
-                if isinstance(answer, RLServeError)
-                else Stamped(answer, version, model.sha256),
-            )
+            stamped = Stamped(answer, version, model.sha256) if isinstance(answer, dict) else answer
+            _settle(ticket, stamped)
 
     async def _run_off_loop(
         self, model: ServedModel, batch: list[Prepared], padded_rows: int, rows: int
@@ -218,14 +214,15 @@ class Batcher:
         metrics.batch_rows.observe(rows)
         metrics.batch_fill.observe(rows / self.policy.max_batch_size)
 
-    def _pop(self, indices: tuple[int, ...]) -> list[Ticket]:
-        if not indices:
-            return []
-        chosen = set(indices)
-        taken = [t for i, t in enumerate(self._queue) if i in chosen]
-        self._queue = deque(t for i, t in enumerate(self._queue) if i not in chosen)
-        self._add_queued(-sum(t.prepared.rows for t in taken))
-        return taken
+    def _pop(self, *groups: tuple[int, ...]) -> list[list[Ticket]]:
+        """Remove the tickets at these queue positions (all from one snapshot), per group."""
+        queue = list(self._queue)
+        popped = [[queue[i] for i in group] for group in groups]
+        chosen = {i for group in groups for i in group}
+        if chosen:
+            self._queue = deque(t for i, t in enumerate(queue) if i not in chosen)
+            self._add_queued(-sum(t.prepared.rows for group in popped for t in group))
+        return popped
 
     def _add_queued(self, rows: int) -> None:
         self._queued_rows += rows

@@ -210,7 +210,8 @@ class Updater:
             entry.batcher.pin_queued(previous)
         entry.versions.activate(version)
         swap_s = time.perf_counter() - started
-        for gone in entry.versions.evict(self.settings.resident_versions):
+        keep, queued_for = self.settings.resident_versions, entry.batcher.pinned_versions()
+        for gone in entry.versions.evict(keep, queued_for):
             self.metrics.model_info.remove(
                 entry.name, str(gone.version), gone.provider, gone.sha256
             )

@@ -43,11 +43,12 @@ class VersionTable:
                 return version
         return None
 
-    def evict(self, keep: int) -> list[ServedModel]:
-        """Unload all but the active version and the ``keep - 1`` most recently active others."""
+    def evict(self, keep: int, protected: set[int]) -> list[ServedModel]:
+        """Unload all but the active version, the ``keep - 1`` most recently active others,
+        and the ``protected`` ones (requests are still queued for them)."""
         recent = [v for v in reversed(self._history) if v in self._resident]
         order = list(dict.fromkeys([*([] if self.active is None else [self.active]), *recent]))
-        kept = set(order[: max(keep, 1)])
+        kept = set(order[: max(keep, 1)]) | protected
         gone = [m for v, m in self._resident.items() if v not in kept]
         for model in gone:
             del self._resident[model.version]

@@ -128,3 +128,66 @@ async def test_stopping_answers_everything_still_queued() -> None:
     await asyncio.sleep(0.01)
     await batcher.stop()
     assert [p.result() for p in pending] == [{"y": [0.0]}, {"y": [2.0]}, {"y": [4.0]}]
+
+
+async def test_expired_and_live_requests_in_one_plan_each_get_their_own_answer() -> None:
+    model = EchoModel()
+    batcher = make(model, max_batch_size=8, max_wait_ms=50)
+    now = time.monotonic()
+    expired = batcher.submit(prepare(batcher, [1.0]), now + 0.01)
+    live = [batcher.submit(prepare(batcher, [float(i)]), now + 5) for i in (2, 3)]
+    await asyncio.sleep(0.02)
+    batcher.start()
+    answers = [(await f).answer for f in live]
+    await batcher.stop()
+    with pytest.raises(DeadlineExceeded):
+        expired.result()
+    assert answers == [{"y": [4.0]}, {"y": [6.0]}]
+    assert model.batches == [2]
+
+
+class OtherEcho(EchoModel):
+    version, sha256 = 2, "2" * 64
+
+    def execute(self, batch: Sequence[Prepared], padded_rows: int) -> Outputs:
+        return {"y": super().execute(batch, padded_rows)["y"] * 10}
+
+
+async def test_requests_run_on_the_version_active_when_their_batch_forms() -> None:
+    batcher = make(EchoModel(), max_batch_size=8, max_wait_ms=30)
+    batcher.versions.add(cast(ServedModel, OtherEcho()))
+    batcher.start()
+    first = batcher.submit(prepare(batcher, [1.0]), time.monotonic() + 1)
+    batcher.versions.activate(2)  # queued before the swap: still runs on version 2
+    stamped = await first
+    await batcher.stop()
+    assert (stamped.version, stamped.answer) == (2, {"y": [20.0]})
+
+
+async def test_pinned_requests_stay_on_their_version_and_never_share_a_batch() -> None:
+    batcher = make(EchoModel(), max_batch_size=8, max_wait_ms=30)
+    batcher.versions.add(cast(ServedModel, OtherEcho()))
+    batcher.start()
+    deadline = time.monotonic() + 1
+    old = batcher.submit(prepare(batcher, [1.0]), deadline)
+    batcher.pin_queued(1)  # a draining swap: what was queued stays on version 1
+    batcher.versions.activate(2)
+    new = batcher.submit(prepare(batcher, [1.0]), deadline)
+    results = [await old, await new]
+    await batcher.stop()
+    assert [(r.version, r.answer) for r in results] == [(1, {"y": [2.0]}), (2, {"y": [20.0]})]
+
+
+async def test_a_held_batcher_runs_nothing_but_still_expires() -> None:
+    model = EchoModel()
+    batcher = make(model, max_batch_size=8, max_wait_ms=1)
+    batcher.start()
+    batcher.hold()
+    with pytest.raises(DeadlineExceeded):
+        await submit(batcher, [1.0], timeout_s=0.05)
+    waiting = asyncio.ensure_future(submit(batcher, [2.0]))
+    await asyncio.sleep(0.05)
+    assert model.batches == []
+    batcher.resume()
+    assert await waiting == {"y": [4.0]}
+    await batcher.stop()
