@@ -83,6 +83,10 @@ class Batcher:
         self, prepared: Prepared, deadline: float, version: int | None = None
     ) -> asyncio.Future[Stamped]:
         """Queue a request; raises QueueFull (429) when its rows do not fit."""
+        if self._closing:
+            raise ServiceUnavailable(
+                f"model {self.name!r} has stopped: the server is shutting down"
+            )
         if self._queued_rows + prepared.rows > self.max_queue_rows:
             raise QueueFull(
                 f"model {self.name!r}: queue full ({self._queued_rows} of {self.max_queue_rows} "

@@ -7,9 +7,10 @@ Shutdown order, on SIGTERM (``serve.server.DrainingServer``):
 
 1. DRAINING at once: /ready answers 503 so the load balancer takes this replica out of
    rotation; every request is still served, answers carry ``Connection: close``.
-2. After ``drain_delay_s`` (time for endpoints to propagate): STOPPING. uvicorn stops
-   accepting connections and closes idle keep-alive ones; a request that still arrives on
-   an open connection gets 503.
+2. After ``drain_delay_s`` (time for endpoints to propagate): STOPPING. The server stops
+   accepting connections, waits a moment for requests already on the wire to be read, then
+   closes idle keep-alive connections; a request that still arrives on an open connection is
+   served like any other.
 3. In-flight requests finish: their work is queued or running in a batcher and completes
    within its deadline (uvicorn waits up to ``graceful_timeout_s``).
 4. Lifespan shutdown: each batcher answers what is left in its queue (runs it, or 504 when
@@ -58,9 +59,8 @@ class Lifecycle:
             log.info("stopping: no new connections; finishing in-flight requests")
 
     @property
-    def serving(self) -> bool:
-        """Whether predict requests are taken (loaded models also answer while STARTING)."""
-        return self.phase is not Phase.STOPPING
+    def stopping(self) -> bool:
+        return self.phase is Phase.STOPPING
 
     @property
     def draining(self) -> bool:

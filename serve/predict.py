@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from serve import state as server_state
 from serve.batcher import Stamped
-from serve.errors import DeadlineExceeded, NotFound, RLServeError, ServiceUnavailable
+from serve.errors import DeadlineExceeded, NotFound, RLServeError
 from serve.registry import Route
 from serve.state import ServerState
 from serve.wire import deadline_ms, json_response, read_json_object
@@ -50,7 +50,7 @@ async def _predict(request: Request, model: str | None, version: int | None) -> 
     label = model or "default"
     state.metrics.inflight.inc()
     try:
-        route = _admit(state, model, version)
+        route = state.registry.resolve(model, version)
         label = route.entry.name
         stamped = await _serve(request, state, route, started)
         state.metrics.count(label, stamped.version, 200)
@@ -62,12 +62,6 @@ async def _predict(request: Request, model: str | None, version: int | None) -> 
     finally:
         state.metrics.inflight.dec()
         state.metrics.request_latency.labels(label).observe(time.monotonic() - started)
-
-
-def _admit(state: ServerState, model: str | None, version: int | None) -> Route:
-    if not state.lifecycle.serving:
-        raise ServiceUnavailable("server is shutting down; retry on another replica")
-    return state.registry.resolve(model, version)
 
 
 async def _serve(request: Request, state: ServerState, route: Route, started: float) -> Stamped:

@@ -55,7 +55,7 @@ async def health(request: Request) -> Response:
         f"{entry.name}: "
         + ("batch worker stopped" if not entry.batcher.alive else "batch running for too long")
         for entry in state.registry.models.values()
-        if (not entry.batcher.alive and state.lifecycle.serving)
+        if (not entry.batcher.alive and not state.lifecycle.stopping)
         or entry.batcher.stuck_for(now) > state.settings.stuck_batch_s
     ]
     if problems:

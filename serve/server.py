@@ -6,6 +6,7 @@ by the gunicorn worker (``serve.worker``).
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import time
@@ -14,6 +15,8 @@ from types import FrameType
 import uvicorn
 
 from serve.state import ServerState
+
+_READ_GRACE_S = 0.2
 
 
 class DrainingServer(uvicorn.Server):
@@ -41,4 +44,10 @@ class DrainingServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.state.lifecycle.begin_stop()
+        for server in self.servers:  # stop accepting first ...
+            server.close()
+        # ... then give requests already on the wire a moment to be read: uvicorn closes
+        # connections that look idle, and one whose request is still in the socket buffer
+        # would be dropped unanswered.
+        await asyncio.sleep(_READ_GRACE_S)
         await super().shutdown(sockets)

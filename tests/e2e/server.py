@@ -95,8 +95,10 @@ class Server:
             self._out.close()  # type: ignore[union-attr]
         return code
 
-    def output(self) -> str:
-        return self.log.read_text()[-4000:] if self.log and self.log.exists() else ""
+    def output(self, full: bool = False) -> str:
+        """The server's log (its tail unless ``full``)."""
+        text = self.log.read_text() if self.log and self.log.exists() else ""
+        return text if full else text[-4000:]
 
     def metric(self, client: httpx.Client, name: str, **labels: str) -> float:
         """Sum of a metric's samples whose labels include ``labels``."""
