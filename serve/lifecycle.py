@@ -3,6 +3,10 @@
 Phases: STARTING (listening; /health 200, /ready 503 while models load, verify and warm
 up) -> READY -> DRAINING -> STOPPING.
 
+A gunicorn worker (``serve.worker``) listens only once its models are loaded
+(``listen_after_load``): its siblings accept from the same socket meanwhile, so a worker
+that gunicorn starts or replaces never takes a connection it could only answer with 503.
+
 Shutdown order, on SIGTERM (``serve.server.DrainingServer``):
 
 1. DRAINING at once: /ready answers 503 so the load balancer takes this replica out of
@@ -21,6 +25,7 @@ SIGINT (Ctrl-C in development) skips the delay of step 2; a second signal forces
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from enum import StrEnum
@@ -40,6 +45,8 @@ class Lifecycle:
         self.phase = Phase.STARTING
         self.started_at = time.monotonic()
         self.drain_started_at: float | None = None
+        self.listen_after_load = False
+        self.loaded = asyncio.Event()  # set when loading ends, whether models loaded or not
 
     def ready(self) -> None:
         if self.phase is Phase.STARTING:
