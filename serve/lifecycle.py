@@ -11,9 +11,10 @@ Shutdown order, on SIGTERM (``serve.server.DrainingServer``):
 
 1. DRAINING at once: /ready answers 503 so the load balancer takes this replica out of
    rotation; every request is still served, answers carry ``Connection: close``.
-2. After ``drain_delay_s`` (time for endpoints to propagate): STOPPING. uvicorn stops
-   accepting connections and closes idle keep-alive ones; a request that still arrives on
-   an open connection gets 503.
+2. After ``drain_delay_s`` (time for endpoints to propagate) the server stops accepting
+   connections; one accepted a moment before still has its request served
+   (``serve.server.ACCEPTED_GRACE_S``). Then STOPPING: uvicorn closes idle keep-alive
+   connections; a request that still arrives on an open connection gets 503.
 3. In-flight requests finish: their work is queued or running in a batcher and completes
    within its deadline (uvicorn waits up to ``graceful_timeout_s``).
 4. Lifespan shutdown: each batcher answers what is left in its queue (runs it, or 504 when

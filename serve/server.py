@@ -6,6 +6,7 @@ by the gunicorn worker (``serve.worker``).
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import time
@@ -14,6 +15,10 @@ from types import FrameType
 import uvicorn
 
 from serve.state import ServerState
+
+# After the listeners close, connections accepted a moment before get this long to deliver
+# their request (it is then served) before the connections still idle are closed.
+ACCEPTED_GRACE_S = 0.5
 
 
 class DrainingServer(uvicorn.Server):
@@ -40,5 +45,8 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()  # stop accepting; uvicorn closes them again, harmlessly
+        await asyncio.sleep(ACCEPTED_GRACE_S)
         self.state.lifecycle.begin_stop()
         await super().shutdown(sockets)
