@@ -1,13 +1,20 @@
-"""locust as users run it: ``locust -f loadtests/ --headless`` in a subprocess, with CSV."""
+"""locust as users run it: ``locust -f loadtests/ --headless`` in a subprocess.
+
+Counts come from ``--json-file``, written at exit; failures by error text from the CSV
+``--csv`` writes, which locust rewrites every second but not at exit (it can miss the
+last second of a run).
+"""
 
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,18 +25,17 @@ class LocustRun:
     output: str
     csv_prefix: Path
 
-    def aggregated(self) -> dict[str, str]:
-        """The 'Aggregated' row of locust's stats CSV: every predict request of the run."""
-        with open(f"{self.csv_prefix}_stats.csv", newline="") as f:
-            return next(row for row in csv.DictReader(f) if row["Name"] == "Aggregated")
+    def entries(self) -> list[dict[str, Any]]:
+        """locust's final statistics, one entry per request name."""
+        return list(json.loads(Path(f"{self.csv_prefix}.json").read_text()))
 
     @property
     def requests(self) -> int:
-        return int(self.aggregated()["Request Count"])
+        return sum(int(entry["num_requests"]) for entry in self.entries())
 
     @property
     def failures(self) -> int:
-        return int(self.aggregated()["Failure Count"])
+        return sum(int(entry["num_failures"]) for entry in self.entries())
 
     def errors(self) -> Counter[str]:
         """Failures by locust's error text (e.g. "ConnectionRefusedError(111, ...)")."""
@@ -50,7 +56,7 @@ class Locust:
         command = [
             sys.executable, "-m", "locust", "-f", "loadtests/", "--headless", "--host", url,
             "-u", str(users), "-r", str(users), "-t", f"{seconds}s", "--only-summary",
-            "--csv", str(self.csv_prefix), *flags,
+            "--csv", str(self.csv_prefix), "--json-file", str(self.csv_prefix), *flags,
         ]  # fmt: skip
         self.process = subprocess.Popen(
             command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
