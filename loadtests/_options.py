@@ -1,7 +1,9 @@
-"""The load test's own options, added to locust's command line (``locust --help`` lists them).
+"""The load test's own options, added to locust's command line and its web UI.
 
 Each may also come from the environment (``LOCUST_P99_MS=150``) or a locust config file
 (``p99-ms = 150``), like locust's own options. Contradictions stop locust before it starts.
+``locust --help`` cannot list them (it prints before loading locustfiles, locust issue
+#2917); ``python loadtests/_options.py`` does.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def _check_options(environment: Any, **_: Any) -> None:
         sys.exit(f"loadtests: {problem}")
 
 
-if __name__ == "__main__":  # `locust --help` cannot list these (locust issue #2917): this can
+if __name__ == "__main__":
     from locust.argument_parser import LocustArgumentParser
 
     parser = LocustArgumentParser(prog="locust -f loadtests/", add_config_file_help=False)
