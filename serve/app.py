@@ -64,6 +64,8 @@ def create_app(settings: config.Settings | None = None) -> FastAPI:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: ServerState = app.state.rlserve
     background = [asyncio.create_task(_load(state), name="rlserve-load")]
+    if state.lifecycle.listen_after_load:
+        await state.lifecycle.loaded.wait()  # uvicorn listens once the lifespan has started
     try:
         yield
     finally:
@@ -75,18 +77,27 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 async def _load(state: ServerState) -> None:
-    """Load, verify and warm every model while the server already answers /health."""
+    """Load, verify and warm every model (while the server already answers /health, unless
+    it listens after loading), then watch the repository if asked to."""
+    try:
+        loaded = await _load_models(state)
+    finally:
+        state.lifecycle.loaded.set()
+    if loaded and state.settings.poll_interval_s is not None:
+        await RepositoryWatcher(state.registry, state.updater, state.settings.poll_interval_s).run()
+
+
+async def _load_models(state: ServerState) -> bool:
     try:
         await state.registry.load_all()
     except RLServeError as exc:
         state.registry.fatal = exc.message
         log.error("cannot load the model repository: %s", exc.message)
-        return
+        return False
     state.lifecycle.ready()
     for reason in state.registry.unready_reasons():
         log.error("not ready: %s", reason)
-    if state.settings.poll_interval_s is not None:
-        await RepositoryWatcher(state.registry, state.updater, state.settings.poll_interval_s).run()
+    return True
 
 
 async def _rlserve_error(request: Request, exc: RLServeError) -> Response:

@@ -4,6 +4,9 @@ Everything comes from rlserve's one config (YAML via RLSERVE_CONFIG_FILE, RLSERV
 bind from host/port, worker count from ``workers``, and a graceful timeout longer than the
 drain delay plus the in-flight budget, so gunicorn never kills a draining worker early.
 Workers load the app themselves (no preload): each owns its onnxruntime sessions.
+
+gunicorn reads every public module-level name here as a setting of the same name, so
+helpers are imported under private names (``config`` is gunicorn's own setting).
 """
 
 import os
@@ -11,9 +14,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from serve import config
+from serve import config as _config
 
-_settings = config.load()
+_settings = _config.load()
 
 # Every worker writes metrics here; /metrics sums them (see serve/metrics.py).
 _metrics_dir = Path(os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", "/tmp/rlserve-metrics"))

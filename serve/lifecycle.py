@@ -3,14 +3,18 @@
 Phases: STARTING (listening; /health 200, /ready 503 while models load, verify and warm
 up) -> READY -> DRAINING -> STOPPING.
 
+A gunicorn worker (``serve.worker``) listens only once its models are loaded
+(``listen_after_load``): its siblings accept from the same socket meanwhile, so a worker
+that gunicorn starts or replaces never takes a connection it could only answer with 503.
+
 Shutdown order, on SIGTERM (``serve.server.DrainingServer``):
 
 1. DRAINING at once: /ready answers 503 so the load balancer takes this replica out of
    rotation; every request is still served, answers carry ``Connection: close``.
 2. After ``drain_delay_s`` (time for endpoints to propagate): STOPPING. The server stops
-   accepting connections, waits a moment for requests already on the wire to be read, then
-   closes idle keep-alive connections; a request that still arrives on an open connection is
-   served like any other.
+   accepting connections, gives requests already on the wire ``ACCEPTED_GRACE_S`` to be
+   read (``serve.server``), then closes idle keep-alive connections; a request that still
+   arrives on an open connection is served like any other.
 3. In-flight requests finish: their work is queued or running in a batcher and completes
    within its deadline (uvicorn waits up to ``graceful_timeout_s``).
 4. Lifespan shutdown: each batcher answers what is left in its queue (runs it, or 504 when
@@ -22,6 +26,7 @@ SIGINT (Ctrl-C in development) skips the delay of step 2; a second signal forces
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from enum import StrEnum
@@ -41,6 +46,8 @@ class Lifecycle:
         self.phase = Phase.STARTING
         self.started_at = time.monotonic()
         self.drain_started_at: float | None = None
+        self.listen_after_load = False
+        self.loaded = asyncio.Event()  # set when loading ends, whether models loaded or not
 
     def ready(self) -> None:
         if self.phase is Phase.STARTING:

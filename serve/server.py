@@ -16,7 +16,9 @@ import uvicorn
 
 from serve.state import ServerState
 
-_READ_GRACE_S = 0.2
+# After the listeners close, connections accepted a moment before get this long to deliver
+# their request (it is then served) before the connections still idle are closed.
+ACCEPTED_GRACE_S = 0.5
 
 
 class DrainingServer(uvicorn.Server):
@@ -44,10 +46,9 @@ class DrainingServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.state.lifecycle.begin_stop()
-        for server in self.servers:  # stop accepting first ...
-            server.close()
-        # ... then give requests already on the wire a moment to be read: uvicorn closes
-        # connections that look idle, and one whose request is still in the socket buffer
-        # would be dropped unanswered.
-        await asyncio.sleep(_READ_GRACE_S)
+        for server in self.servers:
+            server.close()  # stop accepting; uvicorn closes them again, harmlessly
+        # uvicorn closes connections that look idle; one whose request is still in the
+        # socket buffer would be dropped unanswered, so let such requests be read first.
+        await asyncio.sleep(ACCEPTED_GRACE_S)
         await super().shutdown(sockets)

@@ -1,7 +1,12 @@
-"""The gunicorn worker: uvicorn's worker with the draining server and rlserve's logging."""
+"""The gunicorn worker: uvicorn's worker with the draining server and rlserve's logging.
+
+Its workers share one listening socket, so a worker listens only once its models are loaded
+(``Lifecycle.listen_after_load``); until then it tells gunicorn it is alive itself.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from typing import Any
 
@@ -21,8 +26,17 @@ class RLServeWorker(UvicornWorker):
         state: ServerState = self.wsgi.state.rlserve
         logs.configure(state.settings.log_level)
         self.config.timeout_graceful_shutdown = int(state.settings.graceful_timeout_s)
+        state.lifecycle.listen_after_load = True
         server = DrainingServer(self.config, state)
         self._install_sigquit_handler()
+        heartbeat = asyncio.create_task(self._notify_until_started(server))
         await server.serve(sockets=self.sockets)
+        heartbeat.cancel()
         if not server.started:
             sys.exit(Arbiter.WORKER_BOOT_ERROR)
+
+    async def _notify_until_started(self, server: DrainingServer) -> None:
+        """gunicorn's heartbeat while models load (uvicorn beats once it serves)."""
+        while not server.started:
+            self.notify()
+            await asyncio.sleep(1.0)

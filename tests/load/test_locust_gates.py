@@ -1,0 +1,51 @@
+"""A short headless locust run on loadtests/ against a live server: its gates and reports."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.e2e.server import Server
+from tests.load.conftest import DEMO_REPOSITORY
+from tests.load.locust_runs import run_locust
+
+
+def test_a_short_run_on_the_demo_policy_passes_its_gates_and_writes_csv_and_html(
+    rlserve: Server, tmp_path: Path
+) -> None:
+    run = run_locust(rlserve.url, tmp_path, "--html", str(tmp_path / "report.html"))
+    assert run.code == 0, run.output
+    assert "GATES PASSED" in run.output
+    assert run.requests > 500
+    assert run.failures == 0
+    assert "predict cartpole x1" in (tmp_path / "report.html").read_text()
+
+
+def test_the_same_run_with_a_p99_target_of_a_hundredth_of_a_millisecond_fails_and_says_why(
+    rlserve: Server, tmp_path: Path
+) -> None:
+    run = run_locust(rlserve.url, tmp_path, "--p99-ms", "0.01")
+    failed = [line for line in run.output.splitlines() if line.startswith("GATE FAILED")]
+    assert run.code == 1
+    assert len(failed) == 1, run.output
+    assert re.fullmatch(r"GATE FAILED: p99 latency \d+ ms > --p99-ms 0.01", failed[0])
+
+
+def test_429_queue_full_answers_are_failures_for_the_failure_gate(tmp_path: Path) -> None:
+    # A queue of 4 rows can never take a request of 8: every answer is 429.
+    server = Server.rlserve(DEMO_REPOSITORY, "--max-queue-rows", "4", log=tmp_path / "log")
+    try:
+        server.wait_ready()
+        run = run_locust(server.url, tmp_path, "--batch-rows", "8", "VectorEnvUser", seconds=2)
+    finally:
+        server.stop()
+    assert run.code == 1
+    assert "GATE FAILED: fail ratio 1.0000" in run.output
+    assert all("429" in error for error in run.errors()), run.errors()
+
+
+def test_an_open_loop_run_reports_the_rate_it_reached(rlserve: Server, tmp_path: Path) -> None:
+    run = run_locust(rlserve.url, tmp_path, "--rate-per-user", "20", users=2, seconds=3)
+    assert run.code == 0, run.output
+    assert "open loop: target 20 req/s per user, achieved" in run.output
+    assert "TARGET RATE NOT REACHED" not in run.output
