@@ -30,6 +30,9 @@ graceful_timeout = int(_settings.drain_delay_s + _settings.graceful_timeout_s + 
 timeout = 60  # a worker that stops heart-beating this long is restarted
 keepalive = 75  # longer than common load balancers' idle timeout (60 s)
 accesslog = None  # rlserve writes its own structured access log
+# No gunicornc control socket: it defaults to ~/.gunicorn/, which a read-only, home-less
+# container cannot create, and every gunicorn of the same user would share it.
+control_socket_disable = True
 
 
 def on_starting(server: Any) -> None:
