@@ -161,7 +161,27 @@ def _document(args: BenchArgs, sections: list[str]) -> str:
         "compare ratios within it, not across machines.",
         "",
     ]
-    return "\n".join(head) + "\n" + "\n".join(sections)
+    return "\n".join(head) + "\n" + "\n".join(sections) + "\n" + _READING
+
+
+_READING = """## Reading the numbers
+
+- **Rows**: *plain FastAPI* parses the body and runs onnxruntime inline on the event loop,
+  one request per run, with no validation, batching, deadlines or metrics (`bench/baseline.py`);
+  *rlserve serve* is the development server (one process, uvicorn); *rlserve gunicorn* is the
+  production configuration (`serve/gunicorn.conf.py`). Access logs are off in all of them.
+- **vs raw ORT batch 1** compares HTTP requests per second with back-to-back in-process
+  `session.run` calls on one row: the cost of the whole request path.
+- **cartpole** (a 64x64 MLP, microseconds per run) is bound by per-request HTTP and Python
+  work: batching saves little compute, and rlserve's validation, bookkeeping and thread hop
+  cost some throughput against the bare baseline in one process; two workers use both cores.
+- **wide** (2x1024 hidden units) is bound by the model: the baseline runs it once per request,
+  on its event loop; rlserve runs one batch for many requests, off the loop, and serves more
+  requests per second from the same cores.
+- wrk keeps 64 connections busy (a closed loop): every server here is saturated, so latency
+  percentiles include queueing. For latency at a target rate use the open-loop load test
+  (`docs/loadtests.md`).
+"""
 
 
 if __name__ == "__main__":

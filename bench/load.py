@@ -34,7 +34,7 @@ def require_wrk() -> str:
 def post(url: str, body: dict, connections: int, seconds: float) -> LoadResult:
     script = _script(orjson.dumps(body).decode())
     out = subprocess.run(
-        [require_wrk(), "-t2", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", script, url],
+        [require_wrk(), "-t2", f"-c{connections}", f"-d{seconds:g}s", "--latency", "-s", script, url],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     Path(script).unlink()
