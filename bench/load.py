@@ -33,13 +33,12 @@ def require_wrk() -> str:
 
 def post(url: str, body: dict, connections: int, seconds: float) -> LoadResult:
     script = _script(orjson.dumps(body).decode())
-    out = subprocess.run(
-        [require_wrk(), "-t2", f"-c{connections}", f"-d{seconds:g}s", "--latency", "-s", script, url],
-        check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
+    command = [require_wrk(), "-t2", f"-c{connections}", f"-d{seconds:g}s", "--latency"]
+    done = subprocess.run([*command, "-s", script, url], check=True, capture_output=True, text=True)
     Path(script).unlink()
+    out = done.stdout
     return LoadResult(
-        requests_per_s=float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
+        requests_per_s=float(_find(r"Requests/sec:\s+([\d.]+)", out)[0]),
         p50_ms=_latency(out, "50%"),
         p99_ms=_latency(out, "99%"),
         errors=_errors(out),
@@ -57,8 +56,15 @@ def _script(body: str) -> str:
 
 
 def _latency(out: str, percentile: str) -> float:
-    value, unit = re.search(rf"{percentile}\s+([\d.]+)(us|ms|s)", out).groups()  # type: ignore[union-attr]
+    value, unit = _find(rf"{percentile}\s+([\d.]+)(us|ms|s)", out)
     return float(value) * _UNITS[unit]
+
+
+def _find(pattern: str, out: str) -> tuple[str, ...]:
+    found = re.search(pattern, out)
+    if found is None:
+        raise RuntimeError(f"wrk's output lacks {pattern!r}:\n{out}")
+    return found.groups()
 
 
 def _errors(out: str) -> int:
