@@ -63,15 +63,14 @@ def create_app(settings: config.Settings | None = None) -> FastAPI:
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: ServerState = app.state.rlserve
-    background = [asyncio.create_task(_load(state), name="rlserve-load")]
+    loading = asyncio.create_task(_load(state), name="rlserve-load")  # then the watcher
     if state.lifecycle.listen_after_load:
         await state.lifecycle.loaded.wait()  # uvicorn listens once the lifespan has started
     try:
         yield
     finally:
         state.lifecycle.begin_stop()
-        for task in background:
-            task.cancel()
+        loading.cancel()
         await state.registry.stop()
         log.info("stopped")
 

@@ -235,10 +235,6 @@ class Batcher:
 
     # ------------------------------------------------------------------ health and stop
 
-    @property
-    def queued_rows(self) -> int:
-        return self._queued_rows
-
     def stuck_for(self, now: float) -> float:
         """Seconds the current batch has been running (0 when idle)."""
         return 0.0 if self._running_since is None else now - self._running_since

@@ -45,7 +45,6 @@ class Lifecycle:
     def __init__(self) -> None:
         self.phase = Phase.STARTING
         self.started_at = time.monotonic()
-        self.drain_started_at: float | None = None
         self.listen_after_load = False
         self.loaded = asyncio.Event()  # set when loading ends, whether models loaded or not
 
@@ -57,7 +56,6 @@ class Lifecycle:
     def begin_drain(self) -> None:
         if self.phase in (Phase.STARTING, Phase.READY):
             self.phase = Phase.DRAINING
-            self.drain_started_at = time.monotonic()
             log.info("draining: /ready answers 503, still serving")
 
     def begin_stop(self) -> None:

@@ -93,11 +93,6 @@ class Box(_Space):
         high = np.minimum(self.high_array, big).astype(np.float32)
         return low, high
 
-    @property
-    def is_image(self) -> bool:
-        """uint8 with 3 dimensions, the way Stable-Baselines3 recognises image observations."""
-        return self.dtype == "uint8" and len(self.shape) == 3
-
 
 class Discrete(_Space):
     type: Literal["Discrete"] = "Discrete"
