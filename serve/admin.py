@@ -10,17 +10,16 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from serve import state as server_state
-from serve.errors import Forbidden, InvalidInput, MalformedRequest, Unauthorized
+from serve.errors import Forbidden, InvalidInput, Unauthorized
 from serve.state import ServerState
 from serve.updates import ActivationMode, Canary, Push
-from serve.wire import json_response, read_body
+from serve.wire import json_response, read_body, read_json_object
 
 
 def require_admin(request: Request) -> None:
@@ -81,9 +80,10 @@ async def resume(request: Request, model: str) -> Response:
 
 
 async def _push_from(request: Request, state: ServerState, model: str, version: int) -> Push:
-    body = await read_body(request, state.settings.max_model_bytes)
+    limit = state.settings.max_model_bytes
     if request.headers.get("content-type", "").startswith("application/json"):
-        return _push_from_json(state, model, version, _json_object(body))
+        return _push_from_json(state, model, version, await read_json_object(request, limit))
+    body = await read_body(request, limit)
     sha256 = request.headers.get("x-model-sha256")
     if not sha256:
         raise InvalidInput("X-Model-SHA256: required with an ONNX body (the sha256 of the bytes)")
@@ -138,16 +138,6 @@ def _read_in_repository(state: ServerState, relative: str) -> bytes:
     if not path.is_file():
         raise InvalidInput(f"path: {relative!r} is not a file in the model repository {root}")
     return path.read_bytes()
-
-
-def _json_object(body: bytes) -> dict[str, Any]:
-    try:
-        raw = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise MalformedRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise MalformedRequest("request body must be a JSON object")
-    return raw
 
 
 def _mode(value: Any) -> ActivationMode:
