@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import load, raw
-from serve.commands.args import add_arguments, arg, from_namespace
+from serve.cli.arguments import add_arguments, arg, from_namespace
 from tests.e2e.conftest import DEMO, export_untrained
 from tests.e2e.server import Server
 

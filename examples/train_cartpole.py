@@ -25,7 +25,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
 
 from serve import cli
-from serve.commands.args import add_arguments, arg, from_namespace
+from serve.cli.arguments import add_arguments, arg, from_namespace
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,4 +1,4 @@
-"""The ``rlserve export`` arguments, declared once (see :mod:`serve.commands.args`).
+"""The ``rlserve export`` arguments, declared once (see :mod:`serve.cli.arguments`).
 
 Light on purpose: the CLI parses these on every ``rlserve`` call, so torch and the sources
 are imported only when ``load_source`` runs.
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from export.sb3_layout import ImageLayout
-from serve.commands.args import arg
+from serve.cli.arguments import arg
 from serve.contract import Algorithm
 
 if TYPE_CHECKING:

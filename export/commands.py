@@ -11,8 +11,8 @@ import sys
 import textwrap
 
 from export.arguments import CommonArgs, Sb3Args, TorchArgs
-from serve.commands.args import add_arguments as add_dataclass_arguments
-from serve.commands.args import from_namespace
+from serve.cli.arguments import add_arguments as add_dataclass_arguments
+from serve.cli.arguments import from_namespace
 
 NAME = "export"
 HELP = "export a trained PPO/A2C policy to ONNX with an embedded policy contract"

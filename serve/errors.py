@@ -2,7 +2,7 @@
 
 Every error a user can cause is an :class:`RLServeError` subclass that carries its HTTP
 status and a stable machine-readable ``code``. The server turns them into
-``{"error": {"code": ..., "message": ...}}`` in exactly one place (``serve.app``); the CLI
+``{"error": {"code": ..., "message": ...}}`` in exactly one place (``serve.process.app``); the CLI
 prints the message on one line and exits with status 2.
 
 Messages name the field, the bad value and what would be valid.

@@ -21,8 +21,8 @@ _settings = _config.load()
 # Every worker writes metrics here; /metrics sums them (see serve/metrics.py).
 _metrics_dir = Path(os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", "/tmp/rlserve-metrics"))
 
-wsgi_app = "serve.app:create_app()"
-worker_class = "serve.worker.RLServeWorker"
+wsgi_app = "serve.process.app:create_app()"
+worker_class = "serve.process.worker.RLServeWorker"
 bind = f"{_settings.host}:{_settings.port}"
 workers = _settings.workers
 preload_app = False

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from serve import contract
-from serve.commands.args import add_arguments as add_dataclass_arguments
-from serve.commands.args import arg, from_namespace
+from serve.cli.arguments import add_arguments as add_dataclass_arguments
+from serve.cli.arguments import arg, from_namespace
 
 NAME = "inspect"
 HELP = "print the policy contract embedded in an exported model"

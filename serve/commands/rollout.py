@@ -18,8 +18,8 @@ from serve.bluegreen import retain, status, switch
 from serve.bluegreen.kubectl import Kubectl, Names
 from serve.bluegreen.switch import CheckFailed, Color, PromoteOptions
 from serve.bluegreen.verify import VerifyOptions, verify
-from serve.commands.args import add_arguments as add_dataclass_arguments
-from serve.commands.args import arg, from_namespace
+from serve.cli.arguments import add_arguments as add_dataclass_arguments
+from serve.cli.arguments import arg, from_namespace
 
 NAME = "rollout"
 HELP = "blue-green releases on Kubernetes: status, deploy, verify, promote, rollback, retire"

@@ -12,8 +12,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from serve.commands.args import add_arguments as add_dataclass_arguments
-from serve.commands.args import arg, from_namespace
+from serve.cli.arguments import add_arguments as add_dataclass_arguments
+from serve.cli.arguments import arg, from_namespace
 
 NAME = "serve"
 HELP = "serve the models of a model repository over HTTP (development server)"
@@ -79,9 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(namespace: argparse.Namespace) -> int:
     import uvicorn
 
-    from serve import config, logs, repository
-    from serve.app import create_app
-    from serve.server import DrainingServer
+    from serve import config
+    from serve.control import repository
+    from serve.process import logs
+    from serve.process.app import create_app
+    from serve.process.server import DrainingServer
 
     args = from_namespace(ServeArgs, namespace)
     overrides = dataclasses.asdict(args)

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from serve import contract
-from serve.commands.args import add_arguments as add_dataclass_arguments
-from serve.commands.args import arg, from_namespace
+from serve.cli.arguments import add_arguments as add_dataclass_arguments
+from serve.cli.arguments import arg, from_namespace
 
 NAME = "verify"
 HELP = "prove a model file intact: re-run its golden vectors with onnxruntime alone"

@@ -10,14 +10,14 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from serve.batcher import Batcher
 from serve.config import ModelSettings
+from serve.control.versions import VersionTable
+from serve.dataplane.dynamic_batcher import Batcher
+from serve.dataplane.model import ServedModel
+from serve.dataplane.runtime import ProviderReport
 from serve.errors import DeadlineExceeded, QueueFull, RLServeError
 from serve.metrics import Metrics
-from serve.model import ServedModel
-from serve.runtime import ProviderReport
 from serve.types import Answer, Outputs, PredictOptions, Prepared
-from serve.versions import VersionTable
 
 
 class EchoModel:

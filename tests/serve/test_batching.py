@@ -1,6 +1,6 @@
 """The batch-forming policy, as a pure function of queue, clock and policy."""
 
-from serve.batching import Plan, Policy, Waiting, bucket, buckets_for, plan
+from serve.dataplane.batching import Plan, Policy, Waiting, bucket, buckets_for, plan
 
 POLICY = Policy(max_batch_size=8, max_wait_s=0.002, buckets=buckets_for(8))
 

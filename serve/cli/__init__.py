@@ -66,7 +66,3 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the output went to `head` or similar, which stopped reading
         sys.stderr.close()
         return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

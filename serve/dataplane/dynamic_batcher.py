@@ -1,12 +1,12 @@
 """The dynamic batcher: one per model.
 
 Requests are admitted into a bounded queue (counted in rows). A loop asks
-``serve.batching.plan`` what to do, answers expired requests with 504 without running
+``serve.dataplane.batching.plan`` what to do, answers expired requests with 504 without running
 them, and runs released batches on a dedicated thread so the event loop keeps accepting.
 One batch runs at a time per model; the next one forms while it runs.
 
 Each request runs on the version it names, or else on the version that is active when its
-batch forms (``serve.versions``); every answer is stamped with the version that computed it.
+batch forms (``serve.control.versions``); every answer is stamped with the version that computed it.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from serve.batching import Policy, Waiting, buckets_for, plan
 from serve.config import ModelSettings
+from serve.control.versions import VersionTable
+from serve.dataplane.batching import Policy, Waiting, buckets_for, plan
+from serve.dataplane.model import ServedModel
 from serve.errors import DeadlineExceeded, QueueFull, RLServeError, ServiceUnavailable, one_line
 from serve.metrics import Metrics, VersionMetrics
-from serve.model import ServedModel
 from serve.types import Answer, Outputs, Prepared
-from serve.versions import VersionTable
 
 log = logging.getLogger("rlserve.batcher")
 

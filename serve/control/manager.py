@@ -12,14 +12,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve import repository
-from serve.batcher import Batcher
 from serve.config import ModelSettings, Settings, load_model_overrides
+from serve.control import repository
+from serve.control.versions import VersionTable
+from serve.dataplane.dynamic_batcher import Batcher
+from serve.dataplane.model import ServedModel
 from serve.errors import NotFound, RLServeError, ServiceUnavailable
 from serve.metrics import Metrics
-from serve.model import ServedModel
 from serve.types import ModelState
-from serve.versions import VersionTable
 
 log = logging.getLogger("rlserve.registry")
 

@@ -7,7 +7,7 @@ between batches and no batch ever mixes versions.
 
 from __future__ import annotations
 
-from serve.model import ServedModel
+from serve.dataplane.model import ServedModel
 
 
 class VersionTable:

@@ -14,7 +14,7 @@ import orjson
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serve.lifecycle import Lifecycle
+from serve.process.phases import Lifecycle
 
 log = logging.getLogger("rlserve.access")
 

@@ -2,7 +2,7 @@
 
 Every ``poll_interval_s`` the repository is listed; a version of a served model that is
 newer than any version seen before goes through the same path as a push
-(``serve.updates``). A version counts once its ``model.onnx`` exists, so writers must put
+(``serve.control.updates``). A version counts once its ``model.onnx`` exists, so writers must put
 it in place atomically: write elsewhere and rename (``rlserve export`` writes a hidden
 directory and renames it). A rollback holds: the versions it stepped back from were
 already seen, so only a newer version replaces it.
@@ -14,10 +14,10 @@ import asyncio
 import hashlib
 import logging
 
-from serve import repository
+from serve.control import repository
+from serve.control.manager import Registry
+from serve.control.updates import Push, Updater
 from serve.errors import RLServeError
-from serve.registry import Registry
-from serve.updates import Push, Updater
 
 log = logging.getLogger("rlserve.watcher")
 

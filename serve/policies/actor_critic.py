@@ -16,8 +16,8 @@ import numpy as np
 
 from serve import distributions
 from serve.contract import PolicyContract, TensorRole
+from serve.dataplane.runtime import Session
 from serve.errors import InvalidInput, RLServeError
-from serve.runtime import Session
 from serve.spaces import Box, parse_observations
 from serve.types import Answer, OutputKind, Outputs, PredictOptions, Prepared
 

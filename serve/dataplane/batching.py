@@ -1,8 +1,8 @@
 """How a batch is formed: a pure function of the queue, the clock and the batching policy.
 
-The dynamic batcher (``serve.batcher``) asks :func:`plan` what to do with its queue each
-time something changes, and does it. Nothing here touches asyncio or onnxruntime, so the
-policy is tested with plain numbers.
+The dynamic batcher (``serve.dataplane.dynamic_batcher``) asks :func:`plan` what to do with
+its queue each time something changes, and does it. Nothing here touches asyncio or
+onnxruntime, so the policy is tested with plain numbers.
 
 The rules, in order:
 

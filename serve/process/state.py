@@ -1,4 +1,4 @@
-"""What the routes share: one object on ``app.state.rlserve``, built by ``serve.app``."""
+"""What the routes share: one object on ``app.state.rlserve``, built by ``serve.process.app``."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from serve.config import Settings
-from serve.lifecycle import Lifecycle
+from serve.control.manager import Registry
+from serve.control.updates import Updater
 from serve.metrics import Metrics
-from serve.registry import Registry
-from serve.updates import Updater
+from serve.process.phases import Lifecycle
 
 
 @dataclass

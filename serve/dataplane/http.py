@@ -1,8 +1,8 @@
 """The predict endpoints: the hot path, as plain Starlette routes.
 
 They skip FastAPI's dependency solving (a third of the per-request cost for policies this
-small); ``serve.openapi`` documents them. Errors are raised as RLServeError and rendered
-by ``serve.app``, like everywhere else.
+small); ``serve.process.openapi`` documents them. Errors are raised as RLServeError and rendered
+by ``serve.process.app``, like everywhere else.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from starlette import routing
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serve import state as server_state
-from serve.batcher import Stamped
+from serve.control.manager import Route
+from serve.dataplane.dynamic_batcher import Stamped
+from serve.dataplane.wire import deadline_ms, json_response, read_json_object
 from serve.errors import DeadlineExceeded, NotFound, RLServeError
-from serve.registry import Route
-from serve.state import ServerState
-from serve.wire import deadline_ms, json_response, read_json_object
+from serve.process import state as server_state
+from serve.process.state import ServerState
 
 
 async def predict_default(request: Request) -> Response:

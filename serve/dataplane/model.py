@@ -3,7 +3,7 @@
 The routes and the batcher only use :class:`ServedModel`. ``execute`` runs on the batch
 thread and should spend its time outside the GIL (onnxruntime releases it); everything
 else runs on the event loop, so the two threads rarely wait for each other. Actor-critic policies
-(``serve.actor_critic``) are the first kind; language-model policies will be another,
+(``serve.policies.actor_critic``) are the first kind; language-model policies will be another,
 with their own ``prepare`` (tokenise) and ``run`` (generate or score).
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from serve.contract import PolicyContract
+from serve.dataplane.runtime import ProviderReport
 from serve.errors import RLServeError
-from serve.runtime import ProviderReport
 from serve.types import Answer, Outputs, Prepared
 
 

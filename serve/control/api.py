@@ -1,6 +1,6 @@
-"""The model and operations endpoints (predict lives in ``serve.predict``, the hot path).
+"""The model and operations endpoints (predict lives in ``serve.dataplane.http``, the hot path).
 
-Errors are raised as RLServeError and rendered by ``serve.app``.
+Errors are raised as RLServeError and rendered by ``serve.process.app``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serve import state as server_state
-from serve.wire import json_response
+from serve.dataplane.wire import json_response
+from serve.process import state as server_state
 
 router = APIRouter()
 

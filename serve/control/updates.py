@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from serve import repository
 from serve.config import Settings
+from serve.control import repository
+from serve.control.manager import ModelEntry, Registry
+from serve.dataplane.model import ServedModel
 from serve.errors import Conflict, InvalidInput, ModelLoadError, NotFound, RLServeError
 from serve.metrics import Metrics
-from serve.model import ServedModel
-from serve.registry import ModelEntry, Registry
 
 log = logging.getLogger("rlserve.updates")
 

@@ -2,7 +2,7 @@
 
 All of them need ``Authorization: Bearer <admin_token>`` (401 without it, 403 with a wrong
 one) and are disabled (403) while no ``admin_token`` is configured. The semantics live in
-``serve.updates``.
+``serve.control.updates``.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serve import state as server_state
+from serve.control.updates import ActivationMode, Canary, Push
+from serve.dataplane.wire import json_response, read_body, read_json_object
 from serve.errors import Forbidden, InvalidInput, Unauthorized
-from serve.state import ServerState
-from serve.updates import ActivationMode, Canary, Push
-from serve.wire import json_response, read_body, read_json_object
+from serve.process import state as server_state
+from serve.process.state import ServerState
 
 
 def require_admin(request: Request) -> None:

@@ -1,7 +1,7 @@
 """uvicorn, taught to drain: SIGTERM first takes the replica out of rotation, then stops.
 
-See ``serve.lifecycle`` for the whole shutdown order. Used by ``rlserve serve`` directly and
-by the gunicorn worker (``serve.worker``).
+See ``serve.process.phases`` for the whole shutdown order. Used by ``rlserve serve`` directly and
+by the gunicorn worker (``serve.process.worker``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from types import FrameType
 
 import uvicorn
 
-from serve.state import ServerState
+from serve.process.state import ServerState
 
 # After the listeners close, connections accepted a moment before get this long to deliver
 # their request (it is then served) before the connections still idle are closed.

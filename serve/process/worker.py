@@ -13,9 +13,9 @@ from typing import Any
 from gunicorn.arbiter import Arbiter
 from uvicorn_worker import UvicornWorker
 
-from serve import logs
-from serve.server import DrainingServer
-from serve.state import ServerState
+from serve.process import logs
+from serve.process.server import DrainingServer
+from serve.process.state import ServerState
 
 
 class RLServeWorker(UvicornWorker):

@@ -1,4 +1,4 @@
-"""The ASGI application: ``create_app()`` builds it (gunicorn: ``serve.app:create_app()``).
+"""The ASGI application: ``create_app()`` builds it (gunicorn: ``serve.process.app:create_app()``).
 
 Settings are read when the app is created, never at import. Errors of every kind become
 ``{"error": {"code": ..., "message": ...}}`` here, and only here.
@@ -17,16 +17,20 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serve import __version__, admin, config, openapi, predict, routes
-from serve.access import AccessMiddleware
+from serve import __version__, config
+from serve.control import admin
+from serve.control import api as routes
+from serve.control.manager import Registry
+from serve.control.updates import Updater
+from serve.control.watcher import RepositoryWatcher
+from serve.dataplane import http as predict
+from serve.dataplane.wire import error_response, json_response
 from serve.errors import MalformedRequest, RLServeError
-from serve.lifecycle import Lifecycle
 from serve.metrics import Metrics
-from serve.registry import Registry
-from serve.state import ServerState
-from serve.updates import Updater
-from serve.watcher import RepositoryWatcher
-from serve.wire import error_response, json_response
+from serve.process import openapi
+from serve.process.access import AccessMiddleware
+from serve.process.phases import Lifecycle
+from serve.process.state import ServerState
 
 log = logging.getLogger("rlserve.app")
 

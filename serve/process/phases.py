@@ -3,17 +3,17 @@
 Phases: STARTING (listening; /health 200, /ready 503 while models load, verify and warm
 up) -> READY -> DRAINING -> STOPPING.
 
-A gunicorn worker (``serve.worker``) listens only once its models are loaded
+A gunicorn worker (``serve.process.worker``) listens only once its models are loaded
 (``listen_after_load``): its siblings accept from the same socket meanwhile, so a worker
 that gunicorn starts or replaces never takes a connection it could only answer with 503.
 
-Shutdown order, on SIGTERM (``serve.server.DrainingServer``):
+Shutdown order, on SIGTERM (``serve.process.server.DrainingServer``):
 
 1. DRAINING at once: /ready answers 503 so the load balancer takes this replica out of
    rotation; every request is still served, answers carry ``Connection: close``.
 2. After ``drain_delay_s`` (time for endpoints to propagate): STOPPING. The server stops
    accepting connections, gives requests already on the wire ``ACCEPTED_GRACE_S`` to be
-   read (``serve.server``), then closes idle keep-alive connections; a request that still
+   read (``serve.process.server``), then closes idle keep-alive connections; a request that still
    arrives on an open connection is served like any other.
 3. In-flight requests finish: their work is queued or running in a batcher and completes
    within its deadline (uvicorn waits up to ``graceful_timeout_s``).

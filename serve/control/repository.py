@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serve import contract
-from serve.actor_critic import ActorCriticPolicy
-from serve.batching import buckets_for
 from serve.config import ConfigError, ModelSettings, Settings, VersionPolicy
+from serve.dataplane.batching import buckets_for
+from serve.dataplane.model import ServedModel
+from serve.dataplane.runtime import create_session
 from serve.errors import ModelLoadError
-from serve.model import ServedModel
-from serve.runtime import create_session
+from serve.policies.actor_critic import ActorCriticPolicy
 
 log = logging.getLogger("rlserve.repository")
 
