@@ -14,6 +14,8 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+_DTYPES = {"tensor(float)": np.float32, "tensor(uint8)": np.uint8, "tensor(int64)": np.int64}
+
 
 def create_app() -> FastAPI:
     options = ort.SessionOptions()
@@ -21,13 +23,14 @@ def create_app() -> FastAPI:
     session = ort.InferenceSession(
         os.environ["BASELINE_MODEL"], options, providers=["CPUExecutionProvider"]
     )
-    input_name = session.get_inputs()[0].name
+    first = session.get_inputs()[0]
+    input_name, dtype = first.name, _DTYPES[first.type]
     app = FastAPI()
 
     @app.post("/predict")
     async def predict(request: Request) -> Response:
         body = orjson.loads(await request.body())
-        obs = np.asarray(body["observations"], dtype=np.float32)
+        obs = np.asarray(body["observations"], dtype=dtype)
         (action,) = session.run(["action"], {input_name: obs[np.newaxis]})
         return Response(
             orjson.dumps({"actions": action[0].tolist()}), media_type="application/json"

@@ -29,15 +29,10 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from serve.errors import RLServeError
+from serve.errors import ConfigError
 
 ENV_PREFIX = "RLSERVE_"
 PositiveInt = Annotated[int, Field(gt=0)]
-
-
-class ConfigError(RLServeError):
-    status = 500
-    code = "config_invalid"
 
 
 class VersionPolicy(BaseModel):
@@ -59,9 +54,14 @@ class ModelSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     max_batch_size: PositiveInt = Field(32, description="rows in one batch, at most")
-    max_wait_ms: float = Field(2.0, ge=0, description="wait after the first queued row")
+    max_wait_ms: float = Field(
+        0.0, ge=0, description="wait this long for a fuller batch (0: run as soon as idle)"
+    )
     max_queue_rows: PositiveInt = Field(1024, description="queued rows before 429")
     default_deadline_ms: float = Field(1000.0, gt=0, description="per-request deadline")
+    inline_max_ms: float = Field(
+        0.5, ge=0, description="run batches on the event loop while they average less"
+    )
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
 
 
@@ -81,9 +81,10 @@ class Settings(BaseSettings):
 
     # Batching and deadlines (defaults for every model; see ModelSettings).
     max_batch_size: PositiveInt = 32
-    max_wait_ms: float = Field(2.0, ge=0)
+    max_wait_ms: float = Field(0.0, ge=0)
     max_queue_rows: PositiveInt = 1024
     default_deadline_ms: float = Field(1000.0, gt=0)
+    inline_max_ms: float = Field(0.5, ge=0)
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
     max_body_bytes: PositiveInt = Field(4 * 1024 * 1024, description="larger bodies get 413")
 
@@ -108,7 +109,7 @@ class Settings(BaseSettings):
     inter_op_threads: int = Field(1, ge=0)
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
 
-    # Lifecycle: see serve/lifecycle.py for the shutdown order.
+    # Shutdown: see serve/process/phases.py for the order.
     drain_delay_s: float = Field(5.0, ge=0, description="keep answering after SIGTERM, /ready 503")
     graceful_timeout_s: float = Field(30.0, gt=0, description="longest wait for in-flight work")
     stuck_batch_s: float = Field(30.0, gt=0, description="/health fails when a batch runs longer")
@@ -116,6 +117,14 @@ class Settings(BaseSettings):
     # Logging.
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = True
+
+    # HTTP.
+    proxy_headers: bool = Field(
+        False,
+        description="trust X-Forwarded-For/-Proto from the addresses in gunicorn's "
+        "forwarded_allow_ips (127.0.0.1 for `rlserve serve`): the access log then shows the "
+        "client behind the proxy",
+    )
 
     @classmethod
     def settings_customise_sources(

@@ -5,6 +5,11 @@ the deterministic action. Sampling and log-probabilities happen here, on those p
 so that a seed reproduces the same actions anywhere and ``log_prob`` of a given action
 matches the source policy's ``evaluate_actions`` (tests hold it to 1e-5).
 
+Every method works on all rows at once. Sampling is split in two so that a batch can mix
+randomness sources: ``draw(rng, rows)`` takes the random numbers that ``sample_with`` turns
+into actions, and ``sample(rng)`` is the two together. A request's own seed therefore
+gives the same actions whatever other rows share its batch.
+
 Computation is in float64 and results are returned as float32, the policies' precision.
 """
 
@@ -28,8 +33,11 @@ class DistributionKind(StrEnum):
 
 class Distribution(Protocol):
     def mode(self) -> np.ndarray: ...
+    def draw(self, rng: np.random.Generator, rows: int) -> np.ndarray: ...
+    def sample_with(self, noise: np.ndarray) -> np.ndarray: ...
     def sample(self, rng: np.random.Generator) -> np.ndarray: ...
     def log_prob(self, actions: np.ndarray) -> np.ndarray: ...
+    def take(self, rows: np.ndarray) -> Distribution: ...
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -38,10 +46,10 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
-def _sample_index(log_p: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Inverse-CDF sampling, one uniform draw per row: the same seed gives the same actions."""
+def _sample_index(log_p: np.ndarray, uniform: np.ndarray) -> np.ndarray:
+    """Inverse-CDF sampling, one uniform number per row ([rows, 1])."""
     cdf = np.cumsum(np.exp(log_p), axis=-1)
-    u = rng.random((len(log_p), 1)) * cdf[:, -1:]
+    u = uniform * cdf[:, -1:]
     return np.minimum((cdf <= u).sum(axis=-1), log_p.shape[-1] - 1).astype(np.int64)
 
 
@@ -52,8 +60,17 @@ class Categorical:
     def mode(self) -> np.ndarray:
         return self.logits.argmax(axis=-1).astype(np.int64)
 
+    def draw(self, rng: np.random.Generator, rows: int) -> np.ndarray:
+        return rng.random((rows, 1))
+
+    def sample_with(self, noise: np.ndarray) -> np.ndarray:
+        return _sample_index(_log_softmax(self.logits), noise)
+
     def sample(self, rng: np.random.Generator) -> np.ndarray:
-        return _sample_index(_log_softmax(self.logits), rng)
+        return self.sample_with(self.draw(rng, len(self.logits)))
+
+    def take(self, rows: np.ndarray) -> Categorical:
+        return Categorical(self.logits[rows])
 
     def log_prob(self, actions: np.ndarray) -> np.ndarray:
         log_p = _log_softmax(self.logits)
@@ -73,8 +90,19 @@ class MultiCategorical:
     def mode(self) -> np.ndarray:
         return np.stack([c.mode() for c in self._parts()], axis=-1)
 
+    def draw(self, rng: np.random.Generator, rows: int) -> np.ndarray:
+        # One column per categorical, drawn part after part (as sampling them in turn would).
+        return rng.random((len(self.nvec), rows)).T
+
+    def sample_with(self, noise: np.ndarray) -> np.ndarray:
+        parts = self._parts()
+        return np.stack([c.sample_with(noise[:, i : i + 1]) for i, c in enumerate(parts)], -1)
+
     def sample(self, rng: np.random.Generator) -> np.ndarray:
-        return np.stack([c.sample(rng) for c in self._parts()], axis=-1)
+        return self.sample_with(self.draw(rng, len(self.logits)))
+
+    def take(self, rows: np.ndarray) -> MultiCategorical:
+        return MultiCategorical(self.logits[rows], self.nvec)
 
     def log_prob(self, actions: np.ndarray) -> np.ndarray:
         parts = self._parts()
@@ -90,9 +118,18 @@ class Bernoulli:
         # round(sigmoid(l)) with round-half-to-even: 1 exactly when l > 0.
         return (self.logits > 0).astype(np.int64)
 
-    def sample(self, rng: np.random.Generator) -> np.ndarray:
+    def draw(self, rng: np.random.Generator, rows: int) -> np.ndarray:
+        return rng.random((rows, self.logits.shape[-1]))
+
+    def sample_with(self, noise: np.ndarray) -> np.ndarray:
         p = 1.0 / (1.0 + np.exp(-self.logits.astype(np.float64)))
-        return (rng.random(p.shape) < p).astype(np.int64)
+        return (noise < p).astype(np.int64)
+
+    def sample(self, rng: np.random.Generator) -> np.ndarray:
+        return self.sample_with(self.draw(rng, len(self.logits)))
+
+    def take(self, rows: np.ndarray) -> Bernoulli:
+        return Bernoulli(self.logits[rows])
 
     def log_prob(self, actions: np.ndarray) -> np.ndarray:
         z = self.logits.astype(np.float64)
@@ -110,9 +147,17 @@ class DiagGaussian:
     def mode(self) -> np.ndarray:
         return self.mean.astype(np.float32)
 
-    def sample(self, rng: np.random.Generator) -> np.ndarray:
-        noise = rng.standard_normal(self.mean.shape)
+    def draw(self, rng: np.random.Generator, rows: int) -> np.ndarray:
+        return rng.standard_normal((rows, self.mean.shape[-1]))
+
+    def sample_with(self, noise: np.ndarray) -> np.ndarray:
         return (self.mean + np.exp(self.log_std.astype(np.float64)) * noise).astype(np.float32)
+
+    def sample(self, rng: np.random.Generator) -> np.ndarray:
+        return self.sample_with(self.draw(rng, len(self.mean)))
+
+    def take(self, rows: np.ndarray) -> DiagGaussian:
+        return DiagGaussian(self.mean[rows], self.log_std[rows])
 
     def log_prob(self, actions: np.ndarray) -> np.ndarray:
         mean, log_std = self.mean.astype(np.float64), self.log_std.astype(np.float64)

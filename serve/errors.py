@@ -1,109 +1,141 @@
 """The one error hierarchy of rlserve.
 
-Every error a user can cause is an :class:`RLServeError` subclass that carries its HTTP
-status and a stable machine-readable ``code``. The server turns them into
-``{"error": {"code": ..., "message": ...}}`` in exactly one place (``serve.process.app``); the CLI
-prints the message on one line and exits with status 2.
+Every error a user can cause is an :class:`RLServeError` subclass with a stable,
+protocol-neutral :class:`ErrorCode`. What a code becomes on the wire (an HTTP status, later
+a gRPC status) is decided in one place, ``serve.status``; the body is always
+``{"error": {"code": ..., "message": ...}}``. The CLI prints the message on one line and
+exits with status 2 (1 for a failed check).
 
 Messages name the field, the bad value and what would be valid.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import ClassVar
 
 
+class ErrorCode(StrEnum):
+    """What went wrong, whatever the protocol that carries the answer."""
+
+    MALFORMED_REQUEST = "malformed_request"  # the bytes do not parse (JSON, headers)
+    UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    CONFLICT = "conflict"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    INVALID_INPUT = "invalid_input"  # parsed, but does not fit the policy contract
+    QUEUE_FULL = "queue_full"
+    MODEL_LOAD_FAILED = "model_load_failed"
+    CONTRACT_INVALID = "contract_invalid"
+    UNAVAILABLE = "unavailable"  # not ready, loading, draining or stopped
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    EXPORT_FAILED = "export_failed"
+    CONFIG_INVALID = "config_invalid"
+    CHECK_FAILED = "check_failed"  # a release check (rollout verify) did not pass
+    KUBECTL_FAILED = "kubectl_failed"
+    INTERNAL = "internal_error"
+
+
 class RLServeError(Exception):
-    """Base class: an error with an HTTP status, a code and a message meant for a person."""
+    """Base class: an error with a code and a message meant for a person."""
 
-    status: ClassVar[int] = 500
-    code: ClassVar[str] = "internal_error"
+    code: ClassVar[ErrorCode] = ErrorCode.INTERNAL
 
-    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.headers = headers or {}
+        self.retry_after_s = retry_after_s  # when the same call may succeed if tried again
 
     def to_json(self) -> dict[str, dict[str, str]]:
-        return {"error": {"code": self.code, "message": self.message}}
+        return {"error": {"code": self.code.value, "message": self.message}}
 
 
 class MalformedRequest(RLServeError):
-    status = 400
-    code = "malformed_request"
+    code = ErrorCode.MALFORMED_REQUEST
 
 
 class Unauthorized(RLServeError):
-    status = 401
-    code = "unauthorized"
+    code = ErrorCode.UNAUTHORIZED
 
 
 class Forbidden(RLServeError):
-    status = 403
-    code = "forbidden"
+    code = ErrorCode.FORBIDDEN
 
 
 class NotFound(RLServeError):
-    status = 404
-    code = "not_found"
+    code = ErrorCode.NOT_FOUND
+
+
+class MethodNotAllowed(RLServeError):
+    code = ErrorCode.METHOD_NOT_ALLOWED
 
 
 class Conflict(RLServeError):
-    status = 409
-    code = "conflict"
+    code = ErrorCode.CONFLICT
 
 
 class PayloadTooLarge(RLServeError):
-    status = 413
-    code = "payload_too_large"
+    code = ErrorCode.PAYLOAD_TOO_LARGE
 
 
 class InvalidInput(RLServeError):
     """The request parsed, but its content does not fit the policy contract."""
 
-    status = 422
-    code = "invalid_input"
+    code = ErrorCode.INVALID_INPUT
 
 
 class QueueFull(RLServeError):
-    status = 429
-    code = "queue_full"
+    code = ErrorCode.QUEUE_FULL
 
     def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
-        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+        super().__init__(message, retry_after_s=retry_after_s)
 
 
 class ModelLoadError(RLServeError):
     """An artifact could not be loaded: missing, corrupt, or failing its contract checks."""
 
-    status = 422
-    code = "model_load_failed"
+    code = ErrorCode.MODEL_LOAD_FAILED
 
 
 class ContractError(ModelLoadError):
     """A model file has no policy contract, or one this version cannot read."""
 
-    code = "contract_invalid"
+    code = ErrorCode.CONTRACT_INVALID
 
 
 class ServiceUnavailable(RLServeError):
-    status = 503
-    code = "unavailable"
+    code = ErrorCode.UNAVAILABLE
 
     def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
-        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+        super().__init__(message, retry_after_s=retry_after_s)
 
 
 class DeadlineExceeded(RLServeError):
-    status = 504
-    code = "deadline_exceeded"
+    code = ErrorCode.DEADLINE_EXCEEDED
 
 
 class ExportError(RLServeError):
     """An export cannot proceed: a missing or corrupt checkpoint, an unsupported space."""
 
-    status = 422
-    code = "export_failed"
+    code = ErrorCode.EXPORT_FAILED
+
+
+class ConfigError(RLServeError):
+    """A setting, a config file or the model repository's layout is wrong."""
+
+    code = ErrorCode.CONFIG_INVALID
+
+
+class CheckFailed(RLServeError):
+    """A color is not fit to take traffic: nothing was switched (the CLI exits 1)."""
+
+    code = ErrorCode.CHECK_FAILED
+
+
+class KubectlError(RLServeError):
+    code = ErrorCode.KUBECTL_FAILED
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:

@@ -7,12 +7,21 @@ live in this process's registry.
 
 Names: ``rlserve_*`` for the server's own; ``rl_inference_latency_seconds`` is the name
 operators already query for model execution time per batch.
+
+The request path touches no metric per request: answered requests are counted from each
+executed batch's record (:class:`MetricsSink`, one update per batch and label set), load
+gauges are set by the schedulers when their queues change state, and only refused
+requests are counted one by one. Label values are bounded: a model label names a served
+model (``""`` for requests naming none that exists), a version label a loaded version.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -25,6 +34,7 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from serve.dataplane.record import BatchRecord
 from serve.gpu import gpu_collector
 
 # Seconds, with the resolution that matters for millisecond-scale policies.
@@ -41,18 +51,18 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         disable_created_metrics()  # *_created series only double what scrapers store
         self.registry = registry or CollectorRegistry()
-        self._request_children: dict[tuple[str, int | None, int], Counter] = {}
         r = self.registry
         mv = ("model", "version")
         self.requests = Counter(
             "rlserve_requests", "Requests answered, by status", [*mv, "status"], registry=r
         )
         self.request_latency = Histogram(
-            "rlserve_request_latency_seconds", "End-to-end request latency in the server",
+            "rlserve_request_latency_seconds",
+            "Request latency in the server, from its arrival to its answer",
             ["model"], buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.inference_latency = Histogram(
-            "rl_inference_latency_seconds", "onnxruntime run time per batch",
+            "rl_inference_latency_seconds", "Model run time per batch (graph and policy heads)",
             mv, buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.queue_wait = Histogram(
@@ -76,7 +86,7 @@ class Metrics:
             multiprocess_mode="livesum", registry=r,
         )  # fmt: skip
         self.inflight = Gauge(
-            "rlserve_inflight_requests", "Requests being handled",
+            "rlserve_inflight_requests", "Requests admitted to a queue and not yet answered",
             multiprocess_mode="livesum", registry=r,
         )  # fmt: skip
         self.rejections = Counter(
@@ -102,17 +112,42 @@ class Metrics:
         self.updates = Counter(
             "rlserve_weight_updates", "Version updates by result", ["model", "result"], registry=r
         )
+        self.sink = MetricsSink(self)
+        self._children: dict[tuple[Any, ...], Any] = {}
+        self._load: dict[str, tuple[int, int, int]] = {}  # model -> queued, pending, requests
 
-    def count(self, model: str, version: int | None, status: int) -> None:
-        """Count an answered request (label children cached: this runs per request)."""
-        key = (model, version, status)
-        child = self._request_children.get(key)
-        if child is None:
-            child = self.requests.labels(
-                model, "" if version is None else str(version), str(status)
-            )
-            self._request_children[key] = child
-        child.inc()
+    def child(self, metric: Any, *labels: str) -> Any:
+        """A metric's label child, looked up once."""
+        key = (metric, *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
+    def refused(self, model: str, version: int | None, status: int, reason: str, s: float) -> None:
+        """Count a request answered with an error (one at a time: the rare path)."""
+        label = "" if version is None else str(version)
+        self.child(self.requests, model, label, str(status)).inc()
+        self.child(self.rejections, model, reason).inc()
+        self.child(self.request_latency, model).observe(s)
+
+    def update(self, model: str, queued_rows: int, pending_rows: int, requests: int) -> None:
+        """A scheduler's load changed (``serve.dataplane.scheduler.LoadGauges``)."""
+        previous = self._load.get(model)
+        now = (queued_rows, pending_rows, requests)
+        if previous == now:
+            return
+        self._load[model] = now
+        if previous is None or previous[0] != queued_rows:
+            self.child(self.queue_rows, model).set(queued_rows)
+        self.pending_rows.set(sum(p for _, p, _ in self._load.values()))
+        self.inflight.set(sum(n for _, _, n in self._load.values()))
+
+    def version_loaded(self, model: str, version: int, provider: str, sha256: str) -> None:
+        self.model_info.labels(model, str(version), provider, sha256).set(1)
+
+    def version_unloaded(self, model: str, version: int, provider: str, sha256: str) -> None:
+        self.model_info.remove(model, str(version), provider, sha256)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text of this process, or of every worker in multiprocess mode."""
@@ -127,21 +162,64 @@ class Metrics:
         return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
-@dataclass(frozen=True)
-class VersionMetrics:
-    """The label children of one model version, looked up once instead of per batch."""
+class MetricsSink:
+    """Counts what one executed batch answered: a record sink (``serve.dataplane.record``)."""
 
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self._versions: dict[tuple[str, int], _VersionChildren] = {}
+
+    def accept(self, record: BatchRecord) -> None:
+        key = (record.model, record.version)
+        children = self._versions.get(key)
+        if children is None:
+            children = self._versions[key] = _VersionChildren.of(self._metrics, *key)
+        n = len(record.request_ids)
+        children.answered.inc(n)
+        observe_all(children.request_latency, [record.finished_at - t for t in record.received_at])
+        observe_all(children.queue_wait, [record.started_at - t for t in record.enqueued_at])
+        children.inference_latency.observe(record.run_s)
+        children.batch_rows.observe(record.rows)
+        children.batch_fill.observe(record.rows / record.max_rows)
+
+
+@dataclass(frozen=True)
+class _VersionChildren:
+    """The label children one model version's batches update."""
+
+    answered: Counter
+    request_latency: Histogram
     inference_latency: Histogram
     queue_wait: Histogram
     batch_rows: Histogram
     batch_fill: Histogram
 
     @classmethod
-    def of(cls, metrics: Metrics, model: str, version: int) -> VersionMetrics:
+    def of(cls, metrics: Metrics, model: str, version: int) -> _VersionChildren:
         labels = (model, str(version))
         return cls(
-            metrics.inference_latency.labels(*labels),
-            metrics.queue_wait.labels(*labels),
-            metrics.batch_rows.labels(*labels),
-            metrics.batch_fill.labels(*labels),
+            metrics.child(metrics.requests, *labels, "200"),
+            metrics.child(metrics.request_latency, model),
+            metrics.child(metrics.inference_latency, *labels),
+            metrics.child(metrics.queue_wait, *labels),
+            metrics.child(metrics.batch_rows, *labels),
+            metrics.child(metrics.batch_fill, *labels),
         )
+
+
+def observe_all(child: Any, values: Sequence[float]) -> None:
+    """``child.observe(v)`` for every value, as one update per bucket that gained any.
+
+    Uses the histogram child's bucket values (``_upper_bounds``, ``_buckets``, ``_sum``),
+    stable across prometheus_client releases for years; ``tests/serve/test_metrics.py``
+    proves the result equal to observing one by one, so a release that changes them fails
+    the tests rather than the counts.
+    """
+    bounds = child._upper_bounds
+    counts = [0] * len(bounds)
+    for value in values:
+        counts[bisect.bisect_left(bounds, value)] += 1
+    for bucket, count in zip(child._buckets, counts, strict=True):
+        if count:
+            bucket.inc(count)
+    child._sum.inc(sum(values))

@@ -1,4 +1,4 @@
-"""Small types shared across the server's modules."""
+"""Small types shared across rlserve's layers."""
 
 from __future__ import annotations
 
@@ -18,29 +18,14 @@ class OutputKind(StrEnum):
     DISTRIBUTION = "distribution"
 
 
-class ModelState(StrEnum):
-    LOADING = "loading"
-    READY = "ready"
-    FAILED = "failed"
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PredictOptions:
+    """How a request wants its rows answered (the request's parameters, validated)."""
+
     deterministic: bool = True
     seed: int | None = None
     outputs: frozenset[OutputKind] = frozenset({OutputKind.ACTIONS})
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """A validated request, ready to join a batch: its rows and how to answer it."""
-
-    feeds: dict[str, np.ndarray]  # graph input name -> [rows, ...]
-    rows: int
-    single: bool  # one observation, not a list: answer without the batch axis
-    options: PredictOptions
-    evaluate: np.ndarray | None = None  # given actions to score instead of choosing them
-
-
-Answer = dict[str, Any]  # the JSON-ready result of one request
-Outputs = dict[str, np.ndarray]  # a graph's outputs by tensor name, for every row of a batch
+Outputs = dict[str, np.ndarray]  # tensors by name, every row of a batch
+Answer = dict[str, Any]  # one request's outputs by name (arrays, or a dict of arrays)

@@ -19,13 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from serve.bluegreen.names import Names
-from serve.errors import RLServeError
-
-
-class KubectlError(RLServeError):
-    status = 502
-    code = "kubectl_failed"
-
+from serve.errors import KubectlError, RLServeError
 
 # A number read from the cluster: an int, or in a dry run the shell variable standing for it.
 Count = int | str

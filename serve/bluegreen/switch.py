@@ -30,14 +30,7 @@ from serve.bluegreen.names import (
     VERSION_POLICY_ENV,
     annotation,
 )
-from serve.errors import Conflict, RLServeError
-
-
-class CheckFailed(RLServeError):
-    """A color is not fit to take traffic: nothing was switched (the CLI exits 1)."""
-
-    status = 409
-    code = "check_failed"
+from serve.errors import CheckFailed, Conflict, RLServeError
 
 
 class Color(StrEnum):

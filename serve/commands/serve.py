@@ -99,6 +99,8 @@ def run(namespace: argparse.Namespace) -> int:
         lifespan="on",
         log_config=None,
         access_log=False,
+        proxy_headers=settings.proxy_headers,
+        server_header=False,
         timeout_graceful_shutdown=int(settings.graceful_timeout_s),
     )
     logging.getLogger("rlserve").info(
@@ -107,5 +109,5 @@ def run(namespace: argparse.Namespace) -> int:
         settings.host,
         settings.port,
     )
-    DrainingServer(uv_config, app.state.rlserve).run()
+    DrainingServer(uv_config, app.state).run()
     return 0

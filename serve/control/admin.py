@@ -15,74 +15,74 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serve.control.updates import ActivationMode, Canary, Push
+from serve.config import Settings
+from serve.control.updates import ActivationMode, Canary, Push, Updater
 from serve.dataplane.wire import json_response, read_body, read_json_object
 from serve.errors import Forbidden, InvalidInput, Unauthorized
-from serve.process import state as server_state
-from serve.process.state import ServerState
 
 
-def require_admin(request: Request) -> None:
-    token = server_state.of(request).settings.admin_token
-    if token is None:
-        raise Forbidden(
-            "admin endpoints are disabled: set admin_token (RLSERVE_ADMIN_TOKEN) to enable them"
+class AdminEndpoints:
+    def __init__(self, updater: Updater, settings: Settings) -> None:
+        self.updater = updater
+        self.settings = settings
+
+    def router(self) -> APIRouter:
+        router = APIRouter(tags=["updates"], dependencies=[Depends(self.require_admin)])
+        version = "/v1/models/{model}/versions/{version}"
+        router.add_api_route(version, self.push_version, methods=["PUT"])
+        router.add_api_route(f"{version}/activate", self.activate_version, methods=["POST"])
+        router.add_api_route("/v1/models/{model}/rollback", self.rollback, methods=["POST"])
+        router.add_api_route("/v1/models/{model}/hold", self.hold, methods=["POST"])
+        router.add_api_route("/v1/models/{model}/resume", self.resume, methods=["POST"])
+        return router
+
+    def require_admin(self, request: Request) -> None:
+        token = self.settings.admin_token
+        if token is None:
+            raise Forbidden(
+                "admin endpoints are disabled: set admin_token (RLSERVE_ADMIN_TOKEN) to enable them"
+            )
+        given = request.headers.get("authorization", "")
+        if not given.lower().startswith("bearer "):
+            raise Unauthorized("missing bearer token: send Authorization: Bearer <admin_token>")
+        if not hmac.compare_digest(given[7:].strip().encode(), token.get_secret_value().encode()):
+            raise Forbidden("the bearer token does not match admin_token")
+
+    async def push_version(self, request: Request, model: str, version: int) -> Response:
+        """Push a new version: ONNX bytes (application/octet-stream, sha256 in X-Model-SHA256,
+        options as query parameters), or JSON naming a file in the model repository."""
+        push = await _push_from(request, self.settings, model, version)
+        report = await self.updater.push(push)
+        return json_response(report.to_json())
+
+    async def activate_version(self, request: Request, model: str, version: int) -> Response:
+        """Activate a resident version (query: mode, rollback)."""
+        query = request.query_params
+        report = await self.updater.activate(
+            model, version, _mode(query.get("mode")), _flag(query, "rollback")
         )
-    given = request.headers.get("authorization", "")
-    if not given.lower().startswith("bearer "):
-        raise Unauthorized("missing bearer token: send Authorization: Bearer <admin_token>")
-    if not hmac.compare_digest(given[7:].strip().encode(), token.get_secret_value().encode()):
-        raise Forbidden("the bearer token does not match admin_token")
+        return json_response(report.to_json())
+
+    async def rollback(self, model: str) -> Response:
+        """Re-activate the previous resident version at once; pull mode does not undo it."""
+        report = await self.updater.rollback(model)
+        return json_response(report.to_json())
+
+    async def hold(self, model: str) -> Response:
+        """Serve nothing from this model until resume; requests wait within their deadlines."""
+        self.updater.hold(model)
+        return json_response({"model": model, "held": True})
+
+    async def resume(self, model: str) -> Response:
+        """Serve the model again after a hold."""
+        self.updater.resume(model)
+        return json_response({"model": model, "held": False})
 
 
-router = APIRouter(tags=["updates"], dependencies=[Depends(require_admin)])
-
-
-@router.put("/v1/models/{model}/versions/{version}")
-async def push_version(request: Request, model: str, version: int) -> Response:
-    """Push a new version: ONNX bytes (application/octet-stream, sha256 in X-Model-SHA256,
-    options as query parameters), or JSON naming a file in the model repository."""
-    state = server_state.of(request)
-    push = await _push_from(request, state, model, version)
-    report = await state.updater.push(push)
-    return json_response(report.to_json())
-
-
-@router.post("/v1/models/{model}/versions/{version}/activate")
-async def activate_version(request: Request, model: str, version: int) -> Response:
-    """Activate a resident version (query: mode, rollback)."""
-    query = request.query_params
-    updater = server_state.of(request).updater
-    report = await updater.activate(
-        model, version, _mode(query.get("mode")), _flag(query, "rollback")
-    )
-    return json_response(report.to_json())
-
-
-@router.post("/v1/models/{model}/rollback")
-async def rollback(request: Request, model: str) -> Response:
-    """Re-activate the previous resident version at once; pull mode does not undo it."""
-    report = await server_state.of(request).updater.rollback(model)
-    return json_response(report.to_json())
-
-
-@router.post("/v1/models/{model}/hold")
-async def hold(request: Request, model: str) -> Response:
-    """Serve nothing from this model until resume; requests wait within their deadlines."""
-    server_state.of(request).updater.hold(model)
-    return json_response({"model": model, "held": True})
-
-
-@router.post("/v1/models/{model}/resume")
-async def resume(request: Request, model: str) -> Response:
-    server_state.of(request).updater.resume(model)
-    return json_response({"model": model, "held": False})
-
-
-async def _push_from(request: Request, state: ServerState, model: str, version: int) -> Push:
-    limit = state.settings.max_model_bytes
+async def _push_from(request: Request, settings: Settings, model: str, version: int) -> Push:
+    limit = settings.max_model_bytes
     if request.headers.get("content-type", "").startswith("application/json"):
-        return _push_from_json(state, model, version, await read_json_object(request, limit))
+        return _push_from_json(settings, model, version, await read_json_object(request, limit))
     body = await read_body(request, limit)
     sha256 = request.headers.get("x-model-sha256")
     if not sha256:
@@ -119,19 +119,19 @@ class PushBody(BaseModel):
     canary: CanaryBody | None = None
 
 
-def _push_from_json(state: ServerState, model: str, version: int, raw: dict[str, Any]) -> Push:
+def _push_from_json(settings: Settings, model: str, version: int, raw: dict[str, Any]) -> Push:
     try:
         body = PushBody.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise InvalidInput(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
     canary = Canary(**body.canary.model_dump()) if body.canary else None
-    data = _read_in_repository(state, body.path)
+    data = _read_in_repository(settings, body.path)
     return Push(model, version, data, body.sha256, body.activate, body.mode, body.rollback, canary)
 
 
-def _read_in_repository(state: ServerState, relative: str) -> bytes:
-    root = state.settings.model_repository.resolve()
+def _read_in_repository(settings: Settings, relative: str) -> bytes:
+    root = settings.model_repository.resolve()
     path = (root / relative).resolve()
     if not path.is_relative_to(root):
         raise InvalidInput(f"path: {relative!r} is outside the model repository")

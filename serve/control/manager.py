@@ -1,4 +1,4 @@
-"""The loaded models: which versions serve, their batchers, and what failed to load.
+"""The model repository manager: every model's lifecycle, loading, lookup and readiness.
 
 Loading happens off the event loop, one version at a time, while the server already
 answers /health (and /ready with 503). A version that fails to load is recorded with its
@@ -9,53 +9,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
-from serve.config import ModelSettings, Settings, load_model_overrides
+from serve.config import Settings, load_model_overrides
 from serve.control import repository
-from serve.control.versions import VersionTable
-from serve.dataplane.dynamic_batcher import Batcher
-from serve.dataplane.model import ServedModel
+from serve.control.lifecycle import ModelLifeCycle, ReadyState
+from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
+from serve.dataplane.record import RecordSink
+from serve.dataplane.routing import Route
+from serve.dataplane.scheduler import LoadGauges, Scheduler
 from serve.errors import NotFound, RLServeError, ServiceUnavailable
 from serve.metrics import Metrics
-from serve.types import ModelState
 
-log = logging.getLogger("rlserve.registry")
-
-
-@dataclass
-class ModelEntry:
-    name: str
-    settings: ModelSettings
-    batcher: Batcher
-    versions: VersionTable
-    wanted: list[int]  # versions the version policy selected at start-up
-    failures: dict[int, str] = field(default_factory=dict)
-
-    @property
-    def state(self) -> ModelState:
-        if self.versions.active is not None:
-            return ModelState.READY
-        pending = set(self.wanted) - set(self.failures)
-        return ModelState.LOADING if pending else ModelState.FAILED
+log = logging.getLogger("rlserve.manager")
 
 
-@dataclass(frozen=True)
-class Route:
-    """Where a request goes: the model's batcher, the version that validates it, and the
-    version it is pinned to (None: whichever is active when its batch forms)."""
-
-    entry: ModelEntry
-    model: ServedModel
-    pinned: int | None
-
-
-class Registry:
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+class ModelRepositoryManager:
+    def __init__(self, settings: Settings, metrics: Metrics, sinks: Sequence[RecordSink]) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.models: dict[str, ModelEntry] = {}
+        self.sinks = tuple(sinks)
+        self.models: dict[str, ModelLifeCycle] = {}
         self.loading_done = False
         self.fatal: str | None = None  # why the repository itself could not be loaded
 
@@ -65,21 +40,21 @@ class Registry:
         """Discover the repository, load every selected version, activate the newest."""
         found = await asyncio.to_thread(repository.discover, self.settings.model_repository)
         plans = {name: self._plan(name, versions) for name, versions in found.items()}
-        for entry, _ in plans.values():
-            self.models[entry.name] = entry
-            entry.batcher.start()
-        for entry, selected in plans.values():
+        for lifecycle, _ in plans.values():
+            self.models[lifecycle.name] = lifecycle
+            lifecycle.scheduler.start()
+        for lifecycle, selected in plans.values():
             for where in selected:
-                await self._load(entry, where)
-            loaded = [m.version for m in entry.versions.resident()]
+                await self._load(lifecycle, where)
+            loaded = [m.version for m in lifecycle.resident()]
             if loaded:
-                entry.versions.activate(max(loaded))
-                self.metrics.policy_version.labels(entry.name).set(max(loaded))
+                lifecycle.activate(max(loaded))
+                self.metrics.policy_version.labels(lifecycle.name).set(max(loaded))
         self.loading_done = True
 
     def _plan(
         self, name: str, versions: list[repository.VersionDir]
-    ) -> tuple[ModelEntry, list[repository.VersionDir]]:
+    ) -> tuple[ModelLifeCycle, list[repository.VersionDir]]:
         overrides = load_model_overrides(self.settings.model_repository / name / "config.yaml")
         settings = self.settings.for_model(overrides)
         selected = repository.select(versions, settings.version_policy)
@@ -87,23 +62,29 @@ class Registry:
             log.error(
                 "model %s: no version matches its version policy %s", name, settings.version_policy
             )
-        table = VersionTable()
-        batcher = Batcher(name, table, settings, self.metrics)
-        return ModelEntry(name, settings, batcher, table, [v.version for v in selected]), selected
+        sinks = (self.metrics.sink, *self.sinks)
+        gauges: LoadGauges = self.metrics
 
-    async def _load(self, entry: ModelEntry, where: repository.VersionDir) -> None:
+        def scheduler(versions: ModelLifeCycle) -> Scheduler:
+            return DynamicBatchScheduler(name, versions, settings, sinks, gauges)
+
+        lifecycle = ModelLifeCycle(name, settings, [v.version for v in selected], scheduler)
+        return lifecycle, selected
+
+    async def _load(self, lifecycle: ModelLifeCycle, where: repository.VersionDir) -> None:
+        lifecycle.loading(where.version)
         try:
             model = await asyncio.to_thread(
-                repository.load_version, where, self.settings, entry.settings
+                repository.load_version, where, self.settings, lifecycle.settings
             )
         except RLServeError as exc:
-            log.error("model %s version %d not loaded: %s", entry.name, where.version, exc.message)
-            entry.failures[where.version] = exc.message
+            log.error(
+                "model %s version %d not loaded: %s", lifecycle.name, where.version, exc.message
+            )
+            lifecycle.failed(where.version, exc.message)
             return
-        entry.versions.add(model)
-        self.metrics.model_info.labels(
-            model.name, str(model.version), model.provider, model.sha256
-        ).set(1)
+        lifecycle.loaded(model)
+        self.metrics.version_loaded(model.name, model.version, model.provider, model.sha256)
 
     # ------------------------------------------------------------------ lookup
 
@@ -119,24 +100,38 @@ class Registry:
             "set default_model, or use POST /v1/models/{model}/predict"
         )
 
+    def known(self, model: str) -> bool:
+        return model in self.models
+
     def resolve(self, model: str | None, version: int | None) -> Route:
         name = model if model is not None else self.default_model()
-        entry = self.models.get(name)
-        if entry is None:
+        lifecycle = self.models.get(name)
+        if lifecycle is None:
             hint = "still discovering the repository" if not self.loading_done else "unknown model"
             raise NotFound(f"model {name!r}: {hint}; loaded models: {sorted(self.models)}")
-        chosen = entry.versions.get(version) if version is not None else entry.versions.active_model
+        chosen = lifecycle.get(version) if version is not None else lifecycle.active_model
         if chosen is not None:
-            return Route(entry, chosen, version)
-        if entry.state is ModelState.LOADING or (
-            version in entry.wanted and version not in entry.failures
-        ):
+            return Route(
+                name,
+                lifecycle.scheduler,
+                chosen,
+                version,
+                lifecycle.settings.default_deadline_ms,
+            )
+        state = lifecycle.state if version is None else lifecycle.version_state(version)
+        if state is ReadyState.LOADING:
             raise ServiceUnavailable(f"model {name!r} is still loading; retry shortly")
-        resident = [m.version for m in entry.versions.resident()]
+        resident = [m.version for m in lifecycle.resident()]
         raise NotFound(
             f"model {name!r} has no version {version} loaded; loaded versions: {resident}"
-            + (f"; failed: {entry.failures}" if entry.failures else "")
+            + (f"; failed: {lifecycle.failures}" if lifecycle.failures else "")
         )
+
+    def lifecycle(self, name: str) -> ModelLifeCycle:
+        lifecycle = self.models.get(name)
+        if lifecycle is None:
+            raise NotFound(f"model {name!r} is not served; models: {sorted(self.models)}")
+        return lifecycle
 
     # ------------------------------------------------------------------ readiness
 
@@ -148,7 +143,7 @@ class Registry:
         reasons = [
             f"model {m.name!r} has no loaded version: {m.failures}"
             for m in self.models.values()
-            if not m.versions
+            if m.active is None
         ]
         if not self.models:
             reasons.append(f"no models found in {self.settings.model_repository}")
@@ -156,36 +151,19 @@ class Registry:
             reasons += [
                 f"model {m.name!r} version {m.version} is not running on requested "
                 f"{list(m.provider_report.missing)} (set allow_cpu_fallback: true to accept)"
-                for entry in self.models.values()
-                for m in entry.versions.resident()
+                for lifecycle in self.models.values()
+                for m in lifecycle.resident()
                 if m.provider_report.missing
             ]
         return reasons
 
     def describe(self, name: str) -> dict[str, Any]:
-        entry = self.models.get(name)
-        if entry is None:
+        lifecycle = self.models.get(name)
+        if lifecycle is None:
             raise NotFound(
                 f"model {name!r} is not in the repository; models: {sorted(self.models)}"
             )
-        s = entry.settings
-        return {
-            "name": name,
-            "state": entry.state.value,
-            "active_version": entry.versions.active,
-            "held": entry.batcher.held,
-            "versions": [{**m.describe(), "state": "ready"} for m in entry.versions.resident()],
-            "failed_versions": [
-                {"version": k, "state": "failed", "reason": r} for k, r in entry.failures.items()
-            ],
-            "batching": {
-                "max_batch_size": s.max_batch_size,
-                "max_wait_ms": s.max_wait_ms,
-                "max_queue_rows": s.max_queue_rows,
-                "default_deadline_ms": s.default_deadline_ms,
-            },
-            "version_policy": s.version_policy.model_dump(exclude_none=True),
-        }
+        return lifecycle.describe()
 
     async def stop(self) -> None:
-        await asyncio.gather(*(entry.batcher.stop() for entry in self.models.values()))
+        await asyncio.gather(*(m.scheduler.stop() for m in self.models.values()))

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serve import contract
-from serve.config import ConfigError, ModelSettings, Settings, VersionPolicy
+from serve.config import ModelSettings, Settings, VersionPolicy
 from serve.dataplane.batching import buckets_for
 from serve.dataplane.model import ServedModel
 from serve.dataplane.runtime import create_session
-from serve.errors import ModelLoadError
+from serve.errors import ConfigError, ModelLoadError
 from serve.policies.actor_critic import ActorCriticPolicy
 
 log = logging.getLogger("rlserve.repository")
@@ -95,13 +95,13 @@ def load_bytes(
         hashlib.sha256(data).hexdigest(),
         model.max_batch_size,
     )
-    loaded.warm_up(buckets_for(model.max_batch_size))
+    timings = loaded.warm_up(buckets_for(model.max_batch_size))
     log.info(
-        "loaded %s on %s in %.2fs (golden vectors OK, %d batch sizes warmed)",
+        "loaded %s on %s in %.2fs (golden vectors OK; warmed batch sizes, ms: %s)",
         origin,
         loaded.provider,
         time.monotonic() - started,
-        len(buckets_for(model.max_batch_size)),
+        ", ".join(f"{size}: {s * 1000:.3g}" for size, s in timings.items()),
     )
     return loaded
 

@@ -29,9 +29,11 @@ import numpy as np
 
 from serve.config import Settings
 from serve.control import repository
-from serve.control.manager import ModelEntry, Registry
+from serve.control.lifecycle import ModelLifeCycle
+from serve.control.manager import ModelRepositoryManager
+from serve.dataplane.messages import InferenceRequest
 from serve.dataplane.model import ServedModel
-from serve.errors import Conflict, InvalidInput, ModelLoadError, NotFound, RLServeError
+from serve.errors import Conflict, InvalidInput, ModelLoadError, NotFound, RLServeError, one_line
 from serve.metrics import Metrics
 
 log = logging.getLogger("rlserve.updates")
@@ -88,8 +90,10 @@ class UpdateReport:
 
 
 class Updater:
-    def __init__(self, registry: Registry, settings: Settings, metrics: Metrics) -> None:
-        self.registry = registry
+    def __init__(
+        self, manager: ModelRepositoryManager, settings: Settings, metrics: Metrics
+    ) -> None:
+        self.manager = manager
         self.settings = settings
         self.metrics = metrics
         self._locks: dict[str, asyncio.Lock] = {}
@@ -108,10 +112,10 @@ class Updater:
         self.metrics.updates.labels(push.model, report.result.value).inc()
         return report
 
-    async def _push(self, entry: ModelEntry, push: Push) -> UpdateReport:
+    async def _push(self, entry: ModelLifeCycle, push: Push) -> UpdateReport:
         _check_checksum(push)
-        previous = entry.versions.active
-        resident = entry.versions.get(push.version)
+        previous = entry.active
+        resident = entry.get(push.version)
         if resident is not None:
             return _unchanged(entry, push, resident)
         self._check_order(entry, push.version, push.rollback)
@@ -127,10 +131,8 @@ class Updater:
         await asyncio.to_thread(_check_compatible, entry, model, push.canary)
         load_s = time.monotonic() - started
         self.metrics.update_load.labels(entry.name).observe(load_s)
-        entry.versions.add(model)
-        self.metrics.model_info.labels(
-            entry.name, str(model.version), model.provider, model.sha256
-        ).set(1)
+        entry.loaded(model)
+        self.metrics.version_loaded(entry.name, model.version, model.provider, model.sha256)
         if not push.activate:
             return UpdateReport(
                 entry.name,
@@ -160,13 +162,13 @@ class Updater:
     ) -> UpdateReport:
         entry = self._entry(name)
         async with self._lock(name):
-            model = entry.versions.get(version)
+            model = entry.get(version)
             if model is None:
-                resident = [m.version for m in entry.versions.resident()]
+                resident = [m.version for m in entry.resident()]
                 raise NotFound(
                     f"model {name!r} has no resident version {version}; resident: {resident}"
                 )
-            previous = entry.versions.active
+            previous = entry.active
             if version == previous:
                 return UpdateReport(
                     name, version, UpdateResult.UNCHANGED, previous, previous, model.sha256
@@ -181,12 +183,12 @@ class Updater:
         """Re-activate the previous resident version at once."""
         entry = self._entry(name)
         async with self._lock(name):
-            target = entry.versions.previous()
-            current = entry.versions.active
+            target = entry.previous()
+            current = entry.active
             if target is None or current is None:
                 raise Conflict(f"model {name!r}: no previous version is resident to roll back to")
             swap_s = self._activate(entry, target, ActivationMode.AT_BATCH_BOUNDARY)
-            model = entry.versions.get(target)
+            model = entry.get(target)
         self.metrics.updates.labels(name, UpdateResult.ROLLED_BACK.value).inc()
         sha = model.sha256 if model else ""
         return UpdateReport(
@@ -194,27 +196,25 @@ class Updater:
         )
 
     def hold(self, name: str) -> None:
-        self._entry(name).batcher.hold()
+        self._entry(name).scheduler.hold()
         log.info("model %s held: requests queue until resume or their deadline", name)
 
     def resume(self, name: str) -> None:
-        self._entry(name).batcher.resume()
+        self._entry(name).scheduler.resume()
         log.info("model %s resumed", name)
 
     # ------------------------------------------------------------------ steps
 
-    def _activate(self, entry: ModelEntry, version: int, mode: ActivationMode) -> float:
+    def _activate(self, entry: ModelLifeCycle, version: int, mode: ActivationMode) -> float:
         started = time.perf_counter()
-        previous = entry.versions.active
+        previous = entry.active
         if mode is ActivationMode.DRAIN and previous is not None:
-            entry.batcher.pin_queued(previous)
-        entry.versions.activate(version)
+            entry.scheduler.pin_queued(previous)
+        entry.activate(version)
         swap_s = time.perf_counter() - started
-        keep, queued_for = self.settings.resident_versions, entry.batcher.pinned_versions()
-        for gone in entry.versions.evict(keep, queued_for):
-            self.metrics.model_info.remove(
-                entry.name, str(gone.version), gone.provider, gone.sha256
-            )
+        keep, queued_for = self.settings.resident_versions, entry.scheduler.pinned_versions()
+        for gone in entry.evict(keep, queued_for):
+            self.metrics.version_unloaded(entry.name, gone.version, gone.provider, gone.sha256)
             log.info(
                 "model %s: version %d unloaded (resident_versions %d)",
                 entry.name,
@@ -226,19 +226,16 @@ class Updater:
         log.info("model %s: version %s -> %d (%s)", entry.name, previous, version, mode.value)
         return swap_s
 
-    def _check_order(self, entry: ModelEntry, version: int, rollback: bool) -> None:
-        active = entry.versions.active
+    def _check_order(self, entry: ModelLifeCycle, version: int, rollback: bool) -> None:
+        active = entry.active
         if active is not None and version <= active and not rollback:
             raise Conflict(
                 f"model {entry.name!r}: version {version} is not newer than the active version "
                 f"{active}; versions only move forward unless rollback=true"
             )
 
-    def _entry(self, name: str) -> ModelEntry:
-        entry = self.registry.models.get(name)
-        if entry is None:
-            raise NotFound(f"model {name!r} is not served; models: {sorted(self.registry.models)}")
-        return entry
+    def _entry(self, name: str) -> ModelLifeCycle:
+        return self.manager.lifecycle(name)
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -253,21 +250,21 @@ def _check_checksum(push: Push) -> None:
         )
 
 
-def _unchanged(entry: ModelEntry, push: Push, resident: ServedModel) -> UpdateReport:
+def _unchanged(entry: ModelLifeCycle, push: Push, resident: ServedModel) -> UpdateReport:
     if resident.sha256 != push.sha256.lower():
         raise Conflict(
             f"model {entry.name!r} version {push.version} is already loaded with sha256 "
             f"{resident.sha256}; a changed model needs a new version number"
         )
-    active = entry.versions.active
+    active = entry.active
     return UpdateReport(
         entry.name, push.version, UpdateResult.UNCHANGED, active, active, resident.sha256
     )
 
 
-def _check_compatible(entry: ModelEntry, model: ServedModel, canary: Canary | None) -> None:
+def _check_compatible(entry: ModelLifeCycle, model: ServedModel, canary: Canary | None) -> None:
     """The new version must take the same observations and give the same kind of actions."""
-    live = entry.versions.active_model
+    live = entry.active_model
     if live is not None:
         for field in ("observation_space", "action_space"):
             old, new = getattr(live.contract, field), getattr(model.contract, field)
@@ -282,13 +279,18 @@ def _check_compatible(entry: ModelEntry, model: ServedModel, canary: Canary | No
 
 
 def _check_canary(model: ServedModel, canary: Canary) -> None:
-    payload: dict[str, Any] = {"observations": canary.observations, "outputs": ["log_probs"]}
+    inputs: dict[str, Any] = {"observations": canary.observations}
     if canary.actions is not None:
-        payload["actions"] = canary.actions
-    prepared = model.prepare(payload)
-    (answer,) = model.answer([prepared], model.execute([prepared], prepared.rows))
-    if isinstance(answer, RLServeError):
-        raise ModelLoadError(f"canary: {answer.message}")
+        inputs["actions"] = canary.actions
+    now = time.monotonic()
+    request = InferenceRequest(inputs, {"outputs": ["log_probs"]}, "canary", now, now + 60)
+    prepared = model.prepare(request)
+    try:
+        answer = model.respond(prepared, model.execute(prepared.feeds, [prepared]), 0)
+    except Exception as exc:
+        raise ModelLoadError(
+            f"canary: the new version fails on the canary ({one_line(exc)})"
+        ) from None
     got = np.atleast_1d(np.asarray(answer["log_probs"], dtype=np.float64))
     expected = np.atleast_1d(np.asarray(canary.log_probs, dtype=np.float64))
     if got.shape != expected.shape:

@@ -15,7 +15,7 @@ import hashlib
 import logging
 
 from serve.control import repository
-from serve.control.manager import Registry
+from serve.control.manager import ModelRepositoryManager
 from serve.control.updates import Push, Updater
 from serve.errors import RLServeError
 
@@ -23,22 +23,24 @@ log = logging.getLogger("rlserve.watcher")
 
 
 class RepositoryWatcher:
-    def __init__(self, registry: Registry, updater: Updater, interval_s: float) -> None:
-        self.registry = registry
+    def __init__(
+        self, manager: ModelRepositoryManager, updater: Updater, interval_s: float
+    ) -> None:
+        self.manager = manager
         self.updater = updater
         self.interval_s = interval_s
         self._seen: dict[str, int] = {}
 
     async def run(self) -> None:
         self._seen = {name: _newest(found) for name, found in (await self._discover()).items()}
-        log.info("watching %s every %gs", self.registry.settings.model_repository, self.interval_s)
+        log.info("watching %s every %gs", self.manager.settings.model_repository, self.interval_s)
         while True:
             await asyncio.sleep(self.interval_s)
             await self.poll()
 
     async def poll(self) -> None:
         for name, versions in (await self._discover()).items():
-            if name not in self.registry.models:
+            if name not in self.manager.models:
                 continue  # new models are picked up at start-up only
             for where in versions:
                 if where.version > self._seen.get(name, -1):
@@ -46,7 +48,7 @@ class RepositoryWatcher:
                     await self._pull(where)
 
     async def _discover(self) -> dict[str, list[repository.VersionDir]]:
-        return await asyncio.to_thread(repository.discover, self.registry.settings.model_repository)
+        return await asyncio.to_thread(repository.discover, self.manager.settings.model_repository)
 
     async def _pull(self, where: repository.VersionDir) -> None:
         try:

@@ -1,8 +1,14 @@
 """How a batch is formed: a pure function of the queue, the clock and the batching policy.
 
-The dynamic batcher (``serve.dataplane.dynamic_batcher``) asks :func:`plan` what to do with
-its queue each time something changes, and does it. Nothing here touches asyncio or
-onnxruntime, so the policy is tested with plain numbers.
+The dynamic batch scheduler (``serve.dataplane.dynamic_batcher``) asks :func:`plan` what to
+do with the head of its queue whenever the model is idle and something changed, and does
+it. Nothing here touches asyncio or onnxruntime, so the policy is tested with plain numbers.
+
+Batching is *work-conserving*: a model never idles while rows wait. Rows that arrive while
+a batch runs form the next batch, released as soon as the running one ends; with
+``max_wait_s`` 0 (the default) a request that finds the model idle runs at once.
+``max_wait_s`` > 0 opts into waiting for fuller batches, which pays where a batch costs
+little more than a row (GPUs).
 
 The rules, in order:
 
@@ -13,8 +19,14 @@ The rules, in order:
 3. The batch is released at once when it is full, when the next request does not fit,
    when ``max_wait_s`` has passed since the oldest request arrived, or when waiting any
    longer would make some gathered request miss its deadline given the expected run time.
-4. Otherwise the batcher waits until the earliest of those moments, or a new arrival.
-5. The released batch is padded to the smallest warmed bucket that holds it.
+4. Otherwise the scheduler waits until the earliest of those moments, or a new arrival.
+
+Padding a batch to a warmed size is the model's business (GPU providers want it, the CPU
+does not): :func:`buckets_for` and :func:`bucket` give the sizes it warms and pads to.
+
+Where a batch runs is decided by :class:`RunTimes`: inline on the event loop while the
+moving average of its run time stays under a threshold (a thread hop costs more than a
+small model), on the scheduler's thread above it.
 """
 
 from __future__ import annotations
@@ -37,14 +49,12 @@ class Waiting:
 class Policy:
     max_batch_size: int
     max_wait_s: float
-    buckets: tuple[int, ...]  # warmed batch sizes, ascending; the last is max_batch_size
 
 
 @dataclass(frozen=True)
 class Plan:
     expired: tuple[int, ...]  # queue indices to answer 504 without running
     take: tuple[int, ...]  # queue indices to run now, in order; empty means wait
-    padded_rows: int  # the bucket the taken rows are padded to (0 when waiting)
     wait_s: float  # when take is empty: how long to wait before planning again
 
 
@@ -63,11 +73,11 @@ def plan(queue: Sequence[Waiting], now: float, policy: Policy, expected_run_s: f
     live = [i for i, w in enumerate(queue) if w.deadline > now]
     take, rows = _gather(queue, live, policy.max_batch_size)
     if not take:
-        return Plan(expired, (), 0, wait_s=0.0)
+        return Plan(expired, (), wait_s=0.0)
     release_at = _release_time(queue, take, live, rows, policy, expected_run_s)
     if release_at <= now:
-        return Plan(expired, tuple(take), bucket(rows, policy.buckets), wait_s=0.0)
-    return Plan(expired, (), 0, wait_s=release_at - now)
+        return Plan(expired, tuple(take), wait_s=0.0)
+    return Plan(expired, (), wait_s=release_at - now)
 
 
 def _gather(queue: Sequence[Waiting], live: list[int], limit: int) -> tuple[list[int], int]:
@@ -96,3 +106,46 @@ def _release_time(
     oldest = min(queue[i].enqueued_at for i in take)
     tightest = min(queue[i].deadline for i in take)
     return min(oldest + policy.max_wait_s, tightest - expected_run_s)
+
+
+class RunTimes:
+    """Measured batch run times, and where the next batch should run.
+
+    ``inline`` is decided from the moving average of batches run *inline*: their wall time
+    is exactly how long they hold the event loop. A batch on the thread takes longer than
+    that on a busy machine (it also waits for the interpreter lock), so thread runs do not
+    count towards the decision; instead, every ``probe_every``-th batch of a model that
+    runs on the thread is run inline once more, to notice when batches became cheap again.
+    ``expected_s`` averages every run, wherever it ran: the planner's estimate.
+    """
+
+    def __init__(self, inline_below_s: float, probe_every: int = 100, weight: float = 0.2):
+        self.inline_below_s = inline_below_s
+        self.probe_every = probe_every
+        self.weight = weight
+        self.inline_s = 0.0
+        self.expected_s = 0.0
+        self._since_probe = 0
+
+    def add(self, run_s: float, *, inline: bool) -> None:
+        self.expected_s = self._average(self.expected_s, run_s)
+        if inline:
+            self.inline_s = self._average(self.inline_s, run_s)
+
+    @property
+    def inline(self) -> bool:
+        """Whether batches currently run on the event loop."""
+        return self.inline_below_s > 0 and self.inline_s < self.inline_below_s
+
+    def next_inline(self) -> bool:
+        """Where the next batch runs: inline while cheap; now and then a probe when not."""
+        if self.inline_below_s <= 0 or self.inline:
+            return self.inline_below_s > 0
+        self._since_probe += 1
+        if self._since_probe >= self.probe_every:
+            self._since_probe = 0
+            return True
+        return False
+
+    def _average(self, previous: float, value: float) -> float:
+        return value if not previous else (1 - self.weight) * previous + self.weight * value

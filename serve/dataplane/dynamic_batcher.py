@@ -1,91 +1,120 @@
-"""The dynamic batcher: one per model.
+"""The dynamic batch scheduler: one per model, work-conserving.
 
-Requests are admitted into a bounded queue (counted in rows). A loop asks
-``serve.dataplane.batching.plan`` what to do, answers expired requests with 504 without running
-them, and runs released batches on a dedicated thread so the event loop keeps accepting.
-One batch runs at a time per model; the next one forms while it runs.
+Requests are admitted into a bounded queue (counted in rows). Whenever the model is idle
+and something changed, ``_flush`` asks ``serve.dataplane.batching.plan`` what to do with
+the head of the queue and does it: a request that finds the model idle runs at once,
+together with whatever arrived in the same turn of the event loop; rows that arrive while
+a batch runs form the next batch, released when the running one ends. One batch runs at a
+time per model.
+
+A batch runs inline on the event loop while batches are cheap, on the scheduler's thread
+when they are not (``batching.RunTimes``, from measured run times). Its outputs become one
+:class:`~serve.dataplane.record.BatchRecord`, handed to every record sink (metrics, and
+whatever a deployment adds), and each request's answer is cut from it.
+
+Deadlines are kept by one timer per scheduler, set for the earliest deadline in flight: a
+request still queued when its deadline passes is answered 504 and never runs; one whose
+batch is still running is answered 504 at its deadline.
 
 Each request runs on the version it names, or else on the version that is active when its
-batch forms (``serve.control.versions``); every answer is stamped with the version that computed it.
+batch forms; every answer is stamped with the version that computed it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import math
 import time
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from serve.config import ModelSettings
-from serve.control.versions import VersionTable
-from serve.dataplane.batching import Policy, Waiting, buckets_for, plan
-from serve.dataplane.model import ServedModel
+from serve.dataplane.batching import Policy, RunTimes, Waiting, plan
+from serve.dataplane.messages import InferenceResponse, Prepared
+from serve.dataplane.model import ServedModel, VersionSource
+from serve.dataplane.record import BatchRecord, RecordSink
+from serve.dataplane.scheduler import LoadGauges
 from serve.errors import DeadlineExceeded, QueueFull, RLServeError, ServiceUnavailable, one_line
-from serve.metrics import Metrics, VersionMetrics
-from serve.types import Answer, Outputs, Prepared
+from serve.types import Outputs
 
-log = logging.getLogger("rlserve.batcher")
+log = logging.getLogger("rlserve.scheduler")
 
-Run = Outputs | Exception  # what executing a group of requests produced
-
-
-@dataclass(frozen=True)
-class Stamped:
-    """An answer and the model version that computed it."""
-
-    answer: Answer
-    version: int
-    sha256: str
+NOT_RUN = "deadline passed while queued; the request was not run"
 
 
-@dataclass(eq=False)
+@dataclass(slots=True, eq=False)
 class Ticket:
     prepared: Prepared
     enqueued_at: float
-    deadline: float
     version: int | None  # pinned; None runs on whichever version is active at batch time
-    future: asyncio.Future[Stamped] = field(repr=False)
+    future: asyncio.Future[InferenceResponse] = field(repr=False)
 
 
-class Batcher:
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """What executing a group of requests produced: outputs, or the exception it raised."""
+
+    requests: list[Ticket]
+    inputs: dict[str, np.ndarray]  # every row, unpadded
+    outputs: Outputs | Exception
+
+
+@dataclass(frozen=True, slots=True)
+class _Execution:
+    """A batch's runs and how long they took, measured on the thread that ran them."""
+
+    runs: list[_Run]
+    started: float  # monotonic seconds
+    finished: float
+    inline: bool  # it ran on the event loop
+
+
+class DynamicBatchScheduler:
     def __init__(
-        self, name: str, versions: VersionTable, settings: ModelSettings, metrics: Metrics
+        self,
+        name: str,
+        versions: VersionSource,
+        settings: ModelSettings,
+        sinks: Sequence[RecordSink],
+        gauges: LoadGauges,
     ) -> None:
         self.name = name
         self.versions = versions
-        self.policy = Policy(
-            settings.max_batch_size,
-            settings.max_wait_ms / 1000,
-            buckets_for(settings.max_batch_size),
-        )
-        self._flush = dataclasses.replace(self.policy, max_wait_s=0.0)
+        self.policy = Policy(settings.max_batch_size, settings.max_wait_ms / 1000)
+        self._no_wait = dataclasses.replace(self.policy, max_wait_s=0.0)
         self.max_queue_rows = settings.max_queue_rows
-        self._metrics = metrics
-        self._per_version: dict[int, VersionMetrics] = {}
+        self.run_times = RunTimes(settings.inline_max_ms / 1000)
+        self.held = False
+        self._sinks = tuple(sinks)
+        self._gauges = gauges
         self._queue: deque[Ticket] = deque()
         self._queued_rows = 0
-        self._wakeup = asyncio.Event()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"batch-{name}")
-        self._expected_run_s = 0.0  # moving average of batch run time
+        self._running: list[Ticket] = []  # the batch being executed
         self._running_since: float | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._flush_at: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._sweep: asyncio.TimerHandle | None = None
+        self._sweep_at = math.inf
+        self._executor: ThreadPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
-        self.held = False
+        self._idle = asyncio.Event()
 
     # ------------------------------------------------------------------ admission
 
-    def submit(
-        self, prepared: Prepared, deadline: float, version: int | None = None
-    ) -> asyncio.Future[Stamped]:
-        """Queue a request; raises QueueFull (429) when its rows do not fit."""
-        if self._closing:
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+
+    def submit(self, prepared: Prepared, version: int | None) -> asyncio.Future[InferenceResponse]:
+        if self._closing or self._loop is None:
             raise ServiceUnavailable(
-                f"model {self.name!r} has stopped: the server is shutting down"
+                f"model {self.name!r} is not running: the server is starting or shutting down"
             )
         if self._queued_rows + prepared.rows > self.max_queue_rows:
             raise QueueFull(
@@ -93,194 +122,331 @@ class Batcher:
                 "rows waiting); retry shortly",
                 retry_after_s=self._retry_after_s(),
             )
-        future: asyncio.Future[Stamped] = asyncio.get_running_loop().create_future()
-        self._queue.append(Ticket(prepared, time.monotonic(), deadline, version, future))
-        self._add_queued(prepared.rows)
-        self._wakeup.set()
+        future: asyncio.Future[InferenceResponse] = self._loop.create_future()
+        ticket = Ticket(prepared, time.monotonic(), version, future)
+        self._queue.append(ticket)
+        self._queued_rows += prepared.rows
+        if ticket.prepared.deadline < self._sweep_at:
+            self._arm_sweep(ticket.prepared.deadline)
+        self._wake()
         return future
 
     def _retry_after_s(self) -> int:
         batches = self._queued_rows / self.policy.max_batch_size
-        return max(1, math.ceil(batches * max(self._expected_run_s, 0.001)))
+        return max(1, math.ceil(batches * max(self.run_times.expected_s, 0.001)))
 
     # ------------------------------------------------------------------ control
 
     def pin_queued(self, version: int) -> None:
-        """Requests already queued without a version stay on ``version`` (a draining swap)."""
         for ticket in self._queue:
             if ticket.version is None:
                 ticket.version = version
 
     def pinned_versions(self) -> set[int]:
-        """Versions that queued requests are pinned to: they must stay loaded."""
         return {t.version for t in self._queue if t.version is not None}
 
     def hold(self) -> None:
-        """Form no batches until ``resume``; queued requests wait within their deadlines."""
         self.held = True
 
     def resume(self) -> None:
         self.held = False
-        self._wakeup.set()
+        self._wake()
 
-    # ------------------------------------------------------------------ the loop
+    # ------------------------------------------------------------------ forming batches
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name=f"batcher-{self.name}")
+    def _wake(self) -> None:
+        """Plan again soon: in this turn of the event loop, after the requests that arrived
+        with this one have joined the queue. A pending max-wait timer stands unless the
+        queue already holds a full batch."""
+        if self._running or self._loop is None:
+            return  # the running batch plans the next one when it ends
+        pending = self._flush_at
+        if pending is not None:
+            waiting_for_more = isinstance(pending, asyncio.TimerHandle)
+            if not waiting_for_more or self._queued_rows < self.policy.max_batch_size:
+                return
+            pending.cancel()
+        self._flush_at = self._loop.call_soon(self._flush)
 
-    async def _loop(self) -> None:
-        while not (self._closing and not self._queue):
-            if not self._queue:
-                await self._sleep(None)
-                continue
-            held = self.held and not self._closing
-            policy = self._flush if self._closing else self.policy  # stopping: no more waiting
-            waiting = self._waiting()
-            decision = plan(waiting, time.monotonic(), policy, self._expected_run_s)
-            take = () if held else decision.take
-            expired, batch = self._pop(decision.expired, take)
-            for ticket in expired:
-                _settle(
-                    ticket,
-                    DeadlineExceeded("deadline passed while queued; the request was not run"),
-                )
-            if batch:
-                await self._execute(batch, waiting[take[0]].version, decision.padded_rows)
-            elif held:
-                await self._sleep(self._until_next_deadline())
-            elif decision.wait_s > 0:
-                await self._sleep(decision.wait_s)
+    def _flush(self) -> None:
+        self._flush_at = None
+        if self._running or (self.held and not self._closing):
+            self._report()
+            return
+        self._drop_settled()
+        window = self._window()
+        if window:
+            self._plan(window)
+        self._report()
+        if self._closing and not self._queue and not self._running:
+            self._idle.set()
 
-    def _waiting(self) -> list[Waiting]:
+    def _window(self) -> list[Ticket]:
+        """The head of the queue: every request that could join the next batch, and one more."""
+        window: list[Ticket] = []
+        rows = 0
+        for ticket in self._queue:
+            window.append(ticket)
+            rows += ticket.prepared.rows
+            if rows > self.policy.max_batch_size:
+                break
+        return window
+
+    def _plan(self, window: list[Ticket]) -> None:
+        assert self._loop is not None
         active = self.versions.active or 0
-        return [
+        waiting = [
             Waiting(
                 t.prepared.rows,
                 t.enqueued_at,
-                t.deadline,
+                t.prepared.deadline,
                 active if t.version is None else t.version,
             )
-            for t in self._queue
+            for t in window
         ]
+        policy = self._no_wait if self._closing else self.policy
+        decision = plan(waiting, time.monotonic(), policy, self.run_times.expected_s)
+        expired, batch = self._pop(window, decision.expired, decision.take)
+        for ticket in expired:
+            _settle(ticket, DeadlineExceeded(NOT_RUN))
+        if batch:
+            self._run(batch, waiting[decision.take[0]].version)
+        elif decision.wait_s > 0:
+            self._flush_at = self._loop.call_later(decision.wait_s, self._flush)
+        elif self._queue:
+            self._flush_at = self._loop.call_soon(self._flush)  # only expired ones went
 
-    def _until_next_deadline(self) -> float | None:
-        return (
-            max(0.0, min(t.deadline for t in self._queue) - time.monotonic())
-            if self._queue
-            else None
-        )
-
-    async def _sleep(self, timeout: float | None) -> None:
-        self._wakeup.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wakeup.wait(), timeout)
-
-    async def _execute(self, tickets: list[Ticket], version: int, padded_rows: int) -> None:
-        model = self.versions.get(version)
-        if model is None:
-            unloaded = ServiceUnavailable(f"model {self.name!r} version {version} was unloaded")
-            for ticket in tickets:
-                _settle(ticket, unloaded)
-            return
-        metrics = self._metrics_of(version)
-        started = time.monotonic()
-        rows = sum(t.prepared.rows for t in tickets)
-        for t in tickets:
-            metrics.queue_wait.observe(started - t.enqueued_at)
-        runs = await self._run_off_loop(model, [t.prepared for t in tickets], padded_rows, rows)
-        self._record(metrics, time.monotonic() - started, rows)
-        answers = [a for group, outputs in runs for a in _answers(model, group, outputs)]
-        for ticket, answer in zip(tickets, answers, strict=True):
-            stamped = Stamped(answer, version, model.sha256) if isinstance(answer, dict) else answer
-            _settle(ticket, stamped)
-
-    async def _run_off_loop(
-        self, model: ServedModel, batch: list[Prepared], padded_rows: int, rows: int
-    ) -> list[tuple[list[Prepared], Run]]:
-        self._running_since = time.monotonic()
-        self._metrics.pending_rows.inc(rows)
-        try:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._executor, _run, model, batch, padded_rows)
-        finally:
-            self._running_since = None
-            self._metrics.pending_rows.dec(rows)
-
-    def _metrics_of(self, version: int) -> VersionMetrics:
-        if version not in self._per_version:
-            self._per_version[version] = VersionMetrics.of(self._metrics, self.name, version)
-        return self._per_version[version]
-
-    def _record(self, metrics: VersionMetrics, run_s: float, rows: int) -> None:
-        previous = self._expected_run_s
-        self._expected_run_s = 0.8 * previous + 0.2 * run_s if previous else run_s
-        metrics.inference_latency.observe(run_s)
-        metrics.batch_rows.observe(rows)
-        metrics.batch_fill.observe(rows / self.policy.max_batch_size)
-
-    def _pop(self, *groups: tuple[int, ...]) -> list[list[Ticket]]:
-        """Remove the tickets at these queue positions (all from one snapshot), per group."""
-        queue = list(self._queue)
-        popped = [[queue[i] for i in group] for group in groups]
-        chosen = {i for group in groups for i in group}
-        if chosen:
-            self._queue = deque(t for i, t in enumerate(queue) if i not in chosen)
-            self._add_queued(-sum(t.prepared.rows for group in popped for t in group))
+    def _pop(
+        self, window: list[Ticket], expired: tuple[int, ...], take: tuple[int, ...]
+    ) -> tuple[list[Ticket], list[Ticket]]:
+        """Remove these window positions from the head of the queue."""
+        chosen = {*expired, *take}
+        kept = [t for i, t in enumerate(window) if i not in chosen]
+        for _ in window:
+            self._queue.popleft()
+        self._queue.extendleft(reversed(kept))
+        popped = ([window[i] for i in expired], [window[i] for i in take])
+        self._queued_rows -= sum(t.prepared.rows for group in popped for t in group)
         return popped
 
-    def _add_queued(self, rows: int) -> None:
-        self._queued_rows += rows
-        self._metrics.queue_rows.labels(self.name).inc(rows)
-        self._metrics.pending_rows.inc(rows)
+    def _drop_settled(self) -> None:
+        """Forget queued requests whose caller already has an answer (their deadline)."""
+        while self._queue and self._queue[0].future.done():
+            self._queued_rows -= self._queue.popleft().prepared.rows
+
+    # ------------------------------------------------------------------ running batches
+
+    def _run(self, batch: list[Ticket], version: int) -> None:
+        assert self._loop is not None
+        model = self.versions.get(version)
+        if model is None:
+            gone = ServiceUnavailable(f"model {self.name!r} version {version} was unloaded")
+            for ticket in batch:
+                _settle(ticket, gone)
+            self._wake()
+            return
+        self._running = batch
+        self._running_since = time.monotonic()
+        if self.run_times.next_inline():
+            self._finish(model, _execute(model, batch, inline=True))
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"batch-{self.name}")
+        running = self._loop.run_in_executor(self._executor, _execute, model, batch, False)
+
+        def finished(done: asyncio.Future[_Execution]) -> None:
+            if done.cancelled() or done.exception() is not None:
+                now = time.monotonic()
+                lost = _Run(batch, {}, RuntimeError("the batch thread stopped"))
+                self._finish(model, _Execution([lost], now, now, inline=False))
+            else:
+                self._finish(model, done.result())
+
+        running.add_done_callback(finished)
+
+    def _finish(self, model: ServedModel, execution: _Execution) -> None:
+        self._running = []
+        self._running_since = None
+        self.run_times.add(execution.finished - execution.started, inline=execution.inline)
+        for run in execution.runs:
+            if isinstance(run.outputs, Exception):
+                _fail(model, run.requests, run.outputs)
+                continue
+            span = (execution.started, execution.finished)
+            record = _record(model, run, run.outputs, span, self.policy.max_batch_size)
+            self._answer(model, record, run.requests)
+            self._publish(record)
+        if self._queue:
+            self._wake()
+        else:
+            self._report()
+            if self._closing:
+                self._idle.set()
+
+    def _answer(self, model: ServedModel, record: BatchRecord, tickets: list[Ticket]) -> None:
+        for ticket, start in zip(tickets, record.offsets, strict=False):
+            try:
+                outputs = model.respond(ticket.prepared, record.outputs, start)
+            except Exception as exc:  # a bug in respond(): this request learns of it
+                log.exception("answering a request of %s failed", self.name)
+                _settle(ticket, RLServeError(f"internal error: {type(exc).__name__}"))
+                continue
+            response = InferenceResponse(
+                model.name, model.version, model.sha256, outputs, ticket.prepared.single
+            )
+            _settle(ticket, response)
+
+    def _publish(self, record: BatchRecord) -> None:
+        for sink in self._sinks:
+            try:
+                sink.accept(record)
+            except Exception:
+                log.exception("record sink %s failed on a batch of %s", sink, self.name)
+
+    def _report(self) -> None:
+        running_rows = sum(t.prepared.rows for t in self._running)
+        self._gauges.update(
+            self.name,
+            self._queued_rows,
+            self._queued_rows + running_rows,
+            len(self._queue) + len(self._running),
+        )
+
+    # ------------------------------------------------------------------ deadlines
+
+    def _arm_sweep(self, at: float) -> None:
+        assert self._loop is not None
+        if self._sweep is not None:
+            self._sweep.cancel()
+        self._sweep_at = at
+        self._sweep = self._loop.call_later(max(0.0, at - time.monotonic()), self._expire)
+
+    def _expire(self) -> None:
+        """Answer 504 to every request whose deadline passed, then wait for the next one."""
+        self._sweep, self._sweep_at = None, math.inf
+        now = time.monotonic()
+        kept: deque[Ticket] = deque()
+        for ticket in self._queue:
+            if ticket.future.done():
+                self._queued_rows -= ticket.prepared.rows
+            elif ticket.prepared.deadline <= now:
+                self._queued_rows -= ticket.prepared.rows
+                _settle(ticket, DeadlineExceeded(NOT_RUN))
+            else:
+                kept.append(ticket)
+        self._queue = kept
+        for ticket in self._running:
+            if ticket.prepared.deadline <= now:
+                budget_ms = (ticket.prepared.deadline - ticket.prepared.received_at) * 1000
+                _settle(
+                    ticket,
+                    DeadlineExceeded(
+                        f"no answer within the request's deadline of {budget_ms:g} ms"
+                    ),
+                )
+        waiting = [
+            t.prepared.deadline for t in (*self._queue, *self._running) if not t.future.done()
+        ]
+        if waiting:
+            self._arm_sweep(min(waiting))
+        self._report()
 
     # ------------------------------------------------------------------ health and stop
 
     def stuck_for(self, now: float) -> float:
-        """Seconds the current batch has been running (0 when idle)."""
         return 0.0 if self._running_since is None else now - self._running_since
 
     @property
     def alive(self) -> bool:
-        return self._task is not None and not self._task.done()
+        return not (self._closing and self._idle.is_set())
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "scheduler": "dynamic_batcher",
+            "max_batch_size": self.policy.max_batch_size,
+            "max_wait_ms": self.policy.max_wait_s * 1000,
+            "max_queue_rows": self.max_queue_rows,
+            "inline_max_ms": self.run_times.inline_below_s * 1000,
+            "expected_batch_ms": round(self.run_times.expected_s * 1000, 4),
+            "runs": "inline" if self.run_times.inline else "thread",
+        }
 
     async def stop(self) -> None:
-        """Finish what is queued (expired requests still get their 504), then stop."""
         self._closing = True
-        self._wakeup.set()
-        if self._task is not None:
-            await self._task
-        self._executor.shutdown(wait=True)
+        if self._queue or self._running:
+            self._idle.clear()
+            self._wake()
+            await self._idle.wait()
+        self._idle.set()
+        if self._sweep is not None:
+            self._sweep.cancel()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
 
 
-def _run(
-    model: ServedModel, batch: list[Prepared], padded_rows: int
-) -> list[tuple[list[Prepared], Run]]:
-    """On the batch thread: run the batch; if it fails, run each request alone so that
-    only the request that breaks the model fails."""
+def _execute(model: ServedModel, batch: list[Ticket], inline: bool) -> _Execution:
+    started = time.monotonic()
+    runs = _runs(model, batch)
+    return _Execution(runs, started, time.monotonic(), inline)
+
+
+def _runs(model: ServedModel, batch: list[Ticket]) -> list[_Run]:
+    """Run a batch; if it fails, run each request alone so that only the request that
+    breaks the model fails."""
+    requests = [t.prepared for t in batch]
+    inputs = _stacked(requests)
     try:
-        return [(batch, model.execute(batch, padded_rows))]
+        return [_Run(batch, inputs, model.execute(inputs, requests))]
     except Exception as exc:
         if len(batch) == 1:
-            return [(batch, exc)]
-    return [([one], _run(model, [one], one.rows)[0][1]) for one in batch]
+            return [_Run(batch, inputs, exc)]
+    return [run for one in batch for run in _runs(model, [one])]
 
 
-def _answers(
-    model: ServedModel, group: list[Prepared], outputs: Run
-) -> list[Answer | RLServeError]:
-    if isinstance(outputs, Exception):
-        log.error("model %s failed on a request: %s", model.name, one_line(outputs))
-        error = RLServeError(f"model {model.name!r} failed on this input: {one_line(outputs)}")
-        return [error] * len(group)
-    try:
-        return model.answer(group, outputs)
-    except Exception as exc:  # a bug in answer(): the requests of this group learn of it
-        log.exception("answering a batch of %s failed", model.name)
-        return [RLServeError(f"internal error: {type(exc).__name__}")] * len(group)
+def _stacked(requests: list[Prepared]) -> dict[str, np.ndarray]:
+    """Every request's rows, one array per input (no copy for a request alone)."""
+    if len(requests) == 1:
+        return requests[0].feeds
+    return {name: np.concatenate([p.feeds[name] for p in requests]) for name in requests[0].feeds}
 
 
-def _settle(ticket: Ticket, outcome: Stamped | RLServeError) -> None:
-    if ticket.future.done():  # the client gave up (deadline, disconnect)
+def _record(
+    model: ServedModel,
+    run: _Run,
+    outputs: Outputs,
+    span: tuple[float, float],
+    max_rows: int,
+) -> BatchRecord:
+    tickets = run.requests
+    offsets = [0]
+    for ticket in tickets:
+        offsets.append(offsets[-1] + ticket.prepared.rows)
+    return BatchRecord(
+        model=model.name,
+        version=model.version,
+        sha256=model.sha256,
+        request_ids=tuple(t.prepared.request_id for t in tickets),
+        requests=tuple(t.prepared for t in tickets),
+        offsets=tuple(offsets),
+        inputs=run.inputs,
+        outputs=outputs,
+        received_at=tuple(t.prepared.received_at for t in tickets),
+        enqueued_at=tuple(t.enqueued_at for t in tickets),
+        started_at=span[0],
+        finished_at=span[1],
+        max_rows=max_rows,
+    )
+
+
+def _fail(model: ServedModel, tickets: list[Ticket], exc: Exception) -> None:
+    log.error("model %s failed on a request: %s", model.name, one_line(exc))
+    error = RLServeError(f"model {model.name!r} failed on this input: {one_line(exc)}")
+    for ticket in tickets:
+        _settle(ticket, error)
+
+
+def _settle(ticket: Ticket, outcome: InferenceResponse | RLServeError) -> None:
+    if ticket.future.done():  # already answered: its deadline passed
         return
     if isinstance(outcome, RLServeError):
         ticket.future.set_exception(outcome)

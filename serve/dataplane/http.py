@@ -1,105 +1,238 @@
-"""The predict endpoints: the hot path, as plain Starlette routes.
+"""The predict frontend: HTTP with JSON bodies, as a lean ASGI application.
 
-They skip FastAPI's dependency solving (a third of the per-request cost for policies this
-small); ``serve.process.openapi`` documents them. Errors are raised as RLServeError and rendered
-by ``serve.process.app``, like everywhere else.
+    POST /predict                                     the default model, its active version
+    POST /v1/models/{model}/predict                   a model's active version
+    POST /v1/models/{model}/versions/{version}/predict  one version of a model
+
+A call is decoded into a protocol-neutral :class:`~serve.dataplane.messages.InferenceRequest`,
+validated by the version it is routed to, submitted to the model's scheduler, and its
+:class:`~serve.dataplane.messages.InferenceResponse` encoded as JSON, stamped with the
+version that computed it (body, X-Policy-Version, X-Policy-SHA256). Errors are
+``{"error": {"code", "message"}}`` with the status ``serve.status`` maps their code to.
+
+Nothing stands in front of this path but uvicorn: no framework routing, no dependency
+solving, no middleware stack. The request id, the access-log line and ``Connection:
+close`` while draining are added here directly; ``serve.process.openapi`` documents the
+routes for /docs.
 """
 
 from __future__ import annotations
 
-import asyncio
+import logging
+import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from starlette import routing
-from starlette.requests import Request
-from starlette.responses import Response
+import orjson
+from starlette.types import Receive, Scope, Send
 
-from serve.control.manager import Route
-from serve.dataplane.dynamic_batcher import Stamped
-from serve.dataplane.wire import deadline_ms, json_response, read_json_object
-from serve.errors import DeadlineExceeded, NotFound, RLServeError
-from serve.process import state as server_state
-from serve.process.state import ServerState
+from serve.access import log_exchange
+from serve.dataplane.messages import InferenceRequest, InferenceResponse
+from serve.dataplane.routing import Router
+from serve.dataplane.wire import JSON_OPTIONS, deadline_ms, decode_object, too_large
+from serve.errors import DeadlineExceeded, InvalidInput, MethodNotAllowed, NotFound, RLServeError
+from serve.metrics import Metrics
+from serve.status import http_headers, http_status
 
+log = logging.getLogger("rlserve.predict")
 
-async def predict_default(request: Request) -> Response:
-    return await _predict(request, None, None)
-
-
-async def predict_model(request: Request) -> Response:
-    return await _predict(request, request.path_params["model"], None)
-
-
-async def predict_version(request: Request) -> Response:
-    version = _version_number(request.path_params["version"])
-    return await _predict(request, request.path_params["model"], version)
-
-
-ROUTES = [
-    routing.Route("/predict", predict_default, methods=["POST"]),
-    routing.Route("/v1/models/{model}/predict", predict_model, methods=["POST"]),
-    routing.Route(
-        "/v1/models/{model}/versions/{version}/predict", predict_version, methods=["POST"]
-    ),
-]
+INPUTS = ("observations", "actions")
+PARAMETERS = ("deterministic", "seed", "outputs")
+FIELDS = (*INPUTS, *PARAMETERS)
+_NO_PARAMETERS: dict[str, Any] = {}
+_JSON_HEADER = (b"content-type", b"application/json")
+_CLOSE_HEADER = (b"connection", b"close")
 
 
-async def _predict(request: Request, model: str | None, version: int | None) -> Response:
-    state = server_state.of(request)
-    started = time.monotonic()
-    label = model or "default"
-    state.metrics.inflight.inc()
-    try:
-        route = state.registry.resolve(model, version)
-        label = route.entry.name
-        stamped = await _serve(request, state, route, started)
-        state.metrics.count(label, stamped.version, 200)
-        return _render(label, stamped)
-    except RLServeError as exc:
-        state.metrics.count(label, version, exc.status)
-        state.metrics.rejections.labels(label, exc.code).inc()
-        raise
-    finally:
-        state.metrics.inflight.dec()
-        state.metrics.request_latency.labels(label).observe(time.monotonic() - started)
+@dataclass(frozen=True, slots=True)
+class PredictPath:
+    """A predict route's path parameters: the model and version, when the path names them."""
+
+    model: str | None
+    version: str | None
 
 
-async def _serve(request: Request, state: ServerState, route: Route, started: float) -> Stamped:
-    payload = await read_json_object(request, state.settings.max_body_bytes)
-    prepared = route.model.prepare(payload)
-    budget_s = deadline_ms(request, route.entry.settings.default_deadline_ms) / 1000
-    if time.monotonic() >= started + budget_s:  # spent reading and validating: never queue it
-        raise DeadlineExceeded(
-            f"the request's deadline of {budget_s * 1000:g} ms passed on admission"
-        )
-    future = route.entry.batcher.submit(prepared, started + budget_s, route.pinned)
-    return await _within(future, started + budget_s - time.monotonic(), budget_s)
+def match(path: str) -> PredictPath | None:
+    """The predict route a path names, or None for any other path."""
+    if path == "/predict":
+        return PredictPath(None, None)
+    if not (path.startswith("/v1/models/") and path.endswith("/predict")):
+        return None
+    parts = path[len("/v1/models/") : -len("/predict")].split("/")
+    if len(parts) == 1 and parts[0]:
+        return PredictPath(parts[0], None)
+    if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
+        return PredictPath(parts[0], parts[2])
+    return None
 
 
-def _render(model: str, stamped: Stamped) -> Response:
-    """The answer, stamped with the version that computed it (body and headers)."""
-    body = {"model": model, "model_version": stamped.version, "model_sha256": stamped.sha256}
-    headers = {"X-Policy-Version": str(stamped.version), "X-Policy-SHA256": stamped.sha256}
-    return json_response({**body, **stamped.answer}, headers=headers)
+@dataclass(slots=True)
+class _Call:
+    """What the handler learns about a call as it goes (for its error answer and metrics)."""
+
+    request_id: str
+    received_at: float
+    timeout_header: str | None = None
+    declared_length: int | None = None
+    model: str = ""  # the metrics label: a served model's name, once routed
+    version: int | None = None
 
 
-async def _within(future: asyncio.Future[Stamped], remaining_s: float, budget_s: float) -> Stamped:
-    """The answer, or DeadlineExceeded once the budget is spent (a timer, not a task)."""
-    timer = asyncio.get_running_loop().call_later(max(remaining_s, 0.0), _expire, future, budget_s)
-    try:
-        return await future
-    finally:
-        timer.cancel()
+class PredictFrontend:
+    def __init__(
+        self,
+        router: Router,
+        metrics: Metrics,
+        max_body_bytes: int,
+        draining: Callable[[], bool],
+        *,
+        access_log: bool,
+    ) -> None:
+        self.router = router
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+        self.draining = draining
+        self.access_log = access_log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, path: PredictPath) -> None:
+        call = _start(scope)
+        try:
+            if scope["method"] != "POST":
+                raise MethodNotAllowed(
+                    f"{scope['method']} {scope['path']}: predict routes accept POST only"
+                )
+            response = await self._predict(call, receive, path)
+            status, body, headers = 200, _encode(response), _stamp(response)
+        except RLServeError as exc:
+            status, body, headers = self._refuse(call, exc)
+        except _Disconnected:
+            return
+        except Exception as exc:
+            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
+            error = RLServeError(f"internal error: {type(exc).__name__}; see the server log")
+            status, body, headers = self._refuse(call, error)
+        headers += [
+            _JSON_HEADER,
+            (b"content-length", str(len(body)).encode()),
+            (b"x-request-id", call.request_id.encode("latin-1")),
+        ]
+        if self.draining():
+            headers.append(_CLOSE_HEADER)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        if self.access_log:
+            log_exchange(scope, call.request_id, status, time.monotonic() - call.received_at)
+
+    async def _predict(self, call: _Call, receive: Receive, path: PredictPath) -> InferenceResponse:
+        route = self.router.resolve(path.model, _version(path.version))
+        call.model, call.version = route.model, route.version.version
+        budget_ms = deadline_ms(call.timeout_header, route.default_deadline_ms)
+        body = await _read_body(receive, call.declared_length, self.max_body_bytes)
+        deadline = call.received_at + budget_ms / 1000
+        # Only the prepared arrays outlive this line: the decoded body is freed at once.
+        prepared = route.version.prepare(_decode(body, call, deadline))
+        if time.monotonic() >= deadline:  # spent reading and validating: never queue it
+            raise DeadlineExceeded(
+                f"the request's deadline of {budget_ms:g} ms passed on admission"
+            )
+        return await route.scheduler.submit(prepared, route.pinned)
+
+    def _refuse(
+        self, call: _Call, error: RLServeError
+    ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        status = http_status(error)
+        seconds = time.monotonic() - call.received_at
+        self.metrics.refused(call.model, call.version, status, error.code.value, seconds)
+        headers = [(k.lower().encode(), v.encode()) for k, v in http_headers(error).items()]
+        return status, orjson.dumps(error.to_json()), headers
 
 
-def _expire(future: asyncio.Future[Stamped], budget_s: float) -> None:
-    if not future.done():
-        future.set_exception(
-            DeadlineExceeded(f"no answer within the request's deadline of {budget_s * 1000:g} ms")
-        )
+class _Disconnected(Exception):
+    """The client went away before its request was read: there is no one to answer."""
 
 
-def _version_number(text: str) -> int:
+def _start(scope: Scope) -> _Call:
+    """The call's request id, deadline header and declared length, in one pass over headers."""
+    call = _Call("", time.monotonic())
+    for name, value in scope["headers"]:
+        if name == b"x-request-id" and 0 < len(value) <= 128:
+            call.request_id = value.decode("latin-1")
+        elif name == b"x-request-timeout-ms":
+            call.timeout_header = value.decode("latin-1")
+        elif name == b"content-length" and value.isdigit():
+            call.declared_length = int(value)
+    if not call.request_id:
+        call.request_id = os.urandom(12).hex()
+    return call
+
+
+def _version(text: str | None) -> int | None:
+    if text is None:
+        return None
     if not text.isdigit():
         raise NotFound(f"version {text!r}: versions are non-negative integers")
     return int(text)
+
+
+async def _read_body(receive: Receive, declared: int | None, limit: int) -> bytes:
+    """The whole body, refused with 413 as soon as it is known to exceed ``limit``."""
+    if declared is not None and declared > limit:
+        raise too_large(declared, limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large(size, limit)
+        if not message.get("more_body", False):
+            return chunk if not chunks else b"".join([*chunks, chunk])
+        chunks.append(chunk)
+
+
+def _decode(body: bytes, call: _Call, deadline: float) -> InferenceRequest:
+    """The JSON predict body as a protocol-neutral request."""
+    payload = decode_object(body)
+    if len(payload) == 1 and "observations" in payload:  # the common case, nothing to split
+        return InferenceRequest(
+            payload, _NO_PARAMETERS, call.request_id, call.received_at, deadline
+        )
+    unknown = sorted(set(payload) - set(FIELDS))
+    if unknown:
+        raise InvalidInput(f"unknown field(s) {unknown}; a request may have {list(FIELDS)}")
+    return InferenceRequest(
+        {k: payload[k] for k in INPUTS if k in payload},
+        {k: payload[k] for k in PARAMETERS if k in payload},
+        call.request_id,
+        call.received_at,
+        deadline,
+    )
+
+
+def _encode(response: InferenceResponse) -> bytes:
+    outputs = response.outputs
+    if response.single:
+        outputs = _unbatch(outputs)
+    stamped = {
+        "model": response.model,
+        "model_version": response.version,
+        "model_sha256": response.sha256,
+        **outputs,
+    }
+    return orjson.dumps(stamped, option=JSON_OPTIONS)
+
+
+def _stamp(response: InferenceResponse) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"x-policy-version", str(response.version).encode()),
+        (b"x-policy-sha256", response.sha256.encode()),
+    ]
+
+
+def _unbatch(answer: dict[str, Any]) -> dict[str, Any]:
+    return {k: (_unbatch(v) if isinstance(v, dict) else v[0]) for k, v in answer.items()}

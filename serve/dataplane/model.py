@@ -1,21 +1,23 @@
-"""The interface between the request path and a loaded model version, whatever its kind.
+"""What the data plane needs of a loaded model version, whatever its kind.
 
-The routes and the batcher only use :class:`ServedModel`. ``execute`` runs on the batch
-thread and should spend its time outside the GIL (onnxruntime releases it); everything
-else runs on the event loop, so the two threads rarely wait for each other. Actor-critic policies
-(``serve.policies.actor_critic``) are the first kind; language-model policies will be another,
-with their own ``prepare`` (tokenise) and ``run`` (generate or score).
+Frontends call ``prepare`` on the event loop; the scheduler calls ``execute`` for a whole
+batch (inline on the event loop when batches are cheap, on its thread when not) and
+``respond`` to cut each request's answer from the batch's outputs. Actor-critic policies
+(``serve.policies.actor_critic``) are the first kind; language-model policies will be
+another, with their own scheduler.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
+import numpy as np
+
 from serve.contract import PolicyContract
+from serve.dataplane.messages import InferenceRequest, Prepared
 from serve.dataplane.runtime import ProviderReport
-from serve.errors import RLServeError
-from serve.types import Answer, Outputs, Prepared
+from serve.types import Answer, Outputs
 
 
 class ServedModel(Protocol):
@@ -26,22 +28,32 @@ class ServedModel(Protocol):
     provider_report: ProviderReport
     contract: PolicyContract
 
-    def prepare(self, payload: Mapping[str, Any]) -> Prepared:
-        """Validate one request body; raises an RLServeError naming what is wrong."""
+    def prepare(self, request: InferenceRequest) -> Prepared:
+        """Validate one request; raises an RLServeError naming what is wrong."""
         ...
 
-    def execute(self, batch: Sequence[Prepared], padded_rows: int) -> Outputs:
-        """Run a batch (on the batch thread): the model's raw outputs for all its rows."""
+    def execute(self, inputs: dict[str, np.ndarray], requests: Sequence[Prepared]) -> Outputs:
+        """Run a batch: ``inputs`` holds every request's rows in order; returns every
+        output, the policy heads' included, for all rows."""
         ...
 
-    def answer(self, batch: Sequence[Prepared], outputs: Outputs) -> list[Answer | RLServeError]:
-        """Split a batch's outputs into one answer per request, in order (on the event loop)."""
+    def respond(self, request: Prepared, outputs: Outputs, start: int) -> Answer:
+        """One request's answer: the outputs it asked for, from its rows ``start:``."""
         ...
 
-    def warm_up(self, sizes: Sequence[int]) -> None:
-        """Run each batch size once so the first real requests pay no first-run costs."""
+    def warm_up(self, sizes: Sequence[int]) -> dict[int, float]:
+        """Run each batch size once (first-run costs paid now); seconds per size."""
         ...
 
     def describe(self) -> dict[str, Any]:
         """What GET /v1/models/{model} shows about this version."""
         ...
+
+
+class VersionSource(Protocol):
+    """Where a scheduler finds the version a batch runs on (``serve.control.lifecycle``)."""
+
+    @property
+    def active(self) -> int | None: ...
+
+    def get(self, version: int) -> ServedModel | None: ...

@@ -1,7 +1,7 @@
-"""The wire format: request bodies in (size-limited, orjson), JSON responses out.
+"""JSON on the wire, for both planes: bodies in (size-limited, orjson), answers out.
 
-No per-element pydantic validation on the hot path: bodies are parsed with orjson into
-Python lists and validated into numpy by ``serve.spaces``.
+No per-element validation happens here: bodies are parsed with orjson into Python values,
+which the model's compiled validator (``serve.policies.validation``) turns into arrays.
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from serve.errors import MalformedRequest, PayloadTooLarge, RLServeError
+from serve.status import http_headers, http_status
 
+JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 _JSON = "application/json"
-_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
 
-async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
-    body = await read_body(request, max_bytes)
+def decode_object(body: bytes) -> dict[str, Any]:
+    """A JSON object from a request body, or MalformedRequest saying what is wrong."""
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -33,49 +34,55 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
     return payload
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The whole body, refused with 413 as soon as it is known to exceed ``max_bytes``."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise _too_large(int(declared), max_bytes)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise _too_large(size, max_bytes)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _too_large(size: int, limit: int) -> PayloadTooLarge:
+def too_large(size: int, limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(
         f"request body of {size} bytes exceeds the limit of {limit} bytes (max_body_bytes for "
         "predictions, max_model_bytes for pushed models); send less or raise the limit"
     )
 
 
-def deadline_ms(request: Request, default_ms: float) -> float:
-    """The request's deadline: the default, or less when X-Request-Timeout-Ms asks for less."""
-    raw = request.headers.get("x-request-timeout-ms")
-    if raw is None:
+def deadline_ms(header: str | None, default_ms: float) -> float:
+    """A request's deadline: the default, or less when X-Request-Timeout-Ms asks for less."""
+    if header is None:
         return default_ms
     try:
-        asked = float(raw)
+        asked = float(header)
     except ValueError:
         asked = math.nan
     if not (asked > 0 and math.isfinite(asked)):
         raise MalformedRequest(
-            f"X-Request-Timeout-Ms: expected a positive number of milliseconds, got {raw!r}"
+            f"X-Request-Timeout-Ms: expected a positive number of milliseconds, got {header!r}"
         )
     return min(asked, default_ms)
+
+
+# --------------------------------------------------------------------------- control plane
+
+
+async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
+    return decode_object(await read_body(request, max_bytes))
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The whole body, refused with 413 as soon as it is known to exceed ``max_bytes``."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise too_large(int(declared), max_bytes)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_large(size, max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def json_response(
     content: Any, status: int = 200, headers: dict[str, str] | None = None
 ) -> Response:
-    return Response(orjson.dumps(content, option=_OPTIONS), status, headers, media_type=_JSON)
+    return Response(orjson.dumps(content, option=JSON_OPTIONS), status, headers, media_type=_JSON)
 
 
 def error_response(error: RLServeError) -> Response:
-    return json_response(error.to_json(), error.status, error.headers)
+    return json_response(error.to_json(), http_status(error), http_headers(error))

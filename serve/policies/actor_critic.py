@@ -1,27 +1,28 @@
-"""Actor-critic policies (PPO, A2C): request validation, batched execution, answers.
+"""Actor-critic policies (PPO, A2C): validation, batched execution, answers.
 
-The graph gives the deterministic action, the distribution parameters and the value for
-every row. Stochastic actions and log-probabilities are computed here from those
-parameters with ``serve.distributions``, per request: a request's ``seed`` reproduces its
-actions whatever else shares its batch, and its log-probs come from the same graph run
-as its actions.
+Built once per loaded version: the contract's compiled observation validator
+(``serve.policies.validation``) checks requests on the event loop; a batch runs the graph
+once and the policy heads (``serve.policies.heads``) once over all its rows; each request's
+answer is then a slice of those outputs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from serve import distributions
-from serve.contract import PolicyContract, TensorRole
-from serve.dataplane.runtime import Session
-from serve.errors import InvalidInput, RLServeError
-from serve.spaces import Box, parse_observations
-from serve.types import Answer, OutputKind, Outputs, PredictOptions, Prepared
-
-_FIELDS = ("observations", "actions", "deterministic", "seed", "outputs")
+from serve.contract import PolicyContract
+from serve.dataplane.batching import bucket, buckets_for
+from serve.dataplane.messages import InferenceRequest, Prepared
+from serve.dataplane.runtime import CPU, Session
+from serve.errors import InvalidInput
+from serve.policies.heads import PolicyHeads, needs_distribution
+from serve.policies.validation import ObservationValidator, predict_options
+from serve.spaces import parse_observations
+from serve.types import Answer, OutputKind, Outputs
 
 
 class ActorCriticPolicy:
@@ -39,36 +40,43 @@ class ActorCriticPolicy:
         self.provider = session.report.primary
         self._session = session
         self._max_rows = max_batch_size
-        self._rng = np.random.default_rng()  # only used by the batch thread
-        self._names = {o.role: o.name for o in contract.outputs}
-        self._params = [o for o in contract.outputs if o.role in _PARAM_ROLES]
+        self._observations = ObservationValidator(contract)
+        self._heads = PolicyHeads(contract)
+        # GPU providers run best at a few warmed shapes (engines and kernels are planned per
+        # shape): batches are padded to them. On the CPU every extra row is compute wasted.
+        gpu = self.provider != CPU
+        self.batch_sizes = buckets_for(max_batch_size) if gpu else None
 
     # ------------------------------------------------------------------ request path
 
-    def prepare(self, payload: Mapping[str, Any]) -> Prepared:
-        unknown = sorted(set(payload) - set(_FIELDS))
-        if unknown:
-            raise InvalidInput(f"unknown field(s) {unknown}; a request may have {list(_FIELDS)}")
-        if "observations" not in payload:
+    def prepare(self, request: InferenceRequest) -> Prepared:
+        inputs = request.inputs
+        if "observations" not in inputs:
             raise InvalidInput("observations: required (one observation or a list of them)")
-        batch = parse_observations(self.contract.observation_space, payload["observations"])
+        batch = self._observations(inputs["observations"])
         if batch.rows > self._max_rows:
             raise InvalidInput(
                 f"observations: {batch.rows} rows exceed max_batch_size {self._max_rows} of "
                 f"model {self.name!r}; send at most {self._max_rows} per request, or raise "
                 "max_batch_size in the model's config.yaml"
             )
-        feeds = {spec.name: batch.arrays[spec.key] for spec in self.contract.inputs}
-        evaluate = self._given_actions(payload, batch.rows, batch.single)
-        return Prepared(feeds, batch.rows, batch.single, _options(payload), evaluate)
+        given = inputs.get("actions")
+        evaluate = None if given is None else self._given_actions(given, batch.rows, batch.single)
+        options = predict_options(request.parameters)
+        return Prepared(
+            self._observations.feeds(batch),
+            batch.rows,
+            batch.single,
+            options,
+            evaluate,
+            request.request_id,
+            request.received_at,
+            request.deadline,
+        )
 
-    def _given_actions(
-        self, payload: Mapping[str, Any], rows: int, single: bool
-    ) -> np.ndarray | None:
+    def _given_actions(self, value: Any, rows: int, single: bool) -> np.ndarray:
         """Actions to score (log-probs of what the caller took), validated like observations."""
-        if "actions" not in payload:
-            return None
-        given = parse_observations(self.contract.action_space, payload["actions"], field="actions")
+        given = parse_observations(self.contract.action_space, value, field="actions")
         if (given.rows, given.single) != (rows, single):
             raise InvalidInput(
                 f"actions: give one action per observation; got {given.rows} "
@@ -76,22 +84,41 @@ class ActorCriticPolicy:
             )
         return given.arrays[None]
 
-    def execute(self, batch: Sequence[Prepared], padded_rows: int) -> Outputs:
-        return self._session.run(_stack(batch, padded_rows))
+    def execute(self, inputs: dict[str, np.ndarray], requests: Sequence[Prepared]) -> Outputs:
+        rows = sum(r.rows for r in requests)
+        size = rows if self.batch_sizes is None else bucket(rows, self.batch_sizes)
+        if size == rows:
+            graph = self._session.run(inputs)
+        else:
+            padded = self._session.run({n: _fill(a, size) for n, a in inputs.items()})
+            graph = {name: values[:rows] for name, values in padded.items()}
+        return self._heads(graph, requests)
 
-    def answer(self, batch: Sequence[Prepared], outputs: Outputs) -> list[Answer | RLServeError]:
-        answers: list[Answer | RLServeError] = []
-        start = 0
-        for item in batch:
-            rows = {k: v[start : start + item.rows] for k, v in outputs.items()}
-            answers.append(self._answer(rows, item))
-            start += item.rows
-        return answers
+    def respond(self, request: Prepared, outputs: Outputs, start: int) -> Answer:
+        rows = slice(start, start + request.rows)
+        wanted = request.options.outputs
+        answer: Answer = {}
+        if OutputKind.ACTIONS in wanted:
+            scored = request.evaluate is not None and needs_distribution(request.options)
+            answer["actions"] = request.evaluate if scored else outputs["actions"][rows]
+        if OutputKind.LOG_PROBS in wanted:
+            answer["log_probs"] = outputs["log_probs"][rows]
+        if OutputKind.VALUES in wanted and "values" in outputs:
+            answer["values"] = outputs["values"][rows]
+        if OutputKind.DISTRIBUTION in wanted:
+            answer["distribution"] = {role: outputs[role][rows] for role in self._heads.parameters}
+        return answer
 
-    def warm_up(self, sizes: Sequence[int]) -> None:
+    def warm_up(self, sizes: Sequence[int]) -> dict[int, float]:
         golden = self.contract.observation_feeds(self.contract.golden[0].observations)
+        seconds = {}
         for size in sizes:
-            self._session.run({k: _fill(v, size) for k, v in golden.items()})
+            feeds = {k: _fill(v, size) for k, v in golden.items()}
+            self._session.run(feeds)  # the first run of a size pays one-off costs
+            started = time.perf_counter()
+            self._session.run(feeds)
+            seconds[size] = time.perf_counter() - started
+        return seconds
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -102,82 +129,9 @@ class ActorCriticPolicy:
             "contract": self.contract.model_dump(mode="json", by_alias=True),
         }
 
-    # ------------------------------------------------------------------ answers
-
-    def _answer(self, rows: dict[str, np.ndarray], item: Prepared) -> Answer:
-        options = item.options
-        wanted = options.outputs
-        needs_dist = not options.deterministic or OutputKind.LOG_PROBS in wanted
-        answer: Answer = {}
-        if needs_dist:
-            dist = self._distribution(rows)
-            if item.evaluate is not None:
-                taken = actions = item.evaluate
-            elif options.deterministic:
-                taken = dist.mode()
-                actions = rows[self._names[TensorRole.ACTION]]
-            else:
-                rng = np.random.default_rng(options.seed) if options.seed is not None else self._rng
-                taken = dist.sample(rng)
-                actions = self._to_env(taken)
-            if OutputKind.LOG_PROBS in wanted:
-                answer["log_probs"] = dist.log_prob(taken)
-        else:
-            actions = rows[self._names[TensorRole.ACTION]]
-        if OutputKind.ACTIONS in wanted:
-            answer["actions"] = actions
-        if OutputKind.VALUES in wanted and TensorRole.VALUE in self._names:
-            answer["values"] = rows[self._names[TensorRole.VALUE]]
-        if OutputKind.DISTRIBUTION in wanted:
-            answer["distribution"] = {o.role.value: rows[o.name] for o in self._params}
-        return _unbatch(answer) if item.single else answer
-
-    def _distribution(self, rows: dict[str, np.ndarray]) -> distributions.Distribution:
-        return distributions.build(
-            self.contract.distribution.kind,
-            {o.role.value: rows[o.name] for o in self._params},
-            tuple(self.contract.distribution.nvec or ()) or None,
-        )
-
-    def _to_env(self, sampled: np.ndarray) -> np.ndarray:
-        """A sampled action as the environment takes it: clipped to a Box's bounds."""
-        space = self.contract.action_space
-        if isinstance(space, Box) and self.contract.preprocessing.action_clip:
-            return np.clip(sampled, space.low_array, space.high_array).astype(np.float32)
-        return sampled
-
-
-_PARAM_ROLES = (TensorRole.LOGITS, TensorRole.MEAN, TensorRole.LOG_STD)
-
-
-def _options(payload: Mapping[str, Any]) -> PredictOptions:
-    deterministic = payload.get("deterministic", True)
-    if not isinstance(deterministic, bool):
-        raise InvalidInput(f"deterministic: expected true or false, got {deterministic!r}")
-    seed = payload.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise InvalidInput(f"seed: expected a non-negative integer, got {seed!r}")
-    outputs = payload.get("outputs", [OutputKind.ACTIONS.value])
-    valid = [k.value for k in OutputKind]
-    if not isinstance(outputs, list) or not outputs or any(o not in valid for o in outputs):
-        raise InvalidInput(
-            f"outputs: expected a non-empty list drawn from {valid}, got {outputs!r}"
-        )
-    return PredictOptions(deterministic, seed, frozenset(OutputKind(o) for o in outputs))
-
-
-def _stack(batch: Sequence[Prepared], padded_rows: int) -> dict[str, np.ndarray]:
-    names = batch[0].feeds.keys()
-    stacked = {n: np.concatenate([p.feeds[n] for p in batch]) for n in names}
-    return {n: _fill(a, padded_rows) for n, a in stacked.items()}
-
 
 def _fill(array: np.ndarray, rows: int) -> np.ndarray:
     """The first ``rows`` rows, padded by repeating the last row where there are fewer."""
     if len(array) == rows:
         return array
     return array[np.minimum(np.arange(rows), len(array) - 1)]
-
-
-def _unbatch(answer: Answer) -> Answer:
-    return {k: (_unbatch(v) if isinstance(v, dict) else v[0]) for k, v in answer.items()}

@@ -1,82 +1,125 @@
-"""The ASGI application: ``create_app()`` builds it (gunicorn: ``serve.process.app:create_app()``).
+"""The ASGI application of one server process: ``create_app()`` builds it (gunicorn:
+``serve.process.app:create_app()``).
 
-Settings are read when the app is created, never at import. Errors of every kind become
-``{"error": {"code": ..., "message": ...}}`` here, and only here.
+Two planes share the process and its port:
+
+- the **data plane**: the predict routes go straight to ``serve.dataplane.http`` (no
+  framework in front of them);
+- the **control plane**: everything else — models, live updates, health, readiness,
+  metrics, /docs — is a FastAPI application, wrapped once by the access middleware.
+
+The lifespan loads the models while the server already answers /health, and stops the
+models' schedulers at shutdown (``serve.process.phases`` has the whole shutdown order).
+Settings are read when the app is created, never at import. Errors of the control plane
+become ``{"error": {"code": ..., "message": ...}}`` here; the data plane answers its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serve import __version__, config
-from serve.control import admin
-from serve.control import api as routes
-from serve.control.manager import Registry
+from serve.access import AccessMiddleware
+from serve.control.admin import AdminEndpoints
+from serve.control.api import ModelEndpoints
+from serve.control.manager import ModelRepositoryManager
 from serve.control.updates import Updater
 from serve.control.watcher import RepositoryWatcher
 from serve.dataplane import http as predict
+from serve.dataplane.record import RecordSink
 from serve.dataplane.wire import error_response, json_response
-from serve.errors import MalformedRequest, RLServeError
+from serve.errors import MalformedRequest, MethodNotAllowed, NotFound, RLServeError
 from serve.metrics import Metrics
-from serve.process import openapi
-from serve.process.access import AccessMiddleware
-from serve.process.phases import Lifecycle
+from serve.process import memory, openapi
+from serve.process.operations import OperationsEndpoints
+from serve.process.phases import ServerPhases
 from serve.process.state import ServerState
 
 log = logging.getLogger("rlserve.app")
 
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+class RLServeApp:
+    """Routes each call to its plane, and runs the lifespan."""
+
+    def __init__(self, state: ServerState, control: ASGIApp, frontend: predict.PredictFrontend):
+        self.state = state
+        self.control = control
+        self.frontend = frontend
+        self._loading: asyncio.Task[None] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = predict.match(scope["path"])
+            if path is not None:
+                await self.frontend(scope, receive, send, path)
+                return
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        await self.control(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        await receive()  # lifespan.startup
+        memory.tune()
+        self._loading = asyncio.create_task(_load(self.state), name="rlserve-load")
+        if self.state.phases.listen_after_load:
+            await self.state.phases.loaded.wait()  # uvicorn listens once startup completes
+        await send({"type": "lifespan.startup.complete"})
+        await receive()  # lifespan.shutdown
+        self.state.phases.begin_stop()
+        self._loading.cancel()
+        await self.state.manager.stop()
+        log.info("stopped")
+        await send({"type": "lifespan.shutdown.complete"})
 
 
-def create_app(settings: config.Settings | None = None) -> FastAPI:
+def create_app(
+    settings: config.Settings | None = None, sinks: Sequence[RecordSink] = ()
+) -> RLServeApp:
+    """The application; ``sinks`` receive every executed batch (``serve.dataplane.record``)."""
     settings = settings or config.load()
     metrics = Metrics()
-    registry = Registry(settings, metrics)
-    updater = Updater(registry, settings, metrics)
-    state = ServerState(settings, registry, Lifecycle(), metrics, updater)
+    manager = ModelRepositoryManager(settings, metrics, sinks)
+    updater = Updater(manager, settings, metrics)
+    phases = ServerPhases()
+    state = ServerState(settings, manager, phases, metrics, updater)
+    frontend = predict.PredictFrontend(
+        manager,
+        metrics,
+        settings.max_body_bytes,
+        lambda: phases.draining,
+        access_log=settings.access_log,
+    )
+    return RLServeApp(state, _control_app(state), frontend)
+
+
+def _control_app(state: ServerState) -> ASGIApp:
     app = FastAPI(
         title="rlserve",
         version=__version__,
         summary="A batching policy server for reinforcement-learning policies",
-        lifespan=_lifespan,
     )
-    app.state.rlserve = state
-    app.router.routes.extend(predict.ROUTES)
-    app.include_router(routes.router)
-    app.include_router(admin.router)
+    app.include_router(ModelEndpoints(state.manager).router())
+    app.include_router(AdminEndpoints(state.updater, state.settings).router())
+    app.include_router(
+        OperationsEndpoints(state.manager, state.phases, state.metrics, state.settings).router()
+    )
     openapi.install(app)
     app.add_exception_handler(RLServeError, _rlserve_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected_error)
-    app.add_middleware(
-        AccessMiddleware, lifecycle=state.lifecycle, log_requests=settings.access_log
-    )
-    return app
-
-
-@asynccontextmanager
-async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    state: ServerState = app.state.rlserve
-    loading = asyncio.create_task(_load(state), name="rlserve-load")  # then the watcher
-    if state.lifecycle.listen_after_load:
-        await state.lifecycle.loaded.wait()  # uvicorn listens once the lifespan has started
-    try:
-        yield
-    finally:
-        state.lifecycle.begin_stop()
-        loading.cancel()
-        await state.registry.stop()
-        log.info("stopped")
+    phases = state.phases
+    return AccessMiddleware(app, lambda: phases.draining, log_requests=state.settings.access_log)
 
 
 async def _load(state: ServerState) -> None:
@@ -85,20 +128,21 @@ async def _load(state: ServerState) -> None:
     try:
         loaded = await _load_models(state)
     finally:
-        state.lifecycle.loaded.set()
+        state.phases.loaded.set()
     if loaded and state.settings.poll_interval_s is not None:
-        await RepositoryWatcher(state.registry, state.updater, state.settings.poll_interval_s).run()
+        await RepositoryWatcher(state.manager, state.updater, state.settings.poll_interval_s).run()
 
 
 async def _load_models(state: ServerState) -> bool:
     try:
-        await state.registry.load_all()
+        await state.manager.load_all()
     except RLServeError as exc:
-        state.registry.fatal = exc.message
+        state.manager.fatal = exc.message
         log.error("cannot load the model repository: %s", exc.message)
         return False
-    state.lifecycle.ready()
-    for reason in state.registry.unready_reasons():
+    memory.freeze()
+    state.phases.ready()
+    for reason in state.manager.unready_reasons():
         log.error("not ready: %s", reason)
     return True
 
@@ -107,10 +151,15 @@ async def _rlserve_error(request: Request, exc: RLServeError) -> Response:
     return error_response(exc)
 
 
+_HTTP_ERRORS: dict[int, type[RLServeError]] = {404: NotFound, 405: MethodNotAllowed}
+
+
 async def _http_error(request: Request, exc: HTTPException) -> Response:
-    code = _HTTP_CODES.get(exc.status_code, "http_error")
     message = f"{request.method} {request.url.path}: {exc.detail}"
-    return json_response({"error": {"code": code, "message": message}}, exc.status_code)
+    kind = _HTTP_ERRORS.get(exc.status_code)
+    if kind is not None:
+        return error_response(kind(message))
+    return json_response({"error": {"code": "http_error", "message": message}}, exc.status_code)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> Response:

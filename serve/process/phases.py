@@ -17,8 +17,8 @@ Shutdown order, on SIGTERM (``serve.process.server.DrainingServer``):
    arrives on an open connection is served like any other.
 3. In-flight requests finish: their work is queued or running in a batcher and completes
    within its deadline (uvicorn waits up to ``graceful_timeout_s``).
-4. Lifespan shutdown: each batcher answers what is left in its queue (runs it, or 504 when
-   its deadline passed), then its thread stops.
+4. Lifespan shutdown: each model's scheduler answers what is left in its queue (runs it, or
+   504 when its deadline passed), then its thread, if it started one, stops.
 5. The process exits.
 
 SIGINT (Ctrl-C in development) skips the delay of step 2; a second signal forces exit.
@@ -31,7 +31,7 @@ import logging
 import time
 from enum import StrEnum
 
-log = logging.getLogger("rlserve.lifecycle")
+log = logging.getLogger("rlserve.phases")
 
 
 class Phase(StrEnum):
@@ -41,7 +41,7 @@ class Phase(StrEnum):
     STOPPING = "stopping"
 
 
-class Lifecycle:
+class ServerPhases:
     def __init__(self) -> None:
         self.phase = Phase.STARTING
         self.started_at = time.monotonic()

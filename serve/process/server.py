@@ -31,7 +31,7 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         delay = self.state.settings.drain_delay_s
         first = self._pending_signal is None and not self.should_exit
-        self.state.lifecycle.begin_drain()
+        self.state.phases.begin_drain()
         if first and sig == signal.SIGTERM and delay > 0:
             self._pending_signal = sig  # keep serving; on_tick stops us after the delay
             self._drain_until = time.monotonic() + delay
@@ -45,7 +45,7 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        self.state.lifecycle.begin_stop()
+        self.state.phases.begin_stop()
         for server in self.servers:
             server.close()  # stop accepting; uvicorn closes them again, harmlessly
         # uvicorn closes connections that look idle; one whose request is still in the

@@ -1,27 +1,20 @@
-"""What the routes share: one object on ``app.state.rlserve``, built by ``serve.process.app``."""
+"""Everything one server process is made of, built once by ``serve.process.app``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from starlette.requests import Request
-
 from serve.config import Settings
-from serve.control.manager import Registry
+from serve.control.manager import ModelRepositoryManager
 from serve.control.updates import Updater
 from serve.metrics import Metrics
-from serve.process.phases import Lifecycle
+from serve.process.phases import ServerPhases
 
 
 @dataclass
 class ServerState:
     settings: Settings
-    registry: Registry
-    lifecycle: Lifecycle
+    manager: ModelRepositoryManager
+    phases: ServerPhases
     metrics: Metrics
     updater: Updater
-
-
-def of(request: Request) -> ServerState:
-    state: ServerState = request.app.state.rlserve
-    return state

@@ -1,7 +1,7 @@
 """The gunicorn worker: uvicorn's worker with the draining server and rlserve's logging.
 
 Its workers share one listening socket, so a worker listens only once its models are loaded
-(``Lifecycle.listen_after_load``); until then it tells gunicorn it is alive itself.
+(``ServerPhases.listen_after_load``); until then it tells gunicorn it is alive itself.
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ class RLServeWorker(UvicornWorker):
 
     async def _serve(self) -> None:
         self.config.app = self.wsgi
-        state: ServerState = self.wsgi.state.rlserve
+        state: ServerState = self.wsgi.state
         logs.configure(state.settings.log_level)
         self.config.timeout_graceful_shutdown = int(state.settings.graceful_timeout_s)
-        state.lifecycle.listen_after_load = True
+        self.config.proxy_headers = state.settings.proxy_headers
+        self.config.server_header = False
+        state.phases.listen_after_load = True
         server = DrainingServer(self.config, state)
         self._install_sigquit_handler()
         heartbeat = asyncio.create_task(self._notify_until_started(server))

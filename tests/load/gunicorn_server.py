@@ -54,7 +54,7 @@ def stop_gunicorn(server: Server) -> None:
 
 def ready_workers(server: Server) -> int:
     assert server.log is not None
-    return server.log.read_text().count("rlserve.lifecycle: ready after")
+    return server.log.read_text().count("rlserve.phases: ready after")
 
 
 def worker_pids(server: Server) -> set[int]:

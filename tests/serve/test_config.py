@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from serve import config
-from serve.config import ConfigError
+from serve.errors import ConfigError
 
 
 def test_defaults_apply_when_nothing_is_given(monkeypatch: pytest.MonkeyPatch) -> None:

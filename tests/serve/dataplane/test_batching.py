@@ -1,8 +1,9 @@
 """The batch-forming policy, as a pure function of queue, clock and policy."""
 
-from serve.dataplane.batching import Plan, Policy, Waiting, bucket, buckets_for, plan
+from serve.dataplane.batching import Plan, Policy, RunTimes, Waiting, bucket, buckets_for, plan
 
-POLICY = Policy(max_batch_size=8, max_wait_s=0.002, buckets=buckets_for(8))
+POLICY = Policy(max_batch_size=8, max_wait_s=0.002)
+NO_WAIT = Policy(max_batch_size=8, max_wait_s=0.0)
 
 
 def waiting(rows: int, at: float = 0.0, deadline: float = 1.0) -> Waiting:
@@ -27,7 +28,7 @@ def test_a_lone_request_waits_for_company_until_max_wait() -> None:
 
 def test_a_lone_request_goes_once_max_wait_has_passed() -> None:
     decision = plan([waiting(1, at=0.0)], now=0.002, policy=POLICY, expected_run_s=0.0)
-    assert decision == Plan(expired=(), take=(0,), padded_rows=1, wait_s=0.0)
+    assert decision == Plan(expired=(), take=(0,), wait_s=0.0)
 
 
 def test_a_full_batch_goes_at_once() -> None:
@@ -39,7 +40,6 @@ def test_rows_are_gathered_in_order_and_the_first_that_does_not_fit_closes_the_b
     queue = [waiting(3), waiting(3), waiting(3), waiting(1)]
     decision = plan(queue, now=0.0, policy=POLICY, expected_run_s=0.0)
     assert decision.take == (0, 1)  # never reordered to squeeze the 1-row request in
-    assert decision.padded_rows == 8
 
 
 def test_expired_requests_are_dropped_without_running() -> None:
@@ -62,4 +62,41 @@ def test_the_wait_ends_before_the_tightest_deadline_minus_the_expected_run_time(
 
 
 def test_an_empty_queue_plans_nothing() -> None:
-    assert plan([], now=0.0, policy=POLICY, expected_run_s=0.0) == Plan((), (), 0, 0.0)
+    assert plan([], now=0.0, policy=POLICY, expected_run_s=0.0) == Plan((), (), 0.0)
+
+
+def test_without_max_wait_a_lone_request_goes_at_once() -> None:
+    decision = plan([waiting(1, at=0.0)], now=0.0, policy=NO_WAIT, expected_run_s=0.001)
+    assert decision == Plan(expired=(), take=(0,), wait_s=0.0)
+
+
+def test_a_batch_never_mixes_versions() -> None:
+    queue = [Waiting(1, 0.0, 1.0, version=1), Waiting(1, 0.0, 1.0, version=2)]
+    assert plan(queue, now=0.0, policy=NO_WAIT, expected_run_s=0.0).take == (0,)
+
+
+def test_batches_run_inline_while_their_inline_average_stays_under_the_threshold() -> None:
+    times = RunTimes(inline_below_s=0.001)
+    assert times.next_inline()  # nothing measured yet
+    times.add(0.0005, inline=True)
+    assert times.next_inline()
+    for _ in range(10):
+        times.add(0.005, inline=True)
+    assert not times.inline
+
+
+def test_thread_runs_do_not_count_and_a_probe_runs_inline_now_and_then() -> None:
+    times = RunTimes(inline_below_s=0.001, probe_every=4)
+    times.add(0.005, inline=True)  # expensive: off the loop from now on
+    decisions = [times.next_inline() for _ in range(8)]
+    assert decisions == [False, False, False, True, False, False, False, True]
+    times.add(0.002, inline=False)  # slow on the thread: says nothing about inline cost
+    assert times.inline_s == 0.005
+    for _ in range(20):
+        times.add(0.0001, inline=True)  # probes found it cheap again
+    assert times.next_inline()
+
+
+def test_an_inline_threshold_of_zero_keeps_every_batch_on_the_thread() -> None:
+    times = RunTimes(inline_below_s=0.0, probe_every=1)
+    assert not any(times.next_inline() for _ in range(5))

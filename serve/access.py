@@ -1,0 +1,73 @@
+"""What every HTTP exchange gets: a request id, one structured access-log line, and
+``Connection: close`` while the server drains (so clients reconnect to another replica).
+
+The predict frontend (``serve.dataplane.http``) does this inline; :class:`AccessMiddleware`
+does it for the control-plane application. Both use the functions here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import orjson
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("rlserve.access")
+
+
+def request_id(scope: Scope) -> str:
+    """The caller's X-Request-Id (1 to 128 bytes), or a new random one."""
+    for name, value in scope["headers"]:
+        if name == b"x-request-id" and 0 < len(value) <= 128:
+            return value.decode("latin-1")
+    return os.urandom(12).hex()
+
+
+def log_exchange(scope: Scope, request_id: str, status: int, seconds: float) -> None:
+    client = scope.get("client")
+    record = {
+        "request_id": request_id,
+        "method": scope["method"],
+        "path": scope["path"],
+        "status": status,
+        "latency_ms": round(seconds * 1000, 3),
+        "client": client[0] if client else None,
+    }
+    log.info(orjson.dumps(record).decode())
+
+
+class AccessMiddleware:
+    """A pure ASGI middleware: one wrapper around the app, no per-request task or body copy."""
+
+    def __init__(self, app: ASGIApp, draining: Callable[[], bool], log_requests: bool) -> None:
+        self.app = app
+        self.draining = draining
+        self.log_requests = log_requests
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = request_id(scope)
+        started = time.perf_counter()
+        status = 500
+
+        async def send_with_headers(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = MutableHeaders(scope=message)
+                headers["X-Request-Id"] = rid
+                if self.draining():
+                    headers["Connection"] = "close"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_headers)
+        finally:
+            if self.log_requests:
+                log_exchange(scope, rid, status, time.perf_counter() - started)

@@ -1,0 +1,59 @@
+"""The protocol-neutral messages of the data plane.
+
+A frontend (HTTP/JSON today; the Open Inference Protocol and gRPC next) decodes a call into
+an :class:`InferenceRequest`; the model version that will validate it turns that into
+:class:`Prepared` rows; the scheduler runs them in a batch and settles each request with an
+:class:`InferenceResponse`, which the frontend encodes. Nothing here knows a wire format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from serve.types import Answer, PredictOptions
+
+
+@dataclass(slots=True)
+class InferenceRequest:
+    """One call, decoded: inputs and parameters by name, as the frontend received them.
+
+    ``inputs`` holds ``observations`` (and optionally ``actions`` to score) in request form:
+    nested lists from JSON, or arrays from a binary protocol. ``parameters`` holds
+    ``deterministic``, ``seed`` and ``outputs`` when the call gave them.
+    """
+
+    inputs: dict[str, Any]
+    parameters: dict[str, Any]
+    request_id: str
+    received_at: float  # monotonic seconds
+    deadline: float  # monotonic seconds
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A validated request, ready to join a batch: its rows, how to answer it, and its
+    identity and deadline. It holds no request data but its arrays: once a request is
+    prepared, the decoded body can be freed."""
+
+    feeds: dict[str, np.ndarray]  # graph input name -> [rows, ...]
+    rows: int
+    single: bool  # one observation, not a list: answer without the batch axis
+    options: PredictOptions
+    evaluate: np.ndarray | None  # given actions to score instead of choosing them
+    request_id: str
+    received_at: float  # monotonic seconds
+    deadline: float  # monotonic seconds
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceResponse:
+    """One request's answer and the model version that computed it."""
+
+    model: str
+    version: int
+    sha256: str
+    outputs: Answer  # output name -> this request's rows (batch axis kept)
+    single: bool  # the request held one observation: frontends drop the batch axis

@@ -1,0 +1,33 @@
+"""Where a request goes: the lookup the frontends need, implemented by the control plane
+(``serve.control.manager``), so the data plane never imports it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from serve.dataplane.model import ServedModel
+from serve.dataplane.scheduler import Scheduler
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A model's scheduler, the version that validates the request, the version it is
+    pinned to (None: whichever is active when its batch forms), and its default deadline."""
+
+    model: str
+    scheduler: Scheduler
+    version: ServedModel
+    pinned: int | None
+    default_deadline_ms: float
+
+
+class Router(Protocol):
+    def resolve(self, model: str | None, version: int | None) -> Route:
+        """The route for a model (None: the default model) and version (None: the active
+        one); raises NotFound or ServiceUnavailable."""
+        ...
+
+    def known(self, model: str) -> bool:
+        """Whether the model is served (metrics label only known models)."""
+        ...

@@ -1,0 +1,71 @@
+"""The scheduler interface: what a model's lifecycle and the frontends need of a scheduler.
+
+A scheduler owns a model's queue and decides when and how its requests run. The dynamic
+batch scheduler (``serve.dataplane.dynamic_batcher``) is the first implementation, for
+policies whose requests are one forward pass; a continuous-batching scheduler for
+language-model generation slots in beside it behind the same interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+from serve.dataplane.messages import InferenceResponse, Prepared
+
+
+class Scheduler(Protocol):
+    name: str
+    held: bool
+
+    def start(self) -> None:
+        """Bind to the running event loop; called once before the first submit."""
+        ...
+
+    def submit(self, prepared: Prepared, version: int | None) -> asyncio.Future[InferenceResponse]:
+        """Queue a validated request; its future settles with the answer or an RLServeError.
+
+        ``version`` pins the request to one version; None runs it on whichever version is
+        active when its batch forms. Raises QueueFull (back-pressure) or
+        ServiceUnavailable (stopping) at once instead of queueing.
+        """
+        ...
+
+    def hold(self) -> None:
+        """Run nothing until ``resume``; queued requests wait within their deadlines."""
+        ...
+
+    def resume(self) -> None: ...
+
+    def pin_queued(self, version: int) -> None:
+        """Requests already queued without a version stay on ``version`` (a draining swap)."""
+        ...
+
+    def pinned_versions(self) -> set[int]:
+        """Versions that queued requests are pinned to: they must stay loaded."""
+        ...
+
+    def stuck_for(self, now: float) -> float:
+        """Seconds the running batch has been running (0 when idle)."""
+        ...
+
+    @property
+    def alive(self) -> bool:
+        """False once stopped."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """The scheduler's configuration and state, for GET /v1/models/{model}."""
+        ...
+
+    async def stop(self) -> None:
+        """Refuse new requests, answer every queued one (run, or 504 past its deadline)."""
+        ...
+
+
+class LoadGauges(Protocol):
+    """Where a scheduler reports its load after each change of state (``serve.metrics``)."""
+
+    def update(self, model: str, queued_rows: int, pending_rows: int, requests: int) -> None:
+        """Rows waiting, rows waiting or running, requests admitted and not yet answered."""
+        ...

@@ -1,0 +1,199 @@
+"""Request validation compiled once per loaded version, from its policy contract.
+
+:class:`ObservationValidator` turns the observations of a request (nested lists from JSON,
+or arrays) into the graph's feeds with as few conversions as the common cases allow:
+
+- a flat float row (one observation of a 1-D Box): one C-level conversion to float32
+  (``array.array``, which refuses anything but numbers) and one bounds check;
+- float rows in general: one ``numpy`` conversion, a dtype check, one bounds check;
+- uint8 images: the nesting is checked level by level and each innermost list becomes
+  bytes in C (``bytes`` refuses anything but integers 0..255).
+
+Whatever a fast path does not accept goes to ``serve.spaces.parse_observations``, the
+general path, which accepts the same requests and names exactly what is wrong with the
+others. A fast path never accepts a request the general path would refuse, and gives the
+same arrays for those it accepts.
+"""
+
+from __future__ import annotations
+
+import array
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from serve.contract import PolicyContract
+from serve.errors import InvalidInput
+from serve.spaces import Box, Dict, ObservationBatch, parse_observations
+from serve.types import OutputKind, PredictOptions
+
+FastPath = Callable[[Any], ObservationBatch | None]
+
+
+class ObservationValidator:
+    """A contract's observations, checked and converted to feeds."""
+
+    def __init__(self, contract: PolicyContract) -> None:
+        self.space = contract.observation_space
+        self.input_names = {spec.key: spec.name for spec in contract.inputs}
+        self._fast = _fast_path(self.space)
+
+    def __call__(self, value: Any) -> ObservationBatch:
+        if self._fast is not None:
+            batch = self._fast(value)
+            if batch is not None:
+                return batch
+        return parse_observations(self.space, value)
+
+    def feeds(self, batch: ObservationBatch) -> dict[str, np.ndarray]:
+        """Graph input name -> rows."""
+        return {self.input_names[key]: rows for key, rows in batch.arrays.items()}
+
+
+def _fast_path(space: Any) -> FastPath | None:
+    if isinstance(space, Dict) or not isinstance(space, Box):
+        return None  # discrete spaces and dicts: the general path is already short
+    if space.dtype == "uint8":
+        return _Uint8Images(space)
+    return _FloatRows(space)
+
+
+class _FloatRows:
+    def __init__(self, space: Box) -> None:
+        self.shape = space.shape
+        self.flat = len(space.shape) == 1
+        self.width = space.shape[0] if self.flat else 0
+        self.low, self.high = space.finite_bounds
+        self.unbounded = bool(
+            np.all(np.isinf(space.low_array)) and np.all(np.isinf(space.high_array))
+        )
+
+    def __call__(self, value: Any) -> ObservationBatch | None:
+        if not isinstance(value, list) or not value:
+            return None
+        if self.flat and not isinstance(value[0], list):
+            single = True
+            try:
+                rows = np.frombuffer(array.array("f", value), dtype=np.float32)
+            except TypeError:
+                return None
+            if len(rows) != self.width:
+                return None
+            rows = rows.reshape(1, self.width)
+        else:
+            try:
+                converted = np.asarray(value)
+            except ValueError:  # ragged
+                return None
+            if converted.dtype.kind not in "fiub":
+                return None
+            rows = converted.astype(np.float32)
+            single = rows.shape == self.shape
+            if single:
+                rows = rows[np.newaxis]
+            elif rows.shape[1:] != self.shape:
+                return None
+        if not self._fits(rows):
+            return None
+        return ObservationBatch({None: rows}, rows=len(rows), single=single)
+
+    def _fits(self, rows: np.ndarray) -> bool:
+        if self.unbounded:
+            return bool(np.isfinite(rows).all())
+        return bool(((rows >= self.low) & (rows <= self.high)).all())
+
+
+class _Uint8Images:
+    def __init__(self, space: Box) -> None:
+        self.shape = space.shape
+        low, high = space.low_array, space.high_array
+        self.full_range = bool(np.all(low <= 0) and np.all(high >= 255))
+        self.low, self.high = low.astype(np.int64), high.astype(np.int64)
+
+    def __call__(self, value: Any) -> ObservationBatch | None:
+        depth = _depth(value, len(self.shape) + 1)
+        if depth == len(self.shape):
+            single, dims = True, self.shape
+        elif depth == len(self.shape) + 1 and value:
+            single, dims = False, (len(value), *self.shape)
+        else:
+            return None
+        innermost = _innermost_lists(value, dims)
+        if innermost is None:
+            return None
+        try:
+            data = b"".join(map(bytes, innermost))
+        except (TypeError, ValueError):  # not integers, or outside 0..255
+            return None
+        rows = np.frombuffer(data, dtype=np.uint8).reshape(dims)
+        if single:
+            rows = rows[np.newaxis]
+        if not self.full_range and not ((rows >= self.low) & (rows <= self.high)).all():
+            return None
+        return ObservationBatch({None: rows}, rows=len(rows), single=single)
+
+
+def _depth(value: Any, limit: int) -> int:
+    """How deep lists nest along the first elements (at most ``limit``)."""
+    depth = 0
+    while isinstance(value, list) and depth <= limit:
+        depth += 1
+        if not value:
+            break
+        value = value[0]
+    return depth
+
+
+def _innermost_lists(value: list[Any], dims: tuple[int, ...]) -> list[list[Any]] | None:
+    """The innermost lists of a nesting whose every level has exactly the lengths ``dims``."""
+    level: list[Any] = [value]
+    for size in dims[:-1]:
+        if any(type(item) is not list or len(item) != size for item in level):
+            return None
+        level = [child for item in level for child in item]
+    last = dims[-1]
+    if any(type(item) is not list or len(item) != last for item in level):
+        return None
+    return level
+
+
+# --------------------------------------------------------------------------- options
+
+DEFAULT_OPTIONS = PredictOptions()
+_OUTPUT_NAMES = [k.value for k in OutputKind]
+_OUTPUT_SETS: dict[tuple[str, ...], frozenset[OutputKind]] = {}
+
+
+def predict_options(parameters: Mapping[str, Any]) -> PredictOptions:
+    """A request's parameters, checked; the shared default when it gave none."""
+    if not parameters:
+        return DEFAULT_OPTIONS
+    deterministic = parameters.get("deterministic", True)
+    if not isinstance(deterministic, bool):
+        raise InvalidInput(f"deterministic: expected true or false, got {deterministic!r}")
+    seed = parameters.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise InvalidInput(f"seed: expected a non-negative integer, got {seed!r}")
+    return PredictOptions(deterministic, seed, _outputs(parameters.get("outputs")))
+
+
+def _outputs(given: Any) -> frozenset[OutputKind]:
+    if given is None:
+        return DEFAULT_OPTIONS.outputs
+    key = tuple(given) if isinstance(given, list) else None
+    known = _OUTPUT_SETS.get(key) if key is not None and _hashable(key) else None
+    if known is not None:
+        return known
+    if not isinstance(given, list) or not given or any(o not in _OUTPUT_NAMES for o in given):
+        raise InvalidInput(
+            f"outputs: expected a non-empty list drawn from {_OUTPUT_NAMES}, got {given!r}"
+        )
+    chosen = frozenset(OutputKind(o) for o in given)
+    if len(_OUTPUT_SETS) < 64:  # every valid combination fits; nothing else is stored
+        _OUTPUT_SETS[tuple(given)] = chosen
+    return chosen
+
+
+def _hashable(key: tuple[Any, ...]) -> bool:
+    return all(isinstance(item, str) for item in key)

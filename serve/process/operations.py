@@ -1,0 +1,69 @@
+"""The operations endpoints: liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.responses import Response
+
+from serve.config import Settings
+from serve.control.manager import ModelRepositoryManager
+from serve.dataplane.wire import json_response
+from serve.metrics import Metrics
+from serve.process.phases import ServerPhases
+
+
+class OperationsEndpoints:
+    def __init__(
+        self,
+        manager: ModelRepositoryManager,
+        phases: ServerPhases,
+        metrics: Metrics,
+        settings: Settings,
+    ) -> None:
+        self.manager = manager
+        self.phases = phases
+        self.metrics = metrics
+        self.settings = settings
+
+    def router(self) -> APIRouter:
+        router = APIRouter(tags=["operations"])
+        router.add_api_route("/health", self.health, methods=["GET"])
+        router.add_api_route("/ready", self.ready, methods=["GET"])
+        router.add_api_route("/metrics", self.render_metrics, methods=["GET"])
+        return router
+
+    async def health(self) -> Response:
+        """Liveness: the process answers and no model's scheduler is stopped or stuck."""
+        now = time.monotonic()
+        stopping = self.phases.stopping
+        problems = []
+        for lifecycle in self.manager.models.values():
+            scheduler = lifecycle.scheduler
+            if not scheduler.alive and not stopping:
+                problems.append(f"{lifecycle.name}: scheduler stopped")
+            elif scheduler.stuck_for(now) > self.settings.stuck_batch_s:
+                problems.append(f"{lifecycle.name}: batch running for too long")
+        if problems:
+            return json_response({"status": "unhealthy", "problems": problems}, 503)
+        return json_response({"status": "ok"})
+
+    async def ready(self) -> Response:
+        """Readiness: models loaded, verified and warm, and the server is not draining."""
+        reasons = self.manager.unready_reasons()
+        if self.phases.draining:
+            reasons.insert(0, f"server is {self.phases.phase.value}")
+        body: dict[str, Any] = {
+            "status": "ready" if not reasons else "not ready",
+            "phase": self.phases.phase.value,
+        }
+        if reasons:
+            return json_response({**body, "reasons": reasons}, 503, {"Retry-After": "1"})
+        return json_response(body)
+
+    async def render_metrics(self) -> Response:
+        """Prometheus metrics (every gunicorn worker of this pod summed)."""
+        text, content_type = self.metrics.render()
+        return Response(text, media_type=content_type)

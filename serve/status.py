@@ -1,0 +1,42 @@
+"""Error codes on the wire: the one place where an :class:`~serve.errors.ErrorCode` becomes a
+protocol's status.
+
+Every frontend (the predict data plane, the FastAPI control plane; gRPC later) answers
+errors through these tables, so a code means the same thing whichever way it travels.
+"""
+
+from __future__ import annotations
+
+from serve.errors import ErrorCode, RLServeError
+
+HTTP_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.MALFORMED_REQUEST: 400,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.METHOD_NOT_ALLOWED: 405,
+    ErrorCode.CONFLICT: 409,
+    ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.INVALID_INPUT: 422,
+    ErrorCode.MODEL_LOAD_FAILED: 422,
+    ErrorCode.CONTRACT_INVALID: 422,
+    ErrorCode.EXPORT_FAILED: 422,
+    ErrorCode.CHECK_FAILED: 409,
+    ErrorCode.QUEUE_FULL: 429,
+    ErrorCode.CONFIG_INVALID: 500,
+    ErrorCode.INTERNAL: 500,
+    ErrorCode.KUBECTL_FAILED: 502,
+    ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.DEADLINE_EXCEEDED: 504,
+}
+
+
+def http_status(error: RLServeError) -> int:
+    return HTTP_STATUS[error.code]
+
+
+def http_headers(error: RLServeError) -> dict[str, str]:
+    """Headers an error answer carries besides its body (Retry-After for 429 and 503)."""
+    if error.retry_after_s is None:
+        return {}
+    return {"Retry-After": str(error.retry_after_s)}

@@ -1,0 +1,276 @@
+"""The dynamic batch scheduler with a fake model: work-conserving batching, inline and
+threaded runs, records, back-pressure, deadlines, isolation, versions, hold and stop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from serve.control.lifecycle import ModelLifeCycle
+from serve.dataplane.messages import InferenceResponse
+from serve.errors import DeadlineExceeded, QueueFull, RLServeError, ServiceUnavailable
+from tests.serve.dataplane.fakes import (
+    EchoModel,
+    Gauges,
+    Records,
+    lifecycle,
+    request,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def submit(
+    cycle: ModelLifeCycle, rows: Any, timeout_s: float = 1.0, version: int | None = None
+) -> asyncio.Future[InferenceResponse]:
+    model = cycle.active_model
+    assert model is not None
+    return cycle.scheduler.submit(model.prepare(request(rows, timeout_s)), version)
+
+
+async def answer(cycle: ModelLifeCycle, rows: Any, timeout_s: float = 1.0) -> Any:
+    return (await submit(cycle, rows, timeout_s)).outputs
+
+
+async def test_requests_of_one_turn_share_a_batch_and_get_their_own_rows_back() -> None:
+    model = EchoModel()
+    cycle = lifecycle(model, max_batch_size=16)
+    answers = await asyncio.gather(*(answer(cycle, [i, i + 0.5]) for i in range(6)))
+    await cycle.scheduler.stop()
+    assert answers == [{"y": [2 * i, 2 * i + 1]} for i in range(6)]
+    assert model.batches == [12]
+
+
+async def test_a_request_that_finds_the_model_idle_runs_at_once() -> None:
+    model = EchoModel()
+    cycle = lifecycle(model, max_batch_size=16, max_wait_ms=0)
+    started = time.monotonic()
+    assert await answer(cycle, [1.0]) == {"y": [2.0]}
+    assert time.monotonic() - started < 0.005  # no deliberate wait for company
+    await cycle.scheduler.stop()
+
+
+async def test_rows_arriving_while_a_batch_runs_form_the_next_batch() -> None:
+    model = EchoModel(run_s=0.05)
+    cycle = lifecycle(model, max_batch_size=16, inline_max_ms=0)  # always on the thread
+    first = submit(cycle, [1.0])
+    await asyncio.sleep(0.01)  # the first batch is running
+    later = [submit(cycle, [float(i)]) for i in range(3)]
+    await asyncio.gather(first, *later)
+    await cycle.scheduler.stop()
+    assert model.batches == [1, 3]
+
+
+async def test_max_wait_is_an_opt_in_wait_for_fuller_batches() -> None:
+    model = EchoModel()
+    cycle = lifecycle(model, max_batch_size=4, max_wait_ms=30)
+    first = submit(cycle, [1.0])
+    await asyncio.sleep(0.01)
+    assert model.batches == []  # waiting for company
+    second = submit(cycle, [2.0])
+    await asyncio.gather(first, second)
+    await cycle.scheduler.stop()
+    assert model.batches == [2]
+
+
+async def test_a_full_batch_does_not_wait_out_max_wait() -> None:
+    model = EchoModel()
+    cycle = lifecycle(model, max_batch_size=2, max_wait_ms=10_000)
+    first = submit(cycle, [1.0])
+    await asyncio.sleep(0.005)
+    await asyncio.wait_for(asyncio.gather(first, submit(cycle, [2.0])), 1)
+    await cycle.scheduler.stop()
+    assert model.batches == [2]
+
+
+async def test_cheap_batches_run_on_the_event_loop_and_expensive_ones_on_a_thread() -> None:
+    cheap, slow = EchoModel(), EchoModel(run_s=0.002)
+    on_loop = lifecycle(cheap, inline_max_ms=1.0)
+    off_loop = lifecycle(slow, inline_max_ms=0.5)
+    for _ in range(3):
+        await answer(on_loop, [1.0])
+        await answer(off_loop, [1.0])
+    await on_loop.scheduler.stop()
+    await off_loop.scheduler.stop()
+    loop_thread = threading.get_ident()
+    assert set(cheap.threads) == {loop_thread}
+    # measured, not assumed: the first batch runs inline, its run time moves the rest off
+    assert slow.threads[0] == loop_thread
+    assert loop_thread not in slow.threads[1:]
+
+
+async def test_every_executed_batch_becomes_one_record_for_every_sink() -> None:
+    model, records = EchoModel(), Records()
+    cycle = lifecycle(model, sinks=[records])
+    model_served = cycle.active_model
+    assert model_served is not None
+    futures = [
+        cycle.scheduler.submit(model_served.prepare(request(rows, request_id=rid)), None)
+        for rows, rid in (([1.0, 2.0], "a"), ([3.0], "b"))
+    ]
+    await asyncio.gather(*futures)
+    await cycle.scheduler.stop()
+    (record,) = records.records
+    assert (record.model, record.version, record.sha256) == ("echo", 1, "0" * 64)
+    assert record.request_ids == ("a", "b")
+    assert record.offsets == (0, 2, 3)
+    assert record.inputs["x"][:, 0].tolist() == [1.0, 2.0, 3.0]
+    assert record.outputs["y"][:, 0].tolist() == [2.0, 4.0, 6.0]
+    assert record.started_at <= record.finished_at
+    arrivals = zip(record.received_at, record.enqueued_at, strict=True)
+    assert all(r <= e <= record.started_at for r, e in arrivals)
+
+
+async def test_a_failing_sink_does_not_touch_the_answers() -> None:
+    class Broken:
+        def accept(self, record: Any) -> None:
+            raise RuntimeError("sink is down")
+
+    records = Records()
+    cycle = lifecycle(EchoModel(), sinks=[Broken(), records])
+    assert await answer(cycle, [1.0]) == {"y": [2.0]}
+    await cycle.scheduler.stop()
+    assert len(records.records) == 1
+
+
+async def test_a_full_queue_refuses_with_a_retry_hint() -> None:
+    cycle = lifecycle(EchoModel(), max_batch_size=4, max_queue_rows=3)
+    cycle.scheduler.hold()
+    submit(cycle, [1, 2])
+    with pytest.raises(QueueFull) as caught:
+        submit(cycle, [3, 4])
+    assert (caught.value.retry_after_s or 0) >= 1
+    cycle.scheduler.resume()
+    await cycle.scheduler.stop()
+
+
+async def test_the_gauges_show_queued_rows_and_fall_back_to_zero() -> None:
+    gauges = Gauges()
+    cycle = lifecycle(EchoModel(), gauges=gauges)
+    cycle.scheduler.hold()
+    held = [submit(cycle, [1.0, 2.0]), submit(cycle, [3.0])]
+    await asyncio.sleep(0)
+    assert gauges.last == (3, 3, 2)
+    cycle.scheduler.resume()
+    await asyncio.gather(*held)
+    assert gauges.last == (0, 0, 0)
+    await cycle.scheduler.stop()
+
+
+async def test_a_request_whose_deadline_passes_in_the_queue_is_never_run() -> None:
+    model = EchoModel()
+    cycle = lifecycle(model)
+    cycle.scheduler.hold()
+    with pytest.raises(DeadlineExceeded, match="not run"):
+        await answer(cycle, [1.0], timeout_s=0.02)
+    cycle.scheduler.resume()
+    await cycle.scheduler.stop()
+    assert model.batches == []
+
+
+async def test_a_request_whose_batch_outlives_its_deadline_gets_504_at_the_deadline() -> None:
+    model = EchoModel(run_s=0.3)
+    cycle = lifecycle(model, inline_max_ms=0)
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded, match="no answer within"):
+        await answer(cycle, [1.0], timeout_s=0.05)
+    assert time.monotonic() - started < 0.2
+    await cycle.scheduler.stop()
+
+
+async def test_a_request_that_breaks_the_model_fails_alone() -> None:
+    cycle = lifecycle(EchoModel(), max_batch_size=8)
+    results = await asyncio.gather(
+        answer(cycle, [1.0]), answer(cycle, [-1.0]), answer(cycle, [3.0]), return_exceptions=True
+    )
+    await cycle.scheduler.stop()
+    assert results[0] == {"y": [2.0]}
+    assert isinstance(results[1], RLServeError)
+    assert "cannot take -1" in results[1].message
+    assert results[2] == {"y": [6.0]}
+
+
+async def test_stopping_answers_everything_still_queued_and_refuses_more() -> None:
+    cycle = lifecycle(EchoModel(), max_batch_size=8, max_wait_ms=10_000)
+    pending = [submit(cycle, [float(i)]) for i in range(3)]
+    await cycle.scheduler.stop()
+    assert [p.result().outputs for p in pending] == [{"y": [0.0]}, {"y": [2.0]}, {"y": [4.0]}]
+    with pytest.raises(ServiceUnavailable):
+        submit(cycle, [1.0])
+    assert not cycle.scheduler.alive
+
+
+async def test_stopping_runs_what_a_hold_kept_queued() -> None:
+    cycle = lifecycle(EchoModel())
+    cycle.scheduler.hold()
+    held = submit(cycle, [1.0])
+    await cycle.scheduler.stop()
+    assert held.result().outputs == {"y": [2.0]}
+
+
+async def test_requests_run_on_the_version_active_when_their_batch_forms() -> None:
+    cycle = lifecycle(EchoModel(), EchoModel(version=2, factor=20))
+    cycle.scheduler.hold()
+    queued = submit(cycle, [1.0])
+    cycle.activate(2)  # queued before the swap: runs on version 2
+    cycle.scheduler.resume()
+    response = await queued
+    await cycle.scheduler.stop()
+    assert (response.version, response.outputs) == (2, {"y": [20.0]})
+
+
+async def test_pinned_requests_stay_on_their_version_and_never_share_a_batch() -> None:
+    old_model, new_model = EchoModel(), EchoModel(version=2, factor=20)
+    cycle = lifecycle(old_model, new_model)
+    cycle.scheduler.hold()
+    old = submit(cycle, [1.0])
+    cycle.scheduler.pin_queued(1)  # a draining swap: what was queued stays on version 1
+    assert cycle.scheduler.pinned_versions() == {1}
+    cycle.activate(2)
+    new = submit(cycle, [1.0])
+    cycle.scheduler.resume()
+    results = [await old, await new]
+    await cycle.scheduler.stop()
+    assert [(r.version, r.outputs) for r in results] == [(1, {"y": [2.0]}), (2, {"y": [20.0]})]
+    assert (old_model.batches, new_model.batches) == ([1], [1])
+
+
+async def test_a_batch_for_an_unloaded_version_is_refused_not_run() -> None:
+    cycle = lifecycle(EchoModel(), EchoModel(version=2))
+    cycle.scheduler.hold()
+    pinned = submit(cycle, [1.0], version=2)
+    cycle.evict(keep=1, protected=set())  # version 2 is gone
+    cycle.scheduler.resume()
+    with pytest.raises(ServiceUnavailable, match="unloaded"):
+        await pinned
+    await cycle.scheduler.stop()
+
+
+async def test_a_held_scheduler_runs_nothing_until_resumed() -> None:
+    model = EchoModel()
+    cycle = lifecycle(model)
+    cycle.scheduler.hold()
+    waiting = submit(cycle, [2.0])
+    await asyncio.sleep(0.02)
+    assert model.batches == []
+    cycle.scheduler.resume()
+    assert (await waiting).outputs == {"y": [4.0]}
+    await cycle.scheduler.stop()
+
+
+async def test_the_scheduler_describes_its_settings_and_where_batches_run() -> None:
+    cycle = lifecycle(EchoModel(), max_batch_size=8)
+    described = cycle.scheduler.describe()
+    await cycle.scheduler.stop()
+    assert described["scheduler"] == "dynamic_batcher"
+    assert (described["max_batch_size"], described["max_wait_ms"]) == (8, 0.0)
+    assert described["runs"] == "inline"
