@@ -29,9 +29,10 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from serve.access import log_exchange
+from serve.dataplane.json_body import PredictBodyDecoder
 from serve.dataplane.messages import InferenceRequest, InferenceResponse
 from serve.dataplane.routing import Router
-from serve.dataplane.wire import JSON_OPTIONS, deadline_ms, decode_object, too_large
+from serve.dataplane.wire import JSON_OPTIONS, deadline_ms, too_large
 from serve.errors import DeadlineExceeded, InvalidInput, MethodNotAllowed, NotFound, RLServeError
 from serve.metrics import Metrics
 from serve.status import http_headers, http_status
@@ -95,6 +96,7 @@ class PredictFrontend:
         self.max_body_bytes = max_body_bytes
         self.draining = draining
         self.access_log = access_log
+        self.bodies = PredictBodyDecoder(frozenset(PARAMETERS))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, path: PredictPath) -> None:
         call = _start(scope)
@@ -132,7 +134,7 @@ class PredictFrontend:
         body = await _read_body(receive, call.declared_length, self.max_body_bytes)
         deadline = call.received_at + budget_ms / 1000
         # Only the prepared arrays outlive this line: the decoded body is freed at once.
-        prepared = route.version.prepare(_decode(body, call, deadline))
+        prepared = route.version.prepare(_request(self.bodies.decode(body), call, deadline))
         if time.monotonic() >= deadline:  # spent reading and validating: never queue it
             raise DeadlineExceeded(
                 f"the request's deadline of {budget_ms:g} ms passed on admission"
@@ -195,9 +197,8 @@ async def _read_body(receive: Receive, declared: int | None, limit: int) -> byte
         chunks.append(chunk)
 
 
-def _decode(body: bytes, call: _Call, deadline: float) -> InferenceRequest:
-    """The JSON predict body as a protocol-neutral request."""
-    payload = decode_object(body)
+def _request(payload: dict[str, Any], call: _Call, deadline: float) -> InferenceRequest:
+    """The decoded JSON predict body as a protocol-neutral request."""
     if len(payload) == 1 and "observations" in payload:  # the common case, nothing to split
         return InferenceRequest(
             payload, _NO_PARAMETERS, call.request_id, call.received_at, deadline

@@ -70,6 +70,8 @@ class _FloatRows:
         )
 
     def __call__(self, value: Any) -> ObservationBatch | None:
+        if isinstance(value, np.ndarray):
+            return self._rows(value) if value.dtype.kind in "fiub" else None
         if not isinstance(value, list) or not value:
             return None
         if self.flat and not isinstance(value[0], list):
@@ -86,14 +88,20 @@ class _FloatRows:
                 converted = np.asarray(value)
             except ValueError:  # ragged
                 return None
-            if converted.dtype.kind not in "fiub":
-                return None
-            rows = converted.astype(np.float32)
-            single = rows.shape == self.shape
-            if single:
-                rows = rows[np.newaxis]
-            elif rows.shape[1:] != self.shape:
-                return None
+            return self._rows(converted) if converted.dtype.kind in "fiub" else None
+        if not self._fits(rows):
+            return None
+        return ObservationBatch({None: rows}, rows=len(rows), single=single)
+
+    def _rows(self, array: np.ndarray) -> ObservationBatch | None:
+        """Numbers already in an array (numpy did the parsing): cast, shape, bounds."""
+        with np.errstate(over="ignore"):
+            rows = array.astype(np.float32)
+        single = rows.shape == self.shape
+        if single:
+            rows = rows[np.newaxis]
+        elif rows.ndim != len(self.shape) + 1 or rows.shape[1:] != self.shape or not len(rows):
+            return None
         if not self._fits(rows):
             return None
         return ObservationBatch({None: rows}, rows=len(rows), single=single)
@@ -112,6 +120,8 @@ class _Uint8Images:
         self.low, self.high = low.astype(np.int64), high.astype(np.int64)
 
     def __call__(self, value: Any) -> ObservationBatch | None:
+        if isinstance(value, np.ndarray):
+            return self._array(value)
         depth = _depth(value, len(self.shape) + 1)
         if depth == len(self.shape):
             single, dims = True, self.shape
@@ -127,8 +137,21 @@ class _Uint8Images:
         except (TypeError, ValueError):  # not integers, or outside 0..255
             return None
         rows = np.frombuffer(data, dtype=np.uint8).reshape(dims)
-        if single:
-            rows = rows[np.newaxis]
+        return self._checked(rows[np.newaxis] if single else rows, single)
+
+    def _array(self, array: np.ndarray) -> ObservationBatch | None:
+        """Integers already in an array: within 0..255, shaped as one image or a batch."""
+        if array.dtype.kind not in "iu" or not len(array):
+            return None
+        single = array.shape == self.shape
+        if not single and array.shape[1:] != self.shape:
+            return None
+        if array.min() < 0 or array.max() > 255:
+            return None
+        rows = array.astype(np.uint8)
+        return self._checked(rows[np.newaxis] if single else rows, single)
+
+    def _checked(self, rows: np.ndarray, single: bool) -> ObservationBatch | None:
         if not self.full_range and not ((rows >= self.low) & (rows <= self.high)).all():
             return None
         return ObservationBatch({None: rows}, rows=len(rows), single=single)

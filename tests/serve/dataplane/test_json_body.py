@@ -1,0 +1,120 @@
+"""Predict bodies into arrays: what the simdjson path takes it decodes exactly as orjson
+would, and everything else is left to orjson untouched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from serve.dataplane.http import PARAMETERS
+from serve.dataplane.json_body import PredictBodyDecoder
+from serve.errors import MalformedRequest
+
+
+@pytest.fixture
+def decoder() -> PredictBodyDecoder:
+    return PredictBodyDecoder(frozenset(PARAMETERS))
+
+
+@pytest.mark.parametrize(
+    ("observations", "dtype"),
+    [
+        ([0.5, -1.0, 3.25], np.float64),
+        ([1, 2, 3], np.int64),
+        ([[1, 2.5], [3, 4]], np.float64),
+        (np.arange(24).reshape(2, 3, 4).tolist(), np.int64),
+        ([[[[0] * 2] * 3] * 2] * 5, np.int64),
+        ([1e300, -0.0, 5e-324], np.float64),
+    ],
+)
+def test_rectangular_numbers_become_an_array_with_their_values(
+    decoder: PredictBodyDecoder, observations: Any, dtype: type
+) -> None:
+    body = orjson.dumps({"observations": observations})
+    decoded = decoder.decode(body)["observations"]
+    assert isinstance(decoded, np.ndarray)
+    assert decoded.dtype == dtype
+    np.testing.assert_array_equal(decoded, np.asarray(observations))
+
+
+def test_parameters_come_back_as_python_values(decoder: PredictBodyDecoder) -> None:
+    payload = {
+        "observations": [0.0, 1.0],
+        "deterministic": False,
+        "seed": 9,
+        "outputs": ["actions", "log_probs"],
+    }
+    decoded = decoder.decode(orjson.dumps(payload))
+    assert isinstance(decoded["observations"], np.ndarray)
+    assert {k: v for k, v in decoded.items() if k != "observations"} == {
+        "deterministic": False,
+        "seed": 9,
+        "outputs": ["actions", "log_probs"],
+    }
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"observations": [[1, 2], [3]]}',  # ragged
+        b'{"observations": [[], [1, 2], 3]}',  # nesting that flattens to the right count
+        b'{"observations": [1, [2], 3]}',  # a hidden nested array
+        b'{"observations": [[1, [2]], [[], 4]]}',  # rows of equal length hiding nesting
+        b'{"observations": [1, "2", 3]}',
+        b'{"observations": [true, false]}',
+        b'{"observations": [1, null]}',
+        b'{"observations": []}',
+        b'{"observations": 3}',
+        b'{"observations": {"a": [1]}}',
+        b'{"observations": [1, 2], "observations": [3, 4]}',  # duplicate keys: orjson's last
+        b'{"observations": [1, 2], "actions": [0, 1]}',  # scoring: the general path
+        b'{"observations": [1, 2], "outputs": ["log_probs", ["actions"]]}',
+        b'{"observations": [1, 2], "seed": {"a": 1}}',
+        b'{"observations": [1, 2], "obs": 1}',
+        b'{"observations": [123456789012345678901234567890]}',
+    ],
+)
+def test_anything_else_is_decoded_by_orjson_unchanged(
+    decoder: PredictBodyDecoder, body: bytes
+) -> None:
+    decoded = decoder.decode(body)
+    assert decoded == orjson.loads(body)
+    assert not any(isinstance(v, np.ndarray) for v in decoded.values())
+
+
+def test_a_bracket_inside_a_parameter_string_is_counted_as_text(
+    decoder: PredictBodyDecoder,
+) -> None:
+    decoded = decoder.decode(b'{"observations": [[1, 2], [3, 4]], "outputs": ["a[b", "]["]}')
+    np.testing.assert_array_equal(decoded["observations"], [[1, 2], [3, 4]])
+    assert decoded["outputs"] == ["a[b", "]["]
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        (b'{"observations": [0.1, ', "not valid JSON"),
+        (b'{"observations": [NaN]}', "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (b"", "not valid JSON"),
+    ],
+)
+def test_malformed_bodies_get_orjsons_error(
+    decoder: PredictBodyDecoder, body: bytes, words: str
+) -> None:
+    with pytest.raises(MalformedRequest, match=words):
+        decoder.decode(body)
+
+
+def test_one_parser_decodes_body_after_body(decoder: PredictBodyDecoder) -> None:
+    rng = np.random.default_rng(0)
+    for i in range(200):
+        rows = rng.standard_normal((int(rng.integers(1, 4)), 7))
+        body = orjson.dumps({"observations": rows.tolist()})
+        if i % 7 == 0:
+            decoder.decode(b'{"observations": [1, "x"]}')  # a body the fast path leaves
+        decoded = decoder.decode(body)["observations"]
+        np.testing.assert_array_equal(decoded, rows)

@@ -1,0 +1,83 @@
+"""Metrics updated per batch count what one-by-one updates would have counted."""
+
+from __future__ import annotations
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Histogram
+
+from serve.dataplane.messages import Prepared
+from serve.dataplane.record import BatchRecord
+from serve.metrics import LATENCY_BUCKETS, Metrics, observe_all
+from serve.policies.validation import DEFAULT_OPTIONS
+
+
+def test_observing_a_batch_of_values_equals_observing_them_one_by_one() -> None:
+    values = [0.0, 0.0004, 0.0005, 0.0031, 0.2, 7.5, 0.0005, 1e-9]
+    one, many = CollectorRegistry(), CollectorRegistry()
+    single = Histogram("latency", "h", buckets=LATENCY_BUCKETS, registry=one)
+    batched = Histogram("latency", "h", buckets=LATENCY_BUCKETS, registry=many)
+    for value in values:
+        single.observe(value)
+    observe_all(batched, values)
+    assert samples(one) == samples(many)
+
+
+def samples(registry: CollectorRegistry) -> list[tuple[str, dict[str, str], float]]:
+    return [
+        (s.name, s.labels, s.value)
+        for family in registry.collect()
+        for s in family.samples
+        if not s.name.endswith("_created")
+    ]
+
+
+def record(rows: list[int], model: str = "m", version: int = 3) -> BatchRecord:
+    requests = tuple(
+        Prepared({}, n, False, DEFAULT_OPTIONS, None, f"r{i}", 1.0, 9.0) for i, n in enumerate(rows)
+    )
+    offsets = tuple(int(x) for x in np.cumsum([0, *rows]))
+    return BatchRecord(
+        model=model,
+        version=version,
+        sha256="0" * 64,
+        request_ids=tuple(r.request_id for r in requests),
+        requests=requests,
+        offsets=offsets,
+        inputs={},
+        outputs={},
+        received_at=(1.0,) * len(rows),
+        enqueued_at=(1.5,) * len(rows),
+        started_at=2.0,
+        finished_at=2.25,
+        max_rows=8,
+    )
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
+    assert value is not None, name
+    return value
+
+
+def test_a_batch_record_counts_its_requests_rows_and_times() -> None:
+    metrics = Metrics()
+    metrics.sink.accept(record([2, 1, 1]))
+    labels = {"model": "m", "version": "3"}
+    assert sample(metrics, "rlserve_requests_total", status="200", **labels) == 3
+    assert sample(metrics, "rlserve_batch_rows_sum", **labels) == 4
+    assert sample(metrics, "rlserve_batch_fill_ratio_sum", **labels) == 0.5
+    assert sample(metrics, "rl_inference_latency_seconds_sum", **labels) == 0.25
+    assert sample(metrics, "rlserve_queue_wait_seconds_sum", **labels) == 1.5
+    assert sample(metrics, "rlserve_request_latency_seconds_count", model="m") == 3
+    assert sample(metrics, "rlserve_request_latency_seconds_sum", model="m") == 3 * 1.25
+
+
+def test_load_gauges_sum_the_models() -> None:
+    metrics = Metrics()
+    metrics.update("a", queued_rows=3, pending_rows=5, requests=2)
+    metrics.update("b", queued_rows=1, pending_rows=1, requests=1)
+    assert sample(metrics, "rlserve_queue_rows", model="a") == 3
+    assert sample(metrics, "rlserve_pending_rows") == 6
+    assert sample(metrics, "rlserve_inflight_requests") == 3
+    metrics.update("a", queued_rows=0, pending_rows=0, requests=0)
+    assert sample(metrics, "rlserve_pending_rows") == 1
