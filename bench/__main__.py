@@ -1,187 +1,181 @@
-"""Server throughput against raw onnxruntime and a plain FastAPI app, in one run.
+"""Side by side in one run: rlserve, a plain FastAPI app and raw onnxruntime (issue #8).
 
-    python -m bench [--seconds 8] [--connections 64]
+    python -m bench [--seconds 8] [--only mlp-64 --only actor] [--output docs/benchmarks.md]
 
-Needs wrk on PATH and the test install (torch builds the wide model). Writes the table
-to docs/benchmarks.md. Ratios are only meaningful within one run: machines are noisy.
+Servers run pinned to core 0 and the load (wrk, or the CartPole actor) to core 1, with
+taskset. For each scenario every server gets a warm-up wrk run, then a measured one; the
+server's cost per request is the CPU time of its process tree over the measured run.
+Scenarios (all by default):
+
+  mlp-64, mlp-8, mlp-1                 mlp, one observation per request, deterministic
+  mlp-stochastic-64, mlp-stochastic-8  mlp, sampled actions with log_probs and values
+  cnn-64                               Nature-CNN, one 4x84x84 uint8 frame stack
+  cartpole-64                          the bundled demo
+  raw                                  onnxruntime alone, batch 1 and 32, every model
+  actor                                a CartPole env stepped through rlserve serve
+
+Needs wrk and taskset on PATH, two CPU cores, and the test install (torch and
+stable-baselines3 build the mlp and cnn models). Writes docs/benchmarks.md unless told
+otherwise; a document from a subset says which scenarios it holds.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
-import shutil
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import load, raw
+from bench import cpu, load, models, raw, report, scenarios, servers, targets
+from bench.actor import ActorResult, Client
+from bench.results import ActorRun, Conditions, LoadRun, RawRun, Results
+from bench.scenarios import Scenario
+from bench.servers import Server, Setup
 from serve.cli.arguments import add_arguments, arg, from_namespace
-from tests.e2e.conftest import DEMO, export_untrained
-from tests.e2e.server import Server
 
 ROOT = Path(__file__).resolve().parents[1]
-OBSERVATION = {"observations": [0.01, -0.02, 0.03, 0.04]}
 
 
 @dataclass
 class BenchArgs:
-    seconds: float = field(default=8.0, metadata=arg("seconds of load per server"))
-    connections: int = field(default=64, metadata=arg("concurrent connections (wrk)"))
-    workers: int = field(default=2, metadata=arg("gunicorn workers"))
+    seconds: int = field(
+        default=8, metadata=arg("measured seconds per server and scenario (1 for a smoke test)")
+    )
+    warmup: int = field(default=2, metadata=arg("seconds of warm-up load before each run"))
+    workers: int = field(
+        default=2, metadata=arg("workers of the unpinned gunicorn row (throughput scaling)")
+    )
+    only: list[str] | None = field(
+        default=None,
+        metadata=arg(
+            "run only this scenario; repeat for several (default: all)",
+            choices=list(scenarios.NAMES),
+            metavar="SCENARIO",
+        ),
+    )
     output: Path = field(
         default=ROOT / "docs" / "benchmarks.md", metadata=arg("markdown file to write")
     )
 
 
-@dataclass
-class Row:
-    setup: str
-    result: load.LoadResult
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(parser, BenchArgs)
     args = from_namespace(BenchArgs, parser.parse_args())
+    if args.seconds < 1 or args.warmup < 1:
+        parser.error("--seconds and --warmup take whole seconds, 1 at least (wrk's -d)")
+    chosen = tuple(n for n in scenarios.NAMES if args.only is None or n in args.only)
+    cpu.require_cores()
     load.require_wrk()
-    with tempfile.TemporaryDirectory() as tmp:
-        repo = Path(tmp) / "repository"
-        shutil.copytree(DEMO, repo / "cartpole")
-        print("building the wide model (PPO MlpPolicy, 2x1024 hidden)", file=sys.stderr)
-        export_untrained(Path(tmp), repo, "wide", "CartPole-v1", [1024, 1024])
-        sections = [_model_section(args, repo, name, Path(tmp)) for name in ("cartpole", "wide")]
-    args.output.write_text(_document(args, sections))
-    print(f"wrote {args.output}", file=sys.stderr)
+    results = Results(_conditions(args, chosen))
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        workdir = Path(tmp)
+        repository = models.build_repository(
+            workdir / "repository", scenarios.bench_models(list(chosen))
+        )
+        for model in scenarios.MODELS:
+            picked = [s for s in scenarios.WRK if s.model == model and s.name in chosen]
+            results.load += _load_runs(args, repository / model, picked, workdir)
+        if scenarios.RAW in chosen:
+            results.raw = [_raw(repository / m, min(args.seconds, 2)) for m in scenarios.MODELS]
+        if scenarios.ACTOR in chosen:
+            results.actor = _actor_runs(args, repository / "cartpole", workdir)
+    args.output.write_text(report.render(results, targets.judge(results)))
+    _say(f"wrote {args.output}")
 
 
-def _model_section(args: BenchArgs, repo: Path, name: str, tmp: Path) -> str:
-    model = repo / name / "1" / "model.onnx"
-    print(f"{name}: raw onnxruntime", file=sys.stderr)
-    raw_1, raw_32 = raw.rows_per_second(model, 1), raw.rows_per_second(model, 32)
-    single = _only(repo, name, tmp)
-    rows = [
-        Row("plain FastAPI, ORT inline per request", _measure(args, _baseline(model, tmp))),
-        Row("rlserve serve (1 process)", _measure(args, _rlserve(single, tmp))),
-        Row(
-            f"rlserve gunicorn ({args.workers} workers)",
-            _measure(args, _gunicorn(single, tmp, args.workers)),
-        ),
-    ]
-    return _table(name, raw_1, raw_32, rows)
-
-
-def _only(repo: Path, name: str, tmp: Path) -> Path:
-    single = tmp / f"only-{name}"
-    if not single.exists():
-        shutil.copytree(repo / name, single / name)
-    return single
-
-
-def _baseline(model: Path, tmp: Path) -> Server:
-    command = [
-        sys.executable, "-m", "uvicorn", "--factory", "bench.baseline:create_app",
-        "--host", "127.0.0.1", "--port", "{port}", "--log-level", "warning", "--no-access-log",
-    ]  # fmt: skip
-    server = Server(command, {"BASELINE_MODEL": str(model)}, tmp / "baseline.log")
-    server.wait_until(
-        lambda c: c.post("/predict", json=OBSERVATION).status_code == 200, 60, "serving"
+def _conditions(args: BenchArgs, chosen: tuple[str, ...]) -> Conditions:
+    return Conditions(
+        when=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        machine=platform.machine(),
+        cpus=os.cpu_count() or 0,
+        python=platform.python_version(),
+        seconds=args.seconds,
+        warmup_s=args.warmup,
+        workers=args.workers,
+        scenarios=chosen,
+        all_scenarios=chosen == scenarios.NAMES,
     )
-    return server
 
 
-def _rlserve(repo: Path, tmp: Path) -> Server:
-    env = {"RLSERVE_ACCESS_LOG": "false", "RLSERVE_LOG_LEVEL": "warning"}
-    server = Server.rlserve(repo, env=env, log=tmp / "rlserve.log")
-    server.wait_ready(120)
-    return server
+def _load_runs(
+    args: BenchArgs, model: Path, picked: list[Scenario], workdir: Path
+) -> list[LoadRun]:
+    """Every picked scenario of one model, one server setup at a time (started once)."""
+    order: dict[str, Setup] = {}
+    for scenario in picked:
+        order.update((s.key, s) for s in scenarios.setups(scenario, args.workers))
+    runs: list[LoadRun] = []
+    for setup in order.values():
+        mine = [s for s in picked if setup in scenarios.setups(s, args.workers)]
+        probe = scenarios.body(mine[0])
+        _say(f"{model.name}: starting {setup.label}")
+        server = servers.start(setup, model, workdir, probe)
+        try:
+            runs += [_measure(args, server, setup, scenario) for scenario in mine]
+        finally:
+            server.stop()
+    return sorted(runs, key=lambda r: (picked.index(r.scenario), list(order).index(r.setup.key)))
 
 
-def _gunicorn(repo: Path, tmp: Path, workers: int) -> Server:
-    env = {
-        "RLSERVE_MODEL_REPOSITORY": str(repo),
-        "RLSERVE_WORKERS": str(workers),
-        "RLSERVE_ACCESS_LOG": "false",
-        "RLSERVE_LOG_LEVEL": "warning",
-        "PROMETHEUS_MULTIPROC_DIR": str(tmp / f"metrics-{workers}"),
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "gunicorn",
-        "--config",
-        str(ROOT / "serve" / "gunicorn.conf.py"),
-    ]
-    server = Server(command, env, tmp / "gunicorn.log")
-    server.wait_ready(120)
-    return server
+def _measure(args: BenchArgs, server: Server, setup: Setup, scenario: Scenario) -> LoadRun:
+    url, body = f"{server.url}/predict", scenarios.body(scenario)
+    _say(f"  {scenario.name}: {setup.label}")
+    load.post(url, body, scenario.connections, args.warmup)
+    before = server.cpu_seconds()
+    result = load.post(url, body, scenario.connections, args.seconds)
+    spent = server.cpu_seconds() - before
+    if result.requests == 0 or result.errors:
+        _say(f"  {result.requests} requests, {result.errors} errors; server log:")
+        print(server.log_tail(), file=sys.stderr, flush=True)
+    return LoadRun(scenario, setup, result, spent)
 
 
-def _measure(args: BenchArgs, server: Server) -> load.LoadResult:
+def _raw(model: Path, seconds: float) -> RawRun:
+    onnx = servers.newest_onnx(model)
+    _say(f"{model.name}: raw onnxruntime")
+    with cpu.on_core(cpu.SERVER_CORE):
+        one, batch = raw.rows_per_second(onnx, 1, seconds), raw.rows_per_second(onnx, 32, seconds)
+    return RawRun(model.name, one, batch)
+
+
+def _actor_runs(args: BenchArgs, model: Path, workdir: Path) -> list[ActorRun]:
+    _say("cartpole: actor against rlserve serve")
+    server = servers.start(servers.SERVE, model, workdir)
     try:
-        load.post(f"{server.url}/predict", OBSERVATION, args.connections, 2)  # warm
-        return load.post(f"{server.url}/predict", OBSERVATION, args.connections, args.seconds)
+        return [_actor(args, server, client) for client in Client]
     finally:
         server.stop()
 
 
-def _table(name: str, raw_1: float, raw_32: float, rows: list[Row]) -> str:
-    baseline = rows[0].result.requests_per_s
-    lines = [
-        f"### {name}",
-        "",
-        f"Raw onnxruntime on one thread: {raw_1:,.0f} rows/s at batch 1, "
-        f"{raw_32:,.0f} rows/s at batch 32.",
-        "",
-        "| setup | requests/s | p50 ms | p99 ms | errors | vs plain FastAPI | vs raw ORT batch 1 |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for row in rows:
-        r = row.result
-        lines.append(
-            f"| {row.setup} | {r.requests_per_s:,.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} "
-            f"| {r.errors} "
-            f"| {r.requests_per_s / baseline:.2f}x | {r.requests_per_s / raw_1:.2f}x |"
-        )
-    return "\n".join(lines) + "\n"
+def _actor(args: BenchArgs, server: Server, client: Client) -> ActorRun:
+    command = [
+        sys.executable, "-m", "bench.actor", "--url", server.url, "--client", client.value,
+        "--seconds", str(args.seconds), "--warmup", str(min(args.warmup, 1)),
+    ]  # fmt: skip
+    _say(f"  actor: {client.value} client")
+    before = server.cpu_seconds()
+    done = subprocess.run(
+        cpu.pinned(command, cpu.LOAD_CORE), capture_output=True, text=True, cwd=ROOT
+    )
+    spent = server.cpu_seconds() - before
+    if done.returncode != 0:
+        raise RuntimeError(f"bench.actor failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return ActorRun(ActorResult(**json.loads(done.stdout.splitlines()[-1])), spent)
 
 
-def _document(args: BenchArgs, sections: list[str]) -> str:
-    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    head = [
-        "# Benchmarks",
-        "",
-        f"Written by `python -m bench` ({when}) on {platform.machine()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}. Load: wrk, {args.connections} connections, "
-        f"{args.seconds:g} s per server, one observation per request. All numbers come from "
-        "one run;",
-        "compare ratios within it, not across machines.",
-        "",
-    ]
-    return "\n".join(head) + "\n" + "\n".join(sections) + "\n" + _READING
-
-
-_READING = """## Reading the numbers
-
-- **Rows**: *plain FastAPI* parses the body and runs onnxruntime inline on the event loop,
-  one request per run, with no validation, batching, deadlines or metrics (`bench/baseline.py`);
-  *rlserve serve* is the development server (one process, uvicorn); *rlserve gunicorn* is the
-  production configuration (`serve/gunicorn.conf.py`). Access logs are off in all of them.
-- **vs raw ORT batch 1** compares HTTP requests per second with back-to-back in-process
-  `session.run` calls on one row: the cost of the whole request path.
-- **cartpole** (a 64x64 MLP, microseconds per run) is bound by per-request HTTP and Python
-  work: batching saves little compute, and rlserve's validation, bookkeeping and thread hop
-  cost some throughput against the bare baseline in one process; two workers use both cores.
-- **wide** (2x1024 hidden units) is bound by the model: the baseline runs it once per request,
-  on its event loop; rlserve runs one batch for many requests, off the loop, and serves more
-  requests per second from the same cores.
-- wrk keeps 64 connections busy (a closed loop): every server here is saturated, so latency
-  percentiles include queueing. For latency at a target rate use the open-loop load test
-  (`docs/loadtests.md`).
-"""
+def _say(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -24,13 +24,15 @@ The rules, in order:
 Padding a batch to a warmed size is the model's business (GPU providers want it, the CPU
 does not): :func:`buckets_for` and :func:`bucket` give the sizes it warms and pads to.
 
-Where a batch runs is decided by :class:`RunTimes`: inline on the event loop while the
-moving average of its run time stays under a threshold (a thread hop costs more than a
+Where a batch runs is decided by :class:`RunTimes`: inline on the event loop while batches
+of its size have been measured to run under a threshold (a thread hop costs more than a
 small model), on the scheduler's thread above it.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -109,43 +111,80 @@ def _release_time(
 
 
 class RunTimes:
-    """Measured batch run times, and where the next batch should run.
+    """Measured batch run times, and where the next batch of a given size should run.
 
-    ``inline`` is decided from the moving average of batches run *inline*: their wall time
-    is exactly how long they hold the event loop. A batch on the thread takes longer than
-    that on a busy machine (it also waits for the interpreter lock), so thread runs do not
-    count towards the decision; instead, every ``probe_every``-th batch of a model that
-    runs on the thread is run inline once more, to notice when batches became cheap again.
-    ``expected_s`` averages every run, wherever it ran: the planner's estimate.
+    A batch's cost depends on its rows, so runs are kept per size class (1, 2-3, 4-7, ...).
+    A class runs inline while the median of its last inline runs is under the threshold:
+    an inline run's wall time is exactly how long it holds the event loop, and a median
+    shrugs off the odd pause. Runs on the thread take longer than that on a busy machine
+    (they also wait for the interpreter lock), so they do not count towards the decision;
+    instead a class that went to the thread is run inline once more now and then (after
+    ``first_probe`` batches, then twice as many each time it is still too slow), to notice
+    when it became cheap again. ``expected_s`` averages every run, wherever it ran: the
+    planner's estimate of the next batch.
     """
 
-    def __init__(self, inline_below_s: float, probe_every: int = 100, weight: float = 0.2):
+    def __init__(
+        self,
+        inline_below_s: float,
+        *,
+        window: int = 9,
+        first_probe: int = 16,
+        last_probe: int = 1024,
+        weight: float = 0.2,
+    ) -> None:
         self.inline_below_s = inline_below_s
-        self.probe_every = probe_every
-        self.weight = weight
-        self.inline_s = 0.0
         self.expected_s = 0.0
-        self._since_probe = 0
+        self._window = window
+        self._first_probe, self._last_probe = first_probe, last_probe
+        self._weight = weight
+        self._classes: dict[int, _SizeClass] = {}
 
-    def add(self, run_s: float, *, inline: bool) -> None:
-        self.expected_s = self._average(self.expected_s, run_s)
+    def add(self, rows: int, run_s: float, *, inline: bool) -> None:
+        previous = self.expected_s
+        self.expected_s = (
+            run_s if not previous else ((1 - self._weight) * previous + self._weight * run_s)
+        )
         if inline:
-            self.inline_s = self._average(self.inline_s, run_s)
+            self._class(rows).measured(run_s, self.inline_below_s)
 
-    @property
-    def inline(self) -> bool:
-        """Whether batches currently run on the event loop."""
-        return self.inline_below_s > 0 and self.inline_s < self.inline_below_s
+    def inline(self, rows: int) -> bool:
+        """Whether batches of this many rows run on the event loop now."""
+        return self.inline_below_s > 0 and self._class(rows).cheap
 
-    def next_inline(self) -> bool:
-        """Where the next batch runs: inline while cheap; now and then a probe when not."""
-        if self.inline_below_s <= 0 or self.inline:
-            return self.inline_below_s > 0
-        self._since_probe += 1
-        if self._since_probe >= self.probe_every:
-            self._since_probe = 0
+    def next_inline(self, rows: int) -> bool:
+        """Where the next batch of ``rows`` runs: inline while cheap; now and then a probe."""
+        if self.inline_below_s <= 0:
+            return False
+        size = self._class(rows)
+        if size.cheap:
+            size.probe_every = self._first_probe
             return True
-        return False
+        size.since_probe += 1
+        if size.since_probe < size.probe_every:
+            return False
+        size.since_probe = 0
+        size.probe_every = min(size.probe_every * 2, self._last_probe)
+        return True
 
-    def _average(self, previous: float, value: float) -> float:
-        return value if not previous else (1 - self.weight) * previous + self.weight * value
+    def _class(self, rows: int) -> _SizeClass:
+        key = rows.bit_length()
+        found = self._classes.get(key)
+        if found is None:
+            found = self._classes[key] = _SizeClass(deque(maxlen=self._window), self._first_probe)
+        return found
+
+
+@dataclass
+class _SizeClass:
+    inline_runs: deque[float]
+    probe_every: int
+    since_probe: int = 0
+    cheap: bool = True  # the median of the recent inline runs is under the threshold
+
+    def measured(self, run_s: float, threshold_s: float) -> None:
+        self.inline_runs.append(run_s)
+        slow = sum(1 for run in self.inline_runs if run >= threshold_s)
+        self.cheap = 2 * slow < len(self.inline_runs) or (
+            2 * slow == len(self.inline_runs) and statistics.median(self.inline_runs) < threshold_s
+        )

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from serve.config import ModelSettings
-from serve.dataplane.batching import Policy, RunTimes, Waiting, plan
+from serve.dataplane.batching import Policy, RunTimes, Waiting, buckets_for, plan
 from serve.dataplane.messages import InferenceResponse, Prepared
 from serve.dataplane.model import ServedModel, VersionSource
 from serve.dataplane.record import BatchRecord, RecordSink
@@ -71,6 +71,7 @@ class _Execution:
     """A batch's runs and how long they took, measured on the thread that ran them."""
 
     runs: list[_Run]
+    rows: int
     started: float  # monotonic seconds
     finished: float
     inline: bool  # it ran on the event loop
@@ -247,18 +248,19 @@ class DynamicBatchScheduler:
             return
         self._running = batch
         self._running_since = time.monotonic()
-        if self.run_times.next_inline():
-            self._finish(model, _execute(model, batch, inline=True))
+        rows = sum(t.prepared.rows for t in batch)
+        if self.run_times.next_inline(rows):
+            self._finish(model, _execute(model, batch, rows, inline=True))
             return
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"batch-{self.name}")
-        running = self._loop.run_in_executor(self._executor, _execute, model, batch, False)
+        running = self._loop.run_in_executor(self._executor, _execute, model, batch, rows, False)
 
         def finished(done: asyncio.Future[_Execution]) -> None:
             if done.cancelled() or done.exception() is not None:
                 now = time.monotonic()
                 lost = _Run(batch, {}, RuntimeError("the batch thread stopped"))
-                self._finish(model, _Execution([lost], now, now, inline=False))
+                self._finish(model, _Execution([lost], rows, now, now, inline=False))
             else:
                 self._finish(model, done.result())
 
@@ -267,7 +269,8 @@ class DynamicBatchScheduler:
     def _finish(self, model: ServedModel, execution: _Execution) -> None:
         self._running = []
         self._running_since = None
-        self.run_times.add(execution.finished - execution.started, inline=execution.inline)
+        run_s = execution.finished - execution.started
+        self.run_times.add(execution.rows, run_s, inline=execution.inline)
         for run in execution.runs:
             if isinstance(run.outputs, Exception):
                 _fail(model, run.requests, run.outputs)
@@ -368,7 +371,10 @@ class DynamicBatchScheduler:
             "max_queue_rows": self.max_queue_rows,
             "inline_max_ms": self.run_times.inline_below_s * 1000,
             "expected_batch_ms": round(self.run_times.expected_s * 1000, 4),
-            "runs": "inline" if self.run_times.inline else "thread",
+            "runs_inline": {
+                f"{rows} rows": self.run_times.inline(rows)
+                for rows in buckets_for(self.policy.max_batch_size)
+            },
         }
 
     async def stop(self) -> None:
@@ -384,10 +390,10 @@ class DynamicBatchScheduler:
             self._executor.shutdown(wait=True)
 
 
-def _execute(model: ServedModel, batch: list[Ticket], inline: bool) -> _Execution:
+def _execute(model: ServedModel, batch: list[Ticket], rows: int, inline: bool) -> _Execution:
     started = time.monotonic()
     runs = _runs(model, batch)
-    return _Execution(runs, started, time.monotonic(), inline)
+    return _Execution(runs, rows, started, time.monotonic(), inline)
 
 
 def _runs(model: ServedModel, batch: list[Ticket]) -> list[_Run]:

@@ -75,28 +75,35 @@ def test_a_batch_never_mixes_versions() -> None:
     assert plan(queue, now=0.0, policy=NO_WAIT, expected_run_s=0.0).take == (0,)
 
 
-def test_batches_run_inline_while_their_inline_average_stays_under_the_threshold() -> None:
-    times = RunTimes(inline_below_s=0.001)
-    assert times.next_inline()  # nothing measured yet
-    times.add(0.0005, inline=True)
-    assert times.next_inline()
-    for _ in range(10):
-        times.add(0.005, inline=True)
-    assert not times.inline
+def test_batches_run_inline_while_their_size_measured_cheap() -> None:
+    times = RunTimes(inline_below_s=0.001, window=3)
+    assert times.next_inline(32)  # nothing measured yet
+    for _ in range(3):
+        times.add(1, 0.0001, inline=True)
+        times.add(32, 0.005, inline=True)
+    assert times.inline(1)
+    assert not times.inline(32)
+    assert times.inline(4)  # a size class never measured runs inline, and is measured
 
 
-def test_thread_runs_do_not_count_and_a_probe_runs_inline_now_and_then() -> None:
-    times = RunTimes(inline_below_s=0.001, probe_every=4)
-    times.add(0.005, inline=True)  # expensive: off the loop from now on
-    decisions = [times.next_inline() for _ in range(8)]
-    assert decisions == [False, False, False, True, False, False, False, True]
-    times.add(0.002, inline=False)  # slow on the thread: says nothing about inline cost
-    assert times.inline_s == 0.005
-    for _ in range(20):
-        times.add(0.0001, inline=True)  # probes found it cheap again
-    assert times.next_inline()
+def test_one_slow_run_does_not_move_a_size_off_the_loop() -> None:
+    times = RunTimes(inline_below_s=0.001, window=5)
+    for run_s in (0.0002, 0.0002, 0.05, 0.0002):  # a pause in the middle
+        times.add(8, run_s, inline=True)
+    assert times.inline(8)
+
+
+def test_thread_runs_do_not_count_and_probes_back_off() -> None:
+    times = RunTimes(inline_below_s=0.001, window=1, first_probe=2, last_probe=8)
+    times.add(16, 0.005, inline=True)  # expensive: off the loop from now on
+    times.add(16, 0.0001, inline=False)  # quick on the thread: says nothing about the loop
+    decisions = [times.next_inline(16) for _ in range(16)]
+    probes = [i for i, inline in enumerate(decisions) if inline]
+    assert probes == [1, 5, 13]  # after 2, then 4, then 8 batches
+    times.add(16, 0.0001, inline=True)  # a probe found it cheap again
+    assert times.next_inline(16)
 
 
 def test_an_inline_threshold_of_zero_keeps_every_batch_on_the_thread() -> None:
-    times = RunTimes(inline_below_s=0.0, probe_every=1)
-    assert not any(times.next_inline() for _ in range(5))
+    times = RunTimes(inline_below_s=0.0, first_probe=1)
+    assert not any(times.next_inline(1) for _ in range(5))

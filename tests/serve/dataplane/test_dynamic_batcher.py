@@ -273,4 +273,4 @@ async def test_the_scheduler_describes_its_settings_and_where_batches_run() -> N
     await cycle.scheduler.stop()
     assert described["scheduler"] == "dynamic_batcher"
     assert (described["max_batch_size"], described["max_wait_ms"]) == (8, 0.0)
-    assert described["runs"] == "inline"
+    assert described["runs_inline"] == dict.fromkeys(["1 rows", "2 rows", "4 rows", "8 rows"], True)

@@ -1,0 +1,82 @@
+"""What the benchmark measures: each scenario a model, a request body and a connection count.
+
+Scenario names are what ``python -m bench --only`` accepts. The wrk scenarios post one
+observation per request (seeded, so every run sends the same bytes) to every server setup;
+``raw`` times onnxruntime alone and ``actor`` runs the CartPole actor (see bench/actor.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from bench import models, servers
+from bench.servers import Setup
+
+RAW = "raw"
+ACTOR = "actor"
+STOCHASTIC_OUTPUTS = ("actions", "log_probs", "values")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str  # what --only selects
+    section: str  # the document section its rows go to
+    model: str  # the model's name in the benchmark repository
+    connections: int
+    stochastic: bool = False  # sample actions and ask for log_probs and values too
+
+
+WRK = (
+    Scenario("mlp-64", "mlp", "mlp", 64),
+    Scenario("mlp-8", "mlp", "mlp", 8),
+    Scenario("mlp-1", "mlp", "mlp", 1),
+    Scenario("mlp-stochastic-64", "mlp-stochastic", "mlp", 64, stochastic=True),
+    Scenario("mlp-stochastic-8", "mlp-stochastic", "mlp", 8, stochastic=True),
+    Scenario("cnn-64", "cnn", "cnn", 64),
+    Scenario("cartpole-64", "cartpole", "cartpole", 64),
+)
+NAMES = (*(s.name for s in WRK), RAW, ACTOR)
+MODELS = ("cartpole", "mlp", "cnn")  # every model of the repository, in document order
+
+
+def deterministic_twin(scenario: Scenario) -> str:
+    """The name of the deterministic scenario on the same model and connections."""
+    return f"{scenario.model}-{scenario.connections}"
+
+
+def setups(scenario: Scenario, workers: int) -> list[Setup]:
+    """The servers a scenario runs on, baseline first; the baseline cannot sample."""
+    rlserve = [servers.SERVE, servers.GUNICORN_1, servers.gunicorn_unpinned(workers)]
+    return rlserve if scenario.stochastic else [servers.BASELINE, *rlserve]
+
+
+def body(scenario: Scenario) -> bytes:
+    """The JSON request body every connection of ``scenario`` sends."""
+    payload: dict[str, Any] = {"observations": observation(scenario.model)}
+    if scenario.stochastic:
+        payload.update(deterministic=False, outputs=list(STOCHASTIC_OUTPUTS))
+    return orjson.dumps(payload)
+
+
+def observation(model: str) -> Any:
+    """One observation of ``model`` as JSON-ready lists (seeded random for mlp and cnn)."""
+    rng = np.random.default_rng(0)
+    if model == "cartpole":
+        return [0.01, -0.02, 0.03, 0.04]
+    if model == models.MLP.name:
+        return rng.standard_normal(models.MLP.observation["shape"]).astype(np.float32).tolist()
+    if model == models.CNN.name:
+        return rng.integers(0, 256, models.CNN.observation["shape"]).tolist()
+    raise ValueError(f"no observation for model {model!r}")
+
+
+def bench_models(names: list[str]) -> tuple[models.BenchModel, ...]:
+    """The exported models the selected scenarios need (cartpole is bundled, not exported)."""
+    needed = {s.model for s in WRK if s.name in names}
+    if RAW in names:
+        needed |= set(MODELS)
+    return tuple(m for m in (models.MLP, models.CNN) if m.name in needed)

@@ -1,0 +1,126 @@
+"""The targets of issue #8, judged on the numbers of one run: met, missed or not measured.
+
+"rlserve" in a target means ``rlserve serve`` (one process, pinned like the baseline).
+A run with errors, or with no request completed, misses its target whatever its numbers:
+errors can be fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bench import servers
+from bench.actor import Client
+from bench.results import LoadRun, Results
+
+
+@dataclass(frozen=True)
+class Verdict:
+    target: str
+    measured: str  # the number the target is judged on, or why there is none
+    met: bool | None  # None: not measured in this run
+
+    @property
+    def status(self) -> str:
+        return {True: "met", False: "**missed**", None: "not measured"}[self.met]
+
+
+def judge(results: Results) -> list[Verdict]:
+    return [
+        _ratio(results, "mlp-64", 4.0),
+        _p99(results, "mlp-64", 10.0),
+        _ratio(results, "mlp-8", 3.0),
+        _p99(results, "mlp-8", 1.5),
+        _p50(results, "mlp-1", 0.3),
+        _ratio(results, "cnn-64", 2.5),
+        _stochastic_loss(results, 64, 0.15),
+        _stochastic_loss(results, 8, 0.15),
+        _gunicorn_cpu(results, 0.10),
+        *(_actor(results, client, 2000.0) for client in Client),
+    ]
+
+
+def _ratio(results: Results, scenario: str, minimum: float) -> Verdict:
+    target = f"{scenario}: rlserve serve ≥ {minimum:.1f}x the baseline's requests/s"
+    baseline = results.find(scenario, servers.BASELINE.key)
+    rlserve = results.find(scenario, servers.SERVE.key)
+    if baseline is None or rlserve is None:
+        return Verdict(target, "not run", None)
+    ratio = rlserve.load.requests_per_s / baseline.load.requests_per_s
+    return _verdict(target, f"{ratio:.2f}x", ratio >= minimum, rlserve, baseline)
+
+
+def _p99(results: Results, scenario: str, maximum_ms: float) -> Verdict:
+    target = f"{scenario}: rlserve serve p99 ≤ {maximum_ms:g} ms"
+    rlserve = results.find(scenario, servers.SERVE.key)
+    if rlserve is None:
+        return Verdict(target, "not run", None)
+    p99 = rlserve.load.p99_ms
+    return _verdict(target, f"{p99:.2f} ms", p99 <= maximum_ms, rlserve)
+
+
+def _p50(results: Results, scenario: str, maximum_ms: float) -> Verdict:
+    target = f"{scenario}: rlserve serve p50 ≤ {maximum_ms:g} ms"
+    rlserve = results.find(scenario, servers.SERVE.key)
+    if rlserve is None:
+        return Verdict(target, "not run", None)
+    p50 = rlserve.load.p50_ms
+    return _verdict(target, f"{p50:.2f} ms", p50 <= maximum_ms, rlserve)
+
+
+def _stochastic_loss(results: Results, connections: int, maximum: float) -> Verdict:
+    target = (
+        f"mlp-stochastic-{connections}: rlserve serve loses ≤ {maximum:.0%} of requests/s "
+        f"against mlp-{connections} (deterministic)"
+    )
+    stochastic = results.find(f"mlp-stochastic-{connections}", servers.SERVE.key)
+    deterministic = results.find(f"mlp-{connections}", servers.SERVE.key)
+    if stochastic is None or deterministic is None:
+        return Verdict(target, "not run (needs both scenarios)", None)
+    loss = 1 - stochastic.load.requests_per_s / deterministic.load.requests_per_s
+    return _verdict(target, f"loses {loss:.1%}", loss <= maximum, stochastic, deterministic)
+
+
+def _gunicorn_cpu(results: Results, tolerance: float) -> Verdict:
+    target = (
+        f"gunicorn (1 worker) CPU µs/request within {tolerance:.0%} of rlserve serve, "
+        "in every scenario"
+    )
+    pairs = [
+        (run, results.find(run.scenario.name, servers.SERVE.key))
+        for run in results.load
+        if run.setup.key == servers.GUNICORN_1.key
+    ]
+    gaps = [
+        (_gap(gunicorn.cpu_us_per_request, serve.cpu_us_per_request), gunicorn, serve)
+        for gunicorn, serve in pairs
+        if serve is not None
+    ]
+    if not gaps:
+        return Verdict(target, "not run", None)
+    gap, gunicorn, serve = max(gaps, key=lambda g: abs(g[0]))
+    measured = f"widest gap {gap:+.1%} ({gunicorn.scenario.name})"
+    return _verdict(target, measured, abs(gap) <= tolerance, gunicorn, serve)
+
+
+def _gap(value: float, reference: float) -> float:
+    return value / reference - 1 if reference > 0 else float("inf")
+
+
+def _actor(results: Results, client: Client, minimum: float) -> Verdict:
+    target = f"CartPole actor, {client.value} client: ≥ {minimum:,.0f} env steps/s"
+    runs = [r for r in results.actor if r.actor.client == client.value]
+    if not runs:
+        return Verdict(target, "not run", None)
+    rate = runs[0].actor.steps_per_s
+    return Verdict(target, f"{rate:,.0f} steps/s", rate >= minimum)
+
+
+def _verdict(target: str, measured: str, passed: bool, *runs: LoadRun) -> Verdict:
+    idle = [f"{run.setup.label}, {run.scenario.name}" for run in runs if run.load.requests == 0]
+    if idle:
+        return Verdict(target, f"no requests completed ({'; '.join(idle)})", False)
+    errors = sum(run.load.errors for run in runs)
+    if errors:
+        return Verdict(target, f"{measured} ({errors} errors)", False)
+    return Verdict(target, measured, passed)
