@@ -1,4 +1,4 @@
-"""A small Python client for rlserve (httpx): predictions and version updates, sync and async.
+"""A small Python client for rlserve: predictions and version updates, sync and async.
 
     from serve.client import PolicyClient
     with PolicyClient("http://127.0.0.1:8000", admin_token="...") as client:
@@ -7,20 +7,29 @@
 
 Every answer carries the version that computed it (``Prediction.model_version``). A failed
 call raises :class:`RequestFailed` with the server's status, error code and message.
+
+An RL actor calls ``predict`` once per environment step, so the client's own cost per call
+matters as much as the server's: :class:`PolicyClient` keeps one keep-alive connection per
+thread (the standard library's ``http.client``) and encodes with orjson, numpy arrays
+included. :class:`AsyncPolicyClient` does the same over httpx's async connection pool.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
+import threading
+import urllib.parse
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
+import orjson
 
 _DEFAULT_OUTPUTS = ("actions",)
+_JSON = {"Content-Type": "application/json"}
 
 
 class RequestFailed(Exception):
@@ -49,10 +58,22 @@ class Prediction:
 class _Call:
     method: str
     path: str
-    json: Any = None
-    content: bytes | None = None
+    body: bytes | None = None
+    headers: dict[str, str] = field(default_factory=dict)
     params: dict[str, str] | None = None
-    headers: dict[str, str] | None = None
+    repeatable: bool = True  # safe to send again when a kept-alive connection turned out closed
+
+    @property
+    def target(self) -> str:
+        query = urllib.parse.urlencode(self.params) if self.params else ""
+        return f"{self.path}?{query}" if query else self.path
+
+
+@dataclass(frozen=True)
+class _Reply:
+    status: int
+    body: bytes
+    retry_after: str | None
 
 
 # ---------------------------------------------------------------------- requests and answers
@@ -69,16 +90,18 @@ def _predict_call(
     timeout_ms: float | None,
 ) -> _Call:
     body: dict[str, Any] = {
-        "observations": _plain(observations),
+        "observations": observations,
         "deterministic": deterministic,
         "outputs": list(outputs),
     }
     if seed is not None:
         body["seed"] = seed
     if actions is not None:
-        body["actions"] = _plain(actions)
-    headers = {"X-Request-Timeout-Ms": f"{timeout_ms:g}"} if timeout_ms is not None else None
-    return _Call("POST", _predict_path(model, version), json=body, headers=headers)
+        body["actions"] = actions
+    headers = dict(_JSON)
+    if timeout_ms is not None:
+        headers["X-Request-Timeout-Ms"] = f"{timeout_ms:g}"
+    return _Call("POST", _predict_path(model, version), _json(body), headers)
 
 
 def _predict_path(model: str | None, version: int | None) -> str:
@@ -98,34 +121,30 @@ def _push_call(
         "Content-Type": "application/octet-stream",
         "X-Model-SHA256": hashlib.sha256(data).hexdigest(),
     }
-    return _Call(
-        "PUT",
-        f"/v1/models/{model}/versions/{version}",
-        content=data,
-        params=params,
-        headers=headers,
-    )
+    return _Call("PUT", f"/v1/models/{model}/versions/{version}", data, headers, params)
 
 
 def _activate_call(model: str, version: int, mode: str, rollback: bool) -> _Call:
     params = {"mode": mode, "rollback": str(rollback).lower()}
-    return _Call("POST", f"/v1/models/{model}/versions/{version}/activate", params=params)
+    path = f"/v1/models/{model}/versions/{version}/activate"
+    return _Call("POST", path, params=params, repeatable=False)
 
 
-def _plain(value: Any) -> Any:
-    return value.tolist() if isinstance(value, np.ndarray) else value
+def _json(body: Any) -> bytes:
+    """JSON bytes; numpy arrays and scalars as their values (float32 in its shortest form)."""
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def _result(response: httpx.Response) -> Any:
-    if response.is_success:
-        return response.json()
+def _result(reply: _Reply) -> Any:
+    if 200 <= reply.status < 300:
+        return orjson.loads(reply.body)
     try:
-        error = response.json()["error"]
+        error = orjson.loads(reply.body)["error"]
         code, message = str(error["code"]), str(error["message"])
-    except (ValueError, KeyError, TypeError):
-        code, message = "http_error", response.text[:300]
-    retry = response.headers.get("Retry-After")
-    raise RequestFailed(response.status_code, code, message, float(retry) if retry else None)
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        code, message = "http_error", reply.body[:300].decode("utf-8", "replace")
+    retry = reply.retry_after
+    raise RequestFailed(reply.status, code, message, float(retry) if retry else None)
 
 
 def _prediction(body: dict[str, Any]) -> Prediction:
@@ -139,21 +158,88 @@ def _auth(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+# ---------------------------------------------------------------------- transports
+
+
+class _KeepAlive:
+    """One HTTP/1.1 keep-alive connection per thread, opened on first use and again after
+    the server closed it (an idle timeout, or ``Connection: close`` while it drains)."""
+
+    _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+
+    def __init__(self, url: str, timeout_s: float, headers: dict[str, str]) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url: expected http(s)://host[:port], got {url!r}")
+        self._kind = (
+            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        )
+        self._host, self._port = parts.hostname, parts.port
+        self._prefix = parts.path.rstrip("/")
+        self._timeout_s = timeout_s
+        self._headers = headers
+        self._local = threading.local()
+        self._opened: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    def send(self, call: _Call) -> _Reply:
+        reused = getattr(self._local, "connection", None) is not None
+        try:
+            return self._exchange(self._connection(), call)
+        except self._STALE:
+            self._drop()
+            if not (reused and call.repeatable):
+                raise
+        return self._exchange(self._connection(), call)  # the kept-alive one had closed
+
+    def _exchange(self, connection: http.client.HTTPConnection, call: _Call) -> _Reply:
+        try:
+            connection.request(
+                call.method,
+                self._prefix + call.target,
+                call.body,
+                {**self._headers, **call.headers},
+            )
+            response = connection.getresponse()
+            body = response.read()
+        except BaseException:
+            self._drop()
+            raise
+        if response.will_close:
+            self._drop()
+        return _Reply(response.status, body, response.getheader("Retry-After"))
+
+    def _connection(self) -> http.client.HTTPConnection:
+        connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = self._kind(self._host, self._port, timeout=self._timeout_s)
+            self._local.connection = connection
+            with self._lock:
+                self._opened.append(connection)
+        return connection
+
+    def _drop(self) -> None:
+        connection = getattr(self._local, "connection", None)
+        if connection is not None:
+            connection.close()
+            self._local.connection = None
+
+    def close(self) -> None:
+        with self._lock:
+            for connection in self._opened:
+                connection.close()
+            self._opened.clear()
+        self._local = threading.local()
+
+
 # ---------------------------------------------------------------------- clients
 
 
 class PolicyClient:
-    def __init__(
-        self,
-        url: str,
-        *,
-        admin_token: str | None = None,
-        timeout_s: float = 10.0,
-        **httpx_options: Any,
-    ) -> None:
-        self._http = httpx.Client(
-            base_url=url, timeout=timeout_s, headers=_auth(admin_token), **httpx_options
-        )
+    """Thread-safe: each thread that uses it gets its own connection."""
+
+    def __init__(self, url: str, *, admin_token: str | None = None, timeout_s: float = 10.0):
+        self._http = _KeepAlive(url, timeout_s, _auth(admin_token))
 
     def __enter__(self) -> PolicyClient:
         return self
@@ -165,16 +251,7 @@ class PolicyClient:
         self._http.close()
 
     def _send(self, call: _Call) -> Any:
-        return _result(
-            self._http.request(
-                call.method,
-                call.path,
-                json=call.json,
-                content=call.content,
-                params=call.params,
-                headers=call.headers,
-            )
-        )
+        return _result(self._http.send(call))
 
     def predict(
         self,
@@ -205,7 +282,7 @@ class PolicyClient:
         return dict(self._send(_activate_call(model, version, mode, rollback)))
 
     def rollback(self, model: str) -> dict[str, Any]:
-        return dict(self._send(_Call("POST", f"/v1/models/{model}/rollback")))
+        return dict(self._send(_Call("POST", f"/v1/models/{model}/rollback", repeatable=False)))
 
     def hold(self, model: str) -> dict[str, Any]:
         return dict(self._send(_Call("POST", f"/v1/models/{model}/hold")))
@@ -218,6 +295,8 @@ class PolicyClient:
 
 
 class AsyncPolicyClient:
+    """``httpx_options`` go to ``httpx.AsyncClient`` (limits, transport, TLS settings)."""
+
     def __init__(
         self,
         url: str,
@@ -241,14 +320,11 @@ class AsyncPolicyClient:
 
     async def _send(self, call: _Call) -> Any:
         response = await self._http.request(
-            call.method,
-            call.path,
-            json=call.json,
-            content=call.content,
-            params=call.params,
-            headers=call.headers,
+            call.method, call.path, content=call.body, params=call.params, headers=call.headers
         )
-        return _result(response)
+        return _result(
+            _Reply(response.status_code, response.content, response.headers.get("Retry-After"))
+        )
 
     async def predict(
         self,
@@ -279,7 +355,8 @@ class AsyncPolicyClient:
         return dict(await self._send(_activate_call(model, version, mode, rollback)))
 
     async def rollback(self, model: str) -> dict[str, Any]:
-        return dict(await self._send(_Call("POST", f"/v1/models/{model}/rollback")))
+        path = f"/v1/models/{model}/rollback"
+        return dict(await self._send(_Call("POST", path, repeatable=False)))
 
     async def hold(self, model: str) -> dict[str, Any]:
         return dict(await self._send(_Call("POST", f"/v1/models/{model}/hold")))

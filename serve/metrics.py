@@ -9,10 +9,11 @@ Names: ``rlserve_*`` for the server's own; ``rl_inference_latency_seconds`` is t
 operators already query for model execution time per batch.
 
 The request path touches no metric per request: answered requests are counted from each
-executed batch's record (:class:`MetricsSink`, one update per batch and label set), load
-gauges are set by the schedulers when their queues change state, and only refused
-requests are counted one by one. Label values are bounded: a model label names a served
-model (``""`` for requests naming none that exists), a version label a loaded version.
+executed batch's record (:class:`MetricsSink`, one update per batch and label set), the
+load gauges are sampled from the schedulers a few times a second
+(:meth:`Metrics.sample_load`), and only refused requests are counted one by one. Label
+values are bounded: a model label names a served model (``""`` for requests naming none
+that exists), a version label a loaded version.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from prometheus_client import (
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from serve.dataplane.record import BatchRecord
+from serve.dataplane.scheduler import Load
 from serve.gpu import gpu_collector
 
 # Seconds, with the resolution that matters for millisecond-scale policies.
@@ -114,7 +116,7 @@ class Metrics:
         )
         self.sink = MetricsSink(self)
         self._children: dict[tuple[Any, ...], Any] = {}
-        self._load: dict[str, tuple[int, int, int]] = {}  # model -> queued, pending, requests
+        self._load: dict[str, Load] = {}  # as last sampled, by model
 
     def child(self, metric: Any, *labels: str) -> Any:
         """A metric's label child, looked up once."""
@@ -131,17 +133,14 @@ class Metrics:
         self.child(self.rejections, model, reason).inc()
         self.child(self.request_latency, model).observe(s)
 
-    def update(self, model: str, queued_rows: int, pending_rows: int, requests: int) -> None:
-        """A scheduler's load changed (``serve.dataplane.scheduler.LoadGauges``)."""
-        previous = self._load.get(model)
-        now = (queued_rows, pending_rows, requests)
-        if previous == now:
-            return
-        self._load[model] = now
-        if previous is None or previous[0] != queued_rows:
-            self.child(self.queue_rows, model).set(queued_rows)
-        self.pending_rows.set(sum(p for _, p, _ in self._load.values()))
-        self.inflight.set(sum(n for _, _, n in self._load.values()))
+    def sample_load(self, loads: dict[str, Load]) -> None:
+        """Set the load gauges from the schedulers' current loads, by model."""
+        for model, load in loads.items():
+            if self._load.get(model) != load:
+                self.child(self.queue_rows, model).set(load.queued_rows)
+        self._load = dict(loads)
+        self.pending_rows.set(sum(load.pending_rows for load in loads.values()))
+        self.inflight.set(sum(load.requests for load in loads.values()))
 
     def version_loaded(self, model: str, version: int, provider: str, sha256: str) -> None:
         self.model_info.labels(model, str(version), provider, sha256).set(1)

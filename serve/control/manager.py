@@ -18,7 +18,7 @@ from serve.control.lifecycle import ModelLifeCycle, ReadyState
 from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
 from serve.dataplane.record import RecordSink
 from serve.dataplane.routing import Route
-from serve.dataplane.scheduler import LoadGauges, Scheduler
+from serve.dataplane.scheduler import Scheduler
 from serve.errors import NotFound, RLServeError, ServiceUnavailable
 from serve.metrics import Metrics
 
@@ -63,10 +63,9 @@ class ModelRepositoryManager:
                 "model %s: no version matches its version policy %s", name, settings.version_policy
             )
         sinks = (self.metrics.sink, *self.sinks)
-        gauges: LoadGauges = self.metrics
 
         def scheduler(versions: ModelLifeCycle) -> Scheduler:
-            return DynamicBatchScheduler(name, versions, settings, sinks, gauges)
+            return DynamicBatchScheduler(name, versions, settings, sinks)
 
         lifecycle = ModelLifeCycle(name, settings, [v.version for v in selected], scheduler)
         return lifecycle, selected
@@ -164,6 +163,10 @@ class ModelRepositoryManager:
                 f"model {name!r} is not in the repository; models: {sorted(self.models)}"
             )
         return lifecycle.describe()
+
+    def sample_load(self) -> None:
+        """Set the load gauges (queued and pending rows, requests in flight) from now."""
+        self.metrics.sample_load({name: m.scheduler.load() for name, m in self.models.items()})
 
     async def stop(self) -> None:
         await asyncio.gather(*(m.scheduler.stop() for m in self.models.values()))

@@ -40,7 +40,7 @@ from serve.dataplane.batching import Policy, RunTimes, Waiting, buckets_for, pla
 from serve.dataplane.messages import InferenceResponse, Prepared
 from serve.dataplane.model import ServedModel, VersionSource
 from serve.dataplane.record import BatchRecord, RecordSink
-from serve.dataplane.scheduler import LoadGauges
+from serve.dataplane.scheduler import Load
 from serve.errors import DeadlineExceeded, QueueFull, RLServeError, ServiceUnavailable, one_line
 from serve.types import Outputs
 
@@ -84,7 +84,6 @@ class DynamicBatchScheduler:
         versions: VersionSource,
         settings: ModelSettings,
         sinks: Sequence[RecordSink],
-        gauges: LoadGauges,
     ) -> None:
         self.name = name
         self.versions = versions
@@ -94,7 +93,6 @@ class DynamicBatchScheduler:
         self.run_times = RunTimes(settings.inline_max_ms / 1000)
         self.held = False
         self._sinks = tuple(sinks)
-        self._gauges = gauges
         self._queue: deque[Ticket] = deque()
         self._queued_rows = 0
         self._running: list[Ticket] = []  # the batch being executed
@@ -172,13 +170,11 @@ class DynamicBatchScheduler:
     def _flush(self) -> None:
         self._flush_at = None
         if self._running or (self.held and not self._closing):
-            self._report()
             return
         self._drop_settled()
         window = self._window()
         if window:
             self._plan(window)
-        self._report()
         if self._closing and not self._queue and not self._running:
             self._idle.set()
 
@@ -281,10 +277,8 @@ class DynamicBatchScheduler:
             self._publish(record)
         if self._queue:
             self._wake()
-        else:
-            self._report()
-            if self._closing:
-                self._idle.set()
+        elif self._closing:
+            self._idle.set()
 
     def _answer(self, model: ServedModel, record: BatchRecord, tickets: list[Ticket]) -> None:
         for ticket, start in zip(tickets, record.offsets, strict=False):
@@ -306,10 +300,9 @@ class DynamicBatchScheduler:
             except Exception:
                 log.exception("record sink %s failed on a batch of %s", sink, self.name)
 
-    def _report(self) -> None:
+    def load(self) -> Load:
         running_rows = sum(t.prepared.rows for t in self._running)
-        self._gauges.update(
-            self.name,
+        return Load(
             self._queued_rows,
             self._queued_rows + running_rows,
             len(self._queue) + len(self._running),
@@ -352,7 +345,6 @@ class DynamicBatchScheduler:
         ]
         if waiting:
             self._arm_sweep(min(waiting))
-        self._report()
 
     # ------------------------------------------------------------------ health and stop
 

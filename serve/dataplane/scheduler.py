@@ -9,6 +9,7 @@ language-model generation slots in beside it behind the same interface.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from serve.dataplane.messages import InferenceResponse, Prepared
@@ -58,14 +59,19 @@ class Scheduler(Protocol):
         """The scheduler's configuration and state, for GET /v1/models/{model}."""
         ...
 
+    def load(self) -> Load:
+        """What is queued and running now (sampled for the metrics, never per request)."""
+        ...
+
     async def stop(self) -> None:
         """Refuse new requests, answer every queued one (run, or 504 past its deadline)."""
         ...
 
 
-class LoadGauges(Protocol):
-    """Where a scheduler reports its load after each change of state (``serve.metrics``)."""
+@dataclass(frozen=True, slots=True)
+class Load:
+    """A scheduler's load at one moment."""
 
-    def update(self, model: str, queued_rows: int, pending_rows: int, requests: int) -> None:
-        """Rows waiting, rows waiting or running, requests admitted and not yet answered."""
-        ...
+    queued_rows: int  # rows waiting for a batch
+    pending_rows: int  # rows waiting or running
+    requests: int  # requests admitted and not yet answered

@@ -46,6 +46,8 @@ from serve.process.state import ServerState
 
 log = logging.getLogger("rlserve.app")
 
+LOAD_SAMPLE_S = 0.1  # how often the queue and pending-rows gauges are set
+
 
 class RLServeApp:
     """Routes each call to its plane, and runs the lifespan."""
@@ -54,7 +56,7 @@ class RLServeApp:
         self.state = state
         self.control = control
         self.frontend = frontend
-        self._loading: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -70,14 +72,19 @@ class RLServeApp:
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         await receive()  # lifespan.startup
         memory.tune()
-        self._loading = asyncio.create_task(_load(self.state), name="rlserve-load")
+        self._background = [
+            asyncio.create_task(_load(self.state), name="rlserve-load"),
+            asyncio.create_task(_sample_load(self.state.manager), name="rlserve-load-gauges"),
+        ]
         if self.state.phases.listen_after_load:
             await self.state.phases.loaded.wait()  # uvicorn listens once startup completes
         await send({"type": "lifespan.startup.complete"})
         await receive()  # lifespan.shutdown
         self.state.phases.begin_stop()
-        self._loading.cancel()
+        for task in self._background:
+            task.cancel()
         await self.state.manager.stop()
+        self.state.manager.sample_load()
         log.info("stopped")
         await send({"type": "lifespan.shutdown.complete"})
 
@@ -131,6 +138,14 @@ async def _load(state: ServerState) -> None:
         state.phases.loaded.set()
     if loaded and state.settings.poll_interval_s is not None:
         await RepositoryWatcher(state.manager, state.updater, state.settings.poll_interval_s).run()
+
+
+async def _sample_load(manager: ModelRepositoryManager) -> None:
+    """The load gauges, from the schedulers' state, every LOAD_SAMPLE_S (the request path
+    never touches them)."""
+    while True:
+        manager.sample_load()
+        await asyncio.sleep(LOAD_SAMPLE_S)
 
 
 async def _load_models(state: ServerState) -> bool:

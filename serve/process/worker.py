@@ -19,7 +19,13 @@ from serve.process.state import ServerState
 
 
 class RLServeWorker(UvicornWorker):
-    CONFIG_KWARGS: dict[str, Any] = {"loop": "auto", "http": "auto", "lifespan": "on"}
+    # rlserve writes its own access log (serve.access): uvicorn's would format a line per request.
+    CONFIG_KWARGS: dict[str, Any] = {
+        "loop": "auto",
+        "http": "auto",
+        "lifespan": "on",
+        "access_log": False,
+    }
 
     async def _serve(self) -> None:
         self.config.app = self.wsgi

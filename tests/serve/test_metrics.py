@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from serve.dataplane.messages import Prepared
 from serve.dataplane.record import BatchRecord
+from serve.dataplane.scheduler import Load
 from serve.metrics import LATENCY_BUCKETS, Metrics, observe_all
 from serve.policies.validation import DEFAULT_OPTIONS
 
@@ -74,10 +75,10 @@ def test_a_batch_record_counts_its_requests_rows_and_times() -> None:
 
 def test_load_gauges_sum_the_models() -> None:
     metrics = Metrics()
-    metrics.update("a", queued_rows=3, pending_rows=5, requests=2)
-    metrics.update("b", queued_rows=1, pending_rows=1, requests=1)
+    metrics.sample_load({"a": Load(3, 5, 2), "b": Load(1, 1, 1)})
     assert sample(metrics, "rlserve_queue_rows", model="a") == 3
     assert sample(metrics, "rlserve_pending_rows") == 6
     assert sample(metrics, "rlserve_inflight_requests") == 3
-    metrics.update("a", queued_rows=0, pending_rows=0, requests=0)
+    metrics.sample_load({"a": Load(0, 0, 0), "b": Load(1, 1, 1)})
+    assert sample(metrics, "rlserve_queue_rows", model="a") == 0
     assert sample(metrics, "rlserve_pending_rows") == 1

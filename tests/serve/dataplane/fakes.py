@@ -70,23 +70,13 @@ class Records:
         self.records.append(record)
 
 
-class Gauges:
-    def __init__(self) -> None:
-        self.last: tuple[int, int, int] = (0, 0, 0)
-
-    def update(self, model: str, queued_rows: int, pending_rows: int, requests: int) -> None:
-        self.last = (queued_rows, pending_rows, requests)
-
-
-def lifecycle(
-    *models: EchoModel, sinks: Sequence[Any] = (), gauges: Gauges | None = None, **settings: Any
-) -> ModelLifeCycle:
+def lifecycle(*models: EchoModel, sinks: Sequence[Any] = (), **settings: Any) -> ModelLifeCycle:
     """A model's lifecycle with these versions loaded (the first active) and a started
     dynamic batch scheduler."""
     config = ModelSettings(**settings)
 
     def scheduler(versions: ModelLifeCycle) -> Scheduler:
-        return DynamicBatchScheduler("echo", versions, config, sinks, gauges or Gauges())
+        return DynamicBatchScheduler("echo", versions, config, sinks)
 
     cycle = ModelLifeCycle("echo", config, [m.version for m in models], scheduler)
     for model in models:

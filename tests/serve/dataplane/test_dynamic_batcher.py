@@ -12,10 +12,10 @@ import pytest
 
 from serve.control.lifecycle import ModelLifeCycle
 from serve.dataplane.messages import InferenceResponse
+from serve.dataplane.scheduler import Load
 from serve.errors import DeadlineExceeded, QueueFull, RLServeError, ServiceUnavailable
 from tests.serve.dataplane.fakes import (
     EchoModel,
-    Gauges,
     Records,
     lifecycle,
     request,
@@ -153,16 +153,16 @@ async def test_a_full_queue_refuses_with_a_retry_hint() -> None:
     await cycle.scheduler.stop()
 
 
-async def test_the_gauges_show_queued_rows_and_fall_back_to_zero() -> None:
-    gauges = Gauges()
-    cycle = lifecycle(EchoModel(), gauges=gauges)
-    cycle.scheduler.hold()
-    held = [submit(cycle, [1.0, 2.0]), submit(cycle, [3.0])]
-    await asyncio.sleep(0)
-    assert gauges.last == (3, 3, 2)
-    cycle.scheduler.resume()
-    await asyncio.gather(*held)
-    assert gauges.last == (0, 0, 0)
+async def test_the_load_counts_queued_and_running_rows_and_requests() -> None:
+    model = EchoModel(run_s=0.05)
+    cycle = lifecycle(model, inline_max_ms=0)
+    assert cycle.scheduler.load() == Load(0, 0, 0)
+    running = submit(cycle, [1.0, 2.0])
+    await asyncio.sleep(0.01)  # on the thread now
+    queued = submit(cycle, [3.0])
+    assert cycle.scheduler.load() == Load(queued_rows=1, pending_rows=3, requests=2)
+    await asyncio.gather(running, queued)
+    assert cycle.scheduler.load() == Load(0, 0, 0)
     await cycle.scheduler.stop()
 
 
