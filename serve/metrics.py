@@ -11,7 +11,8 @@ operators already query for model execution time per batch.
 The request path touches no metric per request: answered requests are counted from each
 executed batch's record (:class:`MetricsSink`, one update per batch and label set), the
 load gauges are sampled from the schedulers a few times a second
-(:meth:`Metrics.sample_load`), and only refused requests are counted one by one. Label
+(:meth:`Metrics.sample_load`, which also moves the batches' tallies into the metrics), and
+only refused requests are counted one by one. Label
 values are bounded: a model label names a served model (``""`` for requests naming none
 that exists), a version label a loaded version.
 """
@@ -134,7 +135,9 @@ class Metrics:
         self.child(self.request_latency, model).observe(s)
 
     def sample_load(self, loads: dict[str, Load]) -> None:
-        """Set the load gauges from the schedulers' current loads, by model."""
+        """Set the load gauges from the schedulers' current loads, by model, and move what
+        the batches since the last sample answered into the request metrics."""
+        self.sink.flush()
         for model, load in loads.items():
             if self._load.get(model) != load:
                 self.child(self.queue_rows, model).set(load.queued_rows)
@@ -150,6 +153,7 @@ class Metrics:
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text of this process, or of every worker in multiprocess mode."""
+        self.sink.flush()
         registry = CollectorRegistry()
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             MultiProcessCollector(registry)
@@ -162,63 +166,115 @@ class Metrics:
 
 
 class MetricsSink:
-    """Counts what one executed batch answered: a record sink (``serve.dataplane.record``)."""
+    """Counts what each executed batch answered: a record sink (``serve.dataplane.record``).
+
+    A batch only adds to plain tallies (no locks, no shared memory); :meth:`flush` moves
+    them into the Prometheus metrics. The process flushes with the load gauges a few times
+    a second and before every scrape it answers, so counts are at most that old.
+    """
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
-        self._versions: dict[tuple[str, int], _VersionChildren] = {}
+        self._versions: dict[tuple[str, int], _VersionTally] = {}
 
     def accept(self, record: BatchRecord) -> None:
         key = (record.model, record.version)
-        children = self._versions.get(key)
-        if children is None:
-            children = self._versions[key] = _VersionChildren.of(self._metrics, *key)
-        n = len(record.request_ids)
-        children.answered.inc(n)
-        observe_all(children.request_latency, [record.finished_at - t for t in record.received_at])
-        observe_all(children.queue_wait, [record.started_at - t for t in record.enqueued_at])
-        children.inference_latency.observe(record.run_s)
-        children.batch_rows.observe(record.rows)
-        children.batch_fill.observe(record.rows / record.max_rows)
+        tally = self._versions.get(key)
+        if tally is None:
+            tally = self._versions[key] = _VersionTally.of(self._metrics, *key)
+        tally.answered += len(record.request_ids)
+        finished, started = record.finished_at, record.started_at
+        for received in record.received_at:
+            tally.request_latency.add(finished - received)
+        for enqueued in record.enqueued_at:
+            tally.queue_wait.add(started - enqueued)
+        tally.inference_latency.add(record.run_s)
+        tally.batch_rows.add(record.rows)
+        tally.batch_fill.add(record.rows / record.max_rows)
+
+    def flush(self) -> None:
+        for tally in self._versions.values():
+            tally.flush()
 
 
-@dataclass(frozen=True)
-class _VersionChildren:
-    """The label children one model version's batches update."""
+@dataclass
+class _Tally:
+    """Observations of one histogram child not yet moved into it."""
 
-    answered: Counter
-    request_latency: Histogram
-    inference_latency: Histogram
-    queue_wait: Histogram
-    batch_rows: Histogram
-    batch_fill: Histogram
+    child: Any
+    counts: list[int]
+    total: float = 0.0
 
     @classmethod
-    def of(cls, metrics: Metrics, model: str, version: int) -> _VersionChildren:
+    def of(cls, child: Any) -> _Tally:
+        return cls(child, [0] * len(child._upper_bounds))
+
+    def add(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.child._upper_bounds, value)] += 1
+        self.total += value
+
+    def flush(self) -> None:
+        if any(self.counts):
+            add_counts(self.child, self.counts, self.total)
+            self.counts = [0] * len(self.counts)
+            self.total = 0.0
+
+
+@dataclass
+class _VersionTally:
+    """What one model version's batches answered since the last flush."""
+
+    requests: Any  # the counter child of answered requests
+    request_latency: _Tally
+    inference_latency: _Tally
+    queue_wait: _Tally
+    batch_rows: _Tally
+    batch_fill: _Tally
+    answered: int = 0
+
+    @classmethod
+    def of(cls, metrics: Metrics, model: str, version: int) -> _VersionTally:
         labels = (model, str(version))
         return cls(
             metrics.child(metrics.requests, *labels, "200"),
-            metrics.child(metrics.request_latency, model),
-            metrics.child(metrics.inference_latency, *labels),
-            metrics.child(metrics.queue_wait, *labels),
-            metrics.child(metrics.batch_rows, *labels),
-            metrics.child(metrics.batch_fill, *labels),
+            _Tally.of(metrics.child(metrics.request_latency, model)),
+            _Tally.of(metrics.child(metrics.inference_latency, *labels)),
+            _Tally.of(metrics.child(metrics.queue_wait, *labels)),
+            _Tally.of(metrics.child(metrics.batch_rows, *labels)),
+            _Tally.of(metrics.child(metrics.batch_fill, *labels)),
         )
+
+    def flush(self) -> None:
+        if self.answered:
+            self.requests.inc(self.answered)
+            self.answered = 0
+        for tally in (
+            self.request_latency,
+            self.inference_latency,
+            self.queue_wait,
+            self.batch_rows,
+            self.batch_fill,
+        ):
+            tally.flush()
 
 
 def observe_all(child: Any, values: Sequence[float]) -> None:
-    """``child.observe(v)`` for every value, as one update per bucket that gained any.
-
-    Uses the histogram child's bucket values (``_upper_bounds``, ``_buckets``, ``_sum``),
-    stable across prometheus_client releases for years; ``tests/serve/test_metrics.py``
-    proves the result equal to observing one by one, so a release that changes them fails
-    the tests rather than the counts.
-    """
-    bounds = child._upper_bounds
-    counts = [0] * len(bounds)
+    """``child.observe(v)`` for every value, as one update per bucket that gained any."""
+    counts = [0] * len(child._upper_bounds)
     for value in values:
-        counts[bisect.bisect_left(bounds, value)] += 1
+        counts[bisect.bisect_left(child._upper_bounds, value)] += 1
+    add_counts(child, counts, sum(values))
+
+
+def add_counts(child: Any, counts: Sequence[int], total: float) -> None:
+    """Add observations already sorted into the histogram child's buckets.
+
+    Uses the child's bucket values (``_upper_bounds``, ``_buckets``, ``_sum``), stable
+    across prometheus_client releases for years; ``tests/serve/test_metrics.py`` proves the
+    result equal to observing one by one, so a release that changes them fails the tests
+    rather than the counts.
+    """
     for bucket, count in zip(child._buckets, counts, strict=True):
         if count:
             bucket.inc(count)
-    child._sum.inc(sum(values))
+    child._sum.inc(total)

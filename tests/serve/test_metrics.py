@@ -64,6 +64,8 @@ def test_a_batch_record_counts_its_requests_rows_and_times() -> None:
     metrics = Metrics()
     metrics.sink.accept(record([2, 1, 1]))
     labels = {"model": "m", "version": "3"}
+    assert sample(metrics, "rlserve_requests_total", status="200", **labels) == 0
+    metrics.sink.flush()  # the batch's tallies reach the metrics
     assert sample(metrics, "rlserve_requests_total", status="200", **labels) == 3
     assert sample(metrics, "rlserve_batch_rows_sum", **labels) == 4
     assert sample(metrics, "rlserve_batch_fill_ratio_sum", **labels) == 0.5
@@ -71,6 +73,17 @@ def test_a_batch_record_counts_its_requests_rows_and_times() -> None:
     assert sample(metrics, "rlserve_queue_wait_seconds_sum", **labels) == 1.5
     assert sample(metrics, "rlserve_request_latency_seconds_count", model="m") == 3
     assert sample(metrics, "rlserve_request_latency_seconds_sum", model="m") == 3 * 1.25
+    metrics.sink.flush()  # nothing new: nothing changes
+    assert sample(metrics, "rlserve_requests_total", status="200", **labels) == 3
+
+
+def test_a_scrape_and_a_load_sample_flush_the_tallies() -> None:
+    metrics = Metrics()
+    metrics.sink.accept(record([1]))
+    assert b'rlserve_requests_total{model="m",status="200",version="3"} 1.0' in metrics.render()[0]
+    metrics.sink.accept(record([1]))
+    metrics.sample_load({})
+    assert sample(metrics, "rlserve_requests_total", model="m", version="3", status="200") == 2
 
 
 def test_load_gauges_sum_the_models() -> None:
