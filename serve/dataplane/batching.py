@@ -1,8 +1,8 @@
-"""How a batch is formed: a pure function of the queue, the clock and the batching policy.
+"""How a batch is formed: a pure function of the queue, the clock and the batch limits.
 
 The dynamic batch scheduler (``serve.dataplane.dynamic_batcher``) asks :func:`plan` what to
 do with the head of its queue whenever the model is idle and something changed, and does
-it. Nothing here touches asyncio or onnxruntime, so the policy is tested with plain numbers.
+it. Nothing here touches asyncio or onnxruntime, so the rules are tested with plain numbers.
 
 Batching is *work-conserving*: a model never idles while rows wait. Rows that arrive while
 a batch runs form the next batch, released as soon as the running one ends; with
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Waiting:
-    """What the policy needs to know about one queued request."""
+    """What the rules need to know about one queued request."""
 
     rows: int
     enqueued_at: float  # monotonic seconds
@@ -48,7 +48,7 @@ class Waiting:
 
 
 @dataclass(frozen=True)
-class Policy:
+class BatchLimits:
     max_batch_size: int
     max_wait_s: float
 
@@ -70,13 +70,13 @@ def bucket(rows: int, buckets: Sequence[int]) -> int:
     return next(b for b in buckets if b >= rows)
 
 
-def plan(queue: Sequence[Waiting], now: float, policy: Policy, expected_run_s: float) -> Plan:
+def plan(queue: Sequence[Waiting], now: float, limits: BatchLimits, expected_run_s: float) -> Plan:
     expired = tuple(i for i, w in enumerate(queue) if w.deadline <= now)
     live = [i for i, w in enumerate(queue) if w.deadline > now]
-    take, rows = _gather(queue, live, policy.max_batch_size)
+    take, rows = _gather(queue, live, limits.max_batch_size)
     if not take:
         return Plan(expired, (), wait_s=0.0)
-    release_at = _release_time(queue, take, live, rows, policy, expected_run_s)
+    release_at = _release_time(queue, take, live, rows, limits, expected_run_s)
     if release_at <= now:
         return Plan(expired, tuple(take), wait_s=0.0)
     return Plan(expired, (), wait_s=release_at - now)
@@ -98,16 +98,16 @@ def _release_time(
     take: list[int],
     live: list[int],
     rows: int,
-    policy: Policy,
+    limits: BatchLimits,
     expected_run_s: float,
 ) -> float:
     """The moment the gathered batch must go; in the past or now means release at once."""
     blocked = len(take) < len(live)  # the next request cannot join: nothing more can
-    if rows >= policy.max_batch_size or blocked:
+    if rows >= limits.max_batch_size or blocked:
         return float("-inf")
     oldest = min(queue[i].enqueued_at for i in take)
     tightest = min(queue[i].deadline for i in take)
-    return min(oldest + policy.max_wait_s, tightest - expected_run_s)
+    return min(oldest + limits.max_wait_s, tightest - expected_run_s)
 
 
 class RunTimes:

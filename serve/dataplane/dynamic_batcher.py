@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from serve.config import ModelSettings
-from serve.dataplane.batching import Policy, RunTimes, Waiting, buckets_for, plan
+from serve.dataplane.batching import BatchLimits, RunTimes, Waiting, buckets_for, plan
 from serve.dataplane.messages import InferenceResponse, Prepared
 from serve.dataplane.model import ServedModel, VersionSource
 from serve.dataplane.record import BatchRecord, RecordSink
@@ -87,8 +87,8 @@ class DynamicBatchScheduler:
     ) -> None:
         self.name = name
         self.versions = versions
-        self.policy = Policy(settings.max_batch_size, settings.max_wait_ms / 1000)
-        self._no_wait = dataclasses.replace(self.policy, max_wait_s=0.0)
+        self.limits = BatchLimits(settings.max_batch_size, settings.max_wait_ms / 1000)
+        self._no_wait = dataclasses.replace(self.limits, max_wait_s=0.0)
         self.max_queue_rows = settings.max_queue_rows
         self.run_times = RunTimes(settings.inline_max_ms / 1000)
         self.held = False
@@ -131,7 +131,7 @@ class DynamicBatchScheduler:
         return future
 
     def _retry_after_s(self) -> int:
-        batches = self._queued_rows / self.policy.max_batch_size
+        batches = self._queued_rows / self.limits.max_batch_size
         return max(1, math.ceil(batches * max(self.run_times.expected_s, 0.001)))
 
     # ------------------------------------------------------------------ control
@@ -162,7 +162,7 @@ class DynamicBatchScheduler:
         pending = self._flush_at
         if pending is not None:
             waiting_for_more = isinstance(pending, asyncio.TimerHandle)
-            if not waiting_for_more or self._queued_rows < self.policy.max_batch_size:
+            if not waiting_for_more or self._queued_rows < self.limits.max_batch_size:
                 return
             pending.cancel()
         self._flush_at = self._loop.call_soon(self._flush)
@@ -185,7 +185,7 @@ class DynamicBatchScheduler:
         for ticket in self._queue:
             window.append(ticket)
             rows += ticket.prepared.rows
-            if rows > self.policy.max_batch_size:
+            if rows > self.limits.max_batch_size:
                 break
         return window
 
@@ -201,8 +201,8 @@ class DynamicBatchScheduler:
             )
             for t in window
         ]
-        policy = self._no_wait if self._closing else self.policy
-        decision = plan(waiting, time.monotonic(), policy, self.run_times.expected_s)
+        limits = self._no_wait if self._closing else self.limits
+        decision = plan(waiting, time.monotonic(), limits, self.run_times.expected_s)
         expired, batch = self._pop(window, decision.expired, decision.take)
         for ticket in expired:
             _settle(ticket, DeadlineExceeded(NOT_RUN))
@@ -272,7 +272,7 @@ class DynamicBatchScheduler:
                 _fail(model, run.requests, run.outputs)
                 continue
             span = (execution.started, execution.finished)
-            record = _record(model, run, run.outputs, span, self.policy.max_batch_size)
+            record = _record(model, run, run.outputs, span, self.limits.max_batch_size)
             self._answer(model, record, run.requests)
             self._publish(record)
         if self._queue:
@@ -358,14 +358,14 @@ class DynamicBatchScheduler:
     def describe(self) -> dict[str, Any]:
         return {
             "scheduler": "dynamic_batcher",
-            "max_batch_size": self.policy.max_batch_size,
-            "max_wait_ms": self.policy.max_wait_s * 1000,
+            "max_batch_size": self.limits.max_batch_size,
+            "max_wait_ms": self.limits.max_wait_s * 1000,
             "max_queue_rows": self.max_queue_rows,
             "inline_max_ms": self.run_times.inline_below_s * 1000,
             "expected_batch_ms": round(self.run_times.expected_s * 1000, 4),
             "runs_inline": {
                 f"{rows} rows": self.run_times.inline(rows)
-                for rows in buckets_for(self.policy.max_batch_size)
+                for rows in buckets_for(self.limits.max_batch_size)
             },
         }
 

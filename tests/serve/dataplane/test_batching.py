@@ -1,9 +1,9 @@
-"""The batch-forming policy, as a pure function of queue, clock and policy."""
+"""The batch-forming rules, as a pure function of queue, clock and limits."""
 
-from serve.dataplane.batching import Plan, Policy, RunTimes, Waiting, bucket, buckets_for, plan
+from serve.dataplane.batching import BatchLimits, Plan, RunTimes, Waiting, bucket, buckets_for, plan
 
-POLICY = Policy(max_batch_size=8, max_wait_s=0.002)
-NO_WAIT = Policy(max_batch_size=8, max_wait_s=0.0)
+LIMITS = BatchLimits(max_batch_size=8, max_wait_s=0.002)
+NO_WAIT = BatchLimits(max_batch_size=8, max_wait_s=0.0)
 
 
 def waiting(rows: int, at: float = 0.0, deadline: float = 1.0) -> Waiting:
@@ -21,58 +21,58 @@ def test_a_batch_is_padded_to_the_smallest_bucket_that_holds_it() -> None:
 
 
 def test_a_lone_request_waits_for_company_until_max_wait() -> None:
-    decision = plan([waiting(1, at=0.0)], now=0.0005, policy=POLICY, expected_run_s=0.0)
+    decision = plan([waiting(1, at=0.0)], now=0.0005, limits=LIMITS, expected_run_s=0.0)
     assert decision.take == ()
     assert abs(decision.wait_s - 0.0015) < 1e-9
 
 
 def test_a_lone_request_goes_once_max_wait_has_passed() -> None:
-    decision = plan([waiting(1, at=0.0)], now=0.002, policy=POLICY, expected_run_s=0.0)
+    decision = plan([waiting(1, at=0.0)], now=0.002, limits=LIMITS, expected_run_s=0.0)
     assert decision == Plan(expired=(), take=(0,), wait_s=0.0)
 
 
 def test_a_full_batch_goes_at_once() -> None:
     queue = [waiting(4), waiting(4)]
-    assert plan(queue, now=0.0, policy=POLICY, expected_run_s=0.0).take == (0, 1)
+    assert plan(queue, now=0.0, limits=LIMITS, expected_run_s=0.0).take == (0, 1)
 
 
 def test_rows_are_gathered_in_order_and_the_first_that_does_not_fit_closes_the_batch() -> None:
     queue = [waiting(3), waiting(3), waiting(3), waiting(1)]
-    decision = plan(queue, now=0.0, policy=POLICY, expected_run_s=0.0)
+    decision = plan(queue, now=0.0, limits=LIMITS, expected_run_s=0.0)
     assert decision.take == (0, 1)  # never reordered to squeeze the 1-row request in
 
 
 def test_expired_requests_are_dropped_without_running() -> None:
     queue = [waiting(2, deadline=0.001), waiting(2, deadline=1.0)]
-    decision = plan(queue, now=0.003, policy=POLICY, expected_run_s=0.0)
+    decision = plan(queue, now=0.003, limits=LIMITS, expected_run_s=0.0)
     assert decision.expired == (0,)
     assert decision.take == (1,)
 
 
 def test_a_batch_goes_early_when_waiting_would_miss_a_deadline() -> None:
     queue = [waiting(1, at=0.0, deadline=0.0015)]
-    decision = plan(queue, now=0.001, policy=POLICY, expected_run_s=0.0006)
+    decision = plan(queue, now=0.001, limits=LIMITS, expected_run_s=0.0006)
     assert decision.take == (0,)
 
 
 def test_the_wait_ends_before_the_tightest_deadline_minus_the_expected_run_time() -> None:
     queue = [waiting(1, at=0.0, deadline=0.0018)]
-    decision = plan(queue, now=0.0, policy=POLICY, expected_run_s=0.0003)
+    decision = plan(queue, now=0.0, limits=LIMITS, expected_run_s=0.0003)
     assert abs(decision.wait_s - 0.0015) < 1e-9
 
 
 def test_an_empty_queue_plans_nothing() -> None:
-    assert plan([], now=0.0, policy=POLICY, expected_run_s=0.0) == Plan((), (), 0.0)
+    assert plan([], now=0.0, limits=LIMITS, expected_run_s=0.0) == Plan((), (), 0.0)
 
 
 def test_without_max_wait_a_lone_request_goes_at_once() -> None:
-    decision = plan([waiting(1, at=0.0)], now=0.0, policy=NO_WAIT, expected_run_s=0.001)
+    decision = plan([waiting(1, at=0.0)], now=0.0, limits=NO_WAIT, expected_run_s=0.001)
     assert decision == Plan(expired=(), take=(0,), wait_s=0.0)
 
 
 def test_a_batch_never_mixes_versions() -> None:
     queue = [Waiting(1, 0.0, 1.0, version=1), Waiting(1, 0.0, 1.0, version=2)]
-    assert plan(queue, now=0.0, policy=NO_WAIT, expected_run_s=0.0).take == (0,)
+    assert plan(queue, now=0.0, limits=NO_WAIT, expected_run_s=0.0).take == (0,)
 
 
 def test_batches_run_inline_while_their_size_measured_cheap() -> None:
