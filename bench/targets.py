@@ -28,10 +28,10 @@ class Verdict:
 def judge(results: Results) -> list[Verdict]:
     return [
         _ratio(results, "mlp-64", 4.0),
-        _p99(results, "mlp-64", 10.0),
+        _latency(results, "mlp-64", "p99", 10.0),
         _ratio(results, "mlp-8", 3.0),
-        _p99(results, "mlp-8", 1.5),
-        _p50(results, "mlp-1", 0.3),
+        _latency(results, "mlp-8", "p99", 1.5),
+        _latency(results, "mlp-1", "p50", 0.3),
         _ratio(results, "cnn-64", 2.5),
         _stochastic_loss(results, 64, 0.15),
         _stochastic_loss(results, 8, 0.15),
@@ -50,22 +50,14 @@ def _ratio(results: Results, scenario: str, minimum: float) -> Verdict:
     return _verdict(target, f"{ratio:.2f}x", ratio >= minimum, rlserve, baseline)
 
 
-def _p99(results: Results, scenario: str, maximum_ms: float) -> Verdict:
-    target = f"{scenario}: rlserve serve p99 ≤ {maximum_ms:g} ms"
+def _latency(results: Results, scenario: str, percentile: str, maximum_ms: float) -> Verdict:
+    """rlserve serve's p50 or p99 latency (``percentile``) within ``maximum_ms``."""
+    target = f"{scenario}: rlserve serve {percentile} ≤ {maximum_ms:g} ms"
     rlserve = results.find(scenario, servers.SERVE.key)
     if rlserve is None:
         return Verdict(target, "not run", None)
-    p99 = rlserve.load.p99_ms
-    return _verdict(target, f"{p99:.2f} ms", p99 <= maximum_ms, rlserve)
-
-
-def _p50(results: Results, scenario: str, maximum_ms: float) -> Verdict:
-    target = f"{scenario}: rlserve serve p50 ≤ {maximum_ms:g} ms"
-    rlserve = results.find(scenario, servers.SERVE.key)
-    if rlserve is None:
-        return Verdict(target, "not run", None)
-    p50 = rlserve.load.p50_ms
-    return _verdict(target, f"{p50:.2f} ms", p50 <= maximum_ms, rlserve)
+    measured = rlserve.load.p50_ms if percentile == "p50" else rlserve.load.p99_ms
+    return _verdict(target, f"{measured:.2f} ms", measured <= maximum_ms, rlserve)
 
 
 def _stochastic_loss(results: Results, connections: int, maximum: float) -> Verdict:
