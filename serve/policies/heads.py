@@ -58,51 +58,63 @@ class PolicyHeads:
             outputs["values"] = graph[self._value]
         for role, name in self.parameters.items():
             outputs[role] = graph[name]
-        if any(needs_distribution(r.options) for r in requests):
-            self._stochastic(outputs, requests)
+        first = requests[0].options
+        alike = first.seed is None and all(
+            r.options is first and r.evaluate is None for r in requests
+        )
+        if alike and not needs_distribution(first):
+            return outputs  # the graph's actions are the answer
+        self._stochastic(outputs, requests, uniform=alike)
         return outputs
 
-    def _stochastic(self, outputs: Outputs, requests: Sequence[Prepared]) -> None:
+    def _stochastic(self, outputs: Outputs, requests: Sequence[Prepared], *, uniform: bool) -> None:
+        """Sampled actions and log-probs for every row. A batch whose requests share one
+        options object (no seed: ``predict_options`` gives equal parameters one object) is
+        done in whole-batch operations; otherwise rows are sorted out request by request."""
         params = {role: outputs[role] for role in self.parameters}
         dist = distributions.build(self._kind, params, self._nvec)
         taken = dist.mode().astype(np.float64)
-        sampled_rows: list[np.ndarray] = []
-        noise: list[np.ndarray | int] = []  # per stochastic request: its draw, or its row count
-        start = 0
-        for request in requests:
-            stop = start + request.rows
-            options = request.options
-            if request.evaluate is not None and needs_distribution(options):
-                taken[start:stop] = request.evaluate.reshape(taken[start:stop].shape)
-            elif not options.deterministic:
-                sampled_rows.append(np.arange(start, stop))
-                seed = options.seed
-                noise.append(
-                    request.rows if seed is None else dist.draw(_seeded(seed), request.rows)
-                )
-            start = stop
-        if sampled_rows:
-            rows = np.concatenate(sampled_rows)
-            sampled = dist.take(rows).sample_with(self._noise(dist, noise))
-            taken[rows] = sampled
-            actions = outputs["actions"].copy()
-            actions[rows] = self._to_env(sampled)
-            outputs["actions"] = actions
+        rows = len(taken)
+        sampled = np.full(rows, uniform and not requests[0].options.deterministic)
+        seeded: list[tuple[int, int, int]] = []  # start, stop, seed of seeded requests
+        if not uniform:
+            start = 0
+            for request in requests:
+                stop = start + request.rows
+                options = request.options
+                if request.evaluate is not None and needs_distribution(options):
+                    taken[start:stop] = request.evaluate.reshape(taken[start:stop].shape)
+                elif not options.deterministic:
+                    sampled[start:stop] = True
+                    if options.seed is not None:
+                        seeded.append((start, stop, options.seed))
+                start = stop
+        if sampled.any():
+            self._sample(dist, sampled, seeded, taken, outputs)
         outputs["log_probs"] = dist.log_prob(taken)
 
-    def _noise(self, dist: distributions.Distribution, parts: list[np.ndarray | int]) -> np.ndarray:
-        """The draws of every sampled row in order; unseeded rows share one draw."""
-        unseeded = sum(p for p in parts if isinstance(p, int))
-        shared = dist.draw(self._rng, unseeded) if unseeded else None
-        pieces, used = [], 0
-        for part in parts:
-            if isinstance(part, int):
-                assert shared is not None
-                pieces.append(shared[used : used + part])
-                used += part
-            else:
-                pieces.append(part)
-        return np.concatenate(pieces)
+    def _sample(
+        self,
+        dist: distributions.Distribution,
+        sampled: np.ndarray,
+        seeded: list[tuple[int, int, int]],
+        taken: np.ndarray,
+        outputs: Outputs,
+    ) -> None:
+        """Sample the rows marked in ``sampled``: one draw for all of them, then each seeded
+        request's rows replaced by its own generator's draw."""
+        indices = None if sampled.all() else np.flatnonzero(sampled)
+        rows: slice | np.ndarray = slice(None) if indices is None else indices
+        subset = dist if indices is None else dist.take(indices)
+        noise = subset.draw(self._rng, int(np.count_nonzero(sampled)))
+        for start, stop, seed in seeded:
+            at = int(np.count_nonzero(sampled[:start]))  # where its rows sit among the sampled
+            noise[at : at + stop - start] = dist.draw(_seeded(seed), stop - start)
+        actions = subset.sample_with(noise)
+        taken[rows] = actions
+        env_actions = outputs["actions"].copy()
+        env_actions[rows] = self._to_env(actions)
+        outputs["actions"] = env_actions
 
     def _to_env(self, sampled: np.ndarray) -> np.ndarray:
         """Sampled actions as the environment takes them: in the action space's shape,

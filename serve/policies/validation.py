@@ -186,10 +186,12 @@ def _innermost_lists(value: list[Any], dims: tuple[int, ...]) -> list[list[Any]]
 DEFAULT_OPTIONS = PredictOptions()
 _OUTPUT_NAMES = [k.value for k in OutputKind]
 _OUTPUT_SETS: dict[tuple[str, ...], frozenset[OutputKind]] = {}
+_SHARED_OPTIONS: dict[tuple[bool, frozenset[OutputKind]], PredictOptions] = {}
 
 
 def predict_options(parameters: Mapping[str, Any]) -> PredictOptions:
-    """A request's parameters, checked; the shared default when it gave none."""
+    """A request's parameters, checked. Requests without a seed and with equal parameters
+    share one options object (the policy heads then treat their batch as a whole)."""
     if not parameters:
         return DEFAULT_OPTIONS
     deterministic = parameters.get("deterministic", True)
@@ -198,7 +200,14 @@ def predict_options(parameters: Mapping[str, Any]) -> PredictOptions:
     seed = parameters.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise InvalidInput(f"seed: expected a non-negative integer, got {seed!r}")
-    return PredictOptions(deterministic, seed, _outputs(parameters.get("outputs")))
+    outputs = _outputs(parameters.get("outputs"))
+    if seed is not None:
+        return PredictOptions(deterministic, seed, outputs)
+    key = (deterministic, outputs)
+    shared = _SHARED_OPTIONS.get(key)
+    if shared is None:  # at most 2 x the output sets _outputs keeps
+        shared = _SHARED_OPTIONS[key] = PredictOptions(deterministic, None, outputs)
+    return shared
 
 
 def _outputs(given: Any) -> frozenset[OutputKind]:
