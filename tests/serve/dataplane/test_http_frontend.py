@@ -5,23 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, MutableMapping
-from contextlib import asynccontextmanager
-from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
 
-from serve import config
-from serve.process.app import RLServeApp, create_app
+from tests.serve.inprocess import REPOSITORY, serving
 
 pytestmark = pytest.mark.anyio
 
-ROOT = Path(__file__).resolve().parents[3]
-REPOSITORY = ROOT / "examples" / "model_repository"
 MODEL = REPOSITORY / "cartpole" / "1" / "model.onnx"
 OBS = [0.01, -0.02, 0.03, 0.04]
 
@@ -29,24 +22,6 @@ OBS = [0.01, -0.02, 0.03, 0.04]
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@asynccontextmanager
-async def serving(**settings: Any) -> AsyncIterator[tuple[RLServeApp, httpx.AsyncClient]]:
-    """The app after its lifespan started and its models loaded, and a client for it."""
-    app = create_app(config.load(model_repository=REPOSITORY, **settings))
-    to_app: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
-    from_app: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
-    lifespan = asyncio.create_task(app({"type": "lifespan"}, to_app.get, from_app.put))
-    await to_app.put({"type": "lifespan.startup"})
-    assert (await from_app.get())["type"] == "lifespan.startup.complete"
-    await app.state.phases.loaded.wait()
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://rlserve") as client:
-        yield app, client
-    await to_app.put({"type": "lifespan.shutdown"})
-    assert (await from_app.get())["type"] == "lifespan.shutdown.complete"
-    await lifespan
 
 
 def onnxruntime_actions(observations: list[list[float]]) -> list[int]:

@@ -1,0 +1,44 @@
+"""Readiness tells the truth about what can be served."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.serve.inprocess import REPOSITORY, serving
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def test_a_model_whose_only_version_fails_to_load_keeps_ready_red(tmp_path: Path) -> None:
+    shutil.copytree(REPOSITORY / "cartpole", tmp_path / "cartpole")
+    (tmp_path / "broken" / "1").mkdir(parents=True)
+    (tmp_path / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx file")
+    async with serving(model_repository=tmp_path) as (_, client):
+        ready = await client.get("/ready")
+        models = (await client.get("/v1/models")).json()["models"]
+        described = (await client.get("/v1/models/broken")).json()
+        served = await client.post("/v1/models/cartpole/predict", json={"observations": [0] * 4})
+    assert ready.status_code == 503
+    assert any("'broken' has no loaded version" in r for r in ready.json()["reasons"])
+    assert {m["name"]: m["state"] for m in models} == {"cartpole": "ready", "broken": "unavailable"}
+    assert described["failed_versions"][0]["state"] == "unavailable"
+    assert "onnxruntime cannot load it" in described["failed_versions"][0]["reason"]
+    assert served.status_code == 200  # the model that loaded is served meanwhile
+
+
+async def test_ready_turns_green_once_every_model_has_an_active_version() -> None:
+    async with serving() as (app, client):
+        ready = await client.get("/ready")
+        app.state.phases.begin_drain()
+        draining = await client.get("/ready")
+    assert ready.json() == {"status": "ready", "phase": "ready"}
+    assert draining.status_code == 503
+    assert draining.json()["reasons"][0] == "server is draining"
