@@ -22,8 +22,19 @@ log = logging.getLogger("rlserve.access")
 def request_id(scope: Scope) -> str:
     """The caller's X-Request-Id (1 to 128 bytes), or a new random one."""
     for name, value in scope["headers"]:
-        if name == b"x-request-id" and 0 < len(value) <= 128:
-            return value.decode("latin-1")
+        if name == b"x-request-id":
+            given = given_request_id(value)
+            if given is not None:
+                return given
+    return new_request_id()
+
+
+def given_request_id(value: bytes) -> str | None:
+    """An X-Request-Id header's value, when it is one we keep (1 to 128 bytes)."""
+    return value.decode("latin-1") if 0 < len(value) <= 128 else None
+
+
+def new_request_id() -> str:
     return os.urandom(12).hex()
 
 

@@ -19,7 +19,6 @@ routes for /docs.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from serve.access import log_exchange
+from serve.access import given_request_id, log_exchange, new_request_id
 from serve.dataplane.json_body import PredictBodyDecoder
 from serve.dataplane.messages import InferenceRequest, InferenceResponse
 from serve.dataplane.routing import Router
@@ -159,14 +158,14 @@ def _start(scope: Scope) -> _Call:
     """The call's request id, deadline header and declared length, in one pass over headers."""
     call = _Call("", time.monotonic())
     for name, value in scope["headers"]:
-        if name == b"x-request-id" and 0 < len(value) <= 128:
-            call.request_id = value.decode("latin-1")
+        if name == b"x-request-id":
+            call.request_id = given_request_id(value) or ""
         elif name == b"x-request-timeout-ms":
             call.timeout_header = value.decode("latin-1")
         elif name == b"content-length" and value.isdigit():
             call.declared_length = int(value)
     if not call.request_id:
-        call.request_id = os.urandom(12).hex()
+        call.request_id = new_request_id()
     return call
 
 
