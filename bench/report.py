@@ -125,7 +125,8 @@ def _actor_section(results: Results) -> str:
         "One Python process on core 1 steps one CartPole-v1 env with actions from rlserve "
         "serve (core 0, cartpole model), one request per step, resetting when an episode "
         "ends (`bench/actor.py`). *policy* is the project's client (`serve.client."
-        "PolicyClient`, httpx); *http* a bare `http.client` keep-alive connection.",
+        "PolicyClient`); *http* a bare `http.client` keep-alive connection: the client's "
+        "own cost is the difference.",
         "",
         "| client | env steps/s | steps | episodes | server CPU µs/step |",
         "|---|---:|---:|---:|---:|",
