@@ -198,7 +198,7 @@ class MetricsSink:
 
 
 @dataclass
-class _Tally:
+class Tally:
     """Observations of one histogram child not yet moved into it."""
 
     child: Any
@@ -206,7 +206,7 @@ class _Tally:
     total: float = 0.0
 
     @classmethod
-    def of(cls, child: Any) -> _Tally:
+    def of(cls, child: Any) -> Tally:
         return cls(child, [0] * len(child._upper_bounds))
 
     def add(self, value: float) -> None:
@@ -225,11 +225,11 @@ class _VersionTally:
     """What one model version's batches answered since the last flush."""
 
     requests: Any  # the counter child of answered requests
-    request_latency: _Tally
-    inference_latency: _Tally
-    queue_wait: _Tally
-    batch_rows: _Tally
-    batch_fill: _Tally
+    request_latency: Tally
+    inference_latency: Tally
+    queue_wait: Tally
+    batch_rows: Tally
+    batch_fill: Tally
     answered: int = 0
 
     @classmethod
@@ -237,11 +237,11 @@ class _VersionTally:
         labels = (model, str(version))
         return cls(
             metrics.child(metrics.requests, *labels, "200"),
-            _Tally.of(metrics.child(metrics.request_latency, model)),
-            _Tally.of(metrics.child(metrics.inference_latency, *labels)),
-            _Tally.of(metrics.child(metrics.queue_wait, *labels)),
-            _Tally.of(metrics.child(metrics.batch_rows, *labels)),
-            _Tally.of(metrics.child(metrics.batch_fill, *labels)),
+            Tally.of(metrics.child(metrics.request_latency, model)),
+            Tally.of(metrics.child(metrics.inference_latency, *labels)),
+            Tally.of(metrics.child(metrics.queue_wait, *labels)),
+            Tally.of(metrics.child(metrics.batch_rows, *labels)),
+            Tally.of(metrics.child(metrics.batch_fill, *labels)),
         )
 
     def flush(self) -> None:
@@ -256,14 +256,6 @@ class _VersionTally:
             self.batch_fill,
         ):
             tally.flush()
-
-
-def observe_all(child: Any, values: Sequence[float]) -> None:
-    """``child.observe(v)`` for every value, as one update per bucket that gained any."""
-    counts = [0] * len(child._upper_bounds)
-    for value in values:
-        counts[bisect.bisect_left(child._upper_bounds, value)] += 1
-    add_counts(child, counts, sum(values))
 
 
 def add_counts(child: Any, counts: Sequence[int], total: float) -> None:

@@ -8,18 +8,20 @@ from prometheus_client import CollectorRegistry, Histogram
 from serve.dataplane.messages import Prepared
 from serve.dataplane.record import BatchRecord
 from serve.dataplane.scheduler import Load
-from serve.metrics import LATENCY_BUCKETS, Metrics, observe_all
+from serve.metrics import LATENCY_BUCKETS, Metrics, Tally
 from serve.policies.validation import DEFAULT_OPTIONS
 
 
-def test_observing_a_batch_of_values_equals_observing_them_one_by_one() -> None:
+def test_tallied_observations_once_flushed_equal_observing_them_one_by_one() -> None:
     values = [0.0, 0.0004, 0.0005, 0.0031, 0.2, 7.5, 0.0005, 1e-9]
     one, many = CollectorRegistry(), CollectorRegistry()
     single = Histogram("latency", "h", buckets=LATENCY_BUCKETS, registry=one)
-    batched = Histogram("latency", "h", buckets=LATENCY_BUCKETS, registry=many)
+    tally = Tally.of(Histogram("latency", "h", buckets=LATENCY_BUCKETS, registry=many))
     for value in values:
         single.observe(value)
-    observe_all(batched, values)
+        tally.add(value)
+    assert samples(many) != samples(one)  # nothing reached the histogram yet
+    tally.flush()
     assert samples(one) == samples(many)
 
 
