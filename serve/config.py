@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -90,7 +98,10 @@ class Settings(BaseSettings):
 
     # Live policy updates (see docs/updates.md).
     admin_token: SecretStr | None = Field(
-        None, description="bearer token for push/activate/rollback/hold; unset disables them"
+        None,
+        min_length=16,
+        description="bearer token for push/activate/rollback/hold (16 characters or more, "
+        "no whitespace); unset disables them",
     )
     poll_interval_s: float | None = Field(
         None, gt=0, description="watch the repository for new versions this often (pull mode)"
@@ -125,6 +136,13 @@ class Settings(BaseSettings):
         "forwarded_allow_ips (127.0.0.1 for `rlserve serve`): the access log then shows the "
         "client behind the proxy",
     )
+
+    @field_validator("admin_token")
+    @classmethod
+    def _no_whitespace(cls, token: SecretStr | None) -> SecretStr | None:
+        if token is not None and any(c.isspace() for c in token.get_secret_value()):
+            raise ValueError("must not contain whitespace (a bearer token is one word)")
+        return token
 
     @classmethod
     def settings_customise_sources(
@@ -189,5 +207,10 @@ def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "settings"
-        parts.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+        secret = where in _SECRETS
+        given = "" if secret else f" (got {err.get('input')!r})"
+        parts.append(f"{where}: {err['msg']}{given}")
     return "invalid configuration: " + "; ".join(parts)
+
+
+_SECRETS = {"admin_token"}  # never echoed in an error message

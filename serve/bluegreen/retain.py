@@ -16,6 +16,7 @@ from typing import Any
 from serve.bluegreen.kubectl import Kubectl
 from serve.bluegreen.names import MODEL_VERSION, VERSION_POLICY_ENV
 from serve.errors import Conflict, MalformedRequest, NotFound
+from serve.versions import parse_version
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,8 @@ def retain(k: Kubectl, repository: Path, model: str, keep: int) -> RetentionPlan
 def _versions(model_dir: Path) -> list[int]:
     if not model_dir.is_dir():
         raise NotFound(f"--model-repository/--model: {model_dir} is not a directory")
-    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    numbers = (parse_version(p.name) for p in model_dir.iterdir() if p.is_dir())
+    return sorted(n for n in numbers if n is not None)
 
 
 def _delete(k: Kubectl, path: Path, dry_run: bool) -> None:
@@ -95,8 +97,11 @@ def _policy_versions(text: str | None, on_disk: list[int], name: str) -> set[int
 
 
 def _number(value: Any, name: str, where: str) -> int:
-    if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
-        return int(value)
+    number = value if isinstance(value, int) else None
+    if isinstance(value, str):
+        number = parse_version(value)
+    if number is not None:
+        return number
     raise Conflict(
         f"retain: deployment/{name}: {where} holds {value!r}, not a version number; "
         "refusing to delete anything"

@@ -18,7 +18,8 @@ from starlette.responses import Response
 from serve.config import Settings
 from serve.control.updates import ActivationMode, Canary, Push, Updater
 from serve.dataplane.wire import json_response, read_body, read_json_object
-from serve.errors import Forbidden, InvalidInput, Unauthorized
+from serve.errors import Forbidden, InvalidInput, NotFound, Unauthorized
+from serve.versions import DESCRIPTION, parse_version
 
 
 class AdminEndpoints:
@@ -48,18 +49,24 @@ class AdminEndpoints:
         if not hmac.compare_digest(given[7:].strip().encode(), token.get_secret_value().encode()):
             raise Forbidden("the bearer token does not match admin_token")
 
-    async def push_version(self, request: Request, model: str, version: int) -> Response:
+    async def push_version(self, request: Request, model: str, version: str) -> Response:
         """Push a new version: ONNX bytes (application/octet-stream, sha256 in X-Model-SHA256,
         options as query parameters), or JSON naming a file in the model repository."""
-        push = await _push_from(request, self.settings, model, version)
+        number = parse_version(version)
+        if number is None:
+            raise InvalidInput(f"version: {version!r} is not {DESCRIPTION}")
+        push = await _push_from(request, self.settings, model, number)
         report = await self.updater.push(push)
         return json_response(report.to_json())
 
-    async def activate_version(self, request: Request, model: str, version: int) -> Response:
+    async def activate_version(self, request: Request, model: str, version: str) -> Response:
         """Activate a resident version (query: mode, rollback)."""
+        number = parse_version(version)
+        if number is None:
+            raise NotFound(f"version {version!r}: a version is {DESCRIPTION}")
         query = request.query_params
         report = await self.updater.activate(
-            model, version, _mode(query.get("mode")), _flag(query, "rollback")
+            model, number, _mode(query.get("mode")), _flag(query, "rollback")
         )
         return json_response(report.to_json())
 

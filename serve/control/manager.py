@@ -21,6 +21,7 @@ from serve.dataplane.routing import Route
 from serve.dataplane.scheduler import Scheduler
 from serve.errors import NotFound, RLServeError, ServiceUnavailable
 from serve.metrics import Metrics
+from serve.versions import DESCRIPTION
 
 log = logging.getLogger("rlserve.manager")
 
@@ -38,7 +39,10 @@ class ModelRepositoryManager:
 
     async def load_all(self) -> None:
         """Discover the repository, load every selected version, activate the newest."""
-        found = await asyncio.to_thread(repository.discover, self.settings.model_repository)
+        root = self.settings.model_repository
+        found = await asyncio.to_thread(repository.discover, root)
+        for skipped in await asyncio.to_thread(repository.skipped_in, root):
+            log.warning("%s: skipped, not a version (a version is %s)", skipped, DESCRIPTION)
         plans = {name: self._plan(name, versions) for name, versions in found.items()}
         for lifecycle, _ in plans.values():
             self.models[lifecycle.name] = lifecycle

@@ -27,6 +27,7 @@ from serve.dataplane.model import ServedModel
 from serve.dataplane.runtime import create_session
 from serve.errors import ConfigError, ModelLoadError
 from serve.policies.actor_critic import ActorCriticPolicy
+from serve.versions import parse_version
 
 log = logging.getLogger("rlserve.repository")
 
@@ -55,12 +56,26 @@ def discover(root: Path) -> dict[str, list[VersionDir]]:
 
 
 def versions_of(model_dir: Path) -> list[VersionDir]:
-    versions = [
-        VersionDir(model_dir.name, int(d.name), d / MODEL_FILE)
-        for d in model_dir.iterdir()
-        if d.is_dir() and d.name.isdigit() and (d / MODEL_FILE).is_file()
-    ]
+    """The complete versions of a model, ascending; a directory whose name is not a version
+    number is skipped (``skipped_in`` names them)."""
+    versions = []
+    for d in model_dir.iterdir():
+        number = parse_version(d.name)
+        if number is not None and d.is_dir() and (d / MODEL_FILE).is_file():
+            versions.append(VersionDir(model_dir.name, number, d / MODEL_FILE))
     return sorted(versions, key=lambda v: v.version)
+
+
+def skipped_in(root: Path) -> list[Path]:
+    """Directories of the repository's models whose names are not version numbers (nor
+    hidden): what a version policy can never select."""
+    return sorted(
+        d
+        for model_dir in root.iterdir()
+        if model_dir.is_dir() and _visible(model_dir)
+        for d in model_dir.iterdir()
+        if d.is_dir() and _visible(d) and parse_version(d.name) is None
+    )
 
 
 def select(versions: list[VersionDir], policy: VersionPolicy) -> list[VersionDir]:

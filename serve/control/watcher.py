@@ -6,6 +6,11 @@ newer than any version seen before goes through the same path as a push
 it in place atomically: write elsewhere and rename (``rlserve export`` writes a hidden
 directory and renames it). A rollback holds: the versions it stepped back from were
 already seen, so only a newer version replaces it.
+
+A version that fails to load (a file still being written, a corrupt one) is reported in
+``GET /v1/models/{model}`` and counted in ``rlserve_weight_updates_total``, and tried again
+once its file changes. A directory whose name is not a version number is reported once and
+skipped; a poll that fails for any reason is logged, and the next poll tries again.
 """
 
 from __future__ import annotations
@@ -13,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from pathlib import Path
 
 from serve.control import repository
 from serve.control.manager import ModelRepositoryManager
 from serve.control.updates import Push, Updater
-from serve.errors import RLServeError
+from serve.errors import ModelLoadError, RLServeError
+from serve.versions import DESCRIPTION
 
 log = logging.getLogger("rlserve.watcher")
 
@@ -29,43 +36,79 @@ class RepositoryWatcher:
         self.manager = manager
         self.updater = updater
         self.interval_s = interval_s
-        self._seen: dict[str, int] = {}
+        self._seen: dict[str, int] = {}  # the newest version handled, per model
+        self._failed: dict[tuple[str, int], tuple[int, int]] = {}  # size and mtime when it failed
+        self._skipped: set[Path] = set()  # directories already reported as not versions
 
     async def run(self) -> None:
-        self._seen = {name: _newest(found) for name, found in (await self._discover()).items()}
-        log.info("watching %s every %gs", self.manager.settings.model_repository, self.interval_s)
+        """Poll for ever; a poll that fails is logged and the next one tries again."""
+        root = self.manager.settings.model_repository
+        self._skipped = set(await asyncio.to_thread(repository.skipped_in, root))  # reported
+        found = await self._discover()
+        self._seen = {name: _newest(versions) for name, versions in found.items()}
+        log.info("watching %s every %gs", root, self.interval_s)
         while True:
             await asyncio.sleep(self.interval_s)
-            await self.poll()
+            try:
+                await self.poll()
+            except Exception:
+                log.exception("polling %s failed; trying again in %gs", root, self.interval_s)
 
     async def poll(self) -> None:
         for name, versions in (await self._discover()).items():
             if name not in self.manager.models:
                 continue  # new models are picked up at start-up only
             for where in versions:
-                if where.version > self._seen.get(name, -1):
-                    self._seen[name] = where.version
+                if where.version > self._seen.get(name, 0) and self._worth_trying(where):
                     await self._pull(where)
 
+    def _worth_trying(self, where: repository.VersionDir) -> bool:
+        """A version that failed is tried again once its file changed (it was still being
+        written, or it was replaced)."""
+        failed_as = self._failed.get((where.model, where.version))
+        return failed_as is None or failed_as != _stamp(where.path)
+
     async def _discover(self) -> dict[str, list[repository.VersionDir]]:
-        return await asyncio.to_thread(repository.discover, self.manager.settings.model_repository)
+        root = self.manager.settings.model_repository
+        found = await asyncio.to_thread(repository.discover, root)
+        for skipped in await asyncio.to_thread(repository.skipped_in, root):
+            if skipped not in self._skipped:
+                self._skipped.add(skipped)
+                log.warning(
+                    "%s: not a version directory (a version is %s); skipped", skipped, DESCRIPTION
+                )
+        return found
 
     async def _pull(self, where: repository.VersionDir) -> None:
+        key = (where.model, where.version)
+        stamp = _stamp(where.path)
         try:
             data = await asyncio.to_thread(where.path.read_bytes)
             push = Push(where.model, where.version, data, hashlib.sha256(data).hexdigest())
             report = await self.updater.push(push)
-        except (RLServeError, OSError) as exc:
-            log.error("pull of %s/%d failed: %s", where.model, where.version, exc)
+        except (ModelLoadError, OSError) as exc:
+            reason = exc.message if isinstance(exc, RLServeError) else str(exc)
+            log.error("pull of %s/%d failed (tried again when the file changes): %s", *key, reason)
+            self._failed[key] = stamp
+            self.manager.lifecycle(where.model).failed(where.version, reason)
             return
-        log.info(
-            "pulled %s/%d: %s in %.2fs",
-            where.model,
-            where.version,
-            report.result.value,
-            report.load_s,
-        )
+        except RLServeError as exc:  # refused for good: not newer, a different file, ...
+            log.error("pull of %s/%d refused: %s", *key, exc.message)
+            self._seen[where.model] = where.version
+            return
+        self._failed.pop(key, None)
+        self._seen[where.model] = where.version
+        log.info("pulled %s/%d: %s in %.2fs", *key, report.result.value, report.load_s)
 
 
 def _newest(versions: list[repository.VersionDir]) -> int:
-    return max((v.version for v in versions), default=-1)
+    return max((v.version for v in versions), default=0)
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    """What tells a file changed: its size and modification time (0, 0 when it is gone)."""
+    try:
+        status = path.stat()
+    except OSError:
+        return (0, 0)
+    return (status.st_size, status.st_mtime_ns)

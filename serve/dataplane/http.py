@@ -35,6 +35,7 @@ from serve.dataplane.wire import JSON_OPTIONS, deadline_ms, too_large
 from serve.errors import DeadlineExceeded, InvalidInput, MethodNotAllowed, NotFound, RLServeError
 from serve.metrics import Metrics
 from serve.status import http_headers, http_status
+from serve.versions import DESCRIPTION, parse_version
 
 log = logging.getLogger("rlserve.predict")
 
@@ -172,9 +173,10 @@ def _start(scope: Scope) -> _Call:
 def _version(text: str | None) -> int | None:
     if text is None:
         return None
-    if not text.isdigit():
-        raise NotFound(f"version {text!r}: versions are non-negative integers")
-    return int(text)
+    version = parse_version(text)
+    if version is None:
+        raise NotFound(f"version {text!r}: a version is {DESCRIPTION}")
+    return version
 
 
 async def _read_body(receive: Receive, declared: int | None, limit: int) -> bytes:

@@ -48,7 +48,7 @@ def test_a_bad_timeout_header_gets_400(server: Server) -> None:
     [
         ("/v1/models/nope/predict", "'nope'"),
         ("/v1/models/cartpole/versions/9/predict", "no version 9"),
-        ("/v1/models/cartpole/versions/latest/predict", "non-negative integers"),
+        ("/v1/models/cartpole/versions/latest/predict", "ASCII digits only"),
     ],
 )
 def test_unknown_models_and_versions_get_404(server: Server, path: str, words: str) -> None:

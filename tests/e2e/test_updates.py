@@ -19,7 +19,7 @@ from serve.distributions import Categorical
 from tests.e2e.conftest import export_untrained
 from tests.e2e.server import Server
 
-TOKEN = "test-token"
+TOKEN = "updates-test-token"
 OBS = [0.01, -0.02, 0.03, 0.04]
 
 
@@ -228,3 +228,39 @@ def test_updates_need_the_admin_token(
         plain.stop()
     assert disabled.value.status == 403
     assert "admin_token" in disabled.value.message
+
+
+def test_pull_mode_retries_a_half_written_version_and_survives_odd_directories(
+    versions: list[Path], tmp_path: Path
+) -> None:
+    repo = tmp_path / "repository"
+    (repo / "swap" / "1").mkdir(parents=True)
+    shutil.copy(versions[0], repo / "swap" / "1" / "model.onnx")
+    server = Server.rlserve(repo, "--poll-interval-s", "0.1", log=tmp_path / "log")
+    try:
+        server.wait_ready()
+        (repo / "swap" / "\u0663").mkdir()  # an Arabic-Indic three: not a version
+        (repo / "swap" / "v9").mkdir()
+        (repo / "swap" / "2").mkdir()
+        full = versions[1].read_bytes()
+        (repo / "swap" / "2" / "model.onnx").write_bytes(full[: len(full) // 2])  # a writer
+        with server.client() as client:
+            server.wait_until(
+                lambda c: any(f["version"] == 2 for f in c.get("/v1/models/swap").json()[
+                    "failed_versions"]),
+                10,
+                "reporting the half-written version",
+            )  # fmt: skip
+            (repo / "swap" / "2" / "model.onnx").write_bytes(full)  # ...that finished
+            server.wait_until(
+                lambda c: (
+                    c.post("/predict", json={"observations": OBS}).json()["model_version"] == 2
+                ),
+                10,
+                "on version 2 once its file was complete",
+            )
+            assert client.get("/v1/models/swap").json()["failed_versions"] == []
+            assert client.get("/health").status_code == 200
+        assert "not a version" in server.output(full=True)
+    finally:
+        server.stop()

@@ -58,3 +58,17 @@ def test_a_model_config_may_only_set_model_settings(tmp_path: Path) -> None:
     model_config.write_text("port: 1\n")
     with pytest.raises(ConfigError, match="unknown settings \\['port'\\]"):
         config.load_model_overrides(model_config)
+
+
+@pytest.mark.parametrize("token", ["", "   ", "\u00a0", "short-token", "a token with spaces!!"])
+def test_an_admin_token_that_could_be_guessed_or_sent_empty_is_refused(token: str) -> None:
+    with pytest.raises(ConfigError, match="admin_token") as refused:
+        config.load(admin_token=token)
+    assert token.strip() == "" or token not in refused.value.message  # never echoed
+
+
+def test_configuration_errors_never_echo_the_admin_token() -> None:
+    with pytest.raises(ConfigError) as refused:
+        config.load(admin_token="x" * 10, max_batch_size=0)
+    assert "x" * 10 not in refused.value.message
+    assert "max_batch_size" in refused.value.message

@@ -110,7 +110,7 @@ async def test_routes_methods_headers_and_sizes_are_checked_before_the_body() ->
         )
         large = await client.post("/predict", content=b"[" + b"0," * 1000 + b"0]")
     assert "'nope'" in error(unknown, 404, "not_found")
-    assert "non-negative integers" in error(version, 404, "not_found")
+    assert "ASCII digits only" in error(version, 404, "not_found")
     assert "POST only" in error(method, 405, "method_not_allowed")
     assert "X-Request-Timeout-Ms" in error(timeout, 400, "malformed_request")
     assert "max_body_bytes" in error(large, 413, "payload_too_large")
