@@ -130,6 +130,11 @@ def _activate_call(model: str, version: int, mode: str, rollback: bool) -> _Call
     return _Call("POST", path, params=params, repeatable=False)
 
 
+def _hold_call(model: str, max_hold_s: float | None) -> _Call:
+    params = None if max_hold_s is None else {"max_hold_s": f"{max_hold_s:g}"}
+    return _Call("POST", f"/v1/models/{model}/hold", params=params)
+
+
 def _json(body: Any) -> bytes:
     """JSON bytes; numpy arrays and scalars as their values (float32 in its shortest form)."""
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
@@ -284,8 +289,8 @@ class PolicyClient:
     def rollback(self, model: str) -> dict[str, Any]:
         return dict(self._send(_Call("POST", f"/v1/models/{model}/rollback", repeatable=False)))
 
-    def hold(self, model: str) -> dict[str, Any]:
-        return dict(self._send(_Call("POST", f"/v1/models/{model}/hold")))
+    def hold(self, model: str, *, max_hold_s: float | None = None) -> dict[str, Any]:
+        return dict(self._send(_hold_call(model, max_hold_s)))
 
     def resume(self, model: str) -> dict[str, Any]:
         return dict(self._send(_Call("POST", f"/v1/models/{model}/resume")))
@@ -358,8 +363,8 @@ class AsyncPolicyClient:
         path = f"/v1/models/{model}/rollback"
         return dict(await self._send(_Call("POST", path, repeatable=False)))
 
-    async def hold(self, model: str) -> dict[str, Any]:
-        return dict(await self._send(_Call("POST", f"/v1/models/{model}/hold")))
+    async def hold(self, model: str, *, max_hold_s: float | None = None) -> dict[str, Any]:
+        return dict(await self._send(_hold_call(model, max_hold_s)))
 
     async def resume(self, model: str) -> dict[str, Any]:
         return dict(await self._send(_Call("POST", f"/v1/models/{model}/resume")))

@@ -8,6 +8,7 @@ one) and are disabled (403) while no ``admin_token`` is configured. The semantic
 from __future__ import annotations
 
 import hmac
+import math
 from typing import Any
 
 from fastapi import APIRouter, Depends
@@ -75,10 +76,12 @@ class AdminEndpoints:
         report = await self.updater.rollback(model)
         return json_response(report.to_json())
 
-    async def hold(self, model: str) -> Response:
-        """Serve nothing from this model until resume; requests wait within their deadlines."""
-        self.updater.hold(model)
-        return json_response({"model": model, "held": True})
+    async def hold(self, request: Request, model: str) -> Response:
+        """Serve nothing from this model until resume (or for max_hold_s seconds at most, a
+        query parameter); requests wait within their deadlines, and /ready says it is held."""
+        max_hold_s = _seconds(request.query_params.get("max_hold_s"), "max_hold_s")
+        self.updater.hold(model, max_hold_s)
+        return json_response({"model": model, "held": True, "max_hold_s": max_hold_s})
 
     async def resume(self, model: str) -> Response:
         """Serve the model again after a hold."""
@@ -145,6 +148,18 @@ def _read_in_repository(settings: Settings, relative: str) -> bytes:
     if not path.is_file():
         raise InvalidInput(f"path: {relative!r} is not a file in the model repository {root}")
     return path.read_bytes()
+
+
+def _seconds(value: str | None, name: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise InvalidInput(f"{name}: expected a positive number of seconds, got {value!r}")
+    return seconds
 
 
 def _mode(value: Any) -> ActivationMode:

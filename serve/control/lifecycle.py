@@ -17,7 +17,9 @@ on the event loop, so it lands between batches and no batch ever mixes versions.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 import weakref
 from collections.abc import Callable
 from enum import StrEnum
@@ -55,6 +57,8 @@ class ModelLifeCycle:
         self._unloading: dict[int, weakref.ref[ServedModel]] = {}
         self.active: int | None = None
         self.scheduler = scheduler(self)  # it finds versions here when batches form
+        self.held_since: float | None = None  # monotonic seconds; None while serving
+        self._hold_ends: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ states
 
@@ -128,6 +132,37 @@ class ModelLifeCycle:
             self._unloading[model.version] = weakref.ref(model)
         return gone
 
+    # ------------------------------------------------------------------ hold
+
+    def hold(self, max_hold_s: float | None = None) -> None:
+        """Run nothing until ``resume``, or for ``max_hold_s`` at most."""
+        self.scheduler.hold()
+        if self.held_since is None:
+            self.held_since = time.monotonic()
+        if self._hold_ends is not None:
+            self._hold_ends.cancel()
+            self._hold_ends = None
+        if max_hold_s is not None:
+            self._hold_ends = asyncio.get_running_loop().call_later(max_hold_s, self._hold_ended)
+        log.info(
+            "model %s held%s: requests queue until resume or their deadline",
+            self.name,
+            "" if max_hold_s is None else f" for {max_hold_s:g}s at most",
+        )
+
+    def resume(self) -> None:
+        if self._hold_ends is not None:
+            self._hold_ends.cancel()
+            self._hold_ends = None
+        self.held_since = None
+        self.scheduler.resume()
+        log.info("model %s resumed", self.name)
+
+    def _hold_ended(self) -> None:
+        self._hold_ends = None
+        log.warning("model %s: its hold reached max_hold_s; serving again", self.name)
+        self.resume()
+
     # ------------------------------------------------------------------ reports
 
     def describe(self) -> dict[str, Any]:
@@ -137,6 +172,9 @@ class ModelLifeCycle:
             "state": self.state.value,
             "active_version": self.active,
             "held": self.scheduler.held,
+            "held_for_s": None
+            if self.held_since is None
+            else round(time.monotonic() - self.held_since, 3),
             "versions": [
                 {**m.describe(), "state": ReadyState.READY.value} for m in self.resident()
             ],

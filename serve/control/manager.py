@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -147,6 +148,12 @@ class ModelRepositoryManager:
             f"model {m.name!r} has no loaded version: {m.failures}"
             for m in self.models.values()
             if m.active is None
+        ]
+        reasons += [
+            f"model {m.name!r} is held (for {time.monotonic() - m.held_since:.0f}s); "
+            f"POST /v1/models/{m.name}/resume serves it again"
+            for m in self.models.values()
+            if m.held_since is not None
         ]
         if not self.models:
             reasons.append(f"no models found in {self.settings.model_repository}")

@@ -195,13 +195,11 @@ class Updater:
             name, target, UpdateResult.ROLLED_BACK, target, current, sha, 0.0, swap_s
         )
 
-    def hold(self, name: str) -> None:
-        self._entry(name).scheduler.hold()
-        log.info("model %s held: requests queue until resume or their deadline", name)
+    def hold(self, name: str, max_hold_s: float | None = None) -> None:
+        self._entry(name).hold(max_hold_s)
 
     def resume(self, name: str) -> None:
-        self._entry(name).scheduler.resume()
-        log.info("model %s resumed", name)
+        self._entry(name).resume()
 
     # ------------------------------------------------------------------ steps
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 
@@ -42,3 +43,36 @@ async def test_ready_turns_green_once_every_model_has_an_active_version() -> Non
     assert ready.json() == {"status": "ready", "phase": "ready"}
     assert draining.status_code == 503
     assert draining.json()["reasons"][0] == "server is draining"
+
+
+async def test_a_held_model_turns_ready_red_with_the_reason_until_resumed() -> None:
+    headers = {"Authorization": "Bearer readiness-test-token"}
+    async with serving(admin_token="readiness-test-token") as (_, client):
+        held = await client.post("/v1/models/cartpole/hold", headers=headers)
+        while_held = await client.get("/ready")
+        described = (await client.get("/v1/models/cartpole")).json()
+        await client.post("/v1/models/cartpole/resume", headers=headers)
+        resumed = await client.get("/ready")
+    assert held.json() == {"model": "cartpole", "held": True, "max_hold_s": None}
+    assert while_held.status_code == 503
+    assert "model 'cartpole' is held" in while_held.json()["reasons"][0]
+    assert described["held"] is True
+    assert described["held_for_s"] >= 0
+    assert resumed.status_code == 200
+
+
+async def test_a_hold_with_max_hold_s_ends_by_itself() -> None:
+    headers = {"Authorization": "Bearer readiness-test-token"}
+    async with serving(admin_token="readiness-test-token") as (_, client):
+        await client.post("/v1/models/cartpole/hold?max_hold_s=0.2", headers=headers)
+        queued = asyncio.create_task(
+            client.post("/predict", json={"observations": [0.0] * 4})
+        )  # waits for the hold to end, well within its deadline
+        assert (await client.get("/ready")).status_code == 503
+        answered = await queued
+        bad = await client.post("/v1/models/cartpole/hold?max_hold_s=-1", headers=headers)
+        ready = await client.get("/ready")
+    assert answered.status_code == 200
+    assert ready.status_code == 200
+    assert bad.status_code == 422
+    assert "max_hold_s" in bad.json()["error"]["message"]
