@@ -121,7 +121,12 @@ class Settings(BaseSettings):
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
 
     # Shutdown: see serve/process/phases.py for the order.
-    drain_delay_s: float = Field(5.0, ge=0, description="keep answering after SIGTERM, /ready 503")
+    drain_delay_s: float = Field(
+        0.0,
+        ge=0,
+        description="keep answering after SIGTERM with /ready 503 (the Kubernetes manifests "
+        "set 5: time for endpoints to drop the pod; an interactive stop needs none)",
+    )
     graceful_timeout_s: float = Field(30.0, gt=0, description="longest wait for in-flight work")
     stuck_batch_s: float = Field(30.0, gt=0, description="/health fails when a batch runs longer")
 

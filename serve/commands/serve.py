@@ -58,7 +58,7 @@ class ServeArgs:
     )
     drain_delay_s: float | None = field(
         default=None,
-        metadata=arg("keep serving after SIGTERM with /ready 503; " + _FROM_CONFIG + "5"),
+        metadata=arg("keep serving after SIGTERM with /ready 503; " + _FROM_CONFIG + "0"),
     )
     log_level: str | None = field(
         default=None,

@@ -116,3 +116,25 @@ def test_a_requested_gpu_provider_that_is_not_active_keeps_ready_red(
         lenient.wait_ready()
     finally:
         lenient.stop()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_idle_server_stops_in_under_a_second_and_frees_its_port(
+    repository: Path, tmp_path: Path, sig: int
+) -> None:
+    """No drain delay unless configured (the Kubernetes manifests set one)."""
+    repo = only(repository, tmp_path, "cartpole")
+    first = Server.rlserve(repo, log=tmp_path / "first.log")
+    first.wait_ready()
+    started = time.monotonic()
+    first.stop(sig)  # exits 130 on SIGINT; on SIGTERM uvicorn re-raises it once shut down
+    took = time.monotonic() - started
+    # The same port again, at once (flags win over the RLSERVE_PORT the harness sets).
+    second = Server.rlserve(repo, "--port", str(first.port), log=tmp_path / "second.log")
+    second.url = first.url
+    try:
+        second.wait_ready()
+    finally:
+        second.stop()
+    assert "rlserve.app: stopped" in first.output(full=True)  # a graceful stop, not a kill
+    assert took < 1.0, f"stopping an idle server took {took:.2f}s"
