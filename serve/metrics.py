@@ -149,7 +149,17 @@ class Metrics:
         self.model_info.labels(model, str(version), provider, sha256).set(1)
 
     def version_unloaded(self, model: str, version: int, provider: str, sha256: str) -> None:
+        """Retire an unloaded version's series, so they do not pile up as versions come and
+        go (what it answered was flushed first and stays in ``rlserve_requests_total``'s
+        history up to now)."""
+        self.sink.forget(model, version)
         self.model_info.remove(model, str(version), provider, sha256)
+        label = str(version)
+        for key in [k for k in self._children if k[1:3] == (model, label)]:
+            metric = key[0]
+            if metric is not self.requests:  # keep the counts of what it answered
+                metric.remove(*key[1:])
+            del self._children[key]
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text of this process, or of every worker in multiprocess mode."""
@@ -194,6 +204,12 @@ class MetricsSink:
 
     def flush(self) -> None:
         for tally in self._versions.values():
+            tally.flush()
+
+    def forget(self, model: str, version: int) -> None:
+        """An unloaded version: flush what it answered, then drop its tallies."""
+        tally = self._versions.pop((model, version), None)
+        if tally is not None:
             tally.flush()
 
 

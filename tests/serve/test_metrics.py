@@ -97,3 +97,18 @@ def test_load_gauges_sum_the_models() -> None:
     metrics.sample_load({"a": Load(0, 0, 0), "b": Load(1, 1, 1)})
     assert sample(metrics, "rlserve_queue_rows", model="a") == 0
     assert sample(metrics, "rlserve_pending_rows") == 1
+
+
+def test_an_unloaded_versions_series_are_retired_but_its_answers_are_kept() -> None:
+    metrics = Metrics()
+    metrics.version_loaded("m", 3, "CPUExecutionProvider", "0" * 64)
+    metrics.sink.accept(record([2]))
+    metrics.version_unloaded("m", 3, "CPUExecutionProvider", "0" * 64)
+    text = metrics.render()[0].decode()
+    assert 'rlserve_requests_total{model="m",status="200",version="3"} 1.0' in text
+    assert 'rlserve_batch_rows_count{model="m",version="3"}' not in text
+    assert 'rlserve_model_info{model="m"' not in text
+    metrics.version_loaded("m", 3, "CPUExecutionProvider", "0" * 64)  # loaded again: fine
+    metrics.sink.accept(record([1]))
+    metrics.sink.flush()
+    assert sample(metrics, "rlserve_batch_rows_count", model="m", version="3") == 1
