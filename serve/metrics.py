@@ -164,6 +164,10 @@ class Metrics:
     def render(self) -> tuple[bytes, str]:
         """The exposition text of this process, or of every worker in multiprocess mode."""
         self.sink.flush()
+        return self.exposition()
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The exposition text as it stands (no flush: this may run off the event loop)."""
         registry = CollectorRegistry()
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             MultiProcessCollector(registry)

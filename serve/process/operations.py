@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -65,5 +66,7 @@ class OperationsEndpoints:
 
     async def render_metrics(self) -> Response:
         """Prometheus metrics (every gunicorn worker of this pod summed)."""
-        text, content_type = self.metrics.render()
+        self.metrics.sink.flush()
+        # Rendering reads every worker's files: off the event loop, whatever their size.
+        text, content_type = await asyncio.to_thread(self.metrics.exposition)
         return Response(text, media_type=content_type)
