@@ -113,7 +113,7 @@ class Updater:
         return report
 
     async def _push(self, entry: ModelLifeCycle, push: Push) -> UpdateReport:
-        _check_checksum(push)
+        await asyncio.to_thread(_check_checksum, push)  # hashing a large model takes a while
         previous = entry.active
         resident = entry.get(push.version)
         if resident is not None:

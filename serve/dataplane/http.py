@@ -18,6 +18,7 @@ routes for /docs.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -29,8 +30,8 @@ from starlette.types import Receive, Scope, Send
 
 from serve.access import given_request_id, log_exchange, new_request_id
 from serve.dataplane.json_body import PredictBodyDecoder
-from serve.dataplane.messages import InferenceRequest, InferenceResponse
-from serve.dataplane.routing import Router
+from serve.dataplane.messages import InferenceRequest, InferenceResponse, Prepared
+from serve.dataplane.routing import Route, Router
 from serve.dataplane.wire import JSON_OPTIONS, deadline_ms, too_large
 from serve.errors import DeadlineExceeded, InvalidInput, MethodNotAllowed, NotFound, RLServeError
 from serve.metrics import Metrics
@@ -38,6 +39,11 @@ from serve.status import http_headers, http_status
 from serve.versions import DESCRIPTION, parse_version
 
 log = logging.getLogger("rlserve.predict")
+
+# Bodies up to this size are decoded and validated on the event loop (a few milliseconds
+# at most); larger ones on a worker thread, so no request holds the loop in proportion to
+# its size. An image observation (4x84x84 as JSON) is about 100 KB.
+INLINE_BODY_BYTES = 256 * 1024
 
 INPUTS = ("observations", "actions")
 PARAMETERS = ("deterministic", "seed", "outputs")
@@ -133,8 +139,11 @@ class PredictFrontend:
         budget_ms = deadline_ms(call.timeout_header, route.default_deadline_ms)
         body = await _read_body(receive, call.declared_length, self.max_body_bytes)
         deadline = call.received_at + budget_ms / 1000
-        # Only the prepared arrays outlive this line: the decoded body is freed at once.
-        prepared = route.version.prepare(_request(self.bodies.decode(body), call, deadline))
+        if len(body) <= INLINE_BODY_BYTES:
+            prepared = _prepare(route, body, call, deadline, self.bodies)
+        else:  # work in proportion to the body: off the event loop, with a parser of its own
+            fresh = PredictBodyDecoder(frozenset(PARAMETERS))
+            prepared = await asyncio.to_thread(_prepare, route, body, call, deadline, fresh)
         if time.monotonic() >= deadline:  # spent reading and validating: never queue it
             raise DeadlineExceeded(
                 f"the request's deadline of {budget_ms:g} ms passed on admission"
@@ -196,6 +205,13 @@ async def _read_body(receive: Receive, declared: int | None, limit: int) -> byte
         if not message.get("more_body", False):
             return chunk if not chunks else b"".join([*chunks, chunk])
         chunks.append(chunk)
+
+
+def _prepare(
+    route: Route, body: bytes, call: _Call, deadline: float, bodies: PredictBodyDecoder
+) -> Prepared:
+    """Decode and validate a body; only the prepared arrays outlive this call."""
+    return route.version.prepare(_request(bodies.decode(body), call, deadline))
 
 
 def _request(payload: dict[str, Any], call: _Call, deadline: float) -> InferenceRequest:
