@@ -20,6 +20,16 @@ class NvmlCollector(Collector):
     def __init__(self, nvml: Any) -> None:
         self._nvml = nvml
 
+    def utilization(self) -> float:
+        """The busy fraction of this machine's GPUs, averaged."""
+        nvml = self._nvml
+        count = nvml.nvmlDeviceGetCount()
+        busy = [
+            nvml.nvmlDeviceGetUtilizationRates(nvml.nvmlDeviceGetHandleByIndex(i)).gpu / 100.0
+            for i in range(count)
+        ]
+        return sum(busy) / len(busy)
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
         nvml = self._nvml
         util = GaugeMetricFamily(
@@ -54,3 +64,14 @@ def gpu_collector() -> NvmlCollector | None:
         return None
     log.info("NVML found: exporting GPU utilisation and memory metrics")
     return NvmlCollector(pynvml)
+
+
+def gpu_utilization() -> float | None:
+    """The GPUs' busy fraction now, or None without a GPU (or without NVML)."""
+    collector = gpu_collector()
+    if collector is None:
+        return None
+    try:
+        return round(collector.utilization(), 3)
+    except Exception:  # a driver that stopped answering: no figure rather than no health
+        return None

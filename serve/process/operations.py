@@ -12,6 +12,7 @@ from starlette.responses import Response
 from serve.config import Settings
 from serve.control.manager import ModelRepositoryManager
 from serve.dataplane.wire import json_response
+from serve.gpu import gpu_utilization
 from serve.metrics import Metrics
 from serve.process.phases import ServerPhases
 
@@ -37,7 +38,9 @@ class OperationsEndpoints:
         return router
 
     async def health(self) -> Response:
-        """Liveness: the process answers and no model's scheduler is stopped or stuck."""
+        """Liveness: the process answers and no model's scheduler is stopped or stuck. It
+        also carries each model's active version and the GPUs' utilisation (null without a
+        GPU), as the deployment guides show them; neither makes it fail."""
         now = time.monotonic()
         stopping = self.phases.stopping
         problems = []
@@ -47,9 +50,13 @@ class OperationsEndpoints:
                 problems.append(f"{lifecycle.name}: scheduler stopped")
             elif scheduler.stuck_for(now) > self.settings.stuck_batch_s:
                 problems.append(f"{lifecycle.name}: batch running for too long")
+        facts = {
+            "model_version": {name: m.active for name, m in self.manager.models.items()},
+            "gpu_utilization": gpu_utilization(),
+        }
         if problems:
-            return json_response({"status": "unhealthy", "problems": problems}, 503)
-        return json_response({"status": "ok"})
+            return json_response({"status": "unhealthy", "problems": problems, **facts}, 503)
+        return json_response({"status": "ok", **facts})
 
     async def ready(self) -> Response:
         """Readiness: models loaded, verified and warm, and the server is not draining."""

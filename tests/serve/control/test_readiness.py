@@ -76,3 +76,14 @@ async def test_a_hold_with_max_hold_s_ends_by_itself() -> None:
     assert ready.status_code == 200
     assert bad.status_code == 422
     assert "max_hold_s" in bad.json()["error"]["message"]
+
+
+async def test_health_carries_each_models_version_and_the_gpu_utilisation() -> None:
+    async with serving() as (_, client):
+        health = await client.get("/health")
+    assert health.status_code == 200
+    assert health.json() == {
+        "status": "ok",
+        "model_version": {"cartpole": 1},
+        "gpu_utilization": None,  # no GPU here; a number from NVML where there is one
+    }
