@@ -7,8 +7,9 @@ parses with simdjson instead and, when the observations are a rectangular array 
 numbers, copies them in one step into a flat buffer (int64 when every number is an
 integer, else float64), shaped by the nesting it verified:
 
-- the body is an object with distinct keys, all of them predict fields, without
-  ``actions`` (scoring requests are rare; they take the general path);
+- the body is an object whose keys are all predict fields, without ``actions`` (scoring
+  requests are rare; they take the general path); a key given twice is refused (400), not
+  silently the last one;
 - ``observations`` is an array whose every nested array has the length its level's first
   array has, down to arrays of numbers only;
 - counting every ``[`` in the body proves there is no nesting the lengths did not see.
@@ -32,6 +33,7 @@ import numpy as np
 import simdjson
 
 from serve.dataplane.wire import decode_object
+from serve.errors import MalformedRequest
 
 # simdjson's buffer types, integers first: an image stays integral, floats need "d".
 _ARRAY_OF: dict[Literal["i", "d"], type[np.generic]] = {"i": np.int64, "d": np.float64}
@@ -55,7 +57,12 @@ class PredictBodyDecoder:
         if not isinstance(document, simdjson.Object):
             return None
         keys = list(document.keys())
-        if "observations" not in keys or len(set(keys)) != len(keys):
+        if len(set(keys)) != len(keys):
+            repeated = sorted({k for k in keys if keys.count(k) > 1})
+            raise MalformedRequest(
+                f"request body: the key(s) {repeated} appear more than once; give each field once"
+            )
+        if "observations" not in keys:
             return None
         if any(k not in self._parameters for k in keys if k != "observations"):
             return None

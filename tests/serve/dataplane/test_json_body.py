@@ -69,7 +69,6 @@ def test_parameters_come_back_as_python_values(decoder: PredictBodyDecoder) -> N
         b'{"observations": []}',
         b'{"observations": 3}',
         b'{"observations": {"a": [1]}}',
-        b'{"observations": [1, 2], "observations": [3, 4]}',  # duplicate keys: orjson's last
         b'{"observations": [1, 2], "actions": [0, 1]}',  # scoring: the general path
         b'{"observations": [1, 2], "outputs": ["log_probs", ["actions"]]}',
         b'{"observations": [1, 2], "seed": {"a": 1}}',
@@ -100,6 +99,8 @@ def test_a_bracket_inside_a_parameter_string_is_counted_as_text(
         (b'{"observations": [NaN]}', "not valid JSON"),
         (b"[1, 2]", "must be a JSON object"),
         (b"", "not valid JSON"),
+        (b'{"observations": [1, 2], "observations": [3, 4]}', "appear more than once"),
+        (b'{"seed": 1, "observations": [1], "seed": 2}', r"\['seed'\] appear more than once"),
     ],
 )
 def test_malformed_bodies_get_orjsons_error(
