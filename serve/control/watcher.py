@@ -44,8 +44,8 @@ class RepositoryWatcher:
         """Poll for ever; a poll that fails is logged and the next one tries again."""
         root = self.manager.settings.model_repository
         self._skipped = set(await asyncio.to_thread(repository.skipped_in, root))  # reported
-        found = await self._discover()
-        self._seen = {name: _newest(versions) for name, versions in found.items()}
+        # What loading took, not a new listing: a version written since is still news.
+        self._seen = {name: max(m.wanted, default=0) for name, m in self.manager.models.items()}
         log.info("watching %s every %gs", root, self.interval_s)
         while True:
             await asyncio.sleep(self.interval_s)
@@ -99,10 +99,6 @@ class RepositoryWatcher:
         self._failed.pop(key, None)
         self._seen[where.model] = where.version
         log.info("pulled %s/%d: %s in %.2fs", *key, report.result.value, report.load_s)
-
-
-def _newest(versions: list[repository.VersionDir]) -> int:
-    return max((v.version for v in versions), default=0)
 
 
 def _stamp(path: Path) -> tuple[int, int]:
