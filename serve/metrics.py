@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import bisect
 import os
+import struct
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -168,6 +170,14 @@ class Metrics:
 
     def exposition(self) -> tuple[bytes, str]:
         """The exposition text as it stands (no flush: this may run off the event loop)."""
+        for _ in range(2):
+            try:
+                return self._exposition()
+            except struct.error:  # another worker was creating its file this instant
+                time.sleep(0.01)
+        return self._exposition()
+
+    def _exposition(self) -> tuple[bytes, str]:
         registry = CollectorRegistry()
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             MultiProcessCollector(registry)

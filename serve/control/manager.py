@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from serve.config import Settings, load_model_overrides
@@ -35,6 +36,7 @@ class ModelRepositoryManager:
         self.models: dict[str, ModelLifeCycle] = {}
         self.loading_done = False
         self.fatal: str | None = None  # why the repository itself could not be loaded
+        self.skipped: set[Path] = set()  # directories that are not versions, as loading found
 
     # ------------------------------------------------------------------ loading
 
@@ -42,7 +44,8 @@ class ModelRepositoryManager:
         """Discover the repository, load every selected version, activate the newest."""
         root = self.settings.model_repository
         found = await asyncio.to_thread(repository.discover, root)
-        for skipped in await asyncio.to_thread(repository.skipped_in, root):
+        self.skipped = set(await asyncio.to_thread(repository.skipped_in, root))
+        for skipped in sorted(self.skipped):
             log.warning("%s: skipped, not a version (a version is %s)", skipped, DESCRIPTION)
         plans = {name: self._plan(name, versions) for name, versions in found.items()}
         for lifecycle, _ in plans.values():

@@ -43,8 +43,8 @@ class RepositoryWatcher:
     async def run(self) -> None:
         """Poll for ever; a poll that fails is logged and the next one tries again."""
         root = self.manager.settings.model_repository
-        self._skipped = set(await asyncio.to_thread(repository.skipped_in, root))  # reported
-        # What loading took, not a new listing: a version written since is still news.
+        # What loading found, not a new listing: what appeared since is still news.
+        self._skipped = set(self.manager.skipped)
         self._seen = {name: max(m.wanted, default=0) for name, m in self.manager.models.items()}
         log.info("watching %s every %gs", root, self.interval_s)
         while True:

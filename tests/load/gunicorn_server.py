@@ -78,6 +78,8 @@ def answered(tmp: Path) -> Counter[tuple[str, str]]:
     (counters of exited workers stay there, and this works after the server has exited)."""
     counts: Counter[tuple[str, str]] = Counter()
     for path in sorted((tmp / "metrics").glob("counter_*.db")):
+        if path.stat().st_size == 0:
+            continue  # a worker is creating it this instant: nothing counted in it yet
         pid = path.stem.removeprefix("counter_")
         for metric in MultiProcessCollector.merge([str(path)]):
             for sample in metric.samples:
