@@ -8,7 +8,6 @@ one) and are disabled (403) while no ``admin_token`` is configured. The semantic
 from __future__ import annotations
 
 import hmac
-import math
 from typing import Any
 
 from fastapi import APIRouter, Depends
@@ -18,7 +17,7 @@ from starlette.responses import Response
 
 from serve.config import Settings
 from serve.control.updates import ActivationMode, Canary, Push, Updater
-from serve.dataplane.wire import json_response, read_body, read_json_object
+from serve.dataplane.wire import json_response, positive_number, read_body, read_json_object
 from serve.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 from serve.versions import DESCRIPTION, parse_version
 
@@ -153,11 +152,8 @@ def _read_in_repository(settings: Settings, relative: str) -> bytes:
 def _seconds(value: str | None, name: str) -> float | None:
     if value is None:
         return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not (seconds > 0 and math.isfinite(seconds)):
+    seconds = positive_number(value)
+    if seconds is None:
         raise InvalidInput(f"{name}: expected a positive number of seconds, got {value!r}")
     return seconds
 

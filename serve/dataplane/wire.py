@@ -45,15 +45,21 @@ def deadline_ms(header: str | None, default_ms: float) -> float:
     """A request's deadline: the default, or less when X-Request-Timeout-Ms asks for less."""
     if header is None:
         return default_ms
-    try:
-        asked = float(header)
-    except ValueError:
-        asked = math.nan
-    if not (asked > 0 and math.isfinite(asked)):
+    asked = positive_number(header)
+    if asked is None:
         raise MalformedRequest(
             f"X-Request-Timeout-Ms: expected a positive number of milliseconds, got {header!r}"
         )
     return min(asked, default_ms)
+
+
+def positive_number(text: str) -> float | None:
+    """The positive, finite number ``text`` writes (a header, a query parameter), or None."""
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return number if number > 0 and math.isfinite(number) else None
 
 
 # --------------------------------------------------------------------------- control plane

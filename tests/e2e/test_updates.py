@@ -33,11 +33,17 @@ def versions(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return [repo / "swap" / str(v) / "model.onnx" for v in range(1, 5)]
 
 
-@pytest.fixture
-def server(versions: list[Path], tmp_path: Path) -> Iterator[Server]:
+def first_version_only(versions: list[Path], tmp_path: Path) -> Path:
+    """A repository holding version 1 of the "swap" model."""
     repo = tmp_path / "repository"
     (repo / "swap" / "1").mkdir(parents=True)
     shutil.copy(versions[0], repo / "swap" / "1" / "model.onnx")
+    return repo
+
+
+@pytest.fixture
+def server(versions: list[Path], tmp_path: Path) -> Iterator[Server]:
+    repo = first_version_only(versions, tmp_path)
     running = Server.rlserve(repo, env={"RLSERVE_ADMIN_TOKEN": TOKEN}, log=tmp_path / "log")
     running.wait_ready()
     yield running
@@ -165,9 +171,7 @@ def test_hold_serves_nothing_until_resume(server: Server) -> None:
 def test_pull_mode_activates_a_version_written_by_another_process(
     versions: list[Path], tmp_path: Path
 ) -> None:
-    repo = tmp_path / "repository"
-    (repo / "swap" / "1").mkdir(parents=True)
-    shutil.copy(versions[0], repo / "swap" / "1" / "model.onnx")
+    repo = first_version_only(versions, tmp_path)
     server = Server.rlserve(
         repo, "--poll-interval-s", "0.1", env={"RLSERVE_ADMIN_TOKEN": TOKEN}, log=tmp_path / "log"
     )
@@ -233,9 +237,7 @@ def test_updates_need_the_admin_token(
 def test_pull_mode_retries_a_half_written_version_and_survives_odd_directories(
     versions: list[Path], tmp_path: Path
 ) -> None:
-    repo = tmp_path / "repository"
-    (repo / "swap" / "1").mkdir(parents=True)
-    shutil.copy(versions[0], repo / "swap" / "1" / "model.onnx")
+    repo = first_version_only(versions, tmp_path)
     server = Server.rlserve(repo, "--poll-interval-s", "0.1", log=tmp_path / "log")
     try:
         server.wait_ready()
