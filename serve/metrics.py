@@ -11,7 +11,8 @@ operators already query for model execution time per batch.
 The request path touches no metric per request: answered requests are counted from each
 executed batch's record (:class:`MetricsSink`, one update per batch and label set), the
 load gauges are sampled from the schedulers a few times a second
-(:meth:`Metrics.sample_load`, which also moves the batches' tallies into the metrics), and
+(:meth:`Metrics.sample_load`, which also moves the batches' tallies into the metrics, as a
+scrape does), and
 only refused requests are counted one by one. Label
 values are bounded: a model label names a served model (``""`` for requests naming none
 that exists), a version label a loaded version.
@@ -163,13 +164,9 @@ class Metrics:
                 metric.remove(*key[1:])
             del self._children[key]
 
-    def render(self) -> tuple[bytes, str]:
-        """The exposition text of this process, or of every worker in multiprocess mode."""
-        self.sink.flush()
-        return self.exposition()
-
     def exposition(self) -> tuple[bytes, str]:
-        """The exposition text as it stands (no flush: this may run off the event loop)."""
+        """The exposition text of this process, or of every worker in multiprocess mode, as
+        it stands: flush the sink first, on the event loop (this may run off it)."""
         for _ in range(2):
             try:
                 return self._exposition()

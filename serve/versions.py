@@ -7,6 +7,8 @@ version: a request naming it gets 404 or 422, a directory so named is skipped (a
 
 from __future__ import annotations
 
+from serve.errors import NotFound
+
 MAX_VERSION = 2**63 - 1  # what a signed 64-bit integer holds (JSON readers, Prometheus)
 DESCRIPTION = f"an integer from 1 to {MAX_VERSION}, written with ASCII digits only"
 
@@ -17,3 +19,11 @@ def parse_version(text: str) -> int | None:
         return None
     number = int(text)
     return number if number <= MAX_VERSION else None
+
+
+def path_version(text: str) -> int:
+    """The version a request path names; NotFound when it names none."""
+    version = parse_version(text)
+    if version is None:
+        raise NotFound(f"version {text!r}: a version is {DESCRIPTION}")
+    return version

@@ -18,8 +18,8 @@ from starlette.responses import Response
 from serve.config import Settings
 from serve.control.updates import ActivationMode, Canary, Push, Updater
 from serve.dataplane.wire import json_response, positive_number, read_body, read_json_object
-from serve.errors import Forbidden, InvalidInput, NotFound, Unauthorized
-from serve.versions import DESCRIPTION, parse_version
+from serve.errors import Forbidden, InvalidInput, Unauthorized
+from serve.versions import DESCRIPTION, parse_version, path_version
 
 
 class AdminEndpoints:
@@ -61,12 +61,9 @@ class AdminEndpoints:
 
     async def activate_version(self, request: Request, model: str, version: str) -> Response:
         """Activate a resident version (query: mode, rollback)."""
-        number = parse_version(version)
-        if number is None:
-            raise NotFound(f"version {version!r}: a version is {DESCRIPTION}")
         query = request.query_params
         report = await self.updater.activate(
-            model, number, _mode(query.get("mode")), _flag(query, "rollback")
+            model, path_version(version), _mode(query.get("mode")), _flag(query, "rollback")
         )
         return json_response(report.to_json())
 

@@ -107,9 +107,6 @@ class ModelRepositoryManager:
             "set default_model, or use POST /v1/models/{model}/predict"
         )
 
-    def known(self, model: str) -> bool:
-        return model in self.models
-
     def resolve(self, model: str | None, version: int | None) -> Route:
         name = model if model is not None else self.default_model()
         lifecycle = self.models.get(name)
@@ -171,12 +168,7 @@ class ModelRepositoryManager:
         return reasons
 
     def describe(self, name: str) -> dict[str, Any]:
-        lifecycle = self.models.get(name)
-        if lifecycle is None:
-            raise NotFound(
-                f"model {name!r} is not in the repository; models: {sorted(self.models)}"
-            )
-        return lifecycle.describe()
+        return self.lifecycle(name).describe()
 
     def sample_load(self) -> None:
         """Set the load gauges (queued and pending rows, requests in flight) from now."""

@@ -33,10 +33,10 @@ from serve.dataplane.json_body import PredictBodyDecoder
 from serve.dataplane.messages import InferenceRequest, InferenceResponse, Prepared
 from serve.dataplane.routing import Route, Router
 from serve.dataplane.wire import JSON_OPTIONS, deadline_ms, too_large
-from serve.errors import DeadlineExceeded, InvalidInput, MethodNotAllowed, NotFound, RLServeError
+from serve.errors import DeadlineExceeded, InvalidInput, MethodNotAllowed, RLServeError
 from serve.metrics import Metrics
 from serve.status import http_headers, http_status
-from serve.versions import DESCRIPTION, parse_version
+from serve.versions import path_version
 
 log = logging.getLogger("rlserve.predict")
 
@@ -134,7 +134,8 @@ class PredictFrontend:
             log_exchange(scope, call.request_id, status, time.monotonic() - call.received_at)
 
     async def _predict(self, call: _Call, receive: Receive, path: PredictPath) -> InferenceResponse:
-        route = self.router.resolve(path.model, _version(path.version))
+        version = None if path.version is None else path_version(path.version)
+        route = self.router.resolve(path.model, version)
         call.model, call.version = route.model, route.version.version
         budget_ms = deadline_ms(call.timeout_header, route.default_deadline_ms)
         body = await _read_body(receive, call.declared_length, self.max_body_bytes)
@@ -177,15 +178,6 @@ def _start(scope: Scope) -> _Call:
     if not call.request_id:
         call.request_id = new_request_id()
     return call
-
-
-def _version(text: str | None) -> int | None:
-    if text is None:
-        return None
-    version = parse_version(text)
-    if version is None:
-        raise NotFound(f"version {text!r}: a version is {DESCRIPTION}")
-    return version
 
 
 async def _read_body(receive: Receive, declared: int | None, limit: int) -> bytes:

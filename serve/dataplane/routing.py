@@ -27,7 +27,3 @@ class Router(Protocol):
         """The route for a model (None: the default model) and version (None: the active
         one); raises NotFound or ServiceUnavailable."""
         ...
-
-    def known(self, model: str) -> bool:
-        """Whether the model is served (metrics label only known models)."""
-        ...

@@ -82,7 +82,9 @@ def test_a_batch_record_counts_its_requests_rows_and_times() -> None:
 def test_a_scrape_and_a_load_sample_flush_the_tallies() -> None:
     metrics = Metrics()
     metrics.sink.accept(record([1]))
-    assert b'rlserve_requests_total{model="m",status="200",version="3"} 1.0' in metrics.render()[0]
+    metrics.sink.flush()  # what a scrape does first
+    text = metrics.exposition()[0]
+    assert b'rlserve_requests_total{model="m",status="200",version="3"} 1.0' in text
     metrics.sink.accept(record([1]))
     metrics.sample_load({})
     assert sample(metrics, "rlserve_requests_total", model="m", version="3", status="200") == 2
@@ -104,7 +106,7 @@ def test_an_unloaded_versions_series_are_retired_but_its_answers_are_kept() -> N
     metrics.version_loaded("m", 3, "CPUExecutionProvider", "0" * 64)
     metrics.sink.accept(record([2]))
     metrics.version_unloaded("m", 3, "CPUExecutionProvider", "0" * 64)
-    text = metrics.render()[0].decode()
+    text = metrics.exposition()[0].decode()
     assert 'rlserve_requests_total{model="m",status="200",version="3"} 1.0' in text
     assert 'rlserve_batch_rows_count{model="m",version="3"}' not in text
     assert 'rlserve_model_info{model="m"' not in text
