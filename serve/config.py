@@ -106,6 +106,12 @@ class Settings(BaseSettings):
     poll_interval_s: float | None = Field(
         None, gt=0, description="watch the repository for new versions this often (pull mode)"
     )
+    sync_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="every worker applies the repository's serving state this often: a push, "
+        "activation, rollback or hold reaches every worker within it plus the load time",
+    )
     resident_versions: PositiveInt = Field(2, description="versions kept loaded per model")
     max_model_bytes: PositiveInt = Field(256 * 1024 * 1024, description="largest pushed model")
 

@@ -54,7 +54,9 @@ class ServeArgs:
     )
     poll_interval_s: float | None = field(
         default=None,
-        metadata=arg("watch the repository for new versions this often (pull mode; default: off)"),
+        metadata=arg(
+            "watch the repository for new versions and models this often (pull mode; default: off)"
+        ),
     )
     drain_delay_s: float | None = field(
         default=None,

@@ -21,6 +21,9 @@ from serve.dataplane.wire import json_response, positive_number, read_body, read
 from serve.errors import Forbidden, InvalidInput, Unauthorized
 from serve.versions import DESCRIPTION, parse_version, path_version
 
+DEFAULT_WAIT_S = 10.0  # an update waits this long for every worker to serve it
+MAX_WAIT_S = 300.0
+
 
 class AdminEndpoints:
     def __init__(self, updater: Updater, settings: Settings) -> None:
@@ -60,29 +63,36 @@ class AdminEndpoints:
         return json_response(report.to_json())
 
     async def activate_version(self, request: Request, model: str, version: str) -> Response:
-        """Activate a resident version (query: mode, rollback)."""
+        """Activate a resident version (query: mode, rollback, wait_s)."""
         query = request.query_params
         report = await self.updater.activate(
-            model, path_version(version), _mode(query.get("mode")), _flag(query, "rollback")
+            model,
+            path_version(version),
+            _mode(query.get("mode")),
+            _flag(query, "rollback"),
+            _wait_s(query),
         )
         return json_response(report.to_json())
 
-    async def rollback(self, model: str) -> Response:
-        """Re-activate the previous resident version at once; pull mode does not undo it."""
-        report = await self.updater.rollback(model)
+    async def rollback(self, request: Request, model: str) -> Response:
+        """Re-activate the previous resident version at once; pull mode does not undo it
+        (query: wait_s)."""
+        report = await self.updater.rollback(model, _wait_s(request.query_params))
         return json_response(report.to_json())
 
     async def hold(self, request: Request, model: str) -> Response:
         """Serve nothing from this model until resume (or for max_hold_s seconds at most, a
         query parameter); requests wait within their deadlines, and /ready says it is held."""
-        max_hold_s = _seconds(request.query_params.get("max_hold_s"), "max_hold_s")
-        self.updater.hold(model, max_hold_s)
-        return json_response({"model": model, "held": True, "max_hold_s": max_hold_s})
+        query = request.query_params
+        max_hold_s = _seconds(query.get("max_hold_s"), "max_hold_s")
+        spread = await self.updater.hold(model, max_hold_s, _wait_s(query))
+        answer = {"model": model, "held": True, "max_hold_s": max_hold_s}
+        return json_response({**answer, **spread.to_json()})
 
-    async def resume(self, model: str) -> Response:
-        """Serve the model again after a hold."""
-        self.updater.resume(model)
-        return json_response({"model": model, "held": False})
+    async def resume(self, request: Request, model: str) -> Response:
+        """Serve the model again after a hold (query: wait_s)."""
+        spread = await self.updater.resume(model, _wait_s(request.query_params))
+        return json_response({"model": model, "held": False, **spread.to_json()})
 
 
 async def _push_from(request: Request, settings: Settings, model: str, version: int) -> Push:
@@ -102,6 +112,7 @@ async def _push_from(request: Request, settings: Settings, model: str, version: 
         _flag(query, "activate", True),
         _mode(query.get("mode")),
         _flag(query, "rollback"),
+        wait_s=_wait_s(query),
     )
 
 
@@ -123,6 +134,7 @@ class PushBody(BaseModel):
     mode: ActivationMode = ActivationMode.AT_BATCH_BOUNDARY
     rollback: bool = False
     canary: CanaryBody | None = None
+    wait_s: float = Field(DEFAULT_WAIT_S, ge=0, le=MAX_WAIT_S)
 
 
 def _push_from_json(settings: Settings, model: str, version: int, raw: dict[str, Any]) -> Push:
@@ -133,7 +145,17 @@ def _push_from_json(settings: Settings, model: str, version: int, raw: dict[str,
         raise InvalidInput(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
     canary = Canary(**body.canary.model_dump()) if body.canary else None
     data = _read_in_repository(settings, body.path)
-    return Push(model, version, data, body.sha256, body.activate, body.mode, body.rollback, canary)
+    return Push(
+        model,
+        version,
+        data,
+        body.sha256,
+        body.activate,
+        body.mode,
+        body.rollback,
+        canary,
+        wait_s=body.wait_s,
+    )
 
 
 def _read_in_repository(settings: Settings, relative: str) -> bytes:
@@ -144,6 +166,22 @@ def _read_in_repository(settings: Settings, relative: str) -> bytes:
     if not path.is_file():
         raise InvalidInput(f"path: {relative!r} is not a file in the model repository {root}")
     return path.read_bytes()
+
+
+def _wait_s(query: Any) -> float:
+    """How long an update waits for the other workers to serve it (0: not at all)."""
+    value = query.get("wait_s")
+    if value is None:
+        return DEFAULT_WAIT_S
+    if value.strip() in ("0", "0.0"):
+        return 0.0
+    seconds = positive_number(value)
+    if seconds is None or seconds > MAX_WAIT_S:
+        raise InvalidInput(
+            f"wait_s: expected seconds from 0 to {MAX_WAIT_S:g} (how long to wait for every "
+            f"worker to serve the update), got {value!r}"
+        )
+    return seconds
 
 
 def _seconds(value: str | None, name: str) -> float | None:

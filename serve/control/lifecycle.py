@@ -59,6 +59,7 @@ class ModelLifeCycle:
         self.scheduler = scheduler(self)  # it finds versions here when batches form
         self.held_since: float | None = None  # monotonic seconds; None while serving
         self._hold_ends: asyncio.TimerHandle | None = None
+        self.generation = 0  # the repository's serving state applied here (serve.control.store)
 
     # ------------------------------------------------------------------ states
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from serve.config import Settings, load_model_overrides
-from serve.control import repository
+from serve.control import repository, store
 from serve.control.lifecycle import ModelLifeCycle, ReadyState
 from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
 from serve.dataplane.record import RecordSink
@@ -37,6 +37,7 @@ class ModelRepositoryManager:
         self.loading_done = False
         self.fatal: str | None = None  # why the repository itself could not be loaded
         self.skipped: set[Path] = set()  # directories that are not versions, as loading found
+        self.states: dict[str, store.ServingState] = {}  # serving states found at start-up
 
     # ------------------------------------------------------------------ loading
 
@@ -47,18 +48,56 @@ class ModelRepositoryManager:
         self.skipped = set(await asyncio.to_thread(repository.skipped_in, root))
         for skipped in sorted(self.skipped):
             log.warning("%s: skipped, not a version (a version is %s)", skipped, DESCRIPTION)
+        for name in found:
+            state = await asyncio.to_thread(store.read_state, root / name)
+            if state is not None:
+                self.states[name] = state
         plans = {name: self._plan(name, versions) for name, versions in found.items()}
         for lifecycle, _ in plans.values():
             self.models[lifecycle.name] = lifecycle
             lifecycle.scheduler.start()
         for lifecycle, selected in plans.values():
-            for where in selected:
-                await self._load(lifecycle, where)
-            loaded = [m.version for m in lifecycle.resident()]
-            if loaded:
-                lifecycle.activate(max(loaded))
-                self.metrics.policy_version.labels(lifecycle.name).set(max(loaded))
+            await self._start(lifecycle, selected)
         self.loading_done = True
+
+    async def add(self, name: str, versions: list[repository.VersionDir]) -> None:
+        """Serve a model that appeared in the repository after start-up (pull mode)."""
+        state = await asyncio.to_thread(store.read_state, self.settings.model_repository / name)
+        if state is not None:
+            self.states[name] = state
+        lifecycle, selected = self._plan(name, versions)
+        self.models[name] = lifecycle
+        lifecycle.scheduler.start()
+        await self._start(lifecycle, selected)
+        log.info("model %s: new in the repository; serving version %s", name, lifecycle.active)
+
+    async def _start(
+        self, lifecycle: ModelLifeCycle, selected: list[repository.VersionDir]
+    ) -> None:
+        """Load the selected versions; serve what the serving state says, else the newest."""
+        for where in selected:
+            await self._load(lifecycle, where)
+        loaded = [m.version for m in lifecycle.resident()]
+        if not loaded:
+            return
+        state = self.states.get(lifecycle.name)
+        chosen = max(loaded)
+        if state is not None:
+            lifecycle.generation = state.generation
+            if state.active in loaded:
+                chosen = state.active
+            elif state.active is not None:
+                log.error(
+                    "model %s: its serving state names version %d, which did not load; "
+                    "serving version %d",
+                    lifecycle.name,
+                    state.active,
+                    chosen,
+                )
+        lifecycle.activate(chosen)
+        self.metrics.policy_version.labels(lifecycle.name).set(chosen)
+        if state is not None and state.held_now(time.time()):
+            lifecycle.hold(None if state.hold_until is None else state.hold_until - time.time())
 
     def _plan(
         self, name: str, versions: list[repository.VersionDir]
@@ -66,6 +105,9 @@ class ModelRepositoryManager:
         overrides = load_model_overrides(self.settings.model_repository / name / "config.yaml")
         settings = self.settings.for_model(overrides)
         selected = repository.select(versions, settings.version_policy)
+        state = self.states.get(name)
+        pinned = [v for v in versions if state is not None and v.version == state.active]
+        selected += [v for v in pinned if v not in selected]  # what was last activated
         if not selected:
             log.error(
                 "model %s: no version matches its version policy %s", name, settings.version_policy

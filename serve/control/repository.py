@@ -87,7 +87,7 @@ def select(versions: list[VersionDir], policy: VersionPolicy) -> list[VersionDir
 
 
 def load_version(where: VersionDir, settings: Settings, model: ModelSettings) -> ServedModel:
-    data = _read(where.path, f"{where.model}/{where.version}")
+    data = read_model(where.path, f"{where.model}/{where.version}")
     return load_bytes(where.model, where.version, data, settings, model)
 
 
@@ -121,7 +121,7 @@ def load_bytes(
     return loaded
 
 
-def _read(path: Path, origin: str) -> bytes:
+def read_model(path: Path, origin: str) -> bytes:
     try:
         return path.read_bytes()
     except OSError as exc:

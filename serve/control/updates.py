@@ -12,15 +12,21 @@ watcher (pull). The semantics:
   ``drain`` keeps requests queued before the swap on the old version;
 - **monotonic**: a version not newer than the active one is refused (409) unless the caller
   says it is a rollback; **idempotent**: the same version and checksum again changes nothing;
-- **all-or-nothing**: any failure leaves the old version serving and says why.
+- **all-or-nothing**: any failure leaves the old version serving and says why;
+- **durable and shared**: a pushed version is written into the model repository, and every
+  activation, rollback, hold and resume into the model's serving state there
+  (``serve.control.store``), before the answer; the other workers and replicas follow it
+  (``serve.control.sync``), and the answer says which workers already serve it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -28,9 +34,11 @@ from typing import Any
 import numpy as np
 
 from serve.config import Settings
-from serve.control import repository
+from serve.control import repository, store
 from serve.control.lifecycle import ModelLifeCycle
 from serve.control.manager import ModelRepositoryManager
+from serve.control.store import ServingState
+from serve.control.workers import Propagation, WorkerRegistry
 from serve.dataplane.messages import InferenceRequest
 from serve.dataplane.model import ServedModel
 from serve.errors import Conflict, InvalidInput, ModelLoadError, NotFound, RLServeError, one_line
@@ -72,6 +80,7 @@ class Push:
     mode: ActivationMode = ActivationMode.AT_BATCH_BOUNDARY
     rollback: bool = False  # allow a version not newer than the active one
     canary: Canary | None = None
+    wait_s: float = 0.0  # how long to wait for the other workers to serve it
 
 
 @dataclass(frozen=True)
@@ -84,18 +93,26 @@ class UpdateReport:
     sha256: str = ""
     load_s: float = 0.0
     swap_s: float = 0.0
+    propagation: Propagation | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "result": self.result.value}
+        fields = {k: v for k, v in self.__dict__.items() if k != "propagation"}
+        spread = self.propagation.to_json() if self.propagation else {}
+        return {**fields, "result": self.result.value, **spread}
 
 
 class Updater:
     def __init__(
-        self, manager: ModelRepositoryManager, settings: Settings, metrics: Metrics
+        self,
+        manager: ModelRepositoryManager,
+        settings: Settings,
+        metrics: Metrics,
+        registry: WorkerRegistry,
     ) -> None:
         self.manager = manager
         self.settings = settings
         self.metrics = metrics
+        self.registry = registry
         self._locks: dict[str, asyncio.Lock] = {}
 
     # ------------------------------------------------------------------ push
@@ -110,7 +127,7 @@ class Updater:
                 log.warning("update %s/%d refused: %s", push.model, push.version, exc.message)
                 raise
         self.metrics.updates.labels(push.model, report.result.value).inc()
-        return report
+        return await self._spread(report, entry.generation, push.wait_s)
 
     async def _push(self, entry: ModelLifeCycle, push: Push) -> UpdateReport:
         await asyncio.to_thread(_check_checksum, push)  # hashing a large model takes a while
@@ -120,16 +137,12 @@ class Updater:
             return _unchanged(entry, push, resident)
         self._check_order(entry, push.version, push.rollback)
         started = time.monotonic()
-        model = await asyncio.to_thread(
-            repository.load_bytes,
-            entry.name,
-            push.version,
-            push.data,
-            self.settings,
-            entry.settings,
-        )
-        await asyncio.to_thread(_check_compatible, entry, model, push.canary)
+        model = await self._load(entry, push.version, push.data, push.canary)
         load_s = time.monotonic() - started
+        root = self.settings.model_repository
+        await asyncio.to_thread(
+            store.write_version, root, entry.name, push.version, push.data, model.sha256
+        )
         self.metrics.update_load.labels(entry.name).observe(load_s)
         entry.loaded(model)
         self.metrics.version_loaded(entry.name, model.version, model.provider, model.sha256)
@@ -143,7 +156,7 @@ class Updater:
                 model.sha256,
                 load_s,
             )
-        swap_s = self._activate(entry, push.version, push.mode)
+        swap_s = await self._decide(entry, push.version, push.mode, allow_older=push.rollback)
         return UpdateReport(
             entry.name,
             push.version,
@@ -158,7 +171,7 @@ class Updater:
     # ------------------------------------------------------------------ activate, rollback, hold
 
     async def activate(
-        self, name: str, version: int, mode: ActivationMode, rollback: bool
+        self, name: str, version: int, mode: ActivationMode, rollback: bool, wait_s: float = 0.0
     ) -> UpdateReport:
         entry = self._entry(name)
         async with self._lock(name):
@@ -174,12 +187,13 @@ class Updater:
                     name, version, UpdateResult.UNCHANGED, previous, previous, model.sha256
                 )
             self._check_order(entry, version, rollback)
-            swap_s = self._activate(entry, version, mode)
-        return UpdateReport(
+            swap_s = await self._decide(entry, version, mode, allow_older=rollback)
+        report = UpdateReport(
             name, version, UpdateResult.ACTIVATED, version, previous, model.sha256, 0.0, swap_s
         )
+        return await self._spread(report, entry.generation, wait_s)
 
-    async def rollback(self, name: str) -> UpdateReport:
+    async def rollback(self, name: str, wait_s: float = 0.0) -> UpdateReport:
         """Re-activate the previous resident version at once."""
         entry = self._entry(name)
         async with self._lock(name):
@@ -187,21 +201,121 @@ class Updater:
             current = entry.active
             if target is None or current is None:
                 raise Conflict(f"model {name!r}: no previous version is resident to roll back to")
-            swap_s = self._activate(entry, target, ActivationMode.AT_BATCH_BOUNDARY)
+            swap_s = await self._decide(
+                entry, target, ActivationMode.AT_BATCH_BOUNDARY, allow_older=True
+            )
             model = entry.get(target)
         self.metrics.updates.labels(name, UpdateResult.ROLLED_BACK.value).inc()
         sha = model.sha256 if model else ""
-        return UpdateReport(
+        report = UpdateReport(
             name, target, UpdateResult.ROLLED_BACK, target, current, sha, 0.0, swap_s
         )
+        return await self._spread(report, entry.generation, wait_s)
 
-    def hold(self, name: str, max_hold_s: float | None = None) -> None:
-        self._entry(name).hold(max_hold_s)
+    async def hold(
+        self, name: str, max_hold_s: float | None = None, wait_s: float = 0.0
+    ) -> Propagation:
+        """Serve nothing from the model until resume (or ``max_hold_s``), on every worker."""
+        entry = self._entry(name)
+        until = None if max_hold_s is None else time.time() + max_hold_s
+        async with self._lock(name):
+            state = await self._record(entry, lambda cur: _holding(cur, entry, until))
+            entry.hold(max_hold_s)
+            entry.generation = state.generation
+        return await self._spread_generation(name, state.generation, wait_s)
 
-    def resume(self, name: str) -> None:
-        self._entry(name).resume()
+    async def resume(self, name: str, wait_s: float = 0.0) -> Propagation:
+        entry = self._entry(name)
+        async with self._lock(name):
+            state = await self._record(entry, lambda cur: _holding(cur, entry, None, held=False))
+            entry.resume()
+            entry.generation = state.generation
+        return await self._spread_generation(name, state.generation, wait_s)
+
+    # ------------------------------------------------------------------ following the repository
+
+    async def follow(self, name: str, state: ServingState) -> None:
+        """Apply a serving state another worker recorded: load its version from the
+        repository if it is not resident, activate it, hold or resume."""
+        entry = self._entry(name)
+        async with self._lock(name):
+            if state.generation <= entry.generation:
+                return
+            if state.active is not None and state.active != entry.active:
+                if entry.get(state.active) is None:
+                    await self._load_from_repository(entry, state.active)
+                self._activate(entry, state.active, _known_mode(state.mode))
+            held = state.held_now(time.time())
+            if held:
+                remaining = None if state.hold_until is None else state.hold_until - time.time()
+                entry.hold(remaining)
+            elif entry.held_since is not None:
+                entry.resume()
+            entry.generation = state.generation
+            log.info(
+                "model %s: following the repository, generation %d: version %s%s",
+                name,
+                state.generation,
+                state.active,
+                " (held)" if held else "",
+            )
+
+    async def _load_from_repository(self, entry: ModelLifeCycle, version: int) -> None:
+        path = self.settings.model_repository / entry.name / str(version) / repository.MODEL_FILE
+        entry.loading(version)
+        try:
+            data = await asyncio.to_thread(repository.read_model, path, f"{entry.name}/{version}")
+            model = await self._load(entry, version, data, None)
+        except RLServeError as exc:
+            entry.failed(version, exc.message)
+            raise
+        entry.loaded(model)
+        self.metrics.version_loaded(entry.name, model.version, model.provider, model.sha256)
 
     # ------------------------------------------------------------------ steps
+
+    async def _load(
+        self, entry: ModelLifeCycle, version: int, data: bytes, canary: Canary | None
+    ) -> ServedModel:
+        """Build, verify and warm a version on a worker thread; check it fits the live one."""
+        model = await asyncio.to_thread(
+            repository.load_bytes, entry.name, version, data, self.settings, entry.settings
+        )
+        await asyncio.to_thread(_check_compatible, entry, model, canary)
+        return model
+
+    async def _decide(
+        self,
+        entry: ModelLifeCycle,
+        version: int,
+        mode: ActivationMode,
+        *,
+        allow_older: bool,
+    ) -> float:
+        """Record the activation in the repository, then make it here."""
+
+        def change(current: ServingState | None) -> ServingState:
+            return _activating(current, entry.name, version, mode, allow_older=allow_older)
+
+        state = await self._record(entry, change)
+        swap_s = self._activate(entry, version, mode)
+        entry.generation = state.generation
+        return swap_s
+
+    async def _record(
+        self, entry: ModelLifeCycle, change: Callable[[ServingState | None], ServingState]
+    ) -> ServingState:
+        model_dir = self.settings.model_repository / entry.name
+        return await asyncio.to_thread(store.update_state, model_dir, change)
+
+    async def _spread(self, report: UpdateReport, generation: int, wait_s: float) -> UpdateReport:
+        """The report, with which workers serve the model's current generation."""
+        spread = await self._spread_generation(report.model, generation, wait_s)
+        return dataclasses.replace(report, propagation=spread)
+
+    async def _spread_generation(self, name: str, generation: int, wait_s: float) -> Propagation:
+        await self.registry.publish()
+        return await self.registry.wait_for(name, generation, wait_s)
 
     def _activate(self, entry: ModelLifeCycle, version: int, mode: ActivationMode) -> float:
         started = time.perf_counter()
@@ -246,6 +360,44 @@ def _check_checksum(push: Push) -> None:
             f"sha256: the model bytes hash to {actual}, not {push.sha256}; "
             "the upload is corrupt or the checksum is wrong"
         )
+
+
+def _activating(
+    current: ServingState | None,
+    name: str,
+    version: int,
+    mode: ActivationMode,
+    *,
+    allow_older: bool,
+) -> ServingState:
+    """The serving state with ``version`` active; versions only move forward there too (a
+    worker that has not yet followed the others must not move the model back)."""
+    if current is None:
+        return ServingState(0, version, mode=mode.value)
+    if current.active is not None and version < current.active and not allow_older:
+        raise Conflict(
+            f"model {name!r}: version {version} is older than version {current.active}, which "
+            "another worker activated; versions only move forward unless rollback=true"
+        )
+    return dataclasses.replace(current, active=version, mode=mode.value)
+
+
+def _holding(
+    current: ServingState | None,
+    entry: ModelLifeCycle,
+    until: float | None,
+    *,
+    held: bool = True,
+) -> ServingState:
+    base = current or ServingState(0, entry.active)
+    return dataclasses.replace(base, held=held, hold_until=until if held else None)
+
+
+def _known_mode(value: str) -> ActivationMode:
+    try:
+        return ActivationMode(value)
+    except ValueError:
+        return ActivationMode.AT_BATCH_BOUNDARY
 
 
 def _unchanged(entry: ModelLifeCycle, push: Push, resident: ServedModel) -> UpdateReport:

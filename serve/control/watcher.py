@@ -1,11 +1,15 @@
-"""Pull mode: activate version directories that appear in the model repository.
+"""Pull mode: activate version directories (and models) that appear in the repository.
 
 Every ``poll_interval_s`` the repository is listed; a version of a served model that is
 newer than any version seen before goes through the same path as a push
-(``serve.control.updates``). A version counts once its ``model.onnx`` exists, so writers must put
+(``serve.control.updates``), and a model that was not there at start-up is loaded as at
+start-up. A version counts once its ``model.onnx`` exists, so writers must put
 it in place atomically: write elsewhere and rename (``rlserve export`` writes a hidden
 directory and renames it). A rollback holds: the versions it stepped back from were
 already seen, so only a newer version replaces it.
+
+A model whose directory cannot be loaded (an invalid ``config.yaml``, say) is reported
+and tried again once the directory changes.
 
 A version that fails to load (a file still being written, a corrupt one) is reported in
 ``GET /v1/models/{model}`` and counted in ``rlserve_weight_updates_total``, and tried again
@@ -39,13 +43,14 @@ class RepositoryWatcher:
         self._seen: dict[str, int] = {}  # the newest version handled, per model
         self._failed: dict[tuple[str, int], tuple[int, int]] = {}  # size and mtime when it failed
         self._skipped: set[Path] = set()  # directories already reported as not versions
+        self._refused: dict[str, tuple[int, int]] = {}  # new models that failed, and when
 
     async def run(self) -> None:
         """Poll for ever; a poll that fails is logged and the next one tries again."""
         root = self.manager.settings.model_repository
         # What loading found, not a new listing: what appeared since is still news.
         self._skipped = set(self.manager.skipped)
-        self._seen = {name: max(m.wanted, default=0) for name, m in self.manager.models.items()}
+        self._seen = {name: self._newest_known(name) for name in self.manager.models}
         log.info("watching %s every %gs", root, self.interval_s)
         while True:
             await asyncio.sleep(self.interval_s)
@@ -54,13 +59,38 @@ class RepositoryWatcher:
             except Exception:
                 log.exception("polling %s failed; trying again in %gs", root, self.interval_s)
 
+    def _newest_known(self, name: str) -> int:
+        """Versions up to this one were seen: loading chose among them, or a rollback (in
+        the model's serving state) stepped back from them."""
+        state = self.manager.states.get(name)
+        wanted = self.manager.models[name].wanted if name in self.manager.models else []
+        return max(max(wanted, default=0), state.newest_seen if state else 0)
+
     async def poll(self) -> None:
         for name, versions in (await self._discover()).items():
             if name not in self.manager.models:
-                continue  # new models are picked up at start-up only
+                await self._add(name, versions)
+                continue
             for where in versions:
                 if where.version > self._seen.get(name, 0) and self._worth_trying(where):
                     await self._pull(where)
+
+    async def _add(self, name: str, versions: list[repository.VersionDir]) -> None:
+        root = self.manager.settings.model_repository
+        stamp = _stamp(root / name)
+        if not versions or self._refused.get(name) == stamp:
+            return
+        try:
+            await self.manager.add(name, versions)
+        except RLServeError as exc:
+            self._refused[name] = stamp
+            self.manager.models.pop(name, None)
+            log.error(
+                "new model %s not served (tried again when it changes): %s", name, exc.message
+            )
+            return
+        self._refused.pop(name, None)
+        self._seen[name] = self._newest_known(name)
 
     def _worth_trying(self, where: repository.VersionDir) -> bool:
         """A version that failed is tried again once its file changed (it was still being

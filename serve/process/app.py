@@ -32,8 +32,10 @@ from serve.access import AccessMiddleware
 from serve.control.admin import AdminEndpoints
 from serve.control.api import ModelEndpoints
 from serve.control.manager import ModelRepositoryManager
+from serve.control.sync import RepositorySync
 from serve.control.updates import Updater
 from serve.control.watcher import RepositoryWatcher
+from serve.control.workers import WorkerRegistry
 from serve.dataplane import http as predict
 from serve.dataplane.record import RecordSink
 from serve.dataplane.wire import error_response, json_response
@@ -85,6 +87,7 @@ class RLServeApp:
             task.cancel()
         await self.state.manager.stop()
         self.state.manager.sample_load()
+        await asyncio.to_thread(self.state.updater.registry.withdraw)
         log.info("stopped")
         await send({"type": "lifespan.shutdown.complete"})
 
@@ -96,7 +99,8 @@ def create_app(
     settings = settings or config.load()
     metrics = Metrics()
     manager = ModelRepositoryManager(settings, metrics, sinks)
-    updater = Updater(manager, settings, metrics)
+    registry = WorkerRegistry(manager, stale_after_s=max(3 * settings.sync_interval_s, 5.0))
+    updater = Updater(manager, settings, metrics, registry)
     phases = ServerPhases()
     state = ServerState(settings, manager, phases, metrics, updater)
     frontend = predict.PredictFrontend(
@@ -131,13 +135,21 @@ def _control_app(state: ServerState) -> ASGIApp:
 
 async def _load(state: ServerState) -> None:
     """Load, verify and warm every model (while the server already answers /health, unless
-    it listens after loading), then watch the repository if asked to."""
+    it listens after loading), then follow the repository's serving state (and, in pull
+    mode, watch it for new versions and models)."""
     try:
         loaded = await _load_models(state)
     finally:
         state.phases.loaded.set()
-    if loaded and state.settings.poll_interval_s is not None:
-        await RepositoryWatcher(state.manager, state.updater, state.settings.poll_interval_s).run()
+    if not loaded:
+        return
+    settings, updater = state.settings, state.updater
+    sync = RepositorySync(state.manager, updater, updater.registry, settings.sync_interval_s)
+    followers = [sync.run()]
+    if settings.poll_interval_s is not None:
+        watcher = RepositoryWatcher(state.manager, updater, settings.poll_interval_s)
+        followers.append(watcher.run())
+    await asyncio.gather(*followers)
 
 
 async def _sample_load(manager: ModelRepositoryManager) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -204,6 +205,14 @@ def test_pull_mode_activates_a_version_written_by_another_process(
             client.rollback("swap")
             time.sleep(0.5)  # several polls: the rollback must hold
             assert client.predict(OBS).model_version == 1
+            shutil.copytree(versions[2].parent, repo / ".incoming-model" / "1")
+            (repo / ".incoming-model").rename(repo / "newcomer")  # a model, new since start-up
+            server.wait_until(
+                lambda c: "newcomer" in {m["name"] for m in c.get("/v1/models").json()["models"]},
+                10,
+                "serving the new model",
+            )
+            assert client.predict(OBS, model="newcomer").model_version == 1
     finally:
         server.stop()
 
@@ -266,3 +275,38 @@ def test_pull_mode_retries_a_half_written_version_and_survives_odd_directories(
         assert "not a version" in server.output(full=True)
     finally:
         server.stop()
+
+
+def test_what_was_acknowledged_survives_kill_9(versions: list[Path], tmp_path: Path) -> None:
+    repo = first_version_only(versions, tmp_path)
+    env = {"RLSERVE_ADMIN_TOKEN": TOKEN}
+    server = Server.rlserve(repo, env=env, log=tmp_path / "log")
+    server.wait_ready()
+    with PolicyClient(server.url, admin_token=TOKEN) as admin:
+        pushed = admin.push("swap", 2, versions[1])
+        admin.push("swap", 3, versions[2])
+        admin.rollback("swap")
+        admin.hold("swap", max_hold_s=600)
+    server.stop(signal.SIGKILL)
+    assert (pushed["workers"], pushed["all_workers"]) == ({pushed_by(pushed): 2}, True)
+    assert (repo / "swap" / "3" / "model.onnx").read_bytes() == versions[2].read_bytes()
+    visible = sorted(p.name for p in (repo / "swap").iterdir() if not p.name.startswith("."))
+    assert visible == ["1", "2", "3"]
+    assert not [p for p in (repo / "swap").iterdir() if p.name.startswith(".push-")]
+    again = Server.rlserve(repo, env=env, log=tmp_path / "log-again")
+    try:
+        again.wait_listening()
+        with again.client():
+            again.wait_until(lambda c: "held" in c.get("/ready").text, 30, "held again")
+        with PolicyClient(again.url, admin_token=TOKEN) as admin:
+            admin.resume("swap")
+            assert admin.predict(OBS).model_version == 2  # the rollback, not the newest
+    finally:
+        again.stop()
+
+
+def pushed_by(report: dict[str, object]) -> str:
+    workers = report["workers"]
+    assert isinstance(workers, dict)
+    assert len(workers) == 1
+    return str(next(iter(workers)))

@@ -53,7 +53,9 @@ async def test_a_held_model_turns_ready_red_with_the_reason_until_resumed() -> N
         described = (await client.get("/v1/models/cartpole")).json()
         await client.post("/v1/models/cartpole/resume", headers=headers)
         resumed = await client.get("/ready")
-    assert held.json() == {"model": "cartpole", "held": True, "max_hold_s": None}
+    answer = held.json()
+    assert (answer["model"], answer["held"], answer["max_hold_s"]) == ("cartpole", True, None)
+    assert (answer["all_workers"], list(answer["workers"].values())) == (True, [1])
     assert while_held.status_code == 503
     assert "model 'cartpole' is held" in while_held.json()["reasons"][0]
     assert described["held"] is True
