@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,8 @@ class WorkerRegistry:
         self.stale_after_s = stale_after_s
         self._path = self.folder / (self.me.replace(":", "-") + ".json")
         self._warned = False
+        self._writing = threading.Lock()  # a write on a thread never outlives withdraw()
+        self._withdrawn = False
 
     def snapshot(self) -> dict[str, ModelStatus]:
         return {
@@ -98,6 +101,11 @@ class WorkerRegistry:
 
     def _write(self, models: dict[str, ModelStatus]) -> None:
         record = WorkerStatus(self.me, time.time(), models)
+        with self._writing:
+            if not self._withdrawn:
+                self._write_record(record)
+
+    def _write_record(self, record: WorkerStatus) -> None:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             store.write_atomic(self._path, orjson.dumps(record.to_json()), durable=False)
@@ -111,7 +119,10 @@ class WorkerRegistry:
                 )
 
     def withdraw(self) -> None:
-        self._path.unlink(missing_ok=True)
+        """Remove this worker's status for good: it stops serving."""
+        with self._writing:
+            self._withdrawn = True
+            self._path.unlink(missing_ok=True)
 
     def live(self) -> list[WorkerStatus]:
         """Every worker heard from within ``stale_after_s``; long-silent files are removed."""

@@ -12,9 +12,11 @@ Shutdown order, on SIGTERM (``serve.process.server.DrainingServer``):
 1. DRAINING at once: /ready answers 503 so the load balancer takes this replica out of
    rotation; every request is still served, answers carry ``Connection: close``.
 2. After ``drain_delay_s`` (time for endpoints to propagate): STOPPING. The server stops
-   accepting connections, gives requests already on the wire ``ACCEPTED_GRACE_S`` to be
-   read (``serve.process.server``), then closes idle keep-alive connections; a request that still
-   arrives on an open connection is served like any other.
+   accepting connections, after taking those the kernel had already accepted (their
+   requests are served); gives requests already on the wire ``ACCEPTED_GRACE_S`` to be
+   read, and any connection with unread bytes up to ``UNREAD_GRACE_S`` more
+   (``serve.process.server``); then closes idle keep-alive connections. A request a client
+   wrote before that is answered, never reset.
 3. In-flight requests finish: their work is queued or running in a batcher and completes
    within its deadline (uvicorn waits up to ``graceful_timeout_s``).
 4. Lifespan shutdown: each model's scheduler answers what is left in its queue (runs it, or

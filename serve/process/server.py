@@ -6,11 +6,16 @@ by the gunicorn worker (``serve.process.worker``).
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
+import os
 import signal
 import socket
+import termios
 import time
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -19,6 +24,9 @@ from serve.process.state import ServerState
 # After the listeners close, connections accepted a moment before get this long to deliver
 # their request (it is then served) before the connections still idle are closed.
 ACCEPTED_GRACE_S = 0.5
+# An idle keep-alive connection with bytes waiting in its socket holds a request the client
+# already wrote: it is read and answered before the connection closes, waiting at most this.
+UNREAD_GRACE_S = 2.0
 
 
 class DrainingServer(uvicorn.Server):
@@ -46,9 +54,66 @@ class DrainingServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.state.phases.begin_stop()
+        # Stop accepting, but first take the connections the kernel already accepted: their
+        # clients may have written a request, which closing the listener would reset.
+        spares = [os.dup(s.fileno()) for server in self.servers for s in server.sockets or ()]
         for server in self.servers:
-            server.close()  # stop accepting; uvicorn closes them again, harmlessly
+            server.close()  # uvicorn closes them again, harmlessly
+        for spare in spares:
+            await self._take_backlog(spare)
         # uvicorn closes connections that look idle; one whose request is still in the
         # socket buffer would be dropped unanswered, so let such requests be read first.
         await asyncio.sleep(ACCEPTED_GRACE_S)
+        await self._read_what_was_written()
         await super().shutdown(sockets)
+
+    async def _take_backlog(self, fd: int) -> None:
+        """Serve every connection waiting in a listening socket's backlog, then close it."""
+        loop = asyncio.get_running_loop()
+        with socket.socket(fileno=fd) as listener:
+            listener.setblocking(False)
+            while True:
+                try:
+                    accepted, _ = listener.accept()
+                except (BlockingIOError, InterruptedError):
+                    return
+                except OSError:
+                    return  # not a listening socket we can take from
+                accepted.setblocking(False)
+                await loop.connect_accepted_socket(self._protocol, accepted)
+
+    def _protocol(self) -> asyncio.Protocol:
+        """A connection's protocol, as uvicorn builds it for its listeners."""
+        protocol: asyncio.Protocol = self.config.http_protocol_class(  # type: ignore[call-arg]
+            config=self.config, server_state=self.server_state, app_state=self.lifespan.state
+        )
+        return protocol
+
+    async def _read_what_was_written(self) -> None:
+        """uvicorn closes a connection that looks idle; if the client wrote its next request
+        a moment ago, the bytes wait in the socket and closing would reset them. Let the
+        loop read such requests first: they start a request cycle, and are answered (with
+        ``Connection: close``, the server is draining)."""
+        deadline = time.monotonic() + UNREAD_GRACE_S
+        while time.monotonic() < deadline:
+            if not any(_idle_with_unread_bytes(c) for c in self.server_state.connections):
+                return
+            await asyncio.sleep(0.005)
+
+
+def _idle_with_unread_bytes(connection: Any) -> bool:
+    cycle = getattr(connection, "cycle", None)
+    if cycle is not None and not cycle.response_complete:
+        return False  # busy: uvicorn lets it finish
+    transport = getattr(connection, "transport", None)
+    if transport is None or transport.is_closing():
+        return False
+    raw = transport.get_extra_info("socket")
+    if raw is None:
+        return False
+    pending = array.array("i", [0])
+    try:
+        fcntl.ioctl(raw.fileno(), termios.FIONREAD, pending, True)
+    except OSError:
+        return False
+    return pending[0] > 0

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import signal
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -138,3 +141,47 @@ def test_an_idle_server_stops_in_under_a_second_and_frees_its_port(
         second.stop()
     assert "rlserve.app: stopped" in first.output(full=True)  # a graceful stop, not a kill
     assert took < 1.0, f"stopping an idle server took {took:.2f}s"
+
+
+def test_sigterm_answers_every_request_written_on_a_keep_alive_connection(
+    repository: Path, tmp_path: Path
+) -> None:
+    """Clients on keep-alive connections write their next request at any moment, also while
+    the server stops (no drain delay): each written request is answered, or its connection
+    was refused before anything was written."""
+    server = Server.rlserve(only(repository, tmp_path, "cartpole"), log=tmp_path / "log")
+    server.wait_ready()
+    outcomes: Counter[str] = Counter()
+    stop = threading.Event()
+    body = json.dumps(GOOD)
+
+    def client() -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        while not stop.is_set():
+            try:
+                connection.request("POST", "/predict", body, {"Content-Type": "application/json"})
+            except OSError as exc:  # nothing was written: the server had stopped listening
+                outcomes[f"not sent: {type(exc).__name__}"] += 1
+                connection.close()
+                time.sleep(0.01)
+                continue
+            try:
+                response = connection.getresponse()
+                response.read()
+                outcomes[str(response.status)] += 1
+            except (OSError, http.client.HTTPException) as exc:
+                outcomes[f"lost: {type(exc).__name__}"] += 1
+                connection.close()
+
+    threads = [threading.Thread(target=client) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.7)
+    server.send_signal(signal.SIGTERM)
+    server.process.wait(30)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert not [o for o in outcomes if o.startswith("lost")], outcomes
+    assert set(outcomes) <= {"200", "not sent: ConnectionRefusedError"}, outcomes
+    assert outcomes["200"] > 100
