@@ -9,7 +9,8 @@ Sources, highest precedence first:
 4. the defaults below.
 
 Per model, ``<model_repository>/<model>/config.yaml`` may override the fields of
-:class:`ModelSettings` (batching, deadline, version policy) for that model alone.
+:class:`ModelSettings` (batching, deadline, version policy, observation bounds) for that
+model alone.
 
 Nothing is read at import time: settings exist once :func:`load` is called.
 """
@@ -38,9 +39,16 @@ from pydantic_settings import (
 )
 
 from serve.errors import ConfigError
+from serve.spaces import ObservationBounds
 
 ENV_PREFIX = "RLSERVE_"
 PositiveInt = Annotated[int, Field(gt=0)]
+_BOUNDS_HELP = (
+    "an observation value outside its Box's declared bounds: allow (serve it as given), "
+    "clip (into [low, high] before the model runs) or reject (422); counted in "
+    "rlserve_observations_out_of_bounds_total either way. Shape, dtype, finiteness and "
+    "discrete indices are checked whatever this says"
+)
 
 
 class VersionPolicy(BaseModel):
@@ -71,6 +79,7 @@ class ModelSettings(BaseModel):
         0.5, ge=0, description="run batches on the event loop while they average less"
     )
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
+    observation_bounds: ObservationBounds = Field(ObservationBounds.ALLOW, description=_BOUNDS_HELP)
 
 
 class Settings(BaseSettings):
@@ -94,6 +103,7 @@ class Settings(BaseSettings):
     default_deadline_ms: float = Field(1000.0, gt=0)
     inline_max_ms: float = Field(0.5, ge=0)
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
+    observation_bounds: ObservationBounds = Field(ObservationBounds.ALLOW, description=_BOUNDS_HELP)
     max_body_bytes: PositiveInt = Field(4 * 1024 * 1024, description="larger bodies get 413")
 
     # Live policy updates (see docs/updates.md).
@@ -141,6 +151,14 @@ class Settings(BaseSettings):
     access_log: bool = True
 
     # HTTP.
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="a request's line and headers must arrive within this (408, closed)",
+    )
+    body_timeout_s: float = Field(
+        10.0, gt=0, description="a request's body must arrive within this after its headers"
+    )
     proxy_headers: bool = Field(
         False,
         description="trust X-Forwarded-For/-Proto from the addresses in gunicorn's "

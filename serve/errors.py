@@ -25,6 +25,7 @@ class ErrorCode(StrEnum):
     METHOD_NOT_ALLOWED = "method_not_allowed"
     CONFLICT = "conflict"
     PAYLOAD_TOO_LARGE = "payload_too_large"
+    REQUEST_TIMEOUT = "request_timeout"  # the client took too long to send its request
     INVALID_INPUT = "invalid_input"  # parsed, but does not fit the policy contract
     QUEUE_FULL = "queue_full"
     MODEL_LOAD_FAILED = "model_load_failed"
@@ -80,10 +81,22 @@ class PayloadTooLarge(RLServeError):
     code = ErrorCode.PAYLOAD_TOO_LARGE
 
 
+class RequestTimeout(RLServeError):
+    code = ErrorCode.REQUEST_TIMEOUT
+
+
 class InvalidInput(RLServeError):
-    """The request parsed, but its content does not fit the policy contract."""
+    """The request parsed, but its content does not fit the policy contract.
+
+    ``out_of_bounds``: the observations (rows) refused for values outside their Box's
+    bounds (``observation_bounds: reject``), for rlserve_observations_out_of_bounds_total.
+    """
 
     code = ErrorCode.INVALID_INPUT
+
+    def __init__(self, message: str, *, out_of_bounds: int = 0) -> None:
+        super().__init__(message)
+        self.out_of_bounds = out_of_bounds
 
 
 class QueueFull(RLServeError):

@@ -8,8 +8,9 @@ live in this process's registry.
 Names: ``rlserve_*`` for the server's own; ``rl_inference_latency_seconds`` is the name
 operators already query for model execution time per batch.
 
-The request path touches no metric per request: answered requests are counted from each
-executed batch's record (:class:`MetricsSink`, one update per batch and label set), the
+The request path touches no metric per request: answered requests, and their observations
+outside the bounds (``Prepared.out_of_bounds``), are counted from each executed batch's
+record (:class:`MetricsSink`, one update per batch and label set), the
 load gauges are sampled from the schedulers a few times a second
 (:meth:`Metrics.sample_load`, which also moves the batches' tallies into the metrics, as a
 scrape does), and
@@ -98,6 +99,12 @@ class Metrics:
         self.rejections = Counter(
             "rlserve_rejections", "Requests refused, by reason", ["model", "reason"], registry=r
         )
+        self.out_of_bounds = Counter(
+            "rlserve_observations_out_of_bounds",
+            "Observations (rows) with a value outside their Box's declared bounds, as sent: "
+            "served as given or clipped, or refused, as the model's observation_bounds says",
+            ["model"], registry=r,
+        )  # fmt: skip
         self.model_info = Gauge(
             "rlserve_model_info", "Loaded model versions and where they run",
             [*mv, "provider", "sha256"], multiprocess_mode="livemax", registry=r,
@@ -136,6 +143,11 @@ class Metrics:
         self.child(self.requests, model, label, str(status)).inc()
         self.child(self.rejections, model, reason).inc()
         self.child(self.request_latency, model).observe(s)
+
+    def refused_out_of_bounds(self, model: str, rows: int) -> None:
+        """Count the rows of a request refused for its bounds (``observation_bounds:
+        reject``); those of served requests are counted from their batches."""
+        self.child(self.out_of_bounds, model).inc(rows)
 
     def sample_load(self, loads: dict[str, Load]) -> None:
         """Set the load gauges from the schedulers' current loads, by model, and move what
@@ -204,6 +216,8 @@ class MetricsSink:
         if tally is None:
             tally = self._versions[key] = _VersionTally.of(self._metrics, *key)
         tally.answered += len(record.request_ids)
+        for request in record.requests:
+            tally.out_of_bounds += request.out_of_bounds
         finished, started = record.finished_at, record.started_at
         for received in record.received_at:
             tally.request_latency.add(finished - received)
@@ -257,7 +271,9 @@ class _VersionTally:
     queue_wait: Tally
     batch_rows: Tally
     batch_fill: Tally
+    out_of_bounds_rows: Any  # the model's counter child of rows outside the bounds
     answered: int = 0
+    out_of_bounds: int = 0
 
     @classmethod
     def of(cls, metrics: Metrics, model: str, version: int) -> _VersionTally:
@@ -269,12 +285,16 @@ class _VersionTally:
             Tally.of(metrics.child(metrics.queue_wait, *labels)),
             Tally.of(metrics.child(metrics.batch_rows, *labels)),
             Tally.of(metrics.child(metrics.batch_fill, *labels)),
+            metrics.child(metrics.out_of_bounds, model),  # the series exists from the start
         )
 
     def flush(self) -> None:
         if self.answered:
             self.requests.inc(self.answered)
             self.answered = 0
+        if self.out_of_bounds:
+            self.out_of_bounds_rows.inc(self.out_of_bounds)
+            self.out_of_bounds = 0
         for tally in (
             self.request_latency,
             self.inference_latency,

@@ -8,15 +8,17 @@ All space handling of rlserve lives in this one module:
 - the tensor each observation leaf becomes (:func:`input_dtype`);
 - sampling observations for parity checks (:func:`sample`);
 - turning request JSON into validated numpy batches (:func:`parse_observations`), which
-  checks shape, dtype, finiteness and bounds and names the field that is wrong.
+  checks shape, dtype, finiteness and bounds and names the field that is wrong; what happens
+  to values outside a Box's declared bounds is an :class:`ObservationBounds` policy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import cached_property
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -28,6 +30,21 @@ JsonBound = float | int | str | list[Any]
 
 _FLOAT_KINDS = ("f",)
 _INT_KINDS = ("i", "u", "b")
+
+
+class ObservationBounds(StrEnum):
+    """What becomes of an observation value outside its Box's declared bounds (a model's
+    ``observation_bounds`` setting).
+
+    Only a Box's declared ``low``/``high`` are meant. Shape, dtype (float32's range;
+    integers 0..255 for uint8) and finiteness are checked in every mode, and so are the
+    indices of Discrete, MultiDiscrete and MultiBinary spaces: a wrong index is not a
+    reading slightly off, it is invalid input.
+    """
+
+    REJECT = "reject"  # refuse the request (422), naming the value, where, and the bounds
+    CLIP = "clip"  # clip each value into [low, high] before the model runs
+    ALLOW = "allow"  # serve it as given, as Stable-Baselines3 does (RLlib: optional check)
 
 
 def _encode_bound(values: np.ndarray) -> JsonBound:
@@ -231,28 +248,34 @@ def sample(space: Leaf, rng: np.random.Generator, n: int) -> np.ndarray:
 # --------------------------------------------------------------------------- requests
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ObservationBatch:
-    """Validated observations: one array per leaf key, all with the same number of rows."""
+    """Validated observations: one array per leaf key, all with the same number of rows.
+
+    Built once per request on the request path, so slots and no frozen ``__setattr__``
+    (half the cost of a frozen dataclass); treat it as read-only."""
 
     arrays: dict[str | None, np.ndarray]
     rows: int
     single: bool  # the request held one observation, not a list; answer in kind
+    out_of_bounds: int = 0  # rows with a value outside a Box's declared bounds, as given
 
 
 def parse_observations(
     space: Box | Discrete | MultiDiscrete | MultiBinary | Dict,
     value: Any,
     field: str = "observations",
+    *,
+    bounds: ObservationBounds = ObservationBounds.REJECT,
 ) -> ObservationBatch:
     """Validate request data against a space and turn it into batched numpy arrays.
 
     A single observation or a list of them is accepted; for a Dict space, either a mapping
-    of key to value(s) or a list of such mappings.
+    of key to value(s) or a list of such mappings. ``bounds`` says what becomes of values
+    outside a Box's declared bounds (refused by default: actions, parity observations).
     """
     if not isinstance(space, Dict):
-        array, single = _parse_leaf(space, value, field)
-        return ObservationBatch({None: array}, rows=len(array), single=single)
+        return _bounded({None: _parse_leaf(space, value, field, bounds)}, bounds)
     if isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
         value = {k: [v.get(k) for v in value] for k in space.spaces}
     if not isinstance(value, Mapping):
@@ -267,18 +290,41 @@ def parse_observations(
             f"{field}: keys must be exactly {sorted(space.spaces)}; "
             f"missing {missing}, unexpected {unknown}"
         )
-    parsed = {k: _parse_leaf(s, value[k], f"{field}.{k}") for k, s in space.spaces.items()}
-    forms = {single for _, single in parsed.values()}
-    rows = {len(a) for a, _ in parsed.values()}
+    parsed: dict[str | None, _Leaf] = {
+        k: _parse_leaf(s, value[k], f"{field}.{k}", bounds) for k, s in space.spaces.items()
+    }
+    forms = {leaf.single for leaf in parsed.values()}
+    rows = {len(leaf.array) for leaf in parsed.values()}
     if len(forms) > 1 or len(rows) > 1:
-        sizes = {k: (1 if single else len(a)) for k, (a, single) in parsed.items()}
+        sizes = {k: (1 if leaf.single else len(leaf.array)) for k, leaf in parsed.items()}
         raise InvalidInput(f"{field}: every key needs the same number of observations; got {sizes}")
-    return ObservationBatch(
-        {k: a for k, (a, _) in parsed.items()}, rows=rows.pop(), single=forms.pop()
-    )
+    return _bounded(parsed, bounds)
 
 
-def _parse_leaf(space: Leaf, value: Any, field: str) -> tuple[np.ndarray, bool]:
+class _Leaf(NamedTuple):
+    """One leaf's rows, checked, in its input dtype (clipped in clip mode)."""
+
+    array: np.ndarray
+    single: bool
+    outside: np.ndarray | None = None  # [rows] bool: a value outside the Box's bounds
+    problem: str = ""  # reject mode: the first value outside, named
+
+
+def _bounded(parsed: Mapping[str | None, _Leaf], bounds: ObservationBounds) -> ObservationBatch:
+    """The leaves as one batch, refused in reject mode when a row is outside the bounds."""
+    arrays = {k: leaf.array for k, leaf in parsed.items()}
+    first = next(iter(parsed.values()))
+    outside = [leaf.outside for leaf in parsed.values() if leaf.outside is not None]
+    if not outside:  # the common case
+        return ObservationBatch(arrays, rows=len(first.array), single=first.single)
+    rows = int(np.logical_or.reduce(outside).sum())
+    if bounds is ObservationBounds.REJECT:
+        problem = next(leaf.problem for leaf in parsed.values() if leaf.problem)
+        raise InvalidInput(problem, out_of_bounds=rows)
+    return ObservationBatch(arrays, rows=len(first.array), single=first.single, out_of_bounds=rows)
+
+
+def _parse_leaf(space: Leaf, value: Any, field: str, bounds: ObservationBounds) -> _Leaf:
     expected = leaf_shape(space)
     array = _as_numeric_array(value, field)
     if array.shape == expected:
@@ -291,26 +337,85 @@ def _parse_leaf(space: Leaf, value: Any, field: str) -> tuple[np.ndarray, bool]:
             f"{field}: expected shape {_shape_text(expected)} for one observation or "
             f"{_shape_text(('N', *expected))} for N of them; got {_shape_text(array.shape)}"
         )
-    if isinstance(space, Box) and space.dtype != "uint8":
-        return _float_box(space, array, field), single
+    if isinstance(space, Box):
+        if space.dtype != "uint8":
+            return _float_box(space, array, field, bounds, single=single)
+        return _uint8_box(space, array, field, bounds, single=single)
     _check_values(space, array, field)
-    return array.astype(input_dtype(space), copy=False), single
+    return _Leaf(array.astype(input_dtype(space), copy=False), single)
 
 
-def _float_box(space: Box, array: np.ndarray, field: str) -> np.ndarray:
+def _float_box(
+    space: Box, array: np.ndarray, field: str, bounds: ObservationBounds, *, single: bool
+) -> _Leaf:
     """The common case, in three array operations: finite and within bounds, as float32.
 
     Bounds are compared in float32, the precision the policy computes in (a float64 0.4188
-    may round onto a float32 bound). Only a failing batch pays for the detailed message.
+    may round onto a float32 bound). Only a batch that fails pays for the rest: non-finite
+    values and values float32 cannot hold are refused in every mode; values outside the
+    bounds are named (reject), clipped (clip) or kept (allow), and their rows counted.
     """
     with np.errstate(over="ignore"):
         cast = array.astype(np.float32, copy=False)
     low, high = space.finite_bounds
     fits = (cast >= low) & (cast <= high)
-    if not np.all(fits):
-        _check_values(space, array, field)  # names the first non-finite or out-of-bounds value
-        raise InvalidInput(f"{field}: value {_first_bad(~fits, array)} does not fit in float32")
-    return cast
+    if np.all(fits):
+        return _Leaf(cast, single)
+    _check_finite(array, field)
+    huge = ~np.isfinite(cast)
+    if np.any(huge):
+        raise InvalidInput(f"{field}: value {_first_bad(huge, array)} does not fit in float32")
+    outside = ~fits
+    if bounds is ObservationBounds.CLIP:
+        cast = np.clip(cast, low, high)
+    # Bounds in the space's dtype, so they print as declared (0.418, not 0.41800001263).
+    declared = space.low_array.astype(space.dtype), space.high_array.astype(space.dtype)
+    return _outside(cast, single, outside, bounds, _problem(field, outside, array, *declared))
+
+
+def _uint8_box(
+    space: Box, array: np.ndarray, field: str, bounds: ObservationBounds, *, single: bool
+) -> _Leaf:
+    """Integers 0..255 in every mode; the declared bounds as ``bounds`` says."""
+    _check_finite(array, field)
+    if array.dtype.kind in _FLOAT_KINDS and not np.all(array == np.round(array)):
+        bad = _first_bad(array != np.round(array), array)
+        raise InvalidInput(f"{field}: expected integers 0..255 for a uint8 Box; found {bad}")
+    low, high = space.low_array, space.high_array
+    outside = (array < low) | (array > high)
+    problem = _problem(field, outside, array, low, high) if np.any(outside) else ""
+    if problem and bounds is ObservationBounds.REJECT:  # as refused before bounds were a policy
+        return _outside(array, single, outside, bounds, problem)
+    beyond = (array < 0) | (array > 255)
+    if np.any(beyond):
+        raise InvalidInput(
+            f"{field}: value {_first_bad(beyond, array)} does not fit in uint8; "
+            "expected integers 0..255"
+        )
+    if not problem:
+        return _Leaf(array.astype(np.uint8, copy=False), single)
+    if bounds is ObservationBounds.CLIP:
+        array = np.clip(array, low, high)
+    return _outside(array.astype(np.uint8, copy=False), single, outside, bounds, problem)
+
+
+def _outside(
+    array: np.ndarray, single: bool, outside: np.ndarray, bounds: ObservationBounds, problem: str
+) -> _Leaf:
+    rows = np.asarray(outside.reshape(len(outside), -1).any(axis=1))
+    return _Leaf(array, single, rows, problem if bounds is ObservationBounds.REJECT else "")
+
+
+def _problem(
+    field: str, outside: np.ndarray, array: np.ndarray, low: np.ndarray, high: np.ndarray
+) -> str:
+    """The first value outside the bounds, where it is, and the bounds."""
+    index = tuple(int(i) for i in np.argwhere(outside)[0])
+    lo, hi = np.broadcast_to(low, array.shape)[index], np.broadcast_to(high, array.shape)[index]
+    return (
+        f"{field}: value {array[index]!s} at index {list(index)} is outside the space's "
+        f"bounds [{lo!s}, {hi!s}]"
+    )
 
 
 def _as_numeric_array(value: Any, field: str) -> np.ndarray:
@@ -324,14 +429,18 @@ def _as_numeric_array(value: Any, field: str) -> np.ndarray:
     return array
 
 
-def _check_values(space: Leaf, array: np.ndarray, field: str) -> None:
+def _check_finite(array: np.ndarray, field: str) -> None:
     if array.dtype.kind in _FLOAT_KINDS and not np.all(np.isfinite(array)):
         raise InvalidInput(
             f"{field}: values must be finite; found {_first_bad(~np.isfinite(array), array)}"
         )
-    if isinstance(space, Box):
-        _check_box(space, array, field)
-        return
+
+
+def _check_values(
+    space: Discrete | MultiDiscrete | MultiBinary, array: np.ndarray, field: str
+) -> None:
+    """A discrete space's values: integers within its range, whatever the bounds policy."""
+    _check_finite(array, field)
     if array.dtype.kind in _FLOAT_KINDS and not np.all(array == np.round(array)):
         bad = _first_bad(array != np.round(array), array)
         raise InvalidInput(f"{field}: expected integers for a {space.type} space; found {bad}")
@@ -341,30 +450,9 @@ def _check_values(space: Leaf, array: np.ndarray, field: str) -> None:
         low, high = space.start_array, space.start_array + np.asarray(space.nvec) - 1
     else:
         low, high = np.asarray(0), np.asarray(1)
-    _check_bounds(array, low, high, field)
-
-
-def _check_box(space: Box, array: np.ndarray, field: str) -> None:
-    if space.dtype == "uint8":
-        if array.dtype.kind in _FLOAT_KINDS and not np.all(array == np.round(array)):
-            bad = _first_bad(array != np.round(array), array)
-            raise InvalidInput(f"{field}: expected integers 0..255 for a uint8 Box; found {bad}")
-        _check_bounds(array, space.low_array, space.high_array, field)
-        return
-    # Bounds in the space's dtype, so they print as declared (0.418, not 0.41800001263).
-    low, high = space.low_array.astype(space.dtype), space.high_array.astype(space.dtype)
-    _check_bounds(array, low, high, field)
-
-
-def _check_bounds(array: np.ndarray, low: np.ndarray, high: np.ndarray, field: str) -> None:
     outside = (array < low) | (array > high)
     if np.any(outside):
-        index = tuple(int(i) for i in np.argwhere(outside)[0])
-        lo, hi = np.broadcast_to(low, array.shape)[index], np.broadcast_to(high, array.shape)[index]
-        raise InvalidInput(
-            f"{field}: value {array[index]!s} at index {list(index)} is outside the space's "
-            f"bounds [{lo!s}, {hi!s}]"
-        )
+        raise InvalidInput(_problem(field, outside, array, low, high))
 
 
 def _first_non_number(value: Any) -> Any:

@@ -16,6 +16,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.CONFLICT: 409,
+    ErrorCode.REQUEST_TIMEOUT: 408,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
     ErrorCode.INVALID_INPUT: 422,
     ErrorCode.MODEL_LOAD_FAILED: 422,

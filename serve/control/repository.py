@@ -87,17 +87,24 @@ def select(versions: list[VersionDir], policy: VersionPolicy) -> list[VersionDir
 
 
 def load_version(where: VersionDir, settings: Settings, model: ModelSettings) -> ServedModel:
-    data = read_model(where.path, f"{where.model}/{where.version}")
-    return load_bytes(where.model, where.version, data, settings, model)
+    return load_file(where.model, where.version, where.path, settings, model)
 
 
-def load_bytes(
-    name: str, version: int, data: bytes, settings: Settings, model: ModelSettings
+def load_file(
+    name: str,
+    version: int,
+    path: Path,
+    settings: Settings,
+    model: ModelSettings,
+    sha256: str | None = None,
 ) -> ServedModel:
-    """A model version from its ONNX bytes: session, contract, golden vectors, warm-up."""
+    """A model version from its ONNX file: session, contract, golden vectors, warm-up.
+    onnxruntime reads the file itself (handing it the bytes would copy them while holding
+    the interpreter lock: tens of milliseconds per 100 MB on the event loop's back)."""
     origin = f"{name}/{version}"
     started = time.monotonic()
-    session = create_session(data, settings, origin)
+    digest = sha256 or file_sha256(path, origin)
+    session = create_session(path, settings, origin)
     policy_contract = contract.from_metadata(session.metadata, origin)
     problems = contract.check_golden(policy_contract, session.run)
     if problems:
@@ -107,8 +114,9 @@ def load_bytes(
         version,
         policy_contract,
         session,
-        hashlib.sha256(data).hexdigest(),
+        digest,
         model.max_batch_size,
+        observation_bounds=model.observation_bounds,
     )
     timings = loaded.warm_up(buckets_for(model.max_batch_size))
     log.info(
@@ -121,11 +129,16 @@ def load_bytes(
     return loaded
 
 
-def read_model(path: Path, origin: str) -> bytes:
+def file_sha256(path: Path, origin: str) -> str:
+    """The file's sha256, read in blocks (hashing a block lets other threads run)."""
+    digest = hashlib.sha256()
     try:
-        return path.read_bytes()
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
     except OSError as exc:
         raise ModelLoadError(f"{origin}: cannot read {path} ({exc.strerror})") from None
+    return digest.hexdigest()
 
 
 def _visible(path: Path) -> bool:

@@ -24,6 +24,11 @@ The rules, in order:
 Padding a batch to a warmed size is the model's business (GPU providers want it, the CPU
 does not): :func:`buckets_for` and :func:`bucket` give the sizes it warms and pads to.
 
+Admission (:func:`admission_wait_s`): a request is refused at once (429) when the rows queued
+ahead of it would take longer to serve than its deadline allows, at the rate the queue has
+been measured to drain while it was backlogged (:class:`DrainRate`). A request that finds
+nothing ahead of it is always admitted.
+
 Where a batch runs is decided by :class:`RunTimes`: inline on the event loop while batches
 of its size have been measured to run under a threshold (a thread hop costs more than a
 small model), on the scheduler's thread above it.
@@ -108,6 +113,48 @@ def _release_time(
     oldest = min(queue[i].enqueued_at for i in take)
     tightest = min(queue[i].deadline for i in take)
     return min(oldest + limits.max_wait_s, tightest - expected_run_s)
+
+
+def admission_wait_s(rows_ahead: int, rows: int, seconds_per_row: float) -> float:
+    """How long until a request's last row is answered, at the measured drain rate, with
+    ``rows_ahead`` rows queued or running before it; 0 when nothing is ahead."""
+    if rows_ahead <= 0:
+        return 0.0
+    return (rows_ahead + rows) * seconds_per_row
+
+
+class DrainRate:
+    """How fast the queue empties while it is backlogged: seconds per row, from the time
+    between batch starts (the run, answering its requests, and everything else the process
+    did meanwhile: reading requests, refusing some), summed over windows of at least
+    ``window_s`` and averaged over recent windows. Before the first window, the batches'
+    run time per row."""
+
+    def __init__(self, window_s: float = 0.02, weight: float = 0.3) -> None:
+        self.seconds_per_row = 0.0
+        self._window_s, self._weight = window_s, weight
+        self._last_start: float | None = None
+        self._last_rows = 0
+        self._rows = 0
+        self._elapsed = 0.0
+
+    def started(self, now: float, rows: int, *, backlogged: bool) -> None:
+        """A batch of ``rows`` started now; ``backlogged``: rows were waiting when the
+        previous batch ended (so the time since it started was all spent draining)."""
+        if backlogged and self._last_start is not None:
+            self._rows += self._last_rows
+            self._elapsed += now - self._last_start
+            if self._elapsed >= self._window_s:
+                sample = self._elapsed / self._rows
+                previous, weight = self.seconds_per_row, self._weight
+                self.seconds_per_row = (
+                    sample if not previous else (1 - weight) * previous + weight * sample
+                )
+                self._rows, self._elapsed = 0, 0.0
+        self._last_start, self._last_rows = now, rows
+
+    def per_row(self, run_s_per_row: float) -> float:
+        return self.seconds_per_row or run_s_per_row
 
 
 class RunTimes:

@@ -1,16 +1,23 @@
 """The dynamic batch scheduler: one per model, work-conserving.
 
-Requests are admitted into a bounded queue (counted in rows). Whenever the model is idle
-and something changed, ``_flush`` asks ``serve.dataplane.batching.plan`` what to do with
-the head of the queue and does it: a request that finds the model idle runs at once,
-together with whatever arrived in the same turn of the event loop; rows that arrive while
-a batch runs form the next batch, released when the running one ends. One batch runs at a
-time per model.
+Requests are admitted into a bounded queue (counted in rows), and only while the rows ahead
+of them can be served within their deadline at the measured pace (``batching.
+admission_wait_s``): under overload the excess is refused at once with 429, so admitted
+requests are answered in time instead of everyone timing out. A request larger than
+``max_batch_size`` is cut into parts pinned to one version (``serve.dataplane.split``).
+
+Whenever the model is idle and something changed, ``_flush`` asks
+``serve.dataplane.batching.plan`` what to do with the head of the queue and does it: a
+request that finds the model idle runs at once, together with whatever arrived in the same
+turn of the event loop; rows that arrive while a batch runs form the next batch, released
+when the running one ends. One batch runs at a time per model.
 
 A batch runs inline on the event loop while batches are cheap, on the scheduler's thread
-when they are not (``batching.RunTimes``, from measured run times). Its outputs become one
-:class:`~serve.dataplane.record.BatchRecord`, handed to every record sink (metrics, and
-whatever a deployment adds), and each request's answer is cut from it.
+when they are not (``batching.RunTimes``, from measured run times). While a backlog waits,
+inline batches follow each other for up to ``CHAIN_S`` before the loop takes its turn. A
+batch's outputs become one :class:`~serve.dataplane.record.BatchRecord`, handed to every
+record sink (metrics, and whatever a deployment adds), and each request's answer is cut
+from it.
 
 Deadlines are kept by one timer per scheduler, set for the earliest deadline in flight: a
 request still queued when its deadline passes is answered 504 and never runs; one whose
@@ -36,17 +43,37 @@ from typing import Any
 import numpy as np
 
 from serve.config import ModelSettings
-from serve.dataplane.batching import BatchLimits, RunTimes, Waiting, buckets_for, plan
+from serve.dataplane import split
+from serve.dataplane.batching import (
+    BatchLimits,
+    DrainRate,
+    RunTimes,
+    Waiting,
+    admission_wait_s,
+    buckets_for,
+    plan,
+)
 from serve.dataplane.messages import InferenceResponse, Prepared
 from serve.dataplane.model import ServedModel, VersionSource
 from serve.dataplane.record import BatchRecord, RecordSink
 from serve.dataplane.scheduler import Load
-from serve.errors import DeadlineExceeded, QueueFull, RLServeError, ServiceUnavailable, one_line
+from serve.errors import (
+    DeadlineExceeded,
+    InvalidInput,
+    QueueFull,
+    RLServeError,
+    ServiceUnavailable,
+    one_line,
+)
 from serve.types import Outputs
 
 log = logging.getLogger("rlserve.scheduler")
 
 NOT_RUN = "deadline passed while queued; the request was not run"
+# Inline batches run back to back, without a turn of the event loop in between, for this
+# long while rows wait: under a backlog each turn of the loop serves several batches, so
+# the work of reading (and refusing) requests is shared by more answered rows.
+CHAIN_S = 0.002
 
 
 @dataclass(slots=True, eq=False)
@@ -91,12 +118,15 @@ class DynamicBatchScheduler:
         self._no_wait = dataclasses.replace(self.limits, max_wait_s=0.0)
         self.max_queue_rows = settings.max_queue_rows
         self.run_times = RunTimes(settings.inline_max_ms / 1000)
+        self.drain = DrainRate()
         self.held = False
         self._sinks = tuple(sinks)
         self._queue: deque[Ticket] = deque()
         self._queued_rows = 0
         self._running: list[Ticket] = []  # the batch being executed
         self._running_since: float | None = None
+        self._backlogged = False  # rows were waiting when the last batch ended
+        self._chain_until = 0.0  # inline batches may follow each other until then
         self._flush_at: asyncio.TimerHandle | asyncio.Handle | None = None
         self._sweep: asyncio.TimerHandle | None = None
         self._sweep_at = math.inf
@@ -111,16 +141,56 @@ class DynamicBatchScheduler:
         self._loop = asyncio.get_running_loop()
 
     def submit(self, prepared: Prepared, version: int | None) -> asyncio.Future[InferenceResponse]:
+        if prepared.rows > self.max_queue_rows:
+            raise InvalidInput(
+                f"observations: {prepared.rows} rows; model {self.name!r} queues at most "
+                f"{self.max_queue_rows} (max_queue_rows): send fewer per request"
+            )
+        self.admit(prepared.rows, prepared.deadline)
+        if prepared.rows > self.limits.max_batch_size:
+            return self._submit_parts(prepared, version)
+        return self._enqueue(prepared, version)
+
+    def admit(self, rows: int, deadline: float) -> None:
+        """Refuse now what cannot be served: the queue is full, or the rows ahead would
+        take longer than the deadline allows (raises QueueFull, ServiceUnavailable)."""
         if self._closing or self._loop is None:
             raise ServiceUnavailable(
                 f"model {self.name!r} is not running: the server is starting or shutting down"
             )
-        if self._queued_rows + prepared.rows > self.max_queue_rows:
+        if self._queued_rows + rows > self.max_queue_rows:
             raise QueueFull(
                 f"model {self.name!r}: queue full ({self._queued_rows} of {self.max_queue_rows} "
                 "rows waiting); retry shortly",
-                retry_after_s=self._retry_after_s(),
+                retry_after_s=self._retry_after_s(self._queued_rows),
             )
+        if self.held:
+            return  # requests wait for the resume, within their deadlines
+        ahead = self._queued_rows + sum(t.prepared.rows for t in self._running)
+        wait_s = admission_wait_s(ahead, rows, self._row_s())
+        budget_s = deadline - time.monotonic()
+        if wait_s > budget_s:
+            raise QueueFull(
+                f"model {self.name!r}: the {ahead} rows ahead would take about "
+                f"{wait_s * 1000:.0f} ms to serve, longer than the {max(budget_s, 0) * 1000:.0f} "
+                "ms left before this request's deadline; retry later",
+                retry_after_s=math.ceil(wait_s - max(budget_s, 0.0)),
+            )
+
+    def _submit_parts(
+        self, prepared: Prepared, version: int | None
+    ) -> asyncio.Future[InferenceResponse]:
+        assert self._loop is not None
+        pinned = version if version is not None else self.versions.active
+        if pinned is None:
+            raise ServiceUnavailable(f"model {self.name!r} has no active version")
+        parts = split.split(prepared, self.limits.max_batch_size)
+        return split.joined([self._enqueue(part, pinned) for part in parts], self._loop)
+
+    def _enqueue(
+        self, prepared: Prepared, version: int | None
+    ) -> asyncio.Future[InferenceResponse]:
+        assert self._loop is not None
         future: asyncio.Future[InferenceResponse] = self._loop.create_future()
         ticket = Ticket(prepared, time.monotonic(), version, future)
         self._queue.append(ticket)
@@ -130,9 +200,13 @@ class DynamicBatchScheduler:
         self._wake()
         return future
 
-    def _retry_after_s(self) -> int:
-        batches = self._queued_rows / self.limits.max_batch_size
-        return max(1, math.ceil(batches * max(self.run_times.expected_s, 0.001)))
+    def _row_s(self) -> float:
+        """Seconds per row at the measured drain rate (or the batches' run time)."""
+        return self.drain.per_row(self.run_times.expected_s / self.limits.max_batch_size)
+
+    def _retry_after_s(self, rows: int) -> int:
+        """Whole seconds until ``rows`` queued rows are served at the measured rate."""
+        return max(1, math.ceil(rows * self._row_s()))
 
     # ------------------------------------------------------------------ control
 
@@ -168,6 +242,8 @@ class DynamicBatchScheduler:
         self._flush_at = self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
+        if self._flush_at is not None:  # called by the event loop, not by a chain
+            self._chain_until = time.monotonic() + CHAIN_S
         self._flush_at = None
         if self._running or (self.held and not self._closing):
             return
@@ -245,6 +321,7 @@ class DynamicBatchScheduler:
         self._running = batch
         self._running_since = time.monotonic()
         rows = sum(t.prepared.rows for t in batch)
+        self.drain.started(self._running_since, rows, backlogged=self._backlogged)
         if self.run_times.next_inline(rows):
             self._finish(model, _execute(model, batch, rows, inline=True))
             return
@@ -275,7 +352,10 @@ class DynamicBatchScheduler:
             record = _record(model, run, run.outputs, span, self.limits.max_batch_size)
             self._answer(model, record, run.requests)
             self._publish(record)
-        if self._queue:
+        self._backlogged = bool(self._queue)
+        if self._queue and execution.inline and time.monotonic() < self._chain_until:
+            self._flush()  # cheap batches back to back while a backlog waits (CHAIN_S)
+        elif self._queue:
             self._wake()
         elif self._closing:
             self._idle.set()
@@ -352,6 +432,10 @@ class DynamicBatchScheduler:
         return 0.0 if self._running_since is None else now - self._running_since
 
     @property
+    def backlogged(self) -> bool:
+        return self._queued_rows > 0
+
+    @property
     def alive(self) -> bool:
         return not (self._closing and self._idle.is_set())
 
@@ -363,6 +447,7 @@ class DynamicBatchScheduler:
             "max_queue_rows": self.max_queue_rows,
             "inline_max_ms": self.run_times.inline_below_s * 1000,
             "expected_batch_ms": round(self.run_times.expected_s * 1000, 4),
+            "drain_ms_per_row": round(self.drain.seconds_per_row * 1000, 5),
             "runs_inline": {
                 f"{rows} rows": self.run_times.inline(rows)
                 for rows in buckets_for(self.limits.max_batch_size)

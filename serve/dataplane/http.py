@@ -33,7 +33,13 @@ from serve.dataplane.json_body import PredictBodyDecoder
 from serve.dataplane.messages import InferenceRequest, InferenceResponse, Prepared
 from serve.dataplane.routing import Route, Router
 from serve.dataplane.wire import JSON_OPTIONS, deadline_ms, too_large
-from serve.errors import DeadlineExceeded, InvalidInput, MethodNotAllowed, RLServeError
+from serve.errors import (
+    DeadlineExceeded,
+    InvalidInput,
+    MethodNotAllowed,
+    QueueFull,
+    RLServeError,
+)
 from serve.metrics import Metrics
 from serve.status import http_headers, http_status
 from serve.versions import path_version
@@ -138,18 +144,56 @@ class PredictFrontend:
         route = self.router.resolve(path.model, version)
         call.model, call.version = route.model, route.version.version
         budget_ms = deadline_ms(call.timeout_header, route.default_deadline_ms)
-        body = await _read_body(receive, call.declared_length, self.max_body_bytes)
         deadline = call.received_at + budget_ms / 1000
+        body = await _read_body(receive, call.declared_length, self.max_body_bytes)
+        _check_deadline(deadline, budget_ms, "reading the body")
+        route.scheduler.admit(1, deadline)  # overloaded: refuse before decoding
         if len(body) <= INLINE_BODY_BYTES:
             prepared = _prepare(route, body, call, deadline, self.bodies)
         else:  # work in proportion to the body: off the event loop, with a parser of its own
             fresh = PredictBodyDecoder(frozenset(PARAMETERS))
             prepared = await asyncio.to_thread(_prepare, route, body, call, deadline, fresh)
-        if time.monotonic() >= deadline:  # spent reading and validating: never queue it
-            raise DeadlineExceeded(
-                f"the request's deadline of {budget_ms:g} ms passed on admission"
-            )
+        _check_deadline(deadline, budget_ms, "validating it")  # never queue it then
         return await route.scheduler.submit(prepared, route.pinned)
+
+    def refuse_early(
+        self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> bytes | None:
+        """The whole HTTP answer (429) for a predict call its model would refuse now,
+        decided from the request line and headers alone; None to serve the call as usual.
+        The HTTP protocol (``serve.process.protocol``) asks before it starts a call, so an
+        overloaded server refuses for the cost of parsing headers, not of a whole call."""
+        if method != b"POST" or not self.router.backlogged() or self.draining():
+            return None
+        raw_path = target.split(b"?", 1)[0]
+        path = None if b"%" in raw_path else match(raw_path.decode("latin-1"))
+        if path is None:
+            return None
+        call = _start({"headers": headers})
+        try:
+            version = None if path.version is None else path_version(path.version)
+            route = self.router.resolve(path.model, version)
+            budget_ms = deadline_ms(call.timeout_header, route.default_deadline_ms)
+            route.scheduler.admit(1, call.received_at + budget_ms / 1000)
+        except QueueFull as exc:
+            call.model, call.version = route.model, route.version.version
+            return self._early_answer(call, exc, path)
+        except RLServeError:
+            return None  # the call itself will say what is wrong
+        return None
+
+    def _early_answer(self, call: _Call, error: QueueFull, path: PredictPath) -> bytes:
+        status, body, headers = self._refuse(call, error)
+        headers += [
+            _JSON_HEADER,
+            (b"content-length", str(len(body)).encode()),
+            (b"x-request-id", call.request_id.encode("latin-1")),
+        ]
+        if self.access_log:
+            scope: Scope = {"method": "POST", "path": _path_of(path), "client": None}
+            log_exchange(scope, call.request_id, status, time.monotonic() - call.received_at)
+        lines = [b"HTTP/1.1 429 Too Many Requests"] + [k + b": " + v for k, v in headers]
+        return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
     def _refuse(
         self, call: _Call, error: RLServeError
@@ -157,8 +201,24 @@ class PredictFrontend:
         status = http_status(error)
         seconds = time.monotonic() - call.received_at
         self.metrics.refused(call.model, call.version, status, error.code.value, seconds)
+        if isinstance(error, InvalidInput) and error.out_of_bounds:  # observation_bounds: reject
+            self.metrics.refused_out_of_bounds(call.model, error.out_of_bounds)
         headers = [(k.lower().encode(), v.encode()) for k, v in http_headers(error).items()]
         return status, orjson.dumps(error.to_json()), headers
+
+
+def _path_of(path: PredictPath) -> str:
+    if path.model is None:
+        return "/predict"
+    version = "" if path.version is None else f"/versions/{path.version}"
+    return f"/v1/models/{path.model}{version}/predict"
+
+
+def _check_deadline(deadline: float, budget_ms: float, spent_on: str) -> None:
+    if time.monotonic() >= deadline:
+        raise DeadlineExceeded(
+            f"the request's deadline of {budget_ms:g} ms passed while {spent_on}; it was not run"
+        )
 
 
 class _Disconnected(Exception):

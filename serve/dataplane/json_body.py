@@ -19,6 +19,13 @@ exactly as before, so errors and edge cases keep one behaviour. Either way the r
 the body as a dict whose ``observations`` is an ``np.ndarray`` or Python lists; the
 model's validator accepts both.
 
+JSON booleans are not numbers: ``true``/``false`` inside ``observations`` or ``actions``
+is refused (422), though numpy and ``array.array`` would take them as 1 and 0. The fast
+path needs no check (simdjson's number buffers refuse booleans, and its bodies have no
+``actions``). A body orjson decodes rarely holds either word, which a search in C tells;
+one that does is walked only when it holds more of them than its parameters account for
+(``"deterministic": true``), and refused by the path of the first boolean in its inputs.
+
 One parser serves the event loop: simdjson reuses its buffers between documents, and
 refuses to parse while a value of the previous document is still referenced, so every
 value is copied out before :meth:`decode` returns.
@@ -33,20 +40,29 @@ import numpy as np
 import simdjson
 
 from serve.dataplane.wire import decode_object
-from serve.errors import MalformedRequest
+from serve.errors import InvalidInput, MalformedRequest
 
 # simdjson's buffer types, integers first: an image stays integral, floats need "d".
 _ARRAY_OF: dict[Literal["i", "d"], type[np.generic]] = {"i": np.int64, "d": np.float64}
+# The fields that hold numbers only: a JSON boolean in them is refused.
+_NUMERIC = ("observations", "actions")
+_SCALARS = frozenset({int, float, str, type(None)})  # what JSON decodes to, but booleans
 
 
 class PredictBodyDecoder:
     def __init__(self, parameters: frozenset[str]) -> None:
-        self._parameters = parameters  # the fields besides observations a fast body may have
+        # The fields besides observations a fast body may have: never an input (numbers).
+        self._parameters = parameters - frozenset(_NUMERIC)
         self._parser = simdjson.Parser()
 
     def decode(self, body: bytes) -> dict[str, Any]:
         fast = self._fast(body)
-        return fast if fast is not None else decode_object(body)
+        if fast is not None:  # its observations are simdjson's number buffers: no booleans
+            return fast
+        payload = decode_object(body)
+        if b"true" in body or b"false" in body:  # rare: a search in C, over the bytes
+            _refuse_booleans(payload, body)
+        return payload
 
     def _fast(self, body: bytes) -> dict[str, Any] | None:
         try:
@@ -152,3 +168,45 @@ def _brackets(value: Any) -> int | None:
     if isinstance(value, dict):
         return None
     return 0
+
+
+def _refuse_booleans(payload: dict[str, Any], body: bytes) -> None:
+    """InvalidInput naming the first JSON boolean among the numbers of ``payload``.
+
+    Each ``true``/``false`` of the body is one match of its word (strings may add more):
+    when the booleans that are parameters' values account for every match, the inputs hold
+    none, and nothing is walked.
+    """
+    matches = body.count(b"true") + body.count(b"false")
+    given = sum(1 for k, v in payload.items() if k not in _NUMERIC and isinstance(v, bool))
+    if matches <= given:
+        return
+    for name in _NUMERIC:
+        found = _first_boolean(payload.get(name))
+        if found is not None:
+            where, value = found
+            raise InvalidInput(
+                f"{name}{where}: {'true' if value else 'false'} is a boolean; expected a "
+                "number (1 for true, 0 for false)"
+            )
+
+
+def _first_boolean(value: Any) -> tuple[str, bool] | None:
+    """Where the first boolean in nested lists and objects is (``[3][1]``, ``.key[0]``), in
+    document order; without recursion (any depth orjson takes), and without a look at each
+    number of a list that holds nothing else (its element types, gathered in C)."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, where = stack.pop()
+        if item is True or item is False:
+            return where, item
+        if isinstance(item, list):
+            if set(map(type, item)) <= _SCALARS:
+                continue
+            children = [(f"{where}[{i}]", c) for i, c in enumerate(item) if type(c) not in _SCALARS]
+        elif isinstance(item, dict):
+            children = [(f"{where}.{k}", c) for k, c in item.items() if type(c) not in _SCALARS]
+        else:
+            continue  # a number, a string, null, or an array (numbers only)
+        stack.extend((child, path) for path, child in reversed(children))
+    return None

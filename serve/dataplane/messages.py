@@ -32,6 +32,14 @@ class InferenceRequest:
     deadline: float  # monotonic seconds
 
 
+@dataclass(frozen=True, slots=True)
+class Part:
+    """Where a part of a request larger than a batch sits in the whole request."""
+
+    offset: int  # its first row's index in the request
+    total: int  # the request's rows
+
+
 @dataclass(slots=True)
 class Prepared:
     """A validated request, ready to join a batch: its rows, how to answer it, and its
@@ -46,6 +54,8 @@ class Prepared:
     request_id: str
     received_at: float  # monotonic seconds
     deadline: float  # monotonic seconds
+    out_of_bounds: int = 0  # observations (rows) outside their Box's bounds, as given
+    part: Part | None = None  # set on the parts of a request split across batches
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,8 +28,14 @@ class Scheduler(Protocol):
 
         ``version`` pins the request to one version; None runs it on whichever version is
         active when its batch forms. Raises QueueFull (back-pressure) or
-        ServiceUnavailable (stopping) at once instead of queueing.
+        ServiceUnavailable (stopping) at once instead of queueing. A request of more rows
+        than a batch holds is split across batches, on one version.
         """
+        ...
+
+    def admit(self, rows: int, deadline: float) -> None:
+        """Raise what ``submit`` would raise for ``rows`` rows now, without queueing: a
+        frontend asks before it spends time decoding a request that will be refused."""
         ...
 
     def hold(self) -> None:
@@ -48,6 +54,11 @@ class Scheduler(Protocol):
 
     def stuck_for(self, now: float) -> float:
         """Seconds the running batch has been running (0 when idle)."""
+        ...
+
+    @property
+    def backlogged(self) -> bool:
+        """Rows wait in the queue."""
         ...
 
     @property

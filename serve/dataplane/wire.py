@@ -6,6 +6,7 @@ which the model's compiled validator (``serve.policies.validation``) turns into 
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
@@ -18,6 +19,7 @@ from serve.status import http_headers, http_status
 
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 _JSON = "application/json"
+JOIN_INLINE_BYTES = 1 << 20  # larger bodies are put together off the event loop
 
 
 def decode_object(body: bytes) -> dict[str, Any]:
@@ -81,6 +83,8 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
         if size > max_bytes:
             raise too_large(size, max_bytes)
         chunks.append(chunk)
+    if size > JOIN_INLINE_BYTES:  # a pushed model: copying it would hold the loop
+        return await asyncio.to_thread(b"".join, chunks)
     return b"".join(chunks)
 
 

@@ -21,7 +21,7 @@ from serve.dataplane.runtime import CPU, Session
 from serve.errors import InvalidInput
 from serve.policies.heads import PolicyHeads, needs_distribution
 from serve.policies.validation import ObservationValidator, predict_options
-from serve.spaces import parse_observations
+from serve.spaces import ObservationBounds, parse_observations
 from serve.types import Answer, OutputKind, Outputs
 
 
@@ -34,13 +34,14 @@ class ActorCriticPolicy:
         session: Session,
         sha256: str,
         max_batch_size: int,
+        *,
+        observation_bounds: ObservationBounds,
     ) -> None:
         self.name, self.version, self.contract, self.sha256 = name, version, contract, sha256
         self.provider_report = session.report
         self.provider = session.report.primary
         self._session = session
-        self._max_rows = max_batch_size
-        self._observations = ObservationValidator(contract)
+        self._observations = ObservationValidator(contract, bounds=observation_bounds)
         self._heads = PolicyHeads(contract)
         # GPU providers run best at a few warmed shapes (engines and kernels are planned per
         # shape): batches are padded to them. On the CPU every extra row is compute wasted.
@@ -54,12 +55,6 @@ class ActorCriticPolicy:
         if "observations" not in inputs:
             raise InvalidInput("observations: required (one observation or a list of them)")
         batch = self._observations(inputs["observations"])
-        if batch.rows > self._max_rows:
-            raise InvalidInput(
-                f"observations: {batch.rows} rows exceed max_batch_size {self._max_rows} of "
-                f"model {self.name!r}; send at most {self._max_rows} per request, or raise "
-                "max_batch_size in the model's config.yaml"
-            )
         given = inputs.get("actions")
         evaluate = None if given is None else self._given_actions(given, batch.rows, batch.single)
         options = predict_options(request.parameters)
@@ -72,11 +67,17 @@ class ActorCriticPolicy:
             request.request_id,
             request.received_at,
             request.deadline,
+            batch.out_of_bounds,
         )
 
     def _given_actions(self, value: Any, rows: int, single: bool) -> np.ndarray:
         """Actions to score (log-probs of what the caller took), validated like observations."""
-        given = parse_observations(self.contract.action_space, value, field="actions")
+        try:
+            given = parse_observations(self.contract.action_space, value, field="actions")
+        except InvalidInput as exc:
+            if exc.out_of_bounds:  # refused, as ever, but not counted: these are no observations
+                raise InvalidInput(exc.message) from None
+            raise
         if (given.rows, given.single) != (rows, single):
             raise InvalidInput(
                 f"actions: give one action per observation; got {given.rows} "

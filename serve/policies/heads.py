@@ -19,6 +19,7 @@ distribution's parameters ``logits`` or ``mean`` and ``log_std``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -76,7 +77,7 @@ class PolicyHeads:
         taken = dist.mode().astype(np.float64)
         rows = len(taken)
         sampled = np.full(rows, uniform and not requests[0].options.deterministic)
-        seeded: list[tuple[int, int, int]] = []  # start, stop, seed of seeded requests
+        seeded: list[_Seeded] = []
         if not uniform:
             start = 0
             for request in requests:
@@ -87,7 +88,7 @@ class PolicyHeads:
                 elif not options.deterministic:
                     sampled[start:stop] = True
                     if options.seed is not None:
-                        seeded.append((start, stop, options.seed))
+                        seeded.append(_Seeded.of(request, start, stop, options.seed))
                 start = stop
         if sampled.any():
             self._sample(dist, sampled, seeded, taken, outputs)
@@ -97,7 +98,7 @@ class PolicyHeads:
         self,
         dist: distributions.Distribution,
         sampled: np.ndarray,
-        seeded: list[tuple[int, int, int]],
+        seeded: list[_Seeded],
         taken: np.ndarray,
         outputs: Outputs,
     ) -> None:
@@ -107,9 +108,12 @@ class PolicyHeads:
         rows: slice | np.ndarray = slice(None) if indices is None else indices
         subset = dist if indices is None else dist.take(indices)
         noise = subset.draw(self._rng, int(np.count_nonzero(sampled)))
-        for start, stop, seed in seeded:
-            at = int(np.count_nonzero(sampled[:start]))  # where its rows sit among the sampled
-            noise[at : at + stop - start] = dist.draw(_seeded(seed), stop - start)
+        for one in seeded:
+            at = int(np.count_nonzero(sampled[: one.start]))  # its rows among the sampled
+            rows_drawn = dist.draw(_seeded(one.seed), one.total)  # the whole request's draw
+            noise[at : at + one.stop - one.start] = rows_drawn[
+                one.offset : one.offset + one.stop - one.start
+            ]
         actions = subset.sample_with(noise)
         taken[rows] = actions
         env_actions = outputs["actions"].copy()
@@ -124,6 +128,25 @@ class PolicyHeads:
             return shaped
         low, high = self._clip
         return np.clip(shaped, low, high).astype(np.float32)
+
+
+@dataclass(frozen=True, slots=True)
+class _Seeded:
+    """A seeded request's rows in the batch, and where they sit in the whole request (a
+    request split across batches draws as if it ran whole)."""
+
+    start: int
+    stop: int
+    seed: int
+    offset: int
+    total: int
+
+    @classmethod
+    def of(cls, request: Prepared, start: int, stop: int, seed: int) -> _Seeded:
+        part = request.part
+        if part is None:
+            return cls(start, stop, seed, 0, stop - start)
+        return cls(start, stop, seed, part.offset, part.total)
 
 
 def _seeded(seed: int) -> np.random.Generator:

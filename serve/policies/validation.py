@@ -12,7 +12,13 @@ or arrays) into the graph's feeds with as few conversions as the common cases al
 Whatever a fast path does not accept goes to ``serve.spaces.parse_observations``, the
 general path, which accepts the same requests and names exactly what is wrong with the
 others. A fast path never accepts a request the general path would refuse, and gives the
-same arrays for those it accepts.
+same arrays (and count of rows outside the bounds) for those it accepts.
+
+Bounds are a model's ``observation_bounds`` policy (``serve.spaces.ObservationBounds``). An
+in-bounds request pays one comparison against the bounds, as before bounds were a policy;
+only a request that fails it pays for telling a non-finite value from one outside the
+bounds, counting its rows and clipping them (``clip``); ``reject`` leaves it to the
+general path, which names the value.
 """
 
 from __future__ import annotations
@@ -25,42 +31,49 @@ import numpy as np
 
 from serve.contract import PolicyContract
 from serve.errors import InvalidInput
-from serve.spaces import Box, Dict, ObservationBatch, parse_observations
+from serve.spaces import Box, Dict, ObservationBatch, ObservationBounds, parse_observations
 from serve.types import OutputKind, PredictOptions
 
 FastPath = Callable[[Any], ObservationBatch | None]
 
 
 class ObservationValidator:
-    """A contract's observations, checked and converted to feeds."""
+    """A contract's observations, checked and converted to feeds, with values outside a
+    Box's bounds refused, clipped or allowed as ``bounds`` says."""
 
-    def __init__(self, contract: PolicyContract) -> None:
+    def __init__(self, contract: PolicyContract, *, bounds: ObservationBounds) -> None:
         self.space = contract.observation_space
+        self.bounds = bounds
         self.input_names = {spec.key: spec.name for spec in contract.inputs}
-        self._fast = _fast_path(self.space)
+        self._fast = _fast_path(self.space, bounds)
 
     def __call__(self, value: Any) -> ObservationBatch:
         if self._fast is not None:
             batch = self._fast(value)
             if batch is not None:
                 return batch
-        return parse_observations(self.space, value)
+        return parse_observations(self.space, value, bounds=self.bounds)
 
     def feeds(self, batch: ObservationBatch) -> dict[str, np.ndarray]:
         """Graph input name -> rows."""
         return {self.input_names[key]: rows for key, rows in batch.arrays.items()}
 
 
-def _fast_path(space: Any) -> FastPath | None:
+def _fast_path(space: Any, bounds: ObservationBounds) -> FastPath | None:
     if isinstance(space, Dict) or not isinstance(space, Box):
         return None  # discrete spaces and dicts: the general path is already short
     if space.dtype == "uint8":
-        return _Uint8Images(space)
-    return _FloatRows(space)
+        return _Uint8Images(space, bounds)
+    return _FloatRows(space, bounds)
+
+
+def _outside_rows(outside: np.ndarray) -> int:
+    """How many rows (the first axis) hold a value outside the bounds."""
+    return int(outside.reshape(len(outside), -1).any(axis=1).sum())
 
 
 class _FloatRows:
-    def __init__(self, space: Box) -> None:
+    def __init__(self, space: Box, bounds: ObservationBounds) -> None:
         self.shape = space.shape
         self.flat = len(space.shape) == 1
         self.width = space.shape[0] if self.flat else 0
@@ -68,6 +81,7 @@ class _FloatRows:
         self.unbounded = bool(
             np.all(np.isinf(space.low_array)) and np.all(np.isinf(space.high_array))
         )
+        self.bounds = bounds
 
     def __call__(self, value: Any) -> ObservationBatch | None:
         if isinstance(value, np.ndarray):
@@ -75,23 +89,18 @@ class _FloatRows:
         if not isinstance(value, list) or not value:
             return None
         if self.flat and not isinstance(value[0], list):
-            single = True
             try:
                 rows = np.frombuffer(array.array("f", value), dtype=np.float32)
             except TypeError:
                 return None
             if len(rows) != self.width:
                 return None
-            rows = rows.reshape(1, self.width)
-        else:
-            try:
-                converted = np.asarray(value)
-            except ValueError:  # ragged
-                return None
-            return self._rows(converted) if converted.dtype.kind in "fiub" else None
-        if not self._fits(rows):
+            return self._checked(rows.reshape(1, self.width), single=True)
+        try:
+            converted = np.asarray(value)
+        except ValueError:  # ragged
             return None
-        return ObservationBatch({None: rows}, rows=len(rows), single=single)
+        return self._rows(converted) if converted.dtype.kind in "fiub" else None
 
     def _rows(self, array: np.ndarray) -> ObservationBatch | None:
         """Numbers already in an array (numpy did the parsing): cast, shape, bounds."""
@@ -102,22 +111,32 @@ class _FloatRows:
             rows = rows[np.newaxis]
         elif rows.ndim != len(self.shape) + 1 or rows.shape[1:] != self.shape or not len(rows):
             return None
-        if not self._fits(rows):
-            return None
-        return ObservationBatch({None: rows}, rows=len(rows), single=single)
+        return self._checked(rows, single=single)
 
-    def _fits(self, rows: np.ndarray) -> bool:
+    def _checked(self, rows: np.ndarray, *, single: bool) -> ObservationBatch | None:
+        """One comparison for the common case (the finite bounds also refuse inf and NaN)."""
         if self.unbounded:
-            return bool(np.isfinite(rows).all())
-        return bool(((rows >= self.low) & (rows <= self.high)).all())
+            if not np.isfinite(rows).all():
+                return None
+            return ObservationBatch({None: rows}, rows=len(rows), single=single)
+        fits = (rows >= self.low) & (rows <= self.high)
+        if fits.all():
+            return ObservationBatch({None: rows}, rows=len(rows), single=single)
+        if self.bounds is ObservationBounds.REJECT or not np.isfinite(rows).all():
+            return None  # the general path names the value
+        if self.bounds is ObservationBounds.CLIP:
+            rows = np.clip(rows, self.low, self.high)
+        outside = _outside_rows(~fits)
+        return ObservationBatch({None: rows}, rows=len(rows), single=single, out_of_bounds=outside)
 
 
 class _Uint8Images:
-    def __init__(self, space: Box) -> None:
+    def __init__(self, space: Box, bounds: ObservationBounds) -> None:
         self.shape = space.shape
         low, high = space.low_array, space.high_array
         self.full_range = bool(np.all(low <= 0) and np.all(high >= 255))
         self.low, self.high = low.astype(np.int64), high.astype(np.int64)
+        self.bounds = bounds
 
     def __call__(self, value: Any) -> ObservationBatch | None:
         if isinstance(value, np.ndarray):
@@ -137,7 +156,7 @@ class _Uint8Images:
         except (TypeError, ValueError):  # not integers, or outside 0..255
             return None
         rows = np.frombuffer(data, dtype=np.uint8).reshape(dims)
-        return self._checked(rows[np.newaxis] if single else rows, single)
+        return self._checked(rows[np.newaxis] if single else rows, single=single)
 
     def _array(self, array: np.ndarray) -> ObservationBatch | None:
         """Integers already in an array: within 0..255, shaped as one image or a batch."""
@@ -149,12 +168,20 @@ class _Uint8Images:
         if array.min() < 0 or array.max() > 255:
             return None
         rows = array.astype(np.uint8)
-        return self._checked(rows[np.newaxis] if single else rows, single)
+        return self._checked(rows[np.newaxis] if single else rows, single=single)
 
-    def _checked(self, rows: np.ndarray, single: bool) -> ObservationBatch | None:
-        if not self.full_range and not ((rows >= self.low) & (rows <= self.high)).all():
-            return None
-        return ObservationBatch({None: rows}, rows=len(rows), single=single)
+    def _checked(self, rows: np.ndarray, *, single: bool) -> ObservationBatch | None:
+        if self.full_range:
+            return ObservationBatch({None: rows}, rows=len(rows), single=single)
+        fits = (rows >= self.low) & (rows <= self.high)
+        if fits.all():
+            return ObservationBatch({None: rows}, rows=len(rows), single=single)
+        if self.bounds is ObservationBounds.REJECT:
+            return None  # the general path names the value
+        if self.bounds is ObservationBounds.CLIP:
+            rows = np.clip(rows, self.low, self.high).astype(np.uint8)
+        outside = _outside_rows(~fits)
+        return ObservationBatch({None: rows}, rows=len(rows), single=single, out_of_bounds=outside)
 
 
 def _depth(value: Any, limit: int) -> int:

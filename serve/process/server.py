@@ -19,6 +19,7 @@ from typing import Any
 
 import uvicorn
 
+from serve.process import protocol
 from serve.process.state import ServerState
 
 # After the listeners close, connections accepted a moment before get this long to deliver
@@ -31,8 +32,13 @@ UNREAD_GRACE_S = 2.0
 
 class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        settings = state.settings
+        frontend = getattr(config.app, "frontend", None)  # the predict frontend of RLServeApp
+        gate = None if frontend is None else frontend.refuse_early
+        config.http = protocol.configured(settings.header_timeout_s, settings.body_timeout_s, gate)
         super().__init__(config)
         self.state = state
+        self._next_sweep = 0.0
         self._drain_until: float | None = None
         self._pending_signal: int | None = None
 
@@ -47,10 +53,20 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
     async def on_tick(self, counter: int) -> bool:
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self._next_sweep = now + protocol.SWEEP_S
+            self._sweep(asyncio.get_running_loop().time())
         if self._drain_until is not None and time.monotonic() >= self._drain_until:
             self._drain_until = None
             super().handle_exit(self._pending_signal or signal.SIGTERM, None)
         return await super().on_tick(counter)
+
+    def _sweep(self, now: float) -> None:
+        """Requests that arrive too slowly are answered 408 and their connections closed."""
+        for connection in list(self.server_state.connections):
+            if isinstance(connection, protocol.TimedHttpToolsProtocol):
+                connection.check_timeouts(now)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.state.phases.begin_stop()
@@ -68,19 +84,22 @@ class DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
     async def _take_backlog(self, fd: int) -> None:
-        """Serve every connection waiting in a listening socket's backlog, then close it."""
+        """Serve every connection waiting in a listening socket's backlog, then close it.
+        The backlog is emptied in one pass, without yielding: clients that reconnect once
+        answered cannot keep the listener open."""
         loop = asyncio.get_running_loop()
+        waiting: list[socket.socket] = []
         with socket.socket(fileno=fd) as listener:
             listener.setblocking(False)
             while True:
                 try:
                     accepted, _ = listener.accept()
-                except (BlockingIOError, InterruptedError):
-                    return
-                except OSError:
-                    return  # not a listening socket we can take from
+                except OSError:  # empty (BlockingIOError), or not a socket we can take from
+                    break
                 accepted.setblocking(False)
-                await loop.connect_accepted_socket(self._protocol, accepted)
+                waiting.append(accepted)
+        for accepted in waiting:
+            await loop.connect_accepted_socket(self._protocol, accepted)
 
     def _protocol(self) -> asyncio.Protocol:
         """A connection's protocol, as uvicorn builds it for its listeners."""

@@ -52,11 +52,11 @@ def test_a_connection_the_server_closed_is_reopened(server: Server) -> None:
 def test_errors_carry_status_code_and_message(server: Server) -> None:
     with PolicyClient(server.url) as client:
         with pytest.raises(RequestFailed) as bad:
-            client.predict([0.0, 0.0, 9.0, 0.0])
+            client.predict([0.0, 0.0, 0.0])
         with pytest.raises(RequestFailed) as unknown:
             client.predict(OBS, model="nope")
     assert (bad.value.status, bad.value.code) == (422, "invalid_input")
-    assert "outside the space's bounds" in bad.value.message
+    assert "expected shape (4,)" in bad.value.message
     assert (unknown.value.status, unknown.value.code) == (404, "not_found")
 
 

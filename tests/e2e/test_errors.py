@@ -60,10 +60,14 @@ def test_unknown_models_and_versions_get_404(server: Server, path: str, words: s
     ("body", "words"),
     [
         ({"observations": [0.1, 0.2, 0.3]}, "expected shape (4,)"),
-        ({"observations": [0.0, 0.0, 3.0, 0.0]}, "outside the space's bounds"),
+        ({"observations": [0.0, True, 0.0, 0.0]}, "observations[1]: true is a boolean"),
+        (
+            {"observations": [[0.0] * 4, [0.0, 0.0, False, 0.0]], "deterministic": True},
+            "[1][2]: false",
+        ),
         ({"observations": [0.0, 1e39, 0.0, 0.0]}, "does not fit in float32"),
         ({"observations": ["a", 0, 0, 0]}, "expected numbers"),
-        ({"observations": [[0.0] * 4] * 33}, "exceed max_batch_size 32"),
+        ({"observations": [[0.0] * 4] * 1025}, "queues at most 1024 (max_queue_rows)"),
         ({"obs": [0.0] * 4}, "unknown field(s) ['obs']"),
         ({"observations": [0.0] * 4, "seed": -1}, "seed: expected a non-negative integer"),
         ({"observations": [0.0] * 4, "outputs": ["everything"]}, "outputs: expected"),
@@ -89,7 +93,7 @@ def test_a_passed_deadline_gets_504(server: Server) -> None:
 
 
 def test_one_bad_request_never_fails_the_others(server: Server) -> None:
-    bodies = [GOOD if i % 2 else {"observations": [9.0, 0, 0, 0]} for i in range(64)]
+    bodies = [GOOD if i % 2 else {"observations": [9.0, 0, 0]} for i in range(64)]
     with server.client() as client, ThreadPoolExecutor(32) as pool:
         statuses = list(pool.map(lambda b: client.post("/predict", json=b).status_code, bodies))
     assert statuses == [422 if i % 2 == 0 else 200 for i in range(64)]

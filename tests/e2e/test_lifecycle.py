@@ -176,12 +176,15 @@ def test_sigterm_answers_every_request_written_on_a_keep_alive_connection(
     threads = [threading.Thread(target=client) for _ in range(16)]
     for thread in threads:
         thread.start()
-    time.sleep(0.7)
-    server.send_signal(signal.SIGTERM)
-    server.process.wait(30)
-    stop.set()
-    for thread in threads:
-        thread.join()
+    try:
+        time.sleep(0.7)
+        server.send_signal(signal.SIGTERM)
+        server.process.wait(30)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        server.stop()
     assert not [o for o in outcomes if o.startswith("lost")], outcomes
     assert set(outcomes) <= {"200", "not sent: ConnectionRefusedError"}, outcomes
     assert outcomes["200"] > 100

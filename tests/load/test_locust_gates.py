@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
+from serve.client import PolicyClient
 from tests.e2e.server import Server
 from tests.load.conftest import DEMO_REPOSITORY
 from tests.load.locust_runs import run_locust
+
+TOKEN = "locust-gates-token"
 
 
 def test_a_short_run_on_the_demo_policy_passes_its_gates_and_writes_csv_and_html(
@@ -32,16 +36,29 @@ def test_the_same_run_with_a_p99_target_of_a_hundredth_of_a_millisecond_fails_an
 
 
 def test_429_queue_full_answers_are_failures_for_the_failure_gate(tmp_path: Path) -> None:
-    # A queue of 4 rows can never take a request of 8: every answer is 429.
-    server = Server.rlserve(DEMO_REPOSITORY, "--max-queue-rows", "4", log=tmp_path / "log")
+    # A held model whose queue holds 4 rows keeps one request of 3 queued for the whole run
+    # (its deadline is longer than the run): every other request is refused 429.
+    env = {"RLSERVE_ADMIN_TOKEN": TOKEN, "RLSERVE_DEFAULT_DEADLINE_MS": "30000"}
+    server = Server.rlserve(
+        tmp_repository(tmp_path), "--max-queue-rows", "4", env=env, log=tmp_path / "log"
+    )
     try:
         server.wait_ready()
-        run = run_locust(server.url, tmp_path, "--batch-rows", "8", "VectorEnvUser", seconds=2)
+        with PolicyClient(server.url, admin_token=TOKEN) as admin:
+            admin.hold("cartpole", max_hold_s=60)
+        run = run_locust(server.url, tmp_path, "--batch-rows", "3", "VectorEnvUser", seconds=2)
     finally:
         server.stop()
     assert run.code == 1
-    assert "GATE FAILED: fail ratio 1.0000" in run.output
+    assert "GATE FAILED: fail ratio" in run.output
     assert all("429" in error for error in run.errors()), run.errors()
+
+
+def tmp_repository(tmp_path: Path) -> Path:
+    """A copy of the demo repository (a hold is recorded in the repository)."""
+    copy = tmp_path / "repository"
+    shutil.copytree(DEMO_REPOSITORY, copy)
+    return copy
 
 
 def test_an_open_loop_run_reports_the_rate_it_reached(rlserve: Server, tmp_path: Path) -> None:

@@ -34,9 +34,13 @@ def samples(registry: CollectorRegistry) -> list[tuple[str, dict[str, str], floa
     ]
 
 
-def record(rows: list[int], model: str = "m", version: int = 3) -> BatchRecord:
+def record(
+    rows: list[int], model: str = "m", version: int = 3, out_of_bounds: list[int] | None = None
+) -> BatchRecord:
+    outside = out_of_bounds or [0] * len(rows)
     requests = tuple(
-        Prepared({}, n, False, DEFAULT_OPTIONS, None, f"r{i}", 1.0, 9.0) for i, n in enumerate(rows)
+        Prepared({}, n, False, DEFAULT_OPTIONS, None, f"r{i}", 1.0, 9.0, outside[i])
+        for i, n in enumerate(rows)
     )
     offsets = tuple(int(x) for x in np.cumsum([0, *rows]))
     return BatchRecord(
@@ -114,3 +118,20 @@ def test_an_unloaded_versions_series_are_retired_but_its_answers_are_kept() -> N
     metrics.sink.accept(record([1]))
     metrics.sink.flush()
     assert sample(metrics, "rlserve_batch_rows_count", model="m", version="3") == 1
+
+
+def test_rows_outside_the_bounds_are_counted_per_model_from_batches_and_refusals() -> None:
+    metrics = Metrics()
+    metrics.sink.accept(record([1, 4, 2], out_of_bounds=[1, 3, 0]))
+    metrics.sink.accept(record([2], version=4, out_of_bounds=[2]))  # the same model
+    metrics.sink.accept(record([1], model="n"))  # in bounds: the series exists, at 0
+    assert sample(metrics, "rlserve_observations_out_of_bounds_total", model="m") == 0
+    metrics.sink.flush()
+    assert sample(metrics, "rlserve_observations_out_of_bounds_total", model="m") == 6
+    assert sample(metrics, "rlserve_observations_out_of_bounds_total", model="n") == 0
+    metrics.refused_out_of_bounds("m", 5)  # observation_bounds: reject
+    assert sample(metrics, "rlserve_observations_out_of_bounds_total", model="m") == 11
+    metrics.sink.accept(record([1], out_of_bounds=[1]))
+    metrics.version_unloaded("m", 3, "CPUExecutionProvider", "0" * 64)  # flushed, and kept
+    text = metrics.exposition()[0].decode()
+    assert 'rlserve_observations_out_of_bounds_total{model="m"} 12.0' in text

@@ -1,6 +1,18 @@
 """The batch-forming rules, as a pure function of queue, clock and limits."""
 
-from serve.dataplane.batching import BatchLimits, Plan, RunTimes, Waiting, bucket, buckets_for, plan
+import pytest
+
+from serve.dataplane.batching import (
+    BatchLimits,
+    DrainRate,
+    Plan,
+    RunTimes,
+    Waiting,
+    admission_wait_s,
+    bucket,
+    buckets_for,
+    plan,
+)
 
 LIMITS = BatchLimits(max_batch_size=8, max_wait_s=0.002)
 NO_WAIT = BatchLimits(max_batch_size=8, max_wait_s=0.0)
@@ -107,3 +119,22 @@ def test_thread_runs_do_not_count_and_probes_back_off() -> None:
 def test_an_inline_threshold_of_zero_keeps_every_batch_on_the_thread() -> None:
     times = RunTimes(inline_below_s=0.0, first_probe=1)
     assert not any(times.next_inline(1) for _ in range(5))
+
+
+def test_admission_counts_the_rows_ahead_at_the_measured_drain_rate() -> None:
+    assert admission_wait_s(0, 5, 0.01) == 0.0  # nothing ahead: always admitted
+    assert admission_wait_s(8, 1, 0.01) == pytest.approx(0.09)
+
+
+def test_the_drain_rate_counts_only_time_spent_on_a_backlog() -> None:
+    rate = DrainRate(window_s=0.02, weight=0.5)
+    rate.started(0.0, 4, backlogged=False)
+    rate.started(5.0, 4, backlogged=False)  # the model idled in between: not draining
+    assert rate.per_row(0.001) == 0.001  # nothing measured: the run time per row
+    rate.started(5.010, 8, backlogged=True)  # 4 rows in 10 ms: the window is not full yet
+    assert rate.seconds_per_row == 0.0
+    rate.started(5.030, 8, backlogged=True)  # 12 rows in 30 ms
+    assert rate.seconds_per_row == pytest.approx(0.0025)
+    rate.started(5.050, 8, backlogged=True)
+    rate.started(5.052, 8, backlogged=True)  # 16 rows in 22 ms, averaged in
+    assert rate.seconds_per_row == pytest.approx((0.0025 + 0.022 / 16) / 2)

@@ -8,12 +8,19 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 
 from serve.control.lifecycle import ModelLifeCycle
 from serve.dataplane.messages import InferenceResponse
 from serve.dataplane.scheduler import Load
-from serve.errors import DeadlineExceeded, QueueFull, RLServeError, ServiceUnavailable
+from serve.errors import (
+    DeadlineExceeded,
+    InvalidInput,
+    QueueFull,
+    RLServeError,
+    ServiceUnavailable,
+)
 from tests.serve.dataplane.fakes import (
     EchoModel,
     Records,
@@ -274,3 +281,64 @@ async def test_the_scheduler_describes_its_settings_and_where_batches_run() -> N
     assert described["scheduler"] == "dynamic_batcher"
     assert (described["max_batch_size"], described["max_wait_ms"]) == (8, 0.0)
     assert described["runs_inline"] == dict.fromkeys(["1 rows", "2 rows", "4 rows", "8 rows"], True)
+
+
+async def test_requests_the_backlog_would_make_late_are_refused_at_once() -> None:
+    cycle = lifecycle(EchoModel(run_s=0.03), max_batch_size=4, inline_max_ms=0)
+    backlog = [submit(cycle, [float(i)] * 4, timeout_s=5.0) for i in range(8)]
+    await asyncio.gather(*backlog[:3])  # the pace of backlogged batches is measured
+    with pytest.raises(QueueFull) as late:
+        submit(cycle, [1.0], timeout_s=0.05)  # 5 batches of ~30 ms ahead
+    patient = submit(cycle, [1.0], timeout_s=5.0)
+    assert (await patient).outputs == {"y": [2.0]}
+    await asyncio.gather(*backlog)
+    assert "rows ahead would take about" in late.value.message
+    assert (late.value.retry_after_s or 0) >= 1
+    alone = submit(cycle, [1.0], timeout_s=0.01)  # nothing ahead: admitted, whatever the pace
+    with pytest.raises(DeadlineExceeded):  # (and answered 504 at its deadline, not 429)
+        await alone
+    await cycle.scheduler.stop()
+
+
+async def test_a_request_larger_than_a_batch_is_split_and_answered_whole_on_one_version() -> None:
+    first, second = EchoModel(1, factor=2.0), EchoModel(2, factor=3.0)
+    cycle = lifecycle(first, second, max_batch_size=4)
+    cycle.scheduler.hold()
+    whole = submit(cycle, [float(i) for i in range(10)])
+    cycle.activate(2)  # after admission: the request stays on version 1
+    cycle.scheduler.resume()
+    answer = await whole
+    await cycle.scheduler.stop()
+    assert answer.version == 1
+    assert np.asarray(answer.outputs["y"]).tolist() == [2.0 * i for i in range(10)]
+    assert first.batches == [4, 4, 2]
+    assert second.batches == []
+
+
+async def test_a_request_larger_than_the_queue_is_refused_with_the_limit() -> None:
+    cycle = lifecycle(EchoModel(), max_batch_size=4, max_queue_rows=8)
+    with pytest.raises(InvalidInput, match="max_queue_rows"):
+        submit(cycle, [1.0] * 9)
+    await cycle.scheduler.stop()
+
+
+async def test_a_failing_part_fails_the_whole_request_and_drops_the_queued_parts() -> None:
+    model = EchoModel()
+    cycle = lifecycle(model, max_batch_size=2)
+    with pytest.raises(RLServeError, match="cannot take -1"):
+        await submit(cycle, [-1.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+    await asyncio.sleep(0.01)
+    await cycle.scheduler.stop()
+    assert sum(model.batches) < 6  # the parts after the failure did not all run
+
+
+async def test_under_a_backlog_cheap_batches_run_back_to_back_in_one_turn() -> None:
+    model = EchoModel()
+    cycle = lifecycle(model, max_batch_size=2)
+    answers = [submit(cycle, [float(i), float(i)]) for i in range(5)]
+    batches_in_first_turn: list[int] = []
+    asyncio.get_running_loop().call_soon(lambda: batches_in_first_turn.append(len(model.batches)))
+    await asyncio.gather(*answers)
+    await cycle.scheduler.stop()
+    assert batches_in_first_turn == [5]  # no turn of the loop between them
+    assert model.batches == [2, 2, 2, 2, 2]

@@ -11,7 +11,7 @@ import pytest
 
 from serve.dataplane.http import PARAMETERS
 from serve.dataplane.json_body import PredictBodyDecoder
-from serve.errors import MalformedRequest
+from serve.errors import InvalidInput, MalformedRequest
 
 
 @pytest.fixture
@@ -64,7 +64,8 @@ def test_parameters_come_back_as_python_values(decoder: PredictBodyDecoder) -> N
         b'{"observations": [1, [2], 3]}',  # a hidden nested array
         b'{"observations": [[1, [2]], [[], 4]]}',  # rows of equal length hiding nesting
         b'{"observations": [1, "2", 3]}',
-        b'{"observations": [true, false]}',
+        b'{"observations": ["true", "false"]}',  # words in strings are no booleans
+        b'{"observations": {"is_true": [1], "false_start": 0}, "deterministic": false}',
         b'{"observations": [1, null]}',
         b'{"observations": []}',
         b'{"observations": 3}',
@@ -119,3 +120,62 @@ def test_one_parser_decodes_body_after_body(decoder: PredictBodyDecoder) -> None
             decoder.decode(b'{"observations": [1, "x"]}')  # a body the fast path leaves
         decoded = decoder.decode(body)["observations"]
         np.testing.assert_array_equal(decoded, rows)
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        (b'{"observations": [true, false]}', "observations[0]: true"),
+        (b'{"observations": [0.5, false, 1.0]}', "observations[1]: false"),
+        (
+            b'{"observations": [[0, 1], [2, true]], "deterministic": true}',
+            "observations[1][1]: true",
+        ),
+        (b'{"deterministic": false, "observations": [[0, 1.5, true]]}', "observations[0][2]: true"),
+        (b'{"observations": {"pos": [0.1, 0.2], "mode": true}}', "observations.mode: true"),
+        (b'{"observations": [{"pos": [0.1, false]}]}', "observations[0].pos[1]: false"),
+        (b'{"observations": [0, 1], "actions": [1, true]}', "actions[1]: true"),
+        (b'{"observations": [[0, [1, true]], false]}', "observations[0][1][1]: true"),  # in order
+        (b'{"observations": [0, 1], "actions": true, "outputs": ["log_probs"]}', "actions: true"),
+    ],
+)
+def test_booleans_among_the_numbers_are_refused_by_their_place(
+    decoder: PredictBodyDecoder, body: bytes, where: str
+) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        decoder.decode(body)
+    assert refused.value.message == (
+        f"{where} is a boolean; expected a number (1 for true, 0 for false)"
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"observations": [0.5, 1.0], "deterministic": true}',  # the fast path
+        b'{"observations": [[0.5], [1.0]], "deterministic": false}',
+        b'{"observations": {"pos": [0.5]}, "deterministic": true}',  # orjson
+        b'{"observations": [0.5], "actions": [1], "deterministic": false}',
+        b'{"observations": [0.5], "outputs": ["true"]}',  # more words than parameters: walked
+    ],
+)
+def test_booleans_as_parameters_stay_valid(decoder: PredictBodyDecoder, body: bytes) -> None:
+    decoded = decoder.decode(body)
+    assert {k: v for k, v in decoded.items() if k != "observations"} == {
+        k: v for k, v in orjson.loads(body).items() if k != "observations"
+    }
+    np.testing.assert_array_equal(decoded["observations"], orjson.loads(body)["observations"])
+
+
+def test_a_decoder_told_actions_are_a_parameter_still_checks_them() -> None:
+    decoder = PredictBodyDecoder(frozenset({*PARAMETERS, "actions"}))
+    with pytest.raises(InvalidInput, match=r"^actions\[0\]: true is a boolean"):
+        decoder.decode(b'{"observations": [1.0], "actions": [true]}')
+
+
+def test_the_boolean_is_found_at_any_depth_orjson_takes(decoder: PredictBodyDecoder) -> None:
+    depth = 1000
+    body = b'{"observations": ' + b"[" * depth + b"false" + b"]" * depth + b"}"
+    with pytest.raises(InvalidInput) as refused:
+        decoder.decode(body)
+    assert refused.value.message.startswith("observations" + "[0]" * depth + ": false is")

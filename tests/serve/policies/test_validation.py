@@ -10,7 +10,7 @@ import pytest
 
 from serve.errors import InvalidInput
 from serve.policies.validation import DEFAULT_OPTIONS, ObservationValidator, predict_options
-from serve.spaces import parse_observations
+from serve.spaces import ObservationBatch, ObservationBounds, parse_observations
 from serve.types import OutputKind
 from tests.serve.policies.contracts import contract
 
@@ -22,20 +22,26 @@ IMAGE = {"type": "Box", "shape": [2, 3, 4], "dtype": "uint8", "low": 0, "high": 
 DIMMED = {"type": "Box", "shape": [2, 2], "dtype": "uint8", "low": 0, "high": 100}
 
 
-def validator(space: dict[str, Any]) -> ObservationValidator:
-    return ObservationValidator(contract(space, DISCRETE))
+def validator(
+    space: dict[str, Any], bounds: ObservationBounds = ObservationBounds.REJECT
+) -> ObservationValidator:
+    return ObservationValidator(contract(space, DISCRETE), bounds=bounds)
 
 
-def same_as_general(space: dict[str, Any], value: Any) -> None:
+def same_as_general(
+    space: dict[str, Any], value: Any, bounds: ObservationBounds = ObservationBounds.REJECT
+) -> ObservationBatch:
     """The compiled validator gives exactly what the general path gives."""
-    checked = validator(space)
+    checked = validator(space, bounds)
     assert checked._fast is not None
     fast = checked._fast(value)  # the fast path alone
     assert fast is not None, "the fast path should take this request"
-    general = parse_observations(checked.space, value)
+    general = parse_observations(checked.space, value, bounds=bounds)
     assert (fast.rows, fast.single) == (general.rows, general.single)
+    assert fast.out_of_bounds == general.out_of_bounds
     np.testing.assert_array_equal(fast.arrays[None], general.arrays[None])
     assert fast.arrays[None].dtype == general.arrays[None].dtype
+    return fast
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,85 @@
+"""Requests larger than a batch: cut into parts that queue like requests, answered as one.
+
+An actor stepping 64 environments against a model whose ``max_batch_size`` is 32 sends one
+request; the scheduler cuts it into parts of at most ``max_batch_size`` rows, all pinned to
+the version active when the request was admitted, so the whole answer comes from one
+version. Parts keep the request's deadline and options; a seeded request's parts draw
+exactly what the whole request would have drawn (``Prepared.part``). The first part that
+fails fails the request, and the parts still queued are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from serve.dataplane.messages import InferenceResponse, Part, Prepared
+
+
+def split(prepared: Prepared, rows: int) -> list[Prepared]:
+    """``prepared`` as parts of at most ``rows`` rows, in order."""
+    parts = []
+    for start in range(0, prepared.rows, rows):
+        stop = min(start + rows, prepared.rows)
+        given = prepared.evaluate
+        parts.append(
+            dataclasses.replace(
+                prepared,
+                feeds={name: values[start:stop] for name, values in prepared.feeds.items()},
+                rows=stop - start,
+                evaluate=None if given is None else given[start:stop],
+                out_of_bounds=prepared.out_of_bounds if start == 0 else 0,  # counted once
+                part=Part(start, prepared.rows),
+            )
+        )
+    return parts
+
+
+def joined(
+    parts: Sequence[asyncio.Future[InferenceResponse]], loop: asyncio.AbstractEventLoop
+) -> asyncio.Future[InferenceResponse]:
+    """One answer for the whole request, once every part has one."""
+    whole: asyncio.Future[InferenceResponse] = loop.create_future()
+    remaining = len(parts)
+
+    def part_done(done: asyncio.Future[InferenceResponse]) -> None:
+        nonlocal remaining
+        remaining -= 1
+        if whole.done():
+            return
+        failure = None if done.cancelled() else done.exception()
+        if done.cancelled() or failure is not None:
+            for part in parts:
+                part.cancel()  # still queued: never runs
+            if failure is not None:
+                whole.set_exception(failure)
+            else:
+                whole.cancel()
+        elif remaining == 0:
+            whole.set_result(merge([p.result() for p in parts]))
+
+    for part in parts:
+        part.add_done_callback(part_done)
+    whole.add_done_callback(lambda w: [p.cancel() for p in parts] if w.cancelled() else None)
+    return whole
+
+
+def merge(answers: Sequence[InferenceResponse]) -> InferenceResponse:
+    """The parts' answers as one, rows in order (every part ran on one version)."""
+    first = answers[0]
+    return dataclasses.replace(first, outputs=_concatenated([a.outputs for a in answers]))
+
+
+def _concatenated(outputs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    joined_outputs: dict[str, Any] = {}
+    for name, value in outputs[0].items():
+        pieces = [o[name] for o in outputs]
+        if isinstance(value, dict):
+            joined_outputs[name] = _concatenated(pieces)
+        else:
+            joined_outputs[name] = np.concatenate(pieces)
+    return joined_outputs
