@@ -7,7 +7,9 @@ one) and are disabled (403) while no ``admin_token`` is configured. The semantic
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends
@@ -16,8 +18,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from serve.config import Settings
+from serve.control import store
+from serve.control.repository import MODEL_FILE
 from serve.control.updates import ActivationMode, Canary, Push, Updater
-from serve.dataplane.wire import json_response, positive_number, read_body, read_json_object
+from serve.dataplane.wire import json_response, positive_number, read_json_object, too_large
 from serve.errors import Forbidden, InvalidInput, Unauthorized
 from serve.versions import DESCRIPTION, parse_version, path_version
 
@@ -58,6 +62,7 @@ class AdminEndpoints:
         number = parse_version(version)
         if number is None:
             raise InvalidInput(f"version: {version!r} is not {DESCRIPTION}")
+        self.updater.check_push(model, number, _flag(request.query_params, "rollback"))
         push = await _push_from(request, self.settings, model, number)
         report = await self.updater.push(push)
         return json_response(report.to_json())
@@ -98,22 +103,45 @@ class AdminEndpoints:
 async def _push_from(request: Request, settings: Settings, model: str, version: int) -> Push:
     limit = settings.max_model_bytes
     if request.headers.get("content-type", "").startswith("application/json"):
-        return _push_from_json(settings, model, version, await read_json_object(request, limit))
-    body = await read_body(request, limit)
+        raw = await read_json_object(request, limit)
+        return await asyncio.to_thread(_push_from_json, settings, model, version, raw)
     sha256 = request.headers.get("x-model-sha256")
     if not sha256:
         raise InvalidInput("X-Model-SHA256: required with an ONNX body (the sha256 of the bytes)")
     query = request.query_params
+    staged = await _upload(request, settings, model, version)
     return Push(
         model,
         version,
-        body,
+        staged,
         sha256,
         _flag(query, "activate", True),
         _mode(query.get("mode")),
         _flag(query, "rollback"),
         wait_s=_wait_s(query),
     )
+
+
+async def _upload(request: Request, settings: Settings, model: str, version: int) -> Path:
+    """The body, streamed into a staging file of the repository as it arrives: a pushed
+    model is never whole in memory, and no step costs the event loop more than a chunk."""
+    limit, root = settings.max_model_bytes, settings.model_repository
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(int(declared), limit)
+    staged = await asyncio.to_thread(store.staging, root, model, version) / MODEL_FILE
+    try:
+        with store.writing_to(root), open(staged, "wb") as file:
+            size = 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large(size, limit)
+                file.write(chunk)
+    except BaseException:
+        await asyncio.to_thread(store.discard, staged)
+        raise
+    return staged
 
 
 class CanaryBody(BaseModel):
@@ -144,11 +172,12 @@ def _push_from_json(settings: Settings, model: str, version: int, raw: dict[str,
         first = exc.errors()[0]
         raise InvalidInput(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
     canary = Canary(**body.canary.model_dump()) if body.canary else None
-    data = _read_in_repository(settings, body.path)
+    named = _in_repository(settings, body.path)
+    staged = store.stage_copy(settings.model_repository, model, version, named)
     return Push(
         model,
         version,
-        data,
+        staged,
         body.sha256,
         body.activate,
         body.mode,
@@ -158,14 +187,14 @@ def _push_from_json(settings: Settings, model: str, version: int, raw: dict[str,
     )
 
 
-def _read_in_repository(settings: Settings, relative: str) -> bytes:
+def _in_repository(settings: Settings, relative: str) -> Path:
     root = settings.model_repository.resolve()
     path = (root / relative).resolve()
     if not path.is_relative_to(root):
         raise InvalidInput(f"path: {relative!r} is outside the model repository")
     if not path.is_file():
         raise InvalidInput(f"path: {relative!r} is not a file in the model repository {root}")
-    return path.read_bytes()
+    return path
 
 
 def _wait_s(query: Any) -> float:

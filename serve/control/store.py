@@ -1,6 +1,7 @@
 """The model repository as the durable record of live updates.
 
-A push is acknowledged only once its bytes are in the repository, and an activation,
+A push is received into a hidden staging directory of the model, checked and loaded from
+there, and acknowledged only once it is renamed into place, and an activation,
 rollback or hold only once the model's *serving state* says so; every worker of the pod,
 every replica sharing the repository and every later start read them from there
 (``serve.control.sync``). Two kinds of writes, both atomic (temporary file, fsync,
@@ -22,8 +23,8 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
-import hashlib
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -34,7 +35,7 @@ from typing import Any
 
 import orjson
 
-from serve.control.repository import MODEL_FILE, versions_of
+from serve.control.repository import MODEL_FILE, file_sha256, versions_of
 from serve.errors import Conflict, ServiceUnavailable
 
 STATE_FILE = ".serving.json"
@@ -79,35 +80,59 @@ def worker_id() -> str:
 # ---------------------------------------------------------------------- versions
 
 
-def write_version(root: Path, model: str, version: int, data: bytes, sha256: str) -> Path:
-    """Put a pushed version into the repository; idempotent for the same bytes, Conflict
-    for different bytes under a version that exists. Returns the model file's path."""
+def staging(root: Path, model: str, version: int) -> Path:
+    """A new hidden directory inside the model's directory (invisible to the repository
+    listing) to receive a pushed version's file before it is checked and placed."""
     model_dir = root / model
-    final = model_dir / str(version)
+    with writing_to(root):
+        return Path(tempfile.mkdtemp(prefix=f".push-{version}-", dir=model_dir))
+
+
+def stage_copy(root: Path, model: str, version: int, source: Path) -> Path:
+    """A copy of ``source`` in a new staging directory; the staged model file's path."""
+    folder = staging(root, model, version)
+    target = folder / MODEL_FILE
+    with writing_to(root):
+        shutil.copyfile(source, target)
+    return target
+
+
+def place(root: Path, model: str, version: int, staged: Path, sha256: str) -> Path:
+    """Make a staged model file (checked and loaded by now) ``<model>/<version>``, durably:
+    fsync the file and its folder, rename the folder into place, fsync the model's
+    directory. The same bytes already there: nothing to do; other bytes: Conflict. A file
+    that is already the version's own is left alone. Returns the version's model file."""
+    final = root / model / str(version)
     target = final / MODEL_FILE
-    if target.is_file():
-        return _same_or_conflict(target, model, version, sha256)
-    with _writable(root):
-        model_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".push-{version}-", dir=model_dir))
-        try:
-            _write_synced(staging / MODEL_FILE, data)
-            _fsync_dir(staging)
+    if staged == target:
+        return target
+    try:
+        if target.is_file():
+            return _same_or_conflict(target, model, version, sha256)
+        with writing_to(root):
+            _fsync_file(staged)
+            _fsync_dir(staged.parent)
             try:
-                os.rename(staging, final)
+                os.rename(staged.parent, final)
             except OSError as exc:
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                     raise
                 return _same_or_conflict(target, model, version, sha256)  # lost a race
-            _fsync_dir(model_dir)
-        finally:
-            if staging.exists():
-                _remove_tree(staging)
-    return target
+            _fsync_dir(final.parent)
+        return target
+    finally:
+        discard(staged)
+
+
+def discard(staged: Path) -> None:
+    """Remove a staging directory (nothing when it was renamed into place)."""
+    folder = staged.parent
+    if folder.name.startswith(".push-") and folder.is_dir():
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _same_or_conflict(target: Path, model: str, version: int, sha256: str) -> Path:
-    on_disk = hashlib.sha256(target.read_bytes()).hexdigest()
+    on_disk = file_sha256(target, f"{model}/{version}")
     if on_disk != sha256.lower():
         raise Conflict(
             f"model {model!r} version {version} already exists in the repository with sha256 "
@@ -147,7 +172,7 @@ def update_state(model_dir: Path, change: Change) -> ServingState:
     """Read, change and write the model's serving state under its lock. ``change`` gets the
     current state (None if none) and returns the wanted one; its generation is set here.
     An unchanged intent writes nothing and returns the current state."""
-    with _writable(model_dir.parent), _locked(model_dir / LOCK_FILE):
+    with writing_to(model_dir.parent), _locked(model_dir / LOCK_FILE):
         current = read_state(model_dir)
         wanted = change(current)
         if current is not None and wanted.same_intent(current):
@@ -179,6 +204,11 @@ def write_atomic(path: Path, data: bytes, *, durable: bool) -> None:
         _fsync_dir(path.parent)
 
 
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
 def _write_synced(path: Path, data: bytes) -> None:
     with open(path, "wb") as f:
         f.write(data)
@@ -194,12 +224,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _remove_tree(path: Path) -> None:
-    for child in path.iterdir():
-        child.unlink(missing_ok=True)
-    path.rmdir()
-
-
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     with open(path, "a+b") as f:
@@ -211,11 +235,18 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _writable(root: Path) -> Iterator[None]:
+def writing_to(root: Path) -> Iterator[None]:
     """OSErrors of a repository that cannot be written become an answer that says so."""
     try:
         yield
     except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise ServiceUnavailable(
+                f"the model repository {root} is not there now ({exc.strerror}: "
+                f"{exc.filename}); an update is recorded there before it is answered, so "
+                "retry once it is back",
+                retry_after_s=5,
+            ) from None
         if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT):
             raise ServiceUnavailable(
                 f"the model repository {root} cannot be written ({exc.strerror}): live updates "

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -72,9 +72,12 @@ class Canary:
 
 @dataclass(frozen=True)
 class Push:
+    """A version to serve: its file (a staged upload, or the version's own file in the
+    repository) and the sha256 its sender claims for it."""
+
     model: str
     version: int
-    data: bytes
+    source: Path
     sha256: str
     activate: bool = True
     mode: ActivationMode = ActivationMode.AT_BATCH_BOUNDARY
@@ -118,16 +121,24 @@ class Updater:
     # ------------------------------------------------------------------ push
 
     async def push(self, push: Push) -> UpdateReport:
-        entry = self._entry(push.model)
-        async with self._lock(push.model):
-            try:
-                report = await self._push(entry, push)
-            except RLServeError as exc:
-                self.metrics.updates.labels(push.model, exc.code).inc()
-                log.warning("update %s/%d refused: %s", push.model, push.version, exc.message)
-                raise
-        self.metrics.updates.labels(push.model, report.result.value).inc()
+        """Check, load and place a version (the staged upload is removed, whatever happens)."""
+        try:
+            entry = self._entry(push.model)
+            async with self._lock(push.model):
+                report = await self._push_locked(entry, push)
+        finally:
+            await asyncio.to_thread(store.discard, push.source)
         return await self._spread(report, entry.generation, push.wait_s)
+
+    async def _push_locked(self, entry: ModelLifeCycle, push: Push) -> UpdateReport:
+        try:
+            report = await self._push(entry, push)
+        except RLServeError as exc:
+            self.metrics.updates.labels(push.model, exc.code).inc()
+            log.warning("update %s/%d refused: %s", push.model, push.version, exc.message)
+            raise
+        self.metrics.updates.labels(push.model, report.result.value).inc()
+        return report
 
     async def _push(self, entry: ModelLifeCycle, push: Push) -> UpdateReport:
         await asyncio.to_thread(_check_checksum, push)  # hashing a large model takes a while
@@ -137,11 +148,11 @@ class Updater:
             return _unchanged(entry, push, resident)
         self._check_order(entry, push.version, push.rollback)
         started = time.monotonic()
-        model = await self._load(entry, push.version, push.data, push.canary)
+        model = await self._load(entry, push.version, push.source, push.canary)
         load_s = time.monotonic() - started
         root = self.settings.model_repository
         await asyncio.to_thread(
-            store.write_version, root, entry.name, push.version, push.data, model.sha256
+            store.place, root, entry.name, push.version, push.source, model.sha256
         )
         self.metrics.update_load.labels(entry.name).observe(load_s)
         entry.loaded(model)
@@ -167,6 +178,13 @@ class Updater:
             load_s,
             swap_s,
         )
+
+    def check_push(self, name: str, version: int, rollback: bool) -> None:
+        """Refuse a push before its upload when it could never land: an unknown model, or a
+        version not newer than the active one."""
+        entry = self._entry(name)
+        if entry.get(version) is None:
+            self._check_order(entry, version, rollback)
 
     # ------------------------------------------------------------------ activate, rollback, hold
 
@@ -264,8 +282,7 @@ class Updater:
         path = self.settings.model_repository / entry.name / str(version) / repository.MODEL_FILE
         entry.loading(version)
         try:
-            data = await asyncio.to_thread(repository.read_model, path, f"{entry.name}/{version}")
-            model = await self._load(entry, version, data, None)
+            model = await self._load(entry, version, path, None)
         except RLServeError as exc:
             entry.failed(version, exc.message)
             raise
@@ -275,11 +292,11 @@ class Updater:
     # ------------------------------------------------------------------ steps
 
     async def _load(
-        self, entry: ModelLifeCycle, version: int, data: bytes, canary: Canary | None
+        self, entry: ModelLifeCycle, version: int, source: Path, canary: Canary | None
     ) -> ServedModel:
         """Build, verify and warm a version on a worker thread; check it fits the live one."""
         model = await asyncio.to_thread(
-            repository.load_bytes, entry.name, version, data, self.settings, entry.settings
+            repository.load_file, entry.name, version, source, self.settings, entry.settings
         )
         await asyncio.to_thread(_check_compatible, entry, model, canary)
         return model
@@ -354,7 +371,7 @@ class Updater:
 
 
 def _check_checksum(push: Push) -> None:
-    actual = hashlib.sha256(push.data).hexdigest()
+    actual = repository.file_sha256(push.source, f"{push.model}/{push.version}")
     if actual != push.sha256.lower():
         raise InvalidInput(
             f"sha256: the model bytes hash to {actual}, not {push.sha256}; "

@@ -20,7 +20,6 @@ skipped; a poll that fails for any reason is logged, and the next poll tries aga
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from pathlib import Path
 
@@ -113,9 +112,9 @@ class RepositoryWatcher:
         key = (where.model, where.version)
         stamp = _stamp(where.path)
         try:
-            data = await asyncio.to_thread(where.path.read_bytes)
-            push = Push(where.model, where.version, data, hashlib.sha256(data).hexdigest())
-            report = await self.updater.push(push)
+            origin = f"{where.model}/{where.version}"
+            sha256 = await asyncio.to_thread(repository.file_sha256, where.path, origin)
+            report = await self.updater.push(Push(where.model, where.version, where.path, sha256))
         except (ModelLoadError, OSError) as exc:
             reason = exc.message if isinstance(exc, RLServeError) else str(exc)
             log.error("pull of %s/%d failed (tried again when the file changes): %s", *key, reason)

@@ -107,7 +107,8 @@ class WorkerRegistry:
 
     def _write_record(self, record: WorkerStatus) -> None:
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            self.folder.parent.mkdir(exist_ok=True)  # inside the repository, if it is there
+            self.folder.mkdir(exist_ok=True)
             store.write_atomic(self._path, orjson.dumps(record.to_json()), durable=False)
         except OSError as exc:
             if not self._warned:

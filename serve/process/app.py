@@ -49,6 +49,7 @@ from serve.process.state import ServerState
 log = logging.getLogger("rlserve.app")
 
 LOAD_SAMPLE_S = 0.1  # how often the queue and pending-rows gauges are set
+REPOSITORY_RETRY_S = 2.0  # how often a repository missing at start is looked for again
 
 
 class RLServeApp:
@@ -142,7 +143,7 @@ async def _load(state: ServerState) -> None:
     finally:
         state.phases.loaded.set()
     if not loaded:
-        return
+        await _load_when_back(state)
     settings, updater = state.settings, state.updater
     sync = RepositorySync(state.manager, updater, updater.registry, settings.sync_interval_s)
     followers = [sync.run()]
@@ -167,11 +168,31 @@ async def _load_models(state: ServerState) -> bool:
         state.manager.fatal = exc.message
         log.error("cannot load the model repository: %s", exc.message)
         return False
+    _ready(state)
+    return True
+
+
+async def _load_when_back(state: ServerState) -> bool:
+    """A repository missing at start (moved away for a while: a worker restarted in the
+    meantime) is looked for again every REPOSITORY_RETRY_S; /ready stays red meanwhile."""
+    while True:
+        await asyncio.sleep(REPOSITORY_RETRY_S)
+        try:
+            await state.manager.load_all()
+        except RLServeError as exc:
+            state.manager.fatal = exc.message
+            continue
+        state.manager.fatal = None
+        log.info("the model repository is back: %s", state.settings.model_repository)
+        _ready(state)
+        return True
+
+
+def _ready(state: ServerState) -> None:
     memory.freeze()
     state.phases.ready()
     for reason in state.manager.unready_reasons():
         log.error("not ready: %s", reason)
-    return True
 
 
 async def _rlserve_error(request: Request, exc: RLServeError) -> Response:

@@ -310,3 +310,30 @@ def pushed_by(report: dict[str, object]) -> str:
     assert isinstance(workers, dict)
     assert len(workers) == 1
     return str(next(iter(workers)))
+
+
+def test_a_huge_push_does_not_hold_up_predictions(server: Server) -> None:
+    """A 200 MB upload (hashed, put together, written and refused as not ONNX) while an
+    actor steps: no prediction waits on it."""
+    huge = random.Random(0).randbytes(200 * 1024 * 1024)
+    refused: list[int] = []
+
+    def push() -> None:
+        with PolicyClient(server.url, admin_token=TOKEN, timeout_s=120) as admin:
+            try:
+                admin.push("swap", 9, huge)
+            except RequestFailed as exc:
+                refused.append(exc.status)
+
+    pusher = threading.Thread(target=push)
+    slowest = 0.0
+    with PolicyClient(server.url) as actor:
+        actor.predict(OBS)
+        pusher.start()
+        while pusher.is_alive():
+            started = time.monotonic()
+            actor.predict(OBS)
+            slowest = max(slowest, time.monotonic() - started)
+    pusher.join()
+    assert refused == [422]
+    assert slowest < 0.1, f"a prediction waited {slowest * 1000:.0f} ms behind the push"

@@ -17,9 +17,17 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def test_a_version_is_written_whole_and_leaves_nothing_behind(tmp_path: Path) -> None:
+def write_version(root: Path, version: int, data: bytes) -> Path:
+    """What a push does with a checked upload: stage it, then place it."""
+    staged = store.staging(root, "policy", version) / "model.onnx"
+    staged.write_bytes(data)
+    return store.place(root, "policy", version, staged, sha(data))
+
+
+def test_a_version_is_placed_whole_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    (tmp_path / "policy").mkdir()
     data = b"onnx bytes" * 1000
-    path = store.write_version(tmp_path, "policy", 7, data, sha(data))
+    path = write_version(tmp_path, 7, data)
     assert path == tmp_path / "policy" / "7" / "model.onnx"
     assert path.read_bytes() == data
     assert sorted(p.name for p in (tmp_path / "policy").iterdir()) == ["7"]
@@ -28,12 +36,13 @@ def test_a_version_is_written_whole_and_leaves_nothing_behind(tmp_path: Path) ->
 def test_the_same_version_again_is_idempotent_and_different_bytes_conflict(
     tmp_path: Path,
 ) -> None:
-    data = b"first"
-    store.write_version(tmp_path, "policy", 2, data, sha(data))
-    store.write_version(tmp_path, "policy", 2, data, sha(data).upper())
+    (tmp_path / "policy").mkdir()
+    write_version(tmp_path, 2, b"first")
+    write_version(tmp_path, 2, b"first")
     with pytest.raises(Conflict, match="new version number"):
-        store.write_version(tmp_path, "policy", 2, b"second", sha(b"second"))
-    assert (tmp_path / "policy" / "2" / "model.onnx").read_bytes() == data
+        write_version(tmp_path, 2, b"second")
+    assert (tmp_path / "policy" / "2" / "model.onnx").read_bytes() == b"first"
+    assert sorted(p.name for p in (tmp_path / "policy").iterdir()) == ["2"]  # staging gone
 
 
 def activate(version: int) -> store.Change:
