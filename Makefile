@@ -14,7 +14,7 @@ PORT ?= 8000
 DEMO_REPOSITORY ?= examples/model_repository
 PYTEST_ARGS ?=
 
-.PHONY: serve test lint typecheck unit e2e bench demo clean
+.PHONY: serve test lint typecheck unit e2e bench demo clean chaos
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ test: lint typecheck
 
 bench: $(VENV)/.test-installed
 	$(BIN)/python -m bench
+
+# The chaos suite's full form (docs/chaos.md): gunicorn with 2 workers on a copy of the demo
+# repository, 60 s of locust load while every fault is injected; exits 1 when a gate fails.
+chaos: $(VENV)/.test-installed
+	$(BIN)/python -m loadtests.chaos --start-server --model-repository $(DEMO_REPOSITORY) --duration 60
 
 demo: $(VENV)/.test-installed
 	$(BIN)/python examples/train_cartpole.py
