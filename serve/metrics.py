@@ -127,6 +127,8 @@ class Metrics:
         )
         self.sink = MetricsSink(self)
         self._children: dict[tuple[Any, ...], Any] = {}
+        self._refusals: dict[tuple[str, str, int, str], int] = {}  # not yet counted
+        self._refusal_latency: dict[str, Tally] = {}
         self._load: dict[str, Load] = {}  # as last sampled, by model
 
     def child(self, metric: Any, *labels: str) -> Any:
@@ -138,11 +140,26 @@ class Metrics:
         return found
 
     def refused(self, model: str, version: int | None, status: int, reason: str, s: float) -> None:
-        """Count a request answered with an error (one at a time: the rare path)."""
-        label = "" if version is None else str(version)
-        self.child(self.requests, model, label, str(status)).inc()
-        self.child(self.rejections, model, reason).inc()
-        self.child(self.request_latency, model).observe(s)
+        """Count a request answered with an error. Under overload most answers are
+        refusals: they are tallied here and counted at the next ``flush``, like batches."""
+        key = (model, "" if version is None else str(version), status, reason)
+        self._refusals[key] = self._refusals.get(key, 0) + 1
+        latency = self._refusal_latency.get(model)
+        if latency is None:
+            latency = self._refusal_latency[model] = Tally.of(
+                self.child(self.request_latency, model)
+            )
+        latency.add(s)
+
+    def flush(self) -> None:
+        """Move what was tallied since the last flush (batches, refusals) into the metrics."""
+        self.sink.flush()
+        refusals, self._refusals = self._refusals, {}
+        for (model, version, status, reason), count in refusals.items():
+            self.child(self.requests, model, version, str(status)).inc(count)
+            self.child(self.rejections, model, reason).inc(count)
+        for tally in self._refusal_latency.values():
+            tally.flush()
 
     def refused_out_of_bounds(self, model: str, rows: int) -> None:
         """Count the rows of a request refused for its bounds (``observation_bounds:
@@ -152,7 +169,7 @@ class Metrics:
     def sample_load(self, loads: dict[str, Load]) -> None:
         """Set the load gauges from the schedulers' current loads, by model, and move what
         the batches since the last sample answered into the request metrics."""
-        self.sink.flush()
+        self.flush()
         for model, load in loads.items():
             if self._load.get(model) != load:
                 self.child(self.queue_rows, model).set(load.queued_rows)

@@ -124,6 +124,7 @@ class DynamicBatchScheduler:
         self._queue: deque[Ticket] = deque()
         self._queued_rows = 0
         self._running: list[Ticket] = []  # the batch being executed
+        self._running_rows = 0
         self._running_since: float | None = None
         self._backlogged = False  # rows were waiting when the last batch ended
         self._chain_until = 0.0  # inline batches may follow each other until then
@@ -166,7 +167,7 @@ class DynamicBatchScheduler:
             )
         if self.held:
             return  # requests wait for the resume, within their deadlines
-        ahead = self._queued_rows + sum(t.prepared.rows for t in self._running)
+        ahead = self._queued_rows + self._running_rows
         wait_s = admission_wait_s(ahead, rows, self._row_s())
         budget_s = deadline - time.monotonic()
         if wait_s > budget_s:
@@ -176,6 +177,18 @@ class DynamicBatchScheduler:
                 "ms left before this request's deadline; retry later",
                 retry_after_s=math.ceil(wait_s - max(budget_s, 0.0)),
             )
+
+    def would_admit(self, rows: int, deadline: float) -> bool:
+        """``admit``'s decision alone, without building an error: the cheap question a
+        frontend asks for every call while the process is overloaded."""
+        if self._closing or self._loop is None:
+            return False
+        if self._queued_rows + rows > self.max_queue_rows:
+            return False
+        if self.held:
+            return True
+        ahead = self._queued_rows + self._running_rows
+        return admission_wait_s(ahead, rows, self._row_s()) <= deadline - time.monotonic()
 
     def _submit_parts(
         self, prepared: Prepared, version: int | None
@@ -320,7 +333,7 @@ class DynamicBatchScheduler:
             return
         self._running = batch
         self._running_since = time.monotonic()
-        rows = sum(t.prepared.rows for t in batch)
+        rows = self._running_rows = sum(t.prepared.rows for t in batch)
         self.drain.started(self._running_since, rows, backlogged=self._backlogged)
         if self.run_times.next_inline(rows):
             self._finish(model, _execute(model, batch, rows, inline=True))
@@ -340,7 +353,7 @@ class DynamicBatchScheduler:
         running.add_done_callback(finished)
 
     def _finish(self, model: ServedModel, execution: _Execution) -> None:
-        self._running = []
+        self._running, self._running_rows = [], 0
         self._running_since = None
         run_s = execution.finished - execution.started
         self.run_times.add(execution.rows, run_s, inline=execution.inline)

@@ -35,6 +35,7 @@ from serve.dataplane.routing import Route, Router
 from serve.dataplane.wire import JSON_OPTIONS, deadline_ms, too_large
 from serve.errors import (
     DeadlineExceeded,
+    ErrorCode,
     InvalidInput,
     MethodNotAllowed,
     QueueFull,
@@ -52,6 +53,12 @@ log = logging.getLogger("rlserve.predict")
 INLINE_BODY_BYTES = 256 * 1024
 
 INPUTS = ("observations", "actions")
+# Turns of the event loop a request spends unseen: unread (up to one), its handler
+# scheduled (one), its answer written (one). Negligible unless the loop is overloaded.
+LAG_TURNS = 3
+BUSY_TURN_S = 0.001  # turns longer than this: calls are checked for refusal from headers
+EARLY_ANSWER_S = 0.01  # a model's early 429 (its message, Retry-After) is this fresh
+_QUEUE_FULL = ErrorCode.QUEUE_FULL.value
 PARAMETERS = ("deterministic", "seed", "outputs")
 FIELDS = (*INPUTS, *PARAMETERS)
 _NO_PARAMETERS: dict[str, Any] = {}
@@ -109,6 +116,11 @@ class PredictFrontend:
         self.draining = draining
         self.access_log = access_log
         self.bodies = PredictBodyDecoder(frozenset(PARAMETERS))
+        # How long a turn of the event loop takes now (measured by the process): the time
+        # a request spends where the server cannot see it (unread, then its handler
+        # scheduled; its answer written) is counted in turns (LAG_TURNS).
+        self.turn_s = 0.0
+        self._early: dict[str, _EarlyAnswer] = {}  # by model: its current early 429
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, path: PredictPath) -> None:
         call = _start(scope)
@@ -144,7 +156,7 @@ class PredictFrontend:
         route = self.router.resolve(path.model, version)
         call.model, call.version = route.model, route.version.version
         budget_ms = deadline_ms(call.timeout_header, route.default_deadline_ms)
-        deadline = call.received_at + budget_ms / 1000
+        deadline = self._deadline(call, budget_ms)
         body = await _read_body(receive, call.declared_length, self.max_body_bytes)
         _check_deadline(deadline, budget_ms, "reading the body")
         route.scheduler.admit(1, deadline)  # overloaded: refuse before decoding
@@ -163,7 +175,8 @@ class PredictFrontend:
         decided from the request line and headers alone; None to serve the call as usual.
         The HTTP protocol (``serve.process.protocol``) asks before it starts a call, so an
         overloaded server refuses for the cost of parsing headers, not of a whole call."""
-        if method != b"POST" or not self.router.backlogged() or self.draining():
+        busy = self.turn_s > BUSY_TURN_S or self.router.backlogged()
+        if method != b"POST" or not busy or self.draining():
             return None
         raw_path = target.split(b"?", 1)[0]
         path = None if b"%" in raw_path else match(raw_path.decode("latin-1"))
@@ -174,26 +187,46 @@ class PredictFrontend:
             version = None if path.version is None else path_version(path.version)
             route = self.router.resolve(path.model, version)
             budget_ms = deadline_ms(call.timeout_header, route.default_deadline_ms)
-            route.scheduler.admit(1, call.received_at + budget_ms / 1000)
-        except QueueFull as exc:
+            deadline = self._deadline(call, budget_ms)
+            if route.scheduler.would_admit(1, deadline):
+                return None
             call.model, call.version = route.model, route.version.version
-            return self._early_answer(call, exc, path)
+            return self._early_answer(call, route, deadline, path)
         except RLServeError:
             return None  # the call itself will say what is wrong
-        return None
 
-    def _early_answer(self, call: _Call, error: QueueFull, path: PredictPath) -> bytes:
-        status, body, headers = self._refuse(call, error)
-        headers += [
-            _JSON_HEADER,
-            (b"content-length", str(len(body)).encode()),
-            (b"x-request-id", call.request_id.encode("latin-1")),
-        ]
+    def _deadline(self, call: _Call, budget_ms: float) -> float:
+        """When the request must be answered by, on the server's clock: its budget from
+        when its bytes arrived, less the time its answer takes to go out."""
+        return call.received_at + budget_ms / 1000 - LAG_TURNS * self.turn_s
+
+    def _early_answer(
+        self, call: _Call, route: Route, deadline: float, path: PredictPath
+    ) -> bytes | None:
+        """The 429 for a call refused from its headers. Its head and body are built once
+        per model every EARLY_ANSWER_S (under overload thousands of calls a second get the
+        same answer); only the request id is the call's own."""
+        now = time.monotonic()
+        cached = self._early.get(route.model)
+        if cached is None or cached.until <= now:
+            try:
+                route.scheduler.admit(1, deadline)
+            except QueueFull as exc:
+                _, body, headers = self._refuse(call, exc)
+                head = b"".join(k + b": " + v + b"\r\n" for k, v in [*headers, _JSON_HEADER])
+                cached = _EarlyAnswer(
+                    now + EARLY_ANSWER_S, b"HTTP/1.1 429 Too Many Requests\r\n" + head, body
+                )
+                self._early[route.model] = cached
+            else:
+                return None  # admitted after all: serve it
+        else:
+            seconds = now - call.received_at
+            self.metrics.refused(call.model, call.version, 429, _QUEUE_FULL, seconds)
         if self.access_log:
             scope: Scope = {"method": "POST", "path": _path_of(path), "client": None}
-            log_exchange(scope, call.request_id, status, time.monotonic() - call.received_at)
-        lines = [b"HTTP/1.1 429 Too Many Requests"] + [k + b": " + v for k, v in headers]
-        return b"\r\n".join(lines) + b"\r\n\r\n" + body
+            log_exchange(scope, call.request_id, 429, time.monotonic() - call.received_at)
+        return cached.encode(call.request_id)
 
     def _refuse(
         self, call: _Call, error: RLServeError
@@ -212,6 +245,21 @@ def _path_of(path: PredictPath) -> str:
         return "/predict"
     version = "" if path.version is None else f"/versions/{path.version}"
     return f"/v1/models/{path.model}{version}/predict"
+
+
+@dataclass(frozen=True, slots=True)
+class _EarlyAnswer:
+    until: float  # monotonic seconds: built again after that
+    head: bytes  # status line and headers, but the request id
+    body: bytes
+
+    def encode(self, request_id: str) -> bytes:
+        return (
+            self.head
+            + b"content-length: %d\r\nx-request-id: %s\r\n\r\n"
+            % (len(self.body), request_id.encode("latin-1"))
+            + self.body
+        )
 
 
 def _check_deadline(deadline: float, budget_ms: float, spent_on: str) -> None:

@@ -38,6 +38,10 @@ class Scheduler(Protocol):
         frontend asks before it spends time decoding a request that will be refused."""
         ...
 
+    def would_admit(self, rows: int, deadline: float) -> bool:
+        """Whether ``admit`` would let ``rows`` rows in now (no error is built)."""
+        ...
+
     def hold(self) -> None:
         """Run nothing until ``resume``; queued requests wait within their deadlines."""
         ...

@@ -49,6 +49,7 @@ from serve.process.state import ServerState
 log = logging.getLogger("rlserve.app")
 
 LOAD_SAMPLE_S = 0.1  # how often the queue and pending-rows gauges are set
+TURN_SAMPLE_S, TURN_WEIGHT = 0.01, 0.3  # loop turns: how often measured, and averaged
 REPOSITORY_RETRY_S = 2.0  # how often a repository missing at start is looked for again
 
 
@@ -78,6 +79,7 @@ class RLServeApp:
         self._background = [
             asyncio.create_task(_load(self.state), name="rlserve-load"),
             asyncio.create_task(_sample_load(self.state.manager), name="rlserve-load-gauges"),
+            asyncio.create_task(_measure_turns(self.frontend), name="rlserve-loop-turns"),
         ]
         if self.state.phases.listen_after_load:
             await self.state.phases.loaded.wait()  # uvicorn listens once startup completes
@@ -159,6 +161,18 @@ async def _sample_load(manager: ModelRepositoryManager) -> None:
     while True:
         manager.sample_load()
         await asyncio.sleep(LOAD_SAMPLE_S)
+
+
+async def _measure_turns(frontend: predict.PredictFrontend) -> None:
+    """How long one turn of the event loop takes, every TURN_SAMPLE_S: under overload a
+    request waits about a turn before its handler runs, which its deadline must count."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(TURN_SAMPLE_S)
+        started = loop.time()
+        await asyncio.sleep(0)  # back after one turn
+        turn_s = loop.time() - started
+        frontend.turn_s = TURN_WEIGHT * turn_s + (1 - TURN_WEIGHT) * frontend.turn_s
 
 
 async def _load_models(state: ServerState) -> bool:

@@ -73,7 +73,7 @@ class OperationsEndpoints:
 
     async def render_metrics(self) -> Response:
         """Prometheus metrics (every gunicorn worker of this pod summed)."""
-        self.metrics.sink.flush()
+        self.metrics.flush()
         # Rendering reads every worker's files: off the event loop, whatever their size.
         text, content_type = await asyncio.to_thread(self.metrics.exposition)
         return Response(text, media_type=content_type)
