@@ -37,7 +37,7 @@ class ServeArgs:
     )
     max_batch_size: int | None = field(default=None, metadata=arg(_FROM_CONFIG + "32"))
     max_wait_ms: float | None = field(
-        default=None, metadata=arg("wait for more rows after the first; " + _FROM_CONFIG + "2")
+        default=None, metadata=arg("wait for more rows after the first; " + _FROM_CONFIG + "0")
     )
     max_queue_rows: int | None = field(
         default=None, metadata=arg("queued rows before 429; " + _FROM_CONFIG + "1024")

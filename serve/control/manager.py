@@ -173,9 +173,6 @@ class ModelRepositoryManager:
             + (f"; failed: {lifecycle.failures}" if lifecycle.failures else "")
         )
 
-    def backlogged(self) -> bool:
-        return any(m.scheduler.backlogged for m in self.models.values())
-
     def lifecycle(self, name: str) -> ModelLifeCycle:
         lifecycle = self.models.get(name)
         if lifecycle is None:

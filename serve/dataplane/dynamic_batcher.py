@@ -445,10 +445,6 @@ class DynamicBatchScheduler:
         return 0.0 if self._running_since is None else now - self._running_since
 
     @property
-    def backlogged(self) -> bool:
-        return self._queued_rows > 0
-
-    @property
     def alive(self) -> bool:
         return not (self._closing and self._idle.is_set())
 

@@ -32,6 +32,7 @@ from serve.access import given_request_id, log_exchange, new_request_id
 from serve.dataplane.json_body import PredictBodyDecoder
 from serve.dataplane.messages import InferenceRequest, InferenceResponse, Prepared
 from serve.dataplane.routing import Route, Router
+from serve.dataplane.scheduler import Scheduler
 from serve.dataplane.wire import JSON_OPTIONS, deadline_ms, too_large
 from serve.errors import (
     DeadlineExceeded,
@@ -56,7 +57,7 @@ INPUTS = ("observations", "actions")
 # Turns of the event loop a request spends unseen: unread (up to one), its handler
 # scheduled (one), its answer written (one). Negligible unless the loop is overloaded.
 LAG_TURNS = 3
-BUSY_TURN_S = 0.001  # turns longer than this: calls are checked for refusal from headers
+REFUSING_S = 0.1  # after a 429, calls are checked from their headers for this long
 EARLY_ANSWER_S = 0.01  # a model's early 429 (its message, Retry-After) is this fresh
 _QUEUE_FULL = ErrorCode.QUEUE_FULL.value
 PARAMETERS = ("deterministic", "seed", "outputs")
@@ -121,6 +122,8 @@ class PredictFrontend:
         # scheduled; its answer written) is counted in turns (LAG_TURNS).
         self.turn_s = 0.0
         self._early: dict[str, _EarlyAnswer] = {}  # by model: its current early 429
+        self._gates: dict[bytes, _Gate] = {}  # by predict path: what refuse_early needs
+        self._refusing_until = 0.0  # calls are checked from their headers until then
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, path: PredictPath) -> None:
         call = _start(scope)
@@ -175,25 +178,42 @@ class PredictFrontend:
         decided from the request line and headers alone; None to serve the call as usual.
         The HTTP protocol (``serve.process.protocol``) asks before it starts a call, so an
         overloaded server refuses for the cost of parsing headers, not of a whole call."""
-        busy = self.turn_s > BUSY_TURN_S or self.router.backlogged()
-        if method != b"POST" or not busy or self.draining():
-            return None
-        raw_path = target.split(b"?", 1)[0]
-        path = None if b"%" in raw_path else match(raw_path.decode("latin-1"))
-        if path is None:
+        if method != b"POST" or time.monotonic() > self._refusing_until or self.draining():
+            return None  # nothing was refused lately: calls go their usual way
+        raw_path = target.partition(b"?")[0]
+        gate = self._gates.get(raw_path)  # the common case, in a few dictionary lookups
+        if gate is None:
+            gate = self._gate_for(raw_path)
+            if gate is None:
+                return None
+        timeout = next((v for k, v in headers if k == b"x-request-timeout-ms"), None)
+        try:
+            budget_ms = deadline_ms(None if timeout is None else timeout.decode(), gate.default_ms)
+        except RLServeError:
+            return None  # the call itself will say what is wrong
+        deadline = time.monotonic() + budget_ms / 1000 - LAG_TURNS * self.turn_s
+        if gate.scheduler.would_admit(1, deadline):
             return None
         call = _start({"headers": headers})
         try:
-            version = None if path.version is None else path_version(path.version)
-            route = self.router.resolve(path.model, version)
-            budget_ms = deadline_ms(call.timeout_header, route.default_deadline_ms)
-            deadline = self._deadline(call, budget_ms)
-            if route.scheduler.would_admit(1, deadline):
-                return None
-            call.model, call.version = route.model, route.version.version
-            return self._early_answer(call, route, deadline, path)
+            route = self.router.resolve(gate.path.model, None)
         except RLServeError:
-            return None  # the call itself will say what is wrong
+            return None
+        call.model, call.version = route.model, route.version.version
+        return self._early_answer(call, route, deadline, gate.path)
+
+    def _gate_for(self, raw_path: bytes) -> _Gate | None:
+        """A predict path's model scheduler, remembered for the next calls; only paths
+        naming no version (a version's own checks belong to the call) of models that exist."""
+        path = None if b"%" in raw_path else match(raw_path.decode("latin-1"))
+        if path is None or path.version is not None:
+            return None
+        try:
+            route = self.router.resolve(path.model, None)
+        except RLServeError:
+            return None
+        gate = self._gates[raw_path] = _Gate(path, route.scheduler, route.default_deadline_ms)
+        return gate
 
     def _deadline(self, call: _Call, budget_ms: float) -> float:
         """When the request must be answered by, on the server's clock: its budget from
@@ -232,7 +252,10 @@ class PredictFrontend:
         self, call: _Call, error: RLServeError
     ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         status = http_status(error)
-        seconds = time.monotonic() - call.received_at
+        now = time.monotonic()
+        seconds = now - call.received_at
+        if isinstance(error, QueueFull):  # overloaded: refuse the next calls from headers
+            self._refusing_until = now + REFUSING_S
         self.metrics.refused(call.model, call.version, status, error.code.value, seconds)
         if isinstance(error, InvalidInput) and error.out_of_bounds:  # observation_bounds: reject
             self.metrics.refused_out_of_bounds(call.model, error.out_of_bounds)
@@ -245,6 +268,15 @@ def _path_of(path: PredictPath) -> str:
         return "/predict"
     version = "" if path.version is None else f"/versions/{path.version}"
     return f"/v1/models/{path.model}{version}/predict"
+
+
+@dataclass(frozen=True, slots=True)
+class _Gate:
+    """What deciding on a call from its headers needs of its path."""
+
+    path: PredictPath
+    scheduler: Scheduler
+    default_ms: float
 
 
 @dataclass(frozen=True, slots=True)

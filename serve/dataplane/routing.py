@@ -27,7 +27,3 @@ class Router(Protocol):
         """The route for a model (None: the default model) and version (None: the active
         one); raises NotFound or ServiceUnavailable."""
         ...
-
-    def backlogged(self) -> bool:
-        """Whether rows wait in any model's queue (only then may a call be refused)."""
-        ...

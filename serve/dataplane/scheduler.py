@@ -61,11 +61,6 @@ class Scheduler(Protocol):
         ...
 
     @property
-    def backlogged(self) -> bool:
-        """Rows wait in the queue."""
-        ...
-
-    @property
     def alive(self) -> bool:
         """False once stopped."""
         ...

@@ -14,8 +14,8 @@ writes per request: no timer per request); the server sweeps its connections eve
 - ``body_timeout_s``: from the end of the headers to the end of the body.
 
 It also lets the predict frontend refuse a call from its headers alone
-(``PredictFrontend.refuse_early``): while a model's queue is backlogged, a call it would
-refuse (429) is answered here, before uvicorn builds a request cycle and an ASGI task for
+(``PredictFrontend.refuse_early``): for a while after any 429, a call its model would
+refuse is answered here, before uvicorn builds a request cycle and an ASGI task for
 it, and its body is skipped as it arrives. Under overload refusals are most of the answers,
 so their cost decides how much of the process is left for the requests admitted.
 """

@@ -201,11 +201,15 @@ async def test_a_call_the_model_would_refuse_is_answered_from_its_headers() -> N
         scheduler.hold()
         queued = asyncio.create_task(client.post("/predict", json={"observations": OBS}))
         await asyncio.sleep(0.05)
+        not_yet = app.frontend.refuse_early(b"POST", b"/predict", headers)  # nothing refused
+        first = await client.post("/predict", json={"observations": OBS})  # refused in full
         refused = app.frontend.refuse_early(b"POST", b"/v1/models/cartpole/predict?x=1", headers)
         other_route = app.frontend.refuse_early(b"POST", b"/v1/models", headers)
         scheduler.resume()
         assert (await queued).status_code == 200
-    assert idle is None  # nothing waits: no call is even looked at
+    assert idle is None
+    assert not_yet is None  # until a call was refused, calls go their usual way
+    assert first.status_code == 429
     assert other_route is None
     assert refused is not None
     head, body = refused.split(b"\r\n\r\n", 1)
