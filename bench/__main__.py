@@ -1,4 +1,5 @@
-"""Side by side in one run: rlserve, a plain FastAPI app and raw onnxruntime (issue #8).
+"""Side by side in one run: rlserve, a plain FastAPI app and raw onnxruntime (issue #8), and
+rlserve under overload (issue #9).
 
     python -m bench [--seconds 8] [--only mlp-64 --only actor] [--output docs/benchmarks.md]
 
@@ -13,6 +14,19 @@ Scenarios (all by default):
   cartpole-64                          the bundled demo
   raw                                  onnxruntime alone, batch 1 and 32, every model
   actor                                a CartPole env stepped through rlserve serve
+  overload                             goodput of rlserve serve (mlp) at saturation and at
+                                       10x overload (issue #9), see below
+
+overload: one rlserve serve process (mlp). Saturation: wrk at 8, 16, 32 and 64
+connections; goodput = 2xx answers/s, its peak is reached at C* connections. Overload:
+10 x C* connections for as long (a closed loop: a refused request is sent again at once,
+Retry-After ignored), every request carrying X-Request-Timeout-Ms: --deadline-ms, by
+default 80% of the time the server needs at its peak rate to serve one request per
+connection, so that 10x is an overload. 8 of those connections are a probe timing the 2xx
+answers from the client: the admitted p99. Then C* connections again, to see the machine's
+drift. Target: overload goodput >= 80% of saturation goodput (the mean of before and
+after) and admitted p99 <= the deadline. Takes 6 x --seconds + 2 x --warmup seconds, plus
+exporting the model; `--only overload --seconds 8` about a minute.
 
 Needs wrk and taskset on PATH, two CPU cores, and the test install (torch and
 stable-baselines3 build the mlp and cnn models). Writes docs/benchmarks.md unless told
@@ -32,7 +46,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import cpu, load, models, raw, report, scenarios, servers, targets
+from bench import cpu, load, models, overload, raw, report, scenarios, servers, targets
 from bench.actor import ActorResult, Client
 from bench.results import ActorRun, Conditions, LoadRun, RawRun, Results
 from bench.scenarios import Scenario
@@ -59,6 +73,14 @@ class BenchArgs:
             metavar="SCENARIO",
         ),
     )
+    deadline_ms: float | None = field(
+        default=None,
+        metadata=arg(
+            "overload: the deadline every overload request carries (X-Request-Timeout-Ms); "
+            f"default: {overload.DEADLINE_SHARE * 100:.0f}%% of the time the "
+            "server needs at its peak rate to serve one request per overload connection"
+        ),
+    )
     output: Path = field(
         default=ROOT / "docs" / "benchmarks.md", metadata=arg("markdown file to write")
     )
@@ -74,6 +96,8 @@ def main() -> None:
     args = from_namespace(BenchArgs, parser.parse_args())
     if args.seconds < 1 or args.warmup < 1:
         parser.error("--seconds and --warmup take whole seconds, 1 at least (wrk's -d)")
+    if args.deadline_ms is not None and args.deadline_ms <= 0:
+        parser.error("--deadline-ms takes a positive number of milliseconds")
     chosen = tuple(n for n in scenarios.NAMES if args.only is None or n in args.only)
     cpu.require_cores()
     load.require_wrk()
@@ -90,6 +114,11 @@ def main() -> None:
             results.raw = [_raw(repository / m, min(args.seconds, 2)) for m in scenarios.MODELS]
         if scenarios.ACTOR in chosen:
             results.actor = _actor_runs(args, repository / "cartpole", workdir)
+        if scenarios.OVERLOAD in chosen:
+            _say(f"{overload.MODEL}: overload against rlserve serve")
+            results.overload = overload.run(
+                repository / overload.MODEL, workdir, args.seconds, args.warmup, args.deadline_ms
+            )
     args.output.write_text(report.render(results, targets.judge(results)))
     _say(f"wrote {args.output}")
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from bench import scenarios, servers
+import math
+
+from bench import overload, scenarios, servers, targets
+from bench.overload import GoodputRun, OverloadRun
 from bench.results import Conditions, LoadRun, Results
 from bench.targets import Verdict
 
@@ -40,6 +43,8 @@ def render(results: Results, verdicts: list[Verdict]) -> str:
         parts.append(_raw_section(results))
     if results.actor:
         parts.append(_actor_section(results))
+    if results.overload is not None:
+        parts.append(_overload_section(results.overload))
     parts.append(_READING)
     return "\n".join(parts)
 
@@ -48,6 +53,11 @@ def _header(c: Conditions) -> str:
     connections = sorted({s.connections for s in scenarios.WRK if s.name in c.scenarios})
     shown = ", ".join(map(str, reversed(connections))) or "none"
     chosen = "all" if c.all_scenarios else f"{', '.join(c.scenarios)} (chosen with `--only`)"
+    overload_runs = (
+        " (the overload scenario: its own connections, each run measured as long)"
+        if scenarios.OVERLOAD in c.scenarios
+        else ""
+    )
     return (
         "# Benchmarks\n\n"
         f"Written by `python -m bench` on {c.when}.\n\n"
@@ -56,7 +66,8 @@ def _header(c: Conditions) -> str:
         "pinned*; the load generator (wrk with one thread, or the actor) on core 1 "
         "(`taskset -c 1`).\n"
         f"- Load: wrk connections {shown}; {c.warmup_s:g} s of warm-up, then {c.seconds:g} s "
-        f"measured, per server and scenario; unpinned gunicorn with {c.workers} workers.\n"
+        f"measured, per server and scenario{overload_runs}; unpinned gunicorn with "
+        f"{c.workers} workers.\n"
         f"- Scenarios: {chosen}.\n\n"
         "All numbers come from this one run: compare ratios within it, not across machines "
         "or runs.\n"
@@ -137,6 +148,141 @@ def _actor_section(results: Results) -> str:
         for r in results.actor
     ]
     return "\n".join(lines) + "\n"
+
+
+def _overload_section(run: OverloadRun) -> str:
+    peak, over = run.saturation, run.overload
+    probe = over.probe
+    verdict = targets.overload_verdict(run)
+    deadline = (
+        f"{run.deadline_ms:g} ms (`--deadline-ms`)"
+        if run.deadline_given
+        else f"{run.deadline_ms:g} ms ({overload.DEADLINE_SHARE:.0%} of {run.queue_ms:,.1f} ms)"
+    )
+    admitted = probe.admitted if probe else 0
+    p99 = f"{run.admitted_p99_ms:,.1f} ms (of {admitted:,})" if admitted else "n/a (no 2xx)"
+    lines = [
+        f"## overload: goodput at saturation and at {overload.FACTOR}x (issue #9)",
+        "",
+        _OVERLOAD_METHOD.format(
+            sweep=", ".join(map(str, overload.SWEEP)),
+            factor=overload.FACTOR,
+            probe=overload.PROBE_CONNECTIONS,
+            share=f"{overload.DEADLINE_SHARE:.0%}",
+            ramp=f"{overload.PROBE_RAMP_S:g}",
+        ),
+        "",
+        f"| saturation goodput (C* = {peak.connections}; before, after) | overload goodput "
+        f"({over.connections} connections) | ratio | admitted p99 (probe) | deadline "
+        "| 429 | 503 | 504 | errors | target |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"| {run.saturation_goodput:,.0f} 2xx/s ({peak.goodput:,.0f}, {run.after.goodput:,.0f}) "
+        f"| {over.goodput:,.0f} 2xx/s | {run.ratio:.0%} | {p99} "
+        f"| {deadline} | {over.statuses.too_many:,} | {over.statuses.unavailable:,} "
+        f"| {over.statuses.deadline:,} | {_errors(over)} | {verdict.status} |",
+        "",
+        _bound(run),
+        "",
+        "| run | connections | deadline ms | answers/s | goodput 2xx/s | 429 | 503 | 504 "
+        "| errors | all answers p50 / p99 ms (wrk) | admitted p50 / p99 ms (probe) "
+        "| late 2xx (probe) | server CPU µs/answer |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [_goodput_row(r, "saturation (C*)" if r is peak else "saturation") for r in run.sweep]
+    lines.append(_goodput_row(over, f"overload ({overload.FACTOR}x C*)"))
+    lines.append(_goodput_row(run.after, "saturation again (C*)"))
+    return "\n".join(lines) + "\n"
+
+
+def _bound(run: OverloadRun) -> str:
+    """The overload run against the bound a closed loop sets (Little's law)."""
+    over, n = run.overload, run.overload.connections
+    spent_ms = n / over.answers_per_s * 1e3 if over.answers_per_s else math.inf
+    needed = n / run.deadline_ms * 1e3
+    text = (
+        f"At {n} connections the server always holds {n} requests; at its peak rate it needs "
+        f"{run.queue_ms:,.1f} ms to serve one of each, against a deadline of "
+        f"{run.deadline_ms:g} ms. It answered {over.answers_per_s:,.0f} requests/s of any "
+        f"status, so a request spent {spent_ms:,.1f} ms in it on average, served or refused; "
+        f"admitted p99 within the deadline needs at least {needed:,.0f} answers/s "
+        f"({n} ÷ {run.deadline_ms:g} ms)"
+    )
+    share = _refusal_share(run.deadline_ms / run.queue_ms, overload.MIN_RATIO)
+    if share >= 1:
+        return text + "."
+    return text + (
+        f", which a server spending {overload.MIN_RATIO:.0%} of its time on goodput reaches "
+        f"only if a refusal costs at most {share:.0%} of a served request (less in practice: "
+        "admitted requests also queue, and p99 is above the mean)."
+    )
+
+
+def _refusal_share(deadline_share: float, goodput_share: float) -> float:
+    """The most a refusal may cost, as a share of a served request's cost, for a server
+    that spends ``goodput_share`` of its time on goodput to answer N ÷ deadline requests/s
+    when the deadline is ``deadline_share`` of N ÷ peak goodput: (1 - g) / (1/s - g)."""
+    room = 1 / deadline_share - goodput_share
+    return (1 - goodput_share) / room if room > 0 else math.inf
+
+
+def _goodput_row(run: GoodputRun, label: str) -> str:
+    deadline = "default" if run.deadline_ms is None else f"{run.deadline_ms:g}"
+    probe = run.probe
+    if probe is None:
+        admitted, late = "n/a", "n/a"
+    elif probe.admitted:
+        admitted = f"{probe.percentile_ms(0.5):,.1f} / {probe.percentile_ms(0.99):,.1f}"
+        late = f"{probe.late(run.deadline_ms or math.inf):,} of {probe.admitted:,}"
+    else:
+        admitted, late = "no 2xx", "n/a"
+    load, statuses = run.load, run.statuses
+    return (
+        f"| {label} | {run.connections} | {deadline} | {run.answers_per_s:,.0f} "
+        f"| {run.goodput:,.0f} | {statuses.too_many:,} | {statuses.unavailable:,} "
+        f"| {statuses.deadline:,} | {_errors(run)} | {load.p50_ms:,.1f} / {load.p99_ms:,.1f} "
+        f"| {admitted} | {late} | {run.cpu_us_per_answer:,.0f} |"
+    )
+
+
+def _errors(run: GoodputRun) -> str:
+    failures = run.probe.failures if run.probe else 0
+    return f"{run.errors + failures:,}"
+
+
+_OVERLOAD_METHOD = """\
+One `rlserve serve` process on core 0 serving the mlp model, for the whole scenario; wrk
+and the probe on core 1.
+
+- **Saturation**: closed-loop wrk at {sweep} connections with the model's default
+  deadline. *Goodput* is 2xx answers per second; its peak is reached at C* connections.
+- **Overload**: {factor} x C* connections for as long, every request carrying
+  `X-Request-Timeout-Ms` (the deadline). Unless `--deadline-ms` is given, the deadline is
+  {share} of the time the server needs at its peak rate to serve one request per overload
+  connection: a server that queues them all answers every one too late.
+- **Saturation again**: C* connections right after the overload, so that a change of the
+  machine's speed during the run shows; the overload is judged against the mean of the
+  two saturation goodputs.
+- **"{factor}x"** is {factor} times the concurrency of peak goodput, not {factor} times its request
+  rate. wrk is a closed loop that ignores Retry-After: a refused request is sent again at
+  once, so the server always holds {factor} x C* requests and pays for every refusal. An
+  open loop at {factor}x the peak rate cannot be generated here (wrk 4 has no rate mode; Python
+  cannot send that fast from one core), and no single Python process could even refuse
+  requests that fast.
+- **Admitted latency** comes from a probe: {probe} of the overload connections are Python
+  threads (`bench/probe.py`) that behave like wrk's but time each request from the client,
+  from {ramp} s after the start to the end; the admitted p50/p99 are those of their 2xx
+  answers, including the wait before the server reads a request. wrk's percentiles mix
+  every status; so does the server's `rlserve_request_latency_seconds`, which also starts
+  only when the handler sees the request.
+- **Counts**: the statuses are wrk's; *errors* are socket errors, statuses other than
+  2xx, 429, 503 and 504, and probe requests lost to a connection error. *Late 2xx* are the
+  probe's 2xx answers slower than the deadline. *Server CPU µs/answer* is the server
+  process's CPU time over the answers of any status.
+- **The bound of a closed loop**: with N requests always in the server, a request spends
+  N ÷ (answers per second) in it on average (Little's law), served or refused, and an
+  admitted request waits as long as any other to be read. Admitted p99 within the
+  deadline therefore needs at least N ÷ deadline answers per second of any status, which
+  the server reaches only by refusing cheaply."""
 
 
 _READING = """## Reading the numbers

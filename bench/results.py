@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from bench.actor import ActorResult
 from bench.load import LoadResult
+from bench.overload import OverloadRun
 from bench.scenarios import Scenario
 from bench.servers import Setup
 
@@ -67,6 +68,7 @@ class Results:
     load: list[LoadRun] = field(default_factory=list)
     raw: list[RawRun] = field(default_factory=list)
     actor: list[ActorRun] = field(default_factory=list)
+    overload: OverloadRun | None = None
 
     def find(self, scenario: str, setup_key: str) -> LoadRun | None:
         for run in self.load:

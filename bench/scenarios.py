@@ -2,7 +2,8 @@
 
 Scenario names are what ``python -m bench --only`` accepts. The wrk scenarios post one
 observation per request (seeded, so every run sends the same bytes) to every server setup;
-``raw`` times onnxruntime alone and ``actor`` runs the CartPole actor (see bench/actor.py).
+``raw`` times onnxruntime alone, ``actor`` runs the CartPole actor (see bench/actor.py) and
+``overload`` measures goodput at saturation and at 10x (see bench/overload.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from bench.servers import Setup
 
 RAW = "raw"
 ACTOR = "actor"
+OVERLOAD = "overload"
 STOCHASTIC_OUTPUTS = ("actions", "log_probs", "values")
 
 
@@ -39,7 +41,7 @@ WRK = (
     Scenario("cnn-64", "cnn", "cnn", 64),
     Scenario("cartpole-64", "cartpole", "cartpole", 64),
 )
-NAMES = (*(s.name for s in WRK), RAW, ACTOR)
+NAMES = (*(s.name for s in WRK), RAW, ACTOR, OVERLOAD)
 MODELS = ("cartpole", "mlp", "cnn")  # every model of the repository, in document order
 
 
@@ -79,4 +81,6 @@ def bench_models(names: list[str]) -> tuple[models.BenchModel, ...]:
     needed = {s.model for s in WRK if s.name in names}
     if RAW in names:
         needed |= set(MODELS)
+    if OVERLOAD in names:
+        needed.add(models.MLP.name)
     return tuple(m for m in (models.MLP, models.CNN) if m.name in needed)

@@ -1,16 +1,19 @@
-"""The targets of issue #8, judged on the numbers of one run: met, missed or not measured.
+"""The targets of issues #8 and #9, judged on the numbers of one run: met, missed or not
+measured.
 
 "rlserve" in a target means ``rlserve serve`` (one process, pinned like the baseline).
 A run with errors, or with no request completed, misses its target whatever its numbers:
-errors can be fast.
+errors can be fast. Under overload, refusals (429, 503, 504) are not errors: they are what
+the target is about.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench import servers
+from bench import overload, servers
 from bench.actor import Client
+from bench.overload import OverloadRun
 from bench.results import LoadRun, Results
 
 
@@ -37,6 +40,7 @@ def judge(results: Results) -> list[Verdict]:
         _stochastic_loss(results, 8, 0.15),
         _gunicorn_cpu(results, 0.10),
         *(_actor(results, client, 2000.0) for client in Client),
+        overload_verdict(results.overload),
     ]
 
 
@@ -106,6 +110,38 @@ def _actor(results: Results, client: Client, minimum: float) -> Verdict:
         return Verdict(target, "not run", None)
     rate = runs[0].actor.steps_per_s
     return Verdict(target, f"{rate:,.0f} steps/s", rate >= minimum)
+
+
+def overload_verdict(run: OverloadRun | None) -> Verdict:
+    """Goodput at FACTOR x C* connections against the saturation goodput, and the admitted
+    p99 against the deadline (issue #9); not judged when the run was no overload."""
+    target = (
+        f"overload: rlserve serve at {overload.FACTOR}x the saturation connections keeps "
+        f"≥ {overload.MIN_RATIO:.0%} of the saturation goodput, admitted p99 ≤ the deadline"
+    )
+    if run is None:
+        return Verdict(target, "not run", None)
+    probe = run.overload.probe
+    measured = (
+        f"{run.ratio:.0%} of saturation goodput, admitted p99 "
+        + (f"{run.admitted_p99_ms:,.1f} ms" if probe and probe.admitted else "n/a (no 2xx)")
+        + f" (deadline {run.deadline_ms:g} ms)"
+    )
+    if abs(run.drift) > overload.NOISY:
+        measured += f"; saturation goodput {run.drift:+.0%} after the overload: a noisy machine"
+    if run.queue_ms <= run.deadline_ms:
+        return Verdict(
+            target,
+            f"{measured}; no overload: {run.overload.connections} requests take "
+            f"{run.queue_ms:,.0f} ms at the peak rate, within the deadline",
+            None,
+        )
+    runs = (*run.sweep, run.overload, run.after)
+    errors = sum(r.errors for r in runs) + (probe.failures if probe else 0)
+    if errors:
+        return Verdict(target, f"{measured} ({errors} errors)", False)
+    met = run.ratio >= overload.MIN_RATIO and run.admitted_p99_ms <= run.deadline_ms
+    return Verdict(target, measured, met)
 
 
 def _verdict(target: str, measured: str, passed: bool, *runs: LoadRun) -> Verdict:
