@@ -208,9 +208,19 @@ def test_pull_mode_activates_a_version_written_by_another_process(
             shutil.copytree(versions[2].parent, repo / ".incoming-model" / "1")
             (repo / ".incoming-model").rename(repo / "newcomer")  # a model, new since start-up
             server.wait_until(
-                lambda c: "newcomer" in {m["name"] for m in c.get("/v1/models").json()["models"]},
+                lambda c: (
+                    {"name": "newcomer", "state": "ready"}.items()
+                    <= next(
+                        (
+                            m
+                            for m in c.get("/v1/models").json()["models"]
+                            if m["name"] == "newcomer"
+                        ),
+                        {},
+                    ).items()
+                ),
                 10,
-                "serving the new model",
+                "serving the new model (503 while it loads)",
             )
             assert client.predict(OBS, model="newcomer").model_version == 1
     finally:
