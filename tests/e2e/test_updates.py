@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -208,17 +209,7 @@ def test_pull_mode_activates_a_version_written_by_another_process(
             shutil.copytree(versions[2].parent, repo / ".incoming-model" / "1")
             (repo / ".incoming-model").rename(repo / "newcomer")  # a model, new since start-up
             server.wait_until(
-                lambda c: (
-                    {"name": "newcomer", "state": "ready"}.items()
-                    <= next(
-                        (
-                            m
-                            for m in c.get("/v1/models").json()["models"]
-                            if m["name"] == "newcomer"
-                        ),
-                        {},
-                    ).items()
-                ),
+                lambda c: state_of(c, "newcomer") == "ready",
                 10,
                 "serving the new model (503 while it loads)",
             )
@@ -313,6 +304,12 @@ def test_what_was_acknowledged_survives_kill_9(versions: list[Path], tmp_path: P
             assert admin.predict(OBS).model_version == 2  # the rollback, not the newest
     finally:
         again.stop()
+
+
+def state_of(client: httpx.Client, model: str) -> str | None:
+    """A model's state as GET /v1/models lists it (None: not listed)."""
+    listed = {m["name"]: m["state"] for m in client.get("/v1/models").json()["models"]}
+    return listed.get(model)
 
 
 def pushed_by(report: dict[str, object]) -> str:
