@@ -58,6 +58,14 @@ class ServeArgs:
             "watch the repository for new versions and models this often (pull mode; default: off)"
         ),
     )
+    observation_bounds: str | None = field(
+        default=None,
+        metadata=arg(
+            "an observation outside its Box's bounds: serve it as given, clip it, or refuse "
+            "it (422); " + _FROM_CONFIG + "allow",
+            choices=["allow", "clip", "reject"],
+        ),
+    )
     drain_delay_s: float | None = field(
         default=None,
         metadata=arg("keep serving after SIGTERM with /ready 503; " + _FROM_CONFIG + "0"),

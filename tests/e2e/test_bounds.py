@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import DEMO
+from tests.e2e.conftest import DEMO, only
 from tests.e2e.server import Server
 
 # CartPole's bounds, as its contract stores them: x within ±4.8, the angle within ±0.4189.
@@ -132,3 +132,20 @@ def test_booleans_in_observations_or_actions_are_refused_and_parameters_keep_the
             "message": f"{where} is a boolean; expected a number (1 for true, 0 for false)",
         }
     assert parameter.status_code == 200
+
+
+def test_the_server_wide_default_comes_from_a_flag_too(repository: Path, tmp_path: Path) -> None:
+    server = Server.rlserve(
+        only(repository, tmp_path, "cartpole"),
+        "--observation-bounds",
+        "reject",
+        log=tmp_path / "log",
+    )
+    try:
+        server.wait_ready()
+        with server.client() as client:
+            refused = predict(client, "cartpole", OUTSIDE)
+    finally:
+        server.stop()
+    assert refused.status_code == 422
+    assert "outside the space's bounds" in refused.json()["error"]["message"]
