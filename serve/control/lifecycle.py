@@ -191,6 +191,7 @@ class ModelLifeCycle:
                 "default_deadline_ms": s.default_deadline_ms,
                 "inline_max_ms": s.inline_max_ms,
             },
+            "observation_bounds": s.observation_bounds.value,
             "scheduler": self.scheduler.describe(),
             "version_policy": s.version_policy.model_dump(exclude_none=True),
         }

@@ -149,3 +149,12 @@ def test_the_server_wide_default_comes_from_a_flag_too(repository: Path, tmp_pat
         server.stop()
     assert refused.status_code == 422
     assert "outside the space's bounds" in refused.json()["error"]["message"]
+
+
+def test_each_model_says_its_bounds_policy(server: Server) -> None:
+    with server.client() as client:
+        policies = {
+            name: client.get(f"/v1/models/{name}").json()["observation_bounds"]
+            for name in ("cartpole", "clipped", "strict")
+        }
+    assert policies == {"cartpole": "allow", "clipped": "clip", "strict": "reject"}
