@@ -21,7 +21,7 @@ from serve.config import Settings
 from serve.control import store
 from serve.control.repository import MODEL_FILE
 from serve.control.updates import ActivationMode, Canary, Push, Updater
-from serve.dataplane.wire import json_response, positive_number, read_json_object, too_large
+from serve.dataplane.wire import body_chunks, json_response, positive_number, read_json_object
 from serve.errors import Forbidden, InvalidInput, Unauthorized
 from serve.versions import DESCRIPTION, parse_version, path_version
 
@@ -125,18 +125,12 @@ async def _push_from(request: Request, settings: Settings, model: str, version: 
 async def _upload(request: Request, settings: Settings, model: str, version: int) -> Path:
     """The body, streamed into a staging file of the repository as it arrives: a pushed
     model is never whole in memory, and no step costs the event loop more than a chunk."""
-    limit, root = settings.max_model_bytes, settings.model_repository
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large(int(declared), limit)
+    root = settings.model_repository
+    chunks = body_chunks(request, settings.max_model_bytes)
     staged = await asyncio.to_thread(store.staging, root, model, version) / MODEL_FILE
     try:
         with store.writing_to(root), open(staged, "wb") as file:
-            size = 0
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise too_large(size, limit)
+            async for chunk in chunks:
                 file.write(chunk)
     except BaseException:
         await asyncio.to_thread(store.discard, staged)

@@ -60,11 +60,10 @@ class RepositorySync:
         root = self.manager.settings.model_repository
         for name in list(self.manager.models):
             stamp = await asyncio.to_thread(store.state_stamp, root / name)
-            due = self._retry_at.get(name, 0.0) <= time.monotonic()
-            if stamp is None or (stamp == self._stamps.get(name) and name not in self._retry_at):
-                continue
-            if not due:
-                continue
+            if stamp is None or self._retry_at.get(name, 0.0) > time.monotonic():
+                continue  # no serving state, or backing off after a failure
+            if stamp == self._stamps.get(name) and name not in self._retry_at:
+                continue  # nothing new
             state = await asyncio.to_thread(store.read_state, root / name)
             if state is None:
                 continue

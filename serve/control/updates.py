@@ -73,12 +73,13 @@ class Canary:
 @dataclass(frozen=True)
 class Push:
     """A version to serve: its file (a staged upload, or the version's own file in the
-    repository) and the sha256 its sender claims for it."""
+    repository) and the sha256 its sender claims for it (None: the file is its own
+    reference, as a version found in the repository is)."""
 
     model: str
     version: int
     source: Path
-    sha256: str
+    sha256: str | None
     activate: bool = True
     mode: ActivationMode = ActivationMode.AT_BATCH_BOUNDARY
     rollback: bool = False  # allow a version not newer than the active one
@@ -141,14 +142,14 @@ class Updater:
         return report
 
     async def _push(self, entry: ModelLifeCycle, push: Push) -> UpdateReport:
-        await asyncio.to_thread(_check_checksum, push)  # hashing a large model takes a while
+        digest = await asyncio.to_thread(_sha256_of, push)  # hashing a large model takes a while
         previous = entry.active
         resident = entry.get(push.version)
         if resident is not None:
-            return _unchanged(entry, push, resident)
+            return _unchanged(entry, push.version, digest, resident)
         self._check_order(entry, push.version, push.rollback)
         started = time.monotonic()
-        model = await self._load(entry, push.version, push.source, push.canary)
+        model = await self._load(entry, push.version, push.source, push.canary, digest)
         load_s = time.monotonic() - started
         root = self.settings.model_repository
         await asyncio.to_thread(
@@ -292,11 +293,23 @@ class Updater:
     # ------------------------------------------------------------------ steps
 
     async def _load(
-        self, entry: ModelLifeCycle, version: int, source: Path, canary: Canary | None
+        self,
+        entry: ModelLifeCycle,
+        version: int,
+        source: Path,
+        canary: Canary | None,
+        sha256: str | None = None,
     ) -> ServedModel:
-        """Build, verify and warm a version on a worker thread; check it fits the live one."""
+        """Build, verify and warm a version on a worker thread (``sha256``: the file's, when
+        already known); check it fits the live one."""
         model = await asyncio.to_thread(
-            repository.load_file, entry.name, version, source, self.settings, entry.settings
+            repository.load_file,
+            entry.name,
+            version,
+            source,
+            self.settings,
+            entry.settings,
+            sha256,
         )
         await asyncio.to_thread(_check_compatible, entry, model, canary)
         return model
@@ -370,13 +383,15 @@ class Updater:
         return self._locks.setdefault(name, asyncio.Lock())
 
 
-def _check_checksum(push: Push) -> None:
+def _sha256_of(push: Push) -> str:
+    """The pushed file's sha256 (read once), checked against the sender's claim."""
     actual = repository.file_sha256(push.source, f"{push.model}/{push.version}")
-    if actual != push.sha256.lower():
+    if push.sha256 is not None and actual != push.sha256.lower():
         raise InvalidInput(
             f"sha256: the model bytes hash to {actual}, not {push.sha256}; "
             "the upload is corrupt or the checksum is wrong"
         )
+    return actual
 
 
 def _activating(
@@ -417,16 +432,16 @@ def _known_mode(value: str) -> ActivationMode:
         return ActivationMode.AT_BATCH_BOUNDARY
 
 
-def _unchanged(entry: ModelLifeCycle, push: Push, resident: ServedModel) -> UpdateReport:
-    if resident.sha256 != push.sha256.lower():
+def _unchanged(
+    entry: ModelLifeCycle, version: int, sha256: str, resident: ServedModel
+) -> UpdateReport:
+    if resident.sha256 != sha256:
         raise Conflict(
-            f"model {entry.name!r} version {push.version} is already loaded with sha256 "
+            f"model {entry.name!r} version {version} is already loaded with sha256 "
             f"{resident.sha256}; a changed model needs a new version number"
         )
     active = entry.active
-    return UpdateReport(
-        entry.name, push.version, UpdateResult.UNCHANGED, active, active, resident.sha256
-    )
+    return UpdateReport(entry.name, version, UpdateResult.UNCHANGED, active, active, sha256)
 
 
 def _check_compatible(entry: ModelLifeCycle, model: ServedModel, canary: Canary | None) -> None:

@@ -112,9 +112,7 @@ class RepositoryWatcher:
         key = (where.model, where.version)
         stamp = _stamp(where.path)
         try:
-            origin = f"{where.model}/{where.version}"
-            sha256 = await asyncio.to_thread(repository.file_sha256, where.path, origin)
-            report = await self.updater.push(Push(where.model, where.version, where.path, sha256))
+            report = await self.updater.push(Push(where.model, where.version, where.path, None))
         except (ModelLoadError, OSError) as exc:
             reason = exc.message if isinstance(exc, RLServeError) else str(exc)
             log.error("pull of %s/%d failed (tried again when the file changes): %s", *key, reason)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -19,7 +20,7 @@ from serve.status import http_headers, http_status
 
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 _JSON = "application/json"
-JOIN_INLINE_BYTES = 1 << 20  # larger bodies are put together off the event loop
+JOIN_INLINE_BYTES = 1 << 20  # larger control-plane bodies are put together off the loop
 
 
 def decode_object(body: bytes) -> dict[str, Any]:
@@ -73,19 +74,28 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
     """The whole body, refused with 413 as soon as it is known to exceed ``max_bytes``."""
+    chunks = [chunk async for chunk in body_chunks(request, max_bytes)]
+    if sum(map(len, chunks)) > JOIN_INLINE_BYTES:  # copying it would hold the loop
+        return await asyncio.to_thread(b"".join, chunks)
+    return b"".join(chunks)
+
+
+def body_chunks(request: Request, max_bytes: int) -> AsyncIterator[bytes]:
+    """The body as it arrives; 413 at once for a declared length over ``max_bytes``, and
+    as soon as the chunks received exceed it."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise too_large(int(declared), max_bytes)
-    chunks: list[bytes] = []
+    return _limited(request.stream(), max_bytes)
+
+
+async def _limited(chunks: AsyncIterator[bytes], max_bytes: int) -> AsyncIterator[bytes]:
     size = 0
-    async for chunk in request.stream():
+    async for chunk in chunks:
         size += len(chunk)
         if size > max_bytes:
             raise too_large(size, max_bytes)
-        chunks.append(chunk)
-    if size > JOIN_INLINE_BYTES:  # a pushed model: copying it would hold the loop
-        return await asyncio.to_thread(b"".join, chunks)
-    return b"".join(chunks)
+        yield chunk
 
 
 def json_response(

@@ -175,31 +175,28 @@ async def _measure_turns(frontend: predict.PredictFrontend) -> None:
         frontend.turn_s = TURN_WEIGHT * turn_s + (1 - TURN_WEIGHT) * frontend.turn_s
 
 
-async def _load_models(state: ServerState) -> bool:
+async def _load_models(state: ServerState, *, quiet: bool = False) -> bool:
+    """Load the repository; False (and /ready red, saying why) when it cannot be."""
     try:
         await state.manager.load_all()
     except RLServeError as exc:
         state.manager.fatal = exc.message
-        log.error("cannot load the model repository: %s", exc.message)
+        if not quiet:
+            log.error("cannot load the model repository: %s", exc.message)
         return False
+    state.manager.fatal = None
     _ready(state)
     return True
 
 
-async def _load_when_back(state: ServerState) -> bool:
+async def _load_when_back(state: ServerState) -> None:
     """A repository missing at start (moved away for a while: a worker restarted in the
     meantime) is looked for again every REPOSITORY_RETRY_S; /ready stays red meanwhile."""
     while True:
         await asyncio.sleep(REPOSITORY_RETRY_S)
-        try:
-            await state.manager.load_all()
-        except RLServeError as exc:
-            state.manager.fatal = exc.message
-            continue
-        state.manager.fatal = None
-        log.info("the model repository is back: %s", state.settings.model_repository)
-        _ready(state)
-        return True
+        if await _load_models(state, quiet=True):
+            log.info("the model repository is back: %s", state.settings.model_repository)
+            return
 
 
 def _ready(state: ServerState) -> None:
