@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,14 @@ NOT_RUN = "deadline passed while queued; the request was not run"
 # long while rows wait: under a backlog each turn of the loop serves several batches, so
 # the work of reading (and refusing) requests is shared by more answered rows.
 CHAIN_S = 0.002
+
+
+class _Refused(Enum):
+    """Why a request is not admitted."""
+
+    STOPPED = "stopped"  # starting or shutting down
+    FULL = "full"  # max_queue_rows reached
+    LATE = "late"  # the rows ahead would make it miss its deadline
 
 
 @dataclass(slots=True, eq=False)
@@ -155,40 +164,46 @@ class DynamicBatchScheduler:
     def admit(self, rows: int, deadline: float) -> None:
         """Refuse now what cannot be served: the queue is full, or the rows ahead would
         take longer than the deadline allows (raises QueueFull, ServiceUnavailable)."""
-        if self._closing or self._loop is None:
+        refused = self._refused(rows, deadline)
+        if refused is None:
+            return
+        if refused is _Refused.STOPPED:
             raise ServiceUnavailable(
                 f"model {self.name!r} is not running: the server is starting or shutting down"
             )
-        if self._queued_rows + rows > self.max_queue_rows:
+        if refused is _Refused.FULL:
             raise QueueFull(
                 f"model {self.name!r}: queue full ({self._queued_rows} of {self.max_queue_rows} "
                 "rows waiting); retry shortly",
                 retry_after_s=self._retry_after_s(self._queued_rows),
             )
-        if self.held:
-            return  # requests wait for the resume, within their deadlines
         ahead = self._queued_rows + self._running_rows
         wait_s = admission_wait_s(ahead, rows, self._row_s())
-        budget_s = deadline - time.monotonic()
-        if wait_s > budget_s:
-            raise QueueFull(
-                f"model {self.name!r}: the {ahead} rows ahead would take about "
-                f"{wait_s * 1000:.0f} ms to serve, longer than the {max(budget_s, 0) * 1000:.0f} "
-                "ms left before this request's deadline; retry later",
-                retry_after_s=math.ceil(wait_s - max(budget_s, 0.0)),
-            )
+        budget_s = max(deadline - time.monotonic(), 0.0)
+        raise QueueFull(
+            f"model {self.name!r}: the {ahead} rows ahead would take about "
+            f"{wait_s * 1000:.0f} ms to serve, longer than the {budget_s * 1000:.0f} "
+            "ms left before this request's deadline; retry later",
+            retry_after_s=math.ceil(wait_s - budget_s),
+        )
 
     def would_admit(self, rows: int, deadline: float) -> bool:
         """``admit``'s decision alone, without building an error: the cheap question a
         frontend asks for every call while the process is overloaded."""
+        return self._refused(rows, deadline) is None
+
+    def _refused(self, rows: int, deadline: float) -> _Refused | None:
+        """Why ``rows`` rows due by ``deadline`` cannot be admitted now (None: they can)."""
         if self._closing or self._loop is None:
-            return False
+            return _Refused.STOPPED
         if self._queued_rows + rows > self.max_queue_rows:
-            return False
+            return _Refused.FULL
         if self.held:
-            return True
+            return None  # requests wait for the resume, within their deadlines
         ahead = self._queued_rows + self._running_rows
-        return admission_wait_s(ahead, rows, self._row_s()) <= deadline - time.monotonic()
+        if admission_wait_s(ahead, rows, self._row_s()) > deadline - time.monotonic():
+            return _Refused.LATE
+        return None
 
     def _submit_parts(
         self, prepared: Prepared, version: int | None

@@ -62,9 +62,14 @@ def joined(
         elif remaining == 0:
             whole.set_result(merge([p.result() for p in parts]))
 
+    def whole_done(done: asyncio.Future[InferenceResponse]) -> None:
+        if done.cancelled():  # the caller gave up: its parts need not run
+            for part in parts:
+                part.cancel()
+
     for part in parts:
         part.add_done_callback(part_done)
-    whole.add_done_callback(lambda w: [p.cancel() for p in parts] if w.cancelled() else None)
+    whole.add_done_callback(whole_done)
     return whole
 
 
