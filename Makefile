@@ -14,7 +14,7 @@ PORT ?= 8000
 DEMO_REPOSITORY ?= examples/model_repository
 PYTEST_ARGS ?=
 
-.PHONY: serve test lint typecheck unit e2e bench demo clean chaos
+.PHONY: serve test lint typecheck unit e2e bench demo clean chaos proto
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,11 @@ bench: $(VENV)/.test-installed
 # repository, 60 s of locust load while every fault is injected; exits 1 when a gate fails.
 chaos: $(VENV)/.test-installed
 	$(BIN)/python -m loadtests.chaos --start-server --model-repository $(DEMO_REPOSITORY) --duration 60
+
+# Regenerate the gRPC modules of serve/dataplane/oip/proto from its .proto files (grpcio-tools
+# and mypy-protobuf from the test extra); the generated files are checked in.
+proto: $(VENV)/.test-installed
+	$(BIN)/python -m serve.dataplane.oip.proto.generate
 
 demo: $(VENV)/.test-installed
 	$(BIN)/python examples/train_cartpole.py

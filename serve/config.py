@@ -94,6 +94,13 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    grpc_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="also serve the Open Inference Protocol over gRPC on this port, at host "
+        "(Triton uses 8001); unset: no gRPC",
+    )
     workers: PositiveInt = Field(2, description="gunicorn worker processes (production only)")
 
     # Batching and deadlines (defaults for every model; see ModelSettings).

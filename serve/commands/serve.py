@@ -32,6 +32,14 @@ class ServeArgs:
     )
     host: str | None = field(default=None, metadata=arg(_FROM_CONFIG + "127.0.0.1"))
     port: int | None = field(default=None, metadata=arg(_FROM_CONFIG + "8000"))
+    grpc_port: int | None = field(
+        default=None,
+        metadata=arg(
+            "also serve the Open Inference Protocol over gRPC on this port (Triton's is 8001); "
+            + _FROM_CONFIG
+            + "no gRPC"
+        ),
+    )
     default_model: str | None = field(
         default=None, metadata=arg("model answering POST /predict (default: the only one)")
     )
@@ -114,10 +122,11 @@ def run(namespace: argparse.Namespace) -> int:
         timeout_graceful_shutdown=int(settings.graceful_timeout_s),
     )
     logging.getLogger("rlserve").info(
-        "serving %s on http://%s:%d (docs at /docs)",
+        "serving %s on http://%s:%d (docs at /docs)%s",
         settings.model_repository,
         settings.host,
         settings.port,
+        "" if settings.grpc_port is None else f", gRPC on {settings.host}:{settings.grpc_port}",
     )
     DrainingServer(uv_config, app.state).run()
     return 0

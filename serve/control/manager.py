@@ -173,6 +173,13 @@ class ModelRepositoryManager:
             + (f"; failed: {lifecycle.failures}" if lifecycle.failures else "")
         )
 
+    def model_names(self) -> list[str]:
+        return sorted(self.models)
+
+    def versions(self, model: str) -> list[int]:
+        """The versions of a model loaded and able to serve."""
+        return [served.version for served in self.lifecycle(model).resident()]
+
     def lifecycle(self, name: str) -> ModelLifeCycle:
         lifecycle = self.models.get(name)
         if lifecycle is None:

@@ -28,12 +28,13 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from serve.access import given_request_id, log_exchange, new_request_id
+from serve.access import log_exchange
+from serve.dataplane.exchange import Call, Disconnected, read_body, start_call
 from serve.dataplane.json_body import PredictBodyDecoder
 from serve.dataplane.messages import InferenceRequest, InferenceResponse, Prepared
 from serve.dataplane.routing import Route, Router
 from serve.dataplane.scheduler import Scheduler
-from serve.dataplane.wire import JSON_OPTIONS, deadline_ms, too_large
+from serve.dataplane.wire import JSON_OPTIONS, deadline_ms
 from serve.errors import (
     DeadlineExceeded,
     ErrorCode,
@@ -89,18 +90,6 @@ def match(path: str) -> PredictPath | None:
     return None
 
 
-@dataclass(slots=True)
-class _Call:
-    """What the handler learns about a call as it goes (for its error answer and metrics)."""
-
-    request_id: str
-    received_at: float
-    timeout_header: str | None = None
-    declared_length: int | None = None
-    model: str = ""  # the metrics label: a served model's name, once routed
-    version: int | None = None
-
-
 class PredictFrontend:
     def __init__(
         self,
@@ -126,7 +115,7 @@ class PredictFrontend:
         self._refusing_until = 0.0  # calls are checked from their headers until then
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, path: PredictPath) -> None:
-        call = _start(scope)
+        call = start_call(scope)
         try:
             if scope["method"] != "POST":
                 raise MethodNotAllowed(
@@ -136,7 +125,7 @@ class PredictFrontend:
             status, body, headers = 200, _encode(response), _stamp(response)
         except RLServeError as exc:
             status, body, headers = self._refuse(call, exc)
-        except _Disconnected:
+        except Disconnected:
             return
         except Exception as exc:
             log.exception("unhandled error on %s %s", scope["method"], scope["path"])
@@ -154,13 +143,13 @@ class PredictFrontend:
         if self.access_log:
             log_exchange(scope, call.request_id, status, time.monotonic() - call.received_at)
 
-    async def _predict(self, call: _Call, receive: Receive, path: PredictPath) -> InferenceResponse:
+    async def _predict(self, call: Call, receive: Receive, path: PredictPath) -> InferenceResponse:
         version = None if path.version is None else path_version(path.version)
         route = self.router.resolve(path.model, version)
         call.model, call.version = route.model, route.version.version
         budget_ms = deadline_ms(call.timeout_header, route.default_deadline_ms)
         deadline = self._deadline(call, budget_ms)
-        body = await _read_body(receive, call.declared_length, self.max_body_bytes)
+        body = await read_body(receive, call.declared_length, self.max_body_bytes)
         _check_deadline(deadline, budget_ms, "reading the body")
         route.scheduler.admit(1, deadline)  # overloaded: refuse before decoding
         if len(body) <= INLINE_BODY_BYTES:
@@ -194,7 +183,7 @@ class PredictFrontend:
         deadline = time.monotonic() + budget_ms / 1000 - LAG_TURNS * self.turn_s
         if gate.scheduler.would_admit(1, deadline):
             return None
-        call = _start({"headers": headers})
+        call = start_call({"headers": headers})
         try:
             route = self.router.resolve(gate.path.model, None)
         except RLServeError:
@@ -215,13 +204,13 @@ class PredictFrontend:
         gate = self._gates[raw_path] = _Gate(path, route.scheduler, route.default_deadline_ms)
         return gate
 
-    def _deadline(self, call: _Call, budget_ms: float) -> float:
+    def _deadline(self, call: Call, budget_ms: float) -> float:
         """When the request must be answered by, on the server's clock: its budget from
         when its bytes arrived, less the time its answer takes to go out."""
         return call.received_at + budget_ms / 1000 - LAG_TURNS * self.turn_s
 
     def _early_answer(
-        self, call: _Call, route: Route, deadline: float, path: PredictPath
+        self, call: Call, route: Route, deadline: float, path: PredictPath
     ) -> bytes | None:
         """The 429 for a call refused from its headers. Its head and body are built once
         per model every EARLY_ANSWER_S (under overload thousands of calls a second get the
@@ -249,7 +238,7 @@ class PredictFrontend:
         return cached.encode(call.request_id)
 
     def _refuse(
-        self, call: _Call, error: RLServeError
+        self, call: Call, error: RLServeError
     ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         status = http_status(error)
         now = time.monotonic()
@@ -301,52 +290,14 @@ def _check_deadline(deadline: float, budget_ms: float, spent_on: str) -> None:
         )
 
 
-class _Disconnected(Exception):
-    """The client went away before its request was read: there is no one to answer."""
-
-
-def _start(scope: Scope) -> _Call:
-    """The call's request id, deadline header and declared length, in one pass over headers."""
-    call = _Call("", time.monotonic())
-    for name, value in scope["headers"]:
-        if name == b"x-request-id":
-            call.request_id = given_request_id(value) or ""
-        elif name == b"x-request-timeout-ms":
-            call.timeout_header = value.decode("latin-1")
-        elif name == b"content-length" and value.isdigit():
-            call.declared_length = int(value)
-    if not call.request_id:
-        call.request_id = new_request_id()
-    return call
-
-
-async def _read_body(receive: Receive, declared: int | None, limit: int) -> bytes:
-    """The whole body, refused with 413 as soon as it is known to exceed ``limit``."""
-    if declared is not None and declared > limit:
-        raise too_large(declared, limit)
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _Disconnected
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise too_large(size, limit)
-        if not message.get("more_body", False):
-            return chunk if not chunks else b"".join([*chunks, chunk])
-        chunks.append(chunk)
-
-
 def _prepare(
-    route: Route, body: bytes, call: _Call, deadline: float, bodies: PredictBodyDecoder
+    route: Route, body: bytes, call: Call, deadline: float, bodies: PredictBodyDecoder
 ) -> Prepared:
     """Decode and validate a body; only the prepared arrays outlive this call."""
     return route.version.prepare(_request(bodies.decode(body), call, deadline))
 
 
-def _request(payload: dict[str, Any], call: _Call, deadline: float) -> InferenceRequest:
+def _request(payload: dict[str, Any], call: Call, deadline: float) -> InferenceRequest:
     """The decoded JSON predict body as a protocol-neutral request."""
     if len(payload) == 1 and "observations" in payload:  # the common case, nothing to split
         return InferenceRequest(

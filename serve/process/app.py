@@ -37,6 +37,10 @@ from serve.control.updates import Updater
 from serve.control.watcher import RepositoryWatcher
 from serve.control.workers import WorkerRegistry
 from serve.dataplane import http as predict
+from serve.dataplane.oip import rest as oip_rest
+from serve.dataplane.oip import rpc as oip_rpc
+from serve.dataplane.oip.infer import Inference
+from serve.dataplane.oip.rpc import GrpcServer
 from serve.dataplane.record import RecordSink
 from serve.dataplane.wire import error_response, json_response
 from serve.errors import MalformedRequest, MethodNotAllowed, NotFound, RLServeError
@@ -56,10 +60,19 @@ REPOSITORY_RETRY_S = 2.0  # how often a repository missing at start is looked fo
 class RLServeApp:
     """Routes each call to its plane, and runs the lifespan."""
 
-    def __init__(self, state: ServerState, control: ASGIApp, frontend: predict.PredictFrontend):
+    def __init__(
+        self,
+        state: ServerState,
+        control: ASGIApp,
+        frontend: predict.PredictFrontend,
+        v2: oip_rest.OipRestFrontend,
+        grpc: GrpcServer | None,
+    ):
         self.state = state
         self.control = control
         self.frontend = frontend
+        self.v2 = v2
+        self.grpc = grpc  # the Open Inference Protocol over gRPC, when grpc_port is set
         self._background: list[asyncio.Task[None]] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -67,6 +80,10 @@ class RLServeApp:
             path = predict.match(scope["path"])
             if path is not None:
                 await self.frontend(scope, receive, send, path)
+                return
+            v2 = oip_rest.match(scope["path"])
+            if v2 is not None:
+                await self.v2(scope, receive, send, v2)
                 return
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
@@ -79,15 +96,23 @@ class RLServeApp:
         self._background = [
             asyncio.create_task(_load(self.state), name="rlserve-load"),
             asyncio.create_task(_sample_load(self.state.manager), name="rlserve-load-gauges"),
-            asyncio.create_task(_measure_turns(self.frontend), name="rlserve-loop-turns"),
+            asyncio.create_task(_measure_turns(self.frontend, self.v2), name="rlserve-loop-turns"),
         ]
         if self.state.phases.listen_after_load:
             await self.state.phases.loaded.wait()  # uvicorn listens once startup completes
+        if self.grpc is not None:
+            try:
+                await self.grpc.start()
+            except RLServeError as exc:
+                await send({"type": "lifespan.startup.failed", "message": exc.message})
+                return
         await send({"type": "lifespan.startup.complete"})
         await receive()  # lifespan.shutdown
         self.state.phases.begin_stop()
         for task in self._background:
             task.cancel()
+        if self.grpc is not None:  # no new gRPC calls; those in flight finish
+            await self.grpc.stop(self.state.settings.graceful_timeout_s)
         await self.state.manager.stop()
         self.state.manager.sample_load()
         await asyncio.to_thread(self.state.updater.registry.withdraw)
@@ -113,7 +138,32 @@ def create_app(
         lambda: phases.draining,
         access_log=settings.access_log,
     )
-    return RLServeApp(state, _control_app(state), frontend)
+    inference = Inference(manager, metrics, lambda: phases.draining)
+    v2 = oip_rest.OipRestFrontend(
+        manager,
+        inference,
+        lambda: _unready(state),
+        settings.max_body_bytes,
+        access_log=settings.access_log,
+    )
+    grpc = None
+    if settings.grpc_port is not None:
+        service = oip_rpc.InferenceService(manager, inference, lambda: _unready(state))
+        grpc = GrpcServer(
+            service,
+            oip_rpc.HealthService(lambda: _unready(state)),
+            f"{settings.host}:{settings.grpc_port}",
+            settings.max_body_bytes,
+        )
+    return RLServeApp(state, _control_app(state), frontend, v2, grpc)
+
+
+def _unready(state: ServerState) -> list[str]:
+    """Why the server is not ready to take traffic ([] when it is): /ready's reasons."""
+    reasons = state.manager.unready_reasons()
+    if state.phases.draining:
+        reasons.insert(0, f"server is {state.phases.phase.value}")
+    return reasons
 
 
 def _control_app(state: ServerState) -> ASGIApp:
@@ -163,7 +213,7 @@ async def _sample_load(manager: ModelRepositoryManager) -> None:
         await asyncio.sleep(LOAD_SAMPLE_S)
 
 
-async def _measure_turns(frontend: predict.PredictFrontend) -> None:
+async def _measure_turns(frontend: predict.PredictFrontend, v2: oip_rest.OipRestFrontend) -> None:
     """How long one turn of the event loop takes, every TURN_SAMPLE_S: under overload a
     request waits about a turn before its handler runs, which its deadline must count."""
     loop = asyncio.get_running_loop()
@@ -173,6 +223,7 @@ async def _measure_turns(frontend: predict.PredictFrontend) -> None:
         await asyncio.sleep(0)  # back after one turn
         turn_s = loop.time() - started
         frontend.turn_s = TURN_WEIGHT * turn_s + (1 - TURN_WEIGHT) * frontend.turn_s
+        v2.turn_s = frontend.turn_s
 
 
 async def _load_models(state: ServerState, *, quiet: bool = False) -> bool:

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from grpc import StatusCode
 
 from serve import errors
 from serve.errors import ErrorCode, RLServeError
-from serve.status import HTTP_STATUS, http_headers, http_status
+from serve.status import (
+    GRPC_STATUS,
+    HTTP_STATUS,
+    grpc_status,
+    grpc_trailers,
+    http_headers,
+    http_status,
+)
 
 
 def test_every_code_has_an_http_status() -> None:
@@ -42,3 +50,26 @@ def test_every_error_class_of_the_hierarchy_has_its_own_code() -> None:
     classes = [c for c in vars(errors).values() if isinstance(c, type)]
     codes = [c.code for c in classes if issubclass(c, RLServeError) and c is not RLServeError]
     assert len(codes) == len(set(codes))
+
+
+def test_every_code_has_a_grpc_status() -> None:
+    assert set(GRPC_STATUS) == set(ErrorCode)
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (errors.MalformedRequest("x"), StatusCode.INVALID_ARGUMENT),
+        (errors.InvalidInput("x"), StatusCode.INVALID_ARGUMENT),
+        (errors.NotFound("x"), StatusCode.NOT_FOUND),
+        (errors.QueueFull("x"), StatusCode.RESOURCE_EXHAUSTED),
+        (errors.ServiceUnavailable("x"), StatusCode.UNAVAILABLE),
+        (errors.DeadlineExceeded("x"), StatusCode.DEADLINE_EXCEEDED),
+        (RLServeError("x"), StatusCode.INTERNAL),
+    ],
+)
+def test_errors_map_to_the_grpc_codes_clients_expect(error: RLServeError, code: StatusCode) -> None:
+    assert grpc_status(error) is code
+    trailers = dict(grpc_trailers(error))
+    assert trailers["rlserve-error-code"] == error.code.value
+    assert ("retry-after" in trailers) == (error.retry_after_s is not None)

@@ -1,0 +1,110 @@
+"""An Open Inference Protocol infer call, whichever transport carried it.
+
+REST (``serve.dataplane.oip.rest``) and gRPC (``serve.dataplane.oip.rpc``) decode a call into
+an :class:`~serve.dataplane.oip.signature.InferCall`; :class:`Inference` routes it to the
+model's scheduler, the same one the JSON predict routes feed, so rows of every protocol
+share batches, deadlines, back-pressure, metrics and drain. The answer comes back as output
+tensors for the transport to encode, with the version that computed them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from serve.dataplane.messages import InferenceResponse, Prepared
+from serve.dataplane.model import ServedModel
+from serve.dataplane.oip.signature import InferCall, OutputTensor, Signature
+from serve.dataplane.routing import Route, Router
+from serve.errors import DeadlineExceeded, InvalidInput, NotFound, RLServeError
+from serve.metrics import Metrics
+from serve.versions import path_version
+
+# Calls whose tensors hold more bytes than this are checked off the event loop, so no call
+# holds the loop in proportion to its size (the JSON predict route's rule, in bytes of data).
+INLINE_TENSOR_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class InferAnswer:
+    response: InferenceResponse
+    tensors: list[OutputTensor]
+
+
+class Inference:
+    def __init__(self, router: Router, metrics: Metrics, draining: Callable[[], bool]) -> None:
+        self.router = router
+        self.metrics = metrics
+        self.draining = draining
+        self._signatures: dict[str, Signature] = {}  # by sha256 of the version
+
+    def route(self, model: str, version: str | None) -> Route:
+        number = None if version is None or version == "" else _version(version)
+        return self.router.resolve(model, number)
+
+    def signature(self, served: ServedModel) -> Signature:
+        signature = self._signatures.get(served.sha256)
+        if signature is None:
+            if len(self._signatures) > 64:  # versions come and go: keep the recent ones
+                self._signatures.clear()
+            signature = self._signatures[served.sha256] = Signature(served.contract)
+        return signature
+
+    async def run(
+        self, route: Route, call: InferCall, request_id: str, received_at: float, deadline: float
+    ) -> InferAnswer:
+        """Check, queue and run one call; raises an RLServeError for the transport to map."""
+        signature = self.signature(route.version)
+        route.scheduler.admit(1, deadline)  # overloaded: refuse before checking the tensors
+        request = signature.request(call, request_id, received_at, deadline)
+        size = sum(values.nbytes for values in call.inputs.values())
+        if size <= INLINE_TENSOR_BYTES:
+            prepared = route.version.prepare(request)
+        else:
+            prepared = await asyncio.to_thread(route.version.prepare, request)
+        _check_deadline(prepared)
+        response = await route.scheduler.submit(prepared, route.pinned)
+        return InferAnswer(response, signature.answer(call, response.outputs))
+
+    def refused(
+        self, route: Route | None, error: RLServeError, status: int, received_at: float
+    ) -> None:
+        """Count a refused call in the metrics, as the predict routes do."""
+        model, version = ("", None) if route is None else (route.model, route.version.version)
+        seconds = time.monotonic() - received_at
+        self.metrics.refused(model, version, status, error.code.value, seconds)
+        if isinstance(error, InvalidInput) and error.out_of_bounds and route is not None:
+            self.metrics.refused_out_of_bounds(route.model, error.out_of_bounds)
+
+
+def budget_ms(call: InferCall, default_ms: float, asked_ms: float | None) -> float:
+    """A call's deadline budget: the model's default, or less when the transport asks for
+    less (``X-Request-Timeout-Ms``, a gRPC deadline) or the call's ``timeout`` parameter
+    does (microseconds, as Triton reads it)."""
+    budget = default_ms if asked_ms is None else min(default_ms, asked_ms)
+    timeout_us = call.parameters.get("timeout")
+    if timeout_us is None:
+        return budget
+    if isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us <= 0:
+        raise InvalidInput(
+            f"parameters.timeout: expected a positive number of microseconds, got {timeout_us!r}"
+        )
+    return min(budget, timeout_us / 1000)
+
+
+def _version(text: str) -> int:
+    try:
+        return path_version(text)
+    except NotFound:
+        raise NotFound(
+            f"model version {text!r}: a version is a positive integer, like '3'"
+        ) from None
+
+
+def _check_deadline(prepared: Prepared) -> None:
+    if time.monotonic() >= prepared.deadline:
+        raise DeadlineExceeded(
+            "the request's deadline passed while its tensors were checked; it was not run"
+        )

@@ -1,0 +1,460 @@
+"""The Open Inference Protocol over HTTP (KServe v2 REST), with binary tensor data.
+
+    GET  /v2                                          server metadata
+    GET  /v2/health/live | /v2/health/ready           200, or 503 with the reasons
+    GET  /v2/models/{m}[/versions/{v}]                model metadata (tensors from the contract)
+    GET  /v2/models/{m}[/versions/{v}]/ready          200, or 503
+    GET  /v2/models/{m}[/versions/{v}]/config         Triton's model configuration (perf_analyzer)
+    POST /v2/models/{m}[/versions/{v}]/infer          inference
+    POST /v2/repository/index                         the models served
+
+An infer body is a JSON header, optionally followed by binary tensor data: when the
+``Inference-Header-Content-Length`` header is given, the first that many bytes are JSON and
+each input whose ``parameters.binary_data_size`` is set takes its bytes from the rest, in
+input order. Outputs requested with ``parameters.binary_data`` (or all outputs, with the
+request parameter ``binary_data_output``) are answered the same way. Errors are
+``{"error": message, "code": code}`` with the status ``serve.status`` maps the code to; the
+deadline is ``X-Request-Timeout-Ms``, or the request parameter ``timeout`` (microseconds).
+
+Like the JSON predict routes, nothing but uvicorn stands in front of these routes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+from starlette.types import Receive, Scope, Send
+
+from serve import __version__
+from serve.access import log_exchange
+from serve.dataplane.exchange import Call, Disconnected, read_body, start_call
+from serve.dataplane.oip import tensors
+from serve.dataplane.oip.infer import InferAnswer, Inference, budget_ms
+from serve.dataplane.oip.signature import InferCall, RequestedOutput
+from serve.dataplane.routing import Route, Router
+from serve.dataplane.wire import deadline_ms
+from serve.errors import (
+    DeadlineExceeded,
+    InvalidInput,
+    MalformedRequest,
+    MethodNotAllowed,
+    NotFound,
+    RLServeError,
+    ServiceUnavailable,
+)
+from serve.status import http_headers, http_status
+
+log = logging.getLogger("rlserve.oip")
+
+PREFIX = "/v2"
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository"]
+PLATFORM = "onnxruntime_onnx"  # Triton's name for an ONNX model run by onnxruntime
+LAG_TURNS = 3  # as for the predict routes: turns of the loop a call spends unseen
+_JSON = (b"content-type", b"application/json")
+_BINARY = (b"content-type", b"application/octet-stream")
+_CLOSE = (b"connection", b"close")
+_HEADER_LENGTH = b"inference-header-content-length"
+
+
+class Catalog(Router, Protocol):
+    """What the metadata routes need besides routing (``serve.control.manager``)."""
+
+    def model_names(self) -> list[str]: ...
+
+    def versions(self, model: str) -> list[int]:
+        """The versions loaded and able to serve (NotFound for an unknown model)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class V2Path:
+    """What a /v2 path names: the model and version (when it names them) and the action."""
+
+    model: str | None
+    version: str | None
+    action: str  # "", "ready", "config", "infer", "live", "server_ready", "index", "stats"
+
+
+def match(path: str) -> V2Path | None:
+    """The v2 route a path names, or None for paths outside /v2."""
+    if path == PREFIX or path == PREFIX + "/":
+        return V2Path(None, None, "")
+    if not path.startswith(PREFIX + "/"):
+        return None
+    parts = path[len(PREFIX) + 1 :].split("/")
+    if parts == ["health", "live"]:
+        return V2Path(None, None, "live")
+    if parts == ["health", "ready"]:
+        return V2Path(None, None, "server_ready")
+    if parts == ["repository", "index"]:
+        return V2Path(None, None, "index")
+    if len(parts) < 2 or parts[0] != "models" or not parts[1]:
+        return V2Path(None, None, "unknown")
+    model, rest = parts[1], parts[2:]
+    version = None
+    if len(rest) >= 2 and rest[0] == "versions" and rest[1]:
+        version, rest = rest[1], rest[2:]
+    if not rest:
+        return V2Path(model, version, "")
+    if len(rest) == 1 and rest[0] in ("ready", "config", "infer", "stats"):
+        return V2Path(model, version, rest[0])
+    return V2Path(None, None, "unknown")
+
+
+class OipRestFrontend:
+    def __init__(
+        self,
+        catalog: Catalog,
+        inference: Inference,
+        unready: Callable[[], list[str]],
+        max_body_bytes: int,
+        *,
+        access_log: bool,
+    ) -> None:
+        self.catalog = catalog
+        self.inference = inference
+        self.unready = unready  # why the server is not ready (draining included); [] = ready
+        self.max_body_bytes = max_body_bytes
+        self.access_log = access_log
+        self.turn_s = 0.0  # a turn of the event loop, measured by the process
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, path: V2Path) -> None:
+        call = start_call(scope)
+        route: Route | None = None
+        try:
+            if path.action == "infer":
+                _allow(scope, "POST")
+                route = self.inference.route(path.model or "", path.version)
+                call.model, call.version = route.model, route.version.version
+                body, headers = await self._infer(scope, call, receive, route)
+            else:
+                body, headers = orjson.dumps(self._get(scope, path)), [_JSON]
+            status = 200
+        except RLServeError as exc:
+            status, body = http_status(exc), orjson.dumps(_error(exc))
+            headers = [
+                _JSON,
+                *((k.lower().encode(), v.encode()) for k, v in http_headers(exc).items()),
+            ]
+            if path.action == "infer":
+                self.inference.refused(route, exc, status, call.received_at)
+        except Disconnected:
+            return
+        except Exception as exc:
+            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
+            error = RLServeError(f"internal error: {type(exc).__name__}; see the server log")
+            status, body, headers = 500, orjson.dumps(_error(error)), [_JSON]
+        headers += [
+            (b"content-length", str(len(body)).encode()),
+            (b"x-request-id", call.request_id.encode("latin-1")),
+        ]
+        if self.inference.draining():
+            headers.append(_CLOSE)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        if self.access_log:
+            log_exchange(scope, call.request_id, status, time.monotonic() - call.received_at)
+
+    # ------------------------------------------------------------------ metadata
+
+    def _get(self, scope: Scope, path: V2Path) -> Any:
+        action = path.action
+        if action == "index":
+            _allow(scope, "POST")
+            return self._index()
+        _allow(scope, "GET")
+        if action == "":
+            if path.model is None:
+                return {"name": "rlserve", "version": __version__, "extensions": EXTENSIONS}
+            return self._model_metadata(path)
+        if action == "live":
+            return {"live": True}
+        if action == "server_ready":
+            reasons = self.unready()
+            if reasons:
+                raise ServiceUnavailable("not ready: " + "; ".join(reasons))
+            return {"ready": True}
+        if action == "ready":
+            route = self.inference.route(path.model or "", path.version)
+            if route.scheduler.held:
+                raise ServiceUnavailable(f"model {route.model!r} is held; resume it to serve it")
+            return {"name": route.model, "ready": True}
+        if action == "config":
+            return self._config(self.inference.route(path.model or "", path.version))
+        if action == "stats":
+            raise NotFound(
+                f"{scope['path']}: statistics are served as Prometheus metrics at /metrics"
+            )
+        raise NotFound(
+            f"{scope['path']}: not an Open Inference Protocol route; see /v2, "
+            "/v2/health/{live,ready} and /v2/models/{model}[/versions/{version}][/ready|/infer]"
+        )
+
+    def _model_metadata(self, path: V2Path) -> dict[str, Any]:
+        route = self.inference.route(path.model or "", path.version)
+        signature = self.inference.signature(route.version)
+        versions = [str(v) for v in self.catalog.versions(route.model)]
+        return {
+            "name": route.model,
+            "versions": versions if path.version is None else [str(route.version.version)],
+            "platform": PLATFORM,
+            "inputs": [t.to_json() for t in signature.inputs],
+            "outputs": [t.to_json() for t in signature.outputs],
+            "parameters": {"model_sha256": route.version.sha256},
+        }
+
+    def _config(self, route: Route) -> dict[str, Any]:
+        """Triton's model configuration, as far as it describes this model: tensors without
+        the batch axis (max_batch_size > 0), and the dynamic batcher's settings."""
+        signature = self.inference.signature(route.version)
+        scheduler = route.scheduler.describe()
+        return {
+            "name": route.model,
+            "platform": PLATFORM,
+            "backend": "onnxruntime",
+            "max_batch_size": scheduler.get("max_batch_size", 0),
+            "input": [_config_tensor(t.name, t.datatype, t.shape) for t in signature.inputs],
+            "output": [_config_tensor(t.name, t.datatype, t.shape) for t in signature.outputs],
+            "dynamic_batching": {
+                "max_queue_delay_microseconds": int(scheduler.get("max_wait_ms", 0) * 1000)
+            },
+            "instance_group": [{"name": route.model, "kind": _kind(route), "count": 1}],
+            "version_policy": {"latest": {"num_versions": 1}},
+            "parameters": {"model_sha256": {"string_value": route.version.sha256}},
+        }
+
+    def _index(self) -> list[dict[str, Any]]:
+        index = []
+        for name in self.catalog.model_names():
+            for version in self.catalog.versions(name):
+                index.append({"name": name, "version": str(version), "state": "READY"})
+        return index
+
+    # ------------------------------------------------------------------ infer
+
+    async def _infer(
+        self, scope: Scope, call: Call, receive: Receive, route: Route
+    ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        header_length = _header_length(scope)
+        body = await read_body(receive, call.declared_length, self.max_body_bytes)
+        decoded, budget_ms = decode_infer(body, header_length, call, route.default_deadline_ms)
+        deadline = call.received_at + budget_ms / 1000 - LAG_TURNS * self.turn_s
+        if time.monotonic() >= deadline:
+            raise DeadlineExceeded(
+                f"the request's deadline of {budget_ms:g} ms passed while reading it; "
+                "it was not run"
+            )
+        answer = await self.inference.run(
+            route, decoded, call.request_id, call.received_at, deadline
+        )
+        return encode_infer(answer, decoded)
+
+
+def _allow(scope: Scope, method: str) -> None:
+    if scope["method"] != method:
+        raise MethodNotAllowed(
+            f"{scope['method']} {scope['path']}: this route accepts {method} only"
+        )
+
+
+def _error(error: RLServeError) -> dict[str, str]:
+    return {"error": error.message, "code": error.code.value}
+
+
+def _config_tensor(name: str, datatype: str, shape: tuple[int, ...]) -> dict[str, Any]:
+    dims = list(shape[1:]) if shape and shape[0] == -1 else list(shape)
+    return {
+        "name": name,
+        "data_type": "TYPE_" + datatype,
+        "dims": dims or [1],
+        **({"reshape": {"shape": []}} if not dims else {}),
+    }
+
+
+def _kind(route: Route) -> str:
+    return "KIND_CPU" if route.version.provider == "CPUExecutionProvider" else "KIND_GPU"
+
+
+def _header_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == _HEADER_LENGTH:
+            if not value.isdigit():
+                raise MalformedRequest(
+                    f"Inference-Header-Content-Length: expected the JSON header's length in "
+                    f"bytes, got {value.decode('latin-1')!r}"
+                )
+            return int(value)
+        if name == b"content-encoding" and value not in (b"identity", b""):
+            raise MalformedRequest(
+                f"Content-Encoding {value.decode('latin-1')!r} is not supported; send the body "
+                "uncompressed"
+            )
+    return None
+
+
+# --------------------------------------------------------------------------- wire format
+
+
+def decode_infer(
+    body: bytes, header_length: int | None, call: Call, default_ms: float
+) -> tuple[InferCall, float]:
+    """An infer body as a call, and the call's deadline budget in milliseconds."""
+    if header_length is None:
+        header, binary = body, memoryview(b"")
+    elif header_length > len(body):
+        raise MalformedRequest(
+            f"Inference-Header-Content-Length is {header_length}, but the body has only "
+            f"{len(body)} bytes"
+        )
+    else:
+        view = memoryview(body)
+        header, binary = bytes(view[:header_length]), view[header_length:]
+    try:
+        payload = orjson.loads(header)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedRequest(f"infer request: the JSON header does not parse: {exc}") from None
+    if not isinstance(payload, dict):
+        raise MalformedRequest(
+            'infer request: expected a JSON object like {"inputs": [{"name", "datatype", '
+            f'"shape", "data"}}]}}, got a JSON {type(payload).__name__}'
+        )
+    parameters = _object(payload.get("parameters"), "parameters")
+    inputs = _inputs(
+        payload.get("inputs"), binary, may_hold_booleans=b"true" in header or b"false" in header
+    )
+    outputs = _outputs(payload.get("outputs"))
+    binary_output = parameters.get("binary_data_output", False)
+    if not isinstance(binary_output, bool):
+        raise InvalidInput(
+            f"parameters.binary_data_output: expected true or false, got {binary_output!r}"
+        )
+    request_id = payload.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidInput(f"id: expected a string, got {request_id!r}")
+    decoded = InferCall(inputs, parameters, outputs, request_id, binary_output)
+    header_ms = (
+        None if call.timeout_header is None else deadline_ms(call.timeout_header, default_ms)
+    )
+    return decoded, budget_ms(decoded, default_ms, header_ms)
+
+
+def _object(value: Any, field: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{field}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _inputs(value: Any, binary: memoryview, *, may_hold_booleans: bool) -> dict[str, Any]:
+    if not isinstance(value, list) or not value:
+        raise InvalidInput(
+            'inputs: expected a non-empty list of {"name", "datatype", "shape", "data"}'
+        )
+    arrays = {}
+    offset = 0
+    for i, given in enumerate(value):
+        if not isinstance(given, dict):
+            raise InvalidInput(f"inputs[{i}]: expected an object, got {type(given).__name__}")
+        name, datatype, shape = given.get("name"), given.get("datatype"), given.get("shape")
+        if (
+            not isinstance(name, str)
+            or not isinstance(datatype, str)
+            or not isinstance(shape, list)
+        ):
+            raise InvalidInput(
+                f"inputs[{i}]: needs name (string), datatype (string) and shape (list of integers)"
+            )
+        if name in arrays:
+            raise InvalidInput(f"inputs: {name!r} is given twice")
+        size = _object(given.get("parameters"), f"inputs[{i}].parameters").get("binary_data_size")
+        if size is None:
+            if "data" not in given:
+                raise InvalidInput(
+                    f"input {name!r}: give its data, or binary_data_size and the bytes"
+                )
+            arrays[name] = tensors.from_json(
+                name, datatype, shape, given["data"], may_hold_booleans=may_hold_booleans
+            )
+            continue
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise InvalidInput(
+                f"input {name!r}: binary_data_size must be a byte count, got {size!r}"
+            )
+        if offset + size > len(binary):
+            raise InvalidInput(
+                f"input {name!r}: binary_data_size {size} runs past the end of the body "
+                f"({len(binary) - offset} bytes of binary data left)"
+            )
+        arrays[name] = tensors.from_bytes(name, datatype, shape, binary[offset : offset + size])
+        offset += size
+    if offset != len(binary):
+        raise InvalidInput(
+            f"the body has {len(binary) - offset} bytes of binary data that no input's "
+            "binary_data_size accounts for"
+        )
+    return arrays
+
+
+def _outputs(value: Any) -> list[RequestedOutput]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidInput('outputs: expected a list of {"name", "parameters"}')
+    outputs = []
+    for i, given in enumerate(value):
+        if not isinstance(given, dict) or not isinstance(given.get("name"), str):
+            raise InvalidInput(f"outputs[{i}]: expected an object with a name")
+        parameters = _object(given.get("parameters"), f"outputs[{i}].parameters")
+        unknown = sorted(set(parameters) - {"binary_data"})
+        if unknown:
+            raise InvalidInput(
+                f"outputs[{i}].parameters: {unknown} not supported; an output takes binary_data"
+            )
+        binary = parameters.get("binary_data")
+        if binary is not None and not isinstance(binary, bool):
+            raise InvalidInput(f"outputs[{i}].parameters.binary_data: expected true or false")
+        outputs.append(RequestedOutput(given["name"], binary))
+    return outputs
+
+
+def encode_infer(answer: InferAnswer, call: InferCall) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """The infer answer's body and headers: JSON, then the binary outputs' bytes if any."""
+    response = answer.response
+    outputs = []
+    chunks = []
+    for tensor in answer.tensors:
+        entry: dict[str, Any] = {
+            "name": tensor.name,
+            "datatype": tensor.datatype,
+            "shape": list(tensor.values.shape),
+        }
+        if tensor.binary:
+            raw = tensors.to_bytes(tensor.values)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = tensors.to_json(tensor.values)
+        outputs.append(entry)
+    header = {
+        "model_name": response.model,
+        "model_version": str(response.version),
+        "parameters": {"model_sha256": response.sha256},
+        "outputs": outputs,
+    }
+    if call.id:
+        header["id"] = call.id
+    encoded = orjson.dumps(header)
+    stamp = [
+        (b"x-policy-version", str(response.version).encode()),
+        (b"x-policy-sha256", response.sha256.encode()),
+    ]
+    if not chunks:
+        return encoded, [_JSON, *stamp]
+    length = (_HEADER_LENGTH, str(len(encoded)).encode())
+    return b"".join([encoded, *chunks]), [_BINARY, length, *stamp]

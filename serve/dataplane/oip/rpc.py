@@ -1,0 +1,367 @@
+"""The Open Inference Protocol over gRPC: ``inference.GRPCInferenceService``.
+
+Served by grpcio's asyncio server on the process's event loop, beside HTTP: an infer call
+is decoded into an :class:`~serve.dataplane.oip.signature.InferCall` and run by the same
+:class:`~serve.dataplane.oip.infer.Inference` as the REST routes, so gRPC rows share
+batches with every other protocol. Tensors come in ``raw_input_contents`` (or typed
+``contents``) and always go out in ``raw_output_contents``. A call's gRPC deadline is its
+request deadline (never more than the model's ``default_deadline_ms``); errors become the
+status ``serve.status.GRPC_STATUS`` maps their code to, with the code and ``retry-after``
+in the trailing metadata.
+
+``ModelStreamInfer`` keeps one stream open for many calls (an actor stepping its
+environments): each call on it is run as it arrives, answered when its batch is done (not
+necessarily in order: match answers by ``id``), and a call that fails is answered with its
+``error_message`` while the stream goes on. At shutdown a stream takes no new calls,
+answers those in flight and ends.
+
+``grpc.health.v1.Health`` answers SERVING while the server is ready (Kubernetes' gRPC
+probe asks it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from serve import __version__
+from serve.dataplane.oip import tensors
+from serve.dataplane.oip.infer import InferAnswer, Inference, budget_ms
+from serve.dataplane.oip.proto import inference_pb2 as pb
+from serve.dataplane.oip.proto import inference_pb2_grpc as pb_grpc
+from serve.dataplane.oip.proto import model_config_pb2 as config_pb
+from serve.dataplane.oip.rest import EXTENSIONS, PLATFORM, Catalog
+from serve.dataplane.oip.signature import InferCall, RequestedOutput
+from serve.dataplane.routing import Route
+from serve.errors import ConfigError, DeadlineExceeded, InvalidInput, RLServeError
+from serve.status import grpc_status, grpc_trailers, http_status
+
+log = logging.getLogger("rlserve.grpc")
+
+# Typed contents by datatype: the InferTensorContents field that carries it.
+_CONTENTS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(
+        self, catalog: Catalog, inference: Inference, unready: Callable[[], list[str]]
+    ) -> None:
+        self.catalog = catalog
+        self.inference = inference
+        self.unready = unready
+        self.closing = asyncio.Event()  # set at shutdown: streams take no new calls
+
+    # ------------------------------------------------------------------ health, metadata
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return pb.ServerReadyResponse(ready=not self.unready())
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+        try:
+            route = self.inference.route(request.name, request.version)
+        except RLServeError:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=not route.scheduler.held)
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return pb.ServerMetadataResponse(name="rlserve", version=__version__, extensions=EXTENSIONS)
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+        route = await self._route(request.name, request.version, context)
+        signature = self.inference.signature(route.version)
+        versions = (
+            self.catalog.versions(route.model) if not request.version else [route.version.version]
+        )
+        metadata = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=route.model,
+            versions=[str(v) for v in versions],
+            platform=PLATFORM,
+            inputs=[
+                metadata(name=t.name, datatype=t.datatype, shape=t.shape) for t in signature.inputs
+            ],
+            outputs=[
+                metadata(name=t.name, datatype=t.datatype, shape=t.shape) for t in signature.outputs
+            ],
+        )
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:  # noqa: N802
+        route = await self._route(request.name, request.version, context)
+        signature = self.inference.signature(route.version)
+        scheduler = route.scheduler.describe()
+        return pb.ModelConfigResponse(
+            config=config_pb.ModelConfig(
+                name=route.model,
+                platform=PLATFORM,
+                backend="onnxruntime",
+                max_batch_size=scheduler.get("max_batch_size", 0),
+                input=[_config_input(t.name, t.datatype, t.shape) for t in signature.inputs],
+                output=[_config_output(t.name, t.datatype, t.shape) for t in signature.outputs],
+                dynamic_batching=config_pb.ModelDynamicBatching(
+                    max_queue_delay_microseconds=int(scheduler.get("max_wait_ms", 0) * 1000)
+                ),
+            )
+        )
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:  # noqa: N802
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "statistics are served as Prometheus metrics at the HTTP port's /metrics",
+        )
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:  # noqa: N802
+        index = pb.RepositoryIndexResponse.ModelIndex
+        return pb.RepositoryIndexResponse(
+            models=[
+                index(name=name, version=str(version), state="READY")
+                for name in self.catalog.model_names()
+                for version in self.catalog.versions(name)
+            ]
+        )
+
+    async def _route(self, model: str, version: str, context: Any) -> Route:
+        try:
+            return self.inference.route(model, version)
+        except RLServeError as exc:
+            await _abort(context, exc)
+            raise  # abort raises; this keeps the type checker informed
+
+    # ------------------------------------------------------------------ infer
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
+        received_at = time.monotonic()
+        remaining = context.time_remaining()
+        try:
+            return await self._infer(request, received_at, remaining)
+        except RLServeError as exc:
+            await _abort(context, exc)
+
+    async def ModelStreamInfer(  # type: ignore[override]  # noqa: N802
+        self, requests: Any, context: Any
+    ) -> None:
+        writing = asyncio.Lock()
+        pending: set[asyncio.Task[None]] = set()
+        remaining = context.time_remaining()
+        stream_ends = None if remaining is None else time.monotonic() + remaining
+
+        async def answer(request: Any, received_at: float) -> None:
+            left = None if stream_ends is None else stream_ends - received_at
+            try:
+                reply = pb.ModelStreamInferResponse(
+                    infer_response=await self._infer(request, received_at, left)
+                )
+            except RLServeError as exc:
+                reply = pb.ModelStreamInferResponse(
+                    error_message=f"[{exc.code.value}] {exc.message}"
+                )
+            async with writing:
+                await context.write(reply)
+
+        closing = asyncio.ensure_future(self.closing.wait())
+        try:
+            while True:
+                read = asyncio.ensure_future(context.read())
+                done, _ = await asyncio.wait({read, closing}, return_when=asyncio.FIRST_COMPLETED)
+                if read not in done:
+                    read.cancel()
+                    break  # shutting down: answer what is in flight, then end the stream
+                request = read.result()
+                if request is grpc.aio.EOF:
+                    break
+                task = asyncio.create_task(answer(request, time.monotonic()))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+            if pending:
+                await asyncio.gather(*pending)
+        finally:
+            closing.cancel()
+            for task in pending:
+                task.cancel()
+
+    async def _infer(self, request: Any, received_at: float, remaining_s: float | None) -> Any:
+        route: Route | None = None
+        try:
+            route = self.inference.route(request.model_name, request.model_version)
+            call = decode_infer(request)
+            budget = budget_ms(
+                call, route.default_deadline_ms, None if remaining_s is None else remaining_s * 1000
+            )
+            deadline = received_at + budget / 1000
+            if time.monotonic() >= deadline:
+                raise DeadlineExceeded(
+                    f"the request's deadline of {budget:g} ms passed before it was read"
+                )
+            answer = await self.inference.run(route, call, request.id, received_at, deadline)
+        except RLServeError as exc:
+            self.inference.refused(route, exc, http_status(exc), received_at)
+            raise
+        return encode_infer(answer, call)
+
+
+async def _abort(context: Any, error: RLServeError) -> None:
+    context.set_trailing_metadata(grpc_trailers(error))
+    await context.abort(grpc_status(error), error.message)
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def decode_infer(request: Any) -> InferCall:
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(
+            f"raw_input_contents: {len(raw)} entries for {len(request.inputs)} inputs; give "
+            "one per input, in input order, or none and use contents"
+        )
+    arrays: dict[str, np.ndarray] = {}
+    for i, given in enumerate(request.inputs):
+        if given.name in arrays:
+            raise InvalidInput(f"inputs: {given.name!r} is given twice")
+        shape = list(given.shape)
+        if raw:
+            arrays[given.name] = tensors.from_bytes(given.name, given.datatype, shape, raw[i])
+        else:
+            arrays[given.name] = _from_contents(given, shape)
+    outputs = []
+    for output in request.outputs:
+        unknown = sorted(set(output.parameters) - {"binary_data"})
+        if unknown:
+            raise InvalidInput(f"outputs: {output.name!r} parameters {unknown} are not supported")
+        outputs.append(RequestedOutput(output.name))
+    parameters = {key: _parameter(value) for key, value in request.parameters.items()}
+    return InferCall(arrays, parameters, outputs, request.id)
+
+
+def _from_contents(given: Any, shape: list[int]) -> np.ndarray:
+    field = _CONTENTS.get(given.datatype)
+    if field is None:
+        tensors.dtype_of(given.datatype, given.name)  # names the datatypes that are taken
+        raise InvalidInput(
+            f"input {given.name!r}: {given.datatype} data goes in raw_input_contents"
+        )
+    values = getattr(given.contents, field)
+    return tensors.from_json(
+        given.name, given.datatype, shape, list(values), may_hold_booleans=False
+    )
+
+
+def _parameter(value: Any) -> Any:
+    choice = value.WhichOneof("parameter_choice")
+    return None if choice is None else getattr(value, choice)
+
+
+def encode_infer(answer: InferAnswer, call: InferCall) -> Any:
+    response = answer.response
+    output = pb.ModelInferResponse.InferOutputTensor
+    return pb.ModelInferResponse(
+        model_name=response.model,
+        model_version=str(response.version),
+        id=call.id,
+        parameters={"model_sha256": pb.InferParameter(string_param=response.sha256)},
+        outputs=[
+            output(name=t.name, datatype=t.datatype, shape=t.values.shape) for t in answer.tensors
+        ],
+        raw_output_contents=[tensors.to_bytes(t.values) for t in answer.tensors],
+    )
+
+
+def _data_type(datatype: str) -> Any:
+    return config_pb.DataType.Value("TYPE_" + datatype)
+
+
+def _dims(shape: tuple[int, ...]) -> tuple[list[int], bool]:
+    """A tensor's dims in a batching model's configuration (no batch axis), and whether it
+    is a scalar per row (dims [1], reshaped to [])."""
+    dims = list(shape[1:]) if shape and shape[0] == -1 else list(shape)
+    return (dims or [1]), not dims
+
+
+def _config_input(name: str, datatype: str, shape: tuple[int, ...]) -> Any:
+    dims, scalar = _dims(shape)
+    reshape = config_pb.ModelTensorReshape(shape=[]) if scalar else None
+    return config_pb.ModelInput(
+        name=name, data_type=_data_type(datatype), dims=dims, reshape=reshape
+    )
+
+
+def _config_output(name: str, datatype: str, shape: tuple[int, ...]) -> Any:
+    dims, scalar = _dims(shape)
+    reshape = config_pb.ModelTensorReshape(shape=[]) if scalar else None
+    return config_pb.ModelOutput(
+        name=name, data_type=_data_type(datatype), dims=dims, reshape=reshape
+    )
+
+
+class HealthService(health_pb2_grpc.HealthServicer):
+    """``grpc.health.v1.Health``: SERVING while the server is ready (any service name)."""
+
+    def __init__(self, unready: Callable[[], list[str]]) -> None:
+        self.unready = unready
+
+    async def Check(self, request: Any, context: Any) -> Any:  # noqa: N802
+        status = health_pb2.HealthCheckResponse
+        return status(status=status.NOT_SERVING if self.unready() else status.SERVING)
+
+
+class GrpcServer:
+    """The gRPC listener of one server process: started with the app, stopped in its
+    lifespan shutdown before the schedulers (``serve.process.phases``)."""
+
+    def __init__(
+        self, service: InferenceService, health: HealthService, address: str, max_message_bytes: int
+    ) -> None:
+        self.service = service
+        self.health = health
+        self.address = address
+        self.options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.so_reuseport", 1),  # every gunicorn worker listens on the same port
+        ]
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        """Listen, on the running event loop (grpcio binds its server to the loop that
+        creates it)."""
+        server = grpc.aio.server(options=self.options)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.service, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        try:
+            self.port = server.add_insecure_port(self.address)
+        except RuntimeError as exc:  # grpcio raises this when it cannot bind
+            raise ConfigError(
+                f"grpc_port: cannot listen for gRPC on {self.address}: {exc}"
+            ) from None
+        await server.start()
+        self.server = server
+        log.info("gRPC listening on %s", self.address)
+
+    async def stop(self, grace_s: float) -> None:
+        """Take no new calls; calls in flight (streams: their calls in flight) finish
+        within ``grace_s``."""
+        self.service.closing.set()
+        if self.server is not None:
+            await self.server.stop(grace_s)

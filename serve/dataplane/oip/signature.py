@@ -1,0 +1,242 @@
+"""A policy as the Open Inference Protocol sees it: named tensors with datatypes and shapes.
+
+Built once per loaded version from its policy contract (cached by the version's sha256):
+
+- **inputs**: the contract's observation tensors, by their graph input names (``obs``, or
+  one per key of a Dict space), datatype and shape from the contract with ``-1`` for the
+  batch axis; and, not listed in the metadata, ``actions``: given actions to score.
+- **outputs**: ``actions``, ``log_probs``, ``values`` (when the policy has a critic) and
+  the distribution's parameters (``logits``, or ``mean`` and ``log_std``).
+- **parameters** of a request: ``deterministic`` (bool), ``seed`` (int), ``outputs`` (a
+  comma-separated list, as an alternative to requesting outputs by name), ``timeout``
+  (microseconds, Triton's name for a request deadline) and ``binary_data_output``.
+
+A request naming no outputs gets all of them, as the protocol says. Tensors arrive here as
+arrays (``serve.dataplane.oip.tensors``); what is checked here is what the protocol can
+say about a policy: every input present once, its datatype and its shape. Values (bounds,
+finiteness, discrete ranges) are the policy's own checks, as for any request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from serve.contract import PolicyContract, TensorRole
+from serve.dataplane.messages import InferenceRequest
+from serve.dataplane.oip.tensors import DTYPES, datatype_of
+from serve.errors import InvalidInput
+from serve.types import Answer, OutputKind
+
+ACTIONS = "actions"
+# Request parameters rlserve reads; any other is refused, naming these.
+PARAMETERS = ("deterministic", "seed", "outputs", "timeout", "binary_data_output", "priority")
+_KIND_OF = {
+    "actions": OutputKind.ACTIONS,
+    "log_probs": OutputKind.LOG_PROBS,
+    "values": OutputKind.VALUES,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMetadata:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]  # -1: the batch axis
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedOutput:
+    name: str
+    binary: bool | None = None  # the binary tensor data extension: None = the request's default
+
+
+@dataclass(slots=True)
+class InferCall:
+    """One infer call of either transport, decoded: tensors as arrays, parameters as values."""
+
+    inputs: dict[str, np.ndarray]
+    parameters: dict[str, Any]
+    outputs: list[RequestedOutput]
+    id: str = ""
+    binary_output: bool = False  # HTTP: outputs not named otherwise go as binary data
+
+
+@dataclass(frozen=True, slots=True)
+class OutputTensor:
+    name: str
+    datatype: str
+    values: np.ndarray  # in the advertised dtype, batch axis first
+    binary: bool
+
+
+class Signature:
+    """A version's tensors by protocol name, and the mapping of calls and answers."""
+
+    def __init__(self, contract: PolicyContract) -> None:
+        self.inputs = [
+            TensorMetadata(spec.name, datatype_of(spec.dtype), _shape(spec.shape))
+            for spec in contract.inputs
+            if spec.role is TensorRole.OBSERVATION
+        ]
+        self._keys = {spec.name: spec.key for spec in contract.inputs}
+        self._dict_space = any(key is not None for key in self._keys.values())
+        self._actions = _from_spec(ACTIONS, contract, TensorRole.ACTION)
+        outputs = [
+            self._actions,
+            TensorMetadata("log_probs", "FP32", (-1,)),
+        ]
+        if contract.output(TensorRole.VALUE) is not None:
+            outputs.append(_from_spec("values", contract, TensorRole.VALUE))
+        for role in (TensorRole.LOGITS, TensorRole.MEAN, TensorRole.LOG_STD):
+            if contract.output(role) is not None:
+                outputs.append(_from_spec(role.value, contract, role))
+        self.outputs = outputs
+        self._by_name = {o.name: o for o in outputs}
+        self._all = [RequestedOutput(o.name) for o in outputs]
+        self._parameter_outputs = {o.name for o in outputs} - set(_KIND_OF)
+        self._inputs_by_name = {i.name: i for i in self.inputs}
+
+    # ------------------------------------------------------------------ calls
+
+    def request(
+        self, call: InferCall, request_id: str, received_at: float, deadline: float
+    ) -> InferenceRequest:
+        """The call as a protocol-neutral request (its inputs checked against the contract)."""
+        observations = self._observations(call.inputs)
+        inputs: dict[str, Any] = {"observations": observations}
+        given = call.inputs.get(ACTIONS)
+        if given is not None:
+            inputs["actions"] = self._given_actions(given)
+        parameters = self._parameters(call)
+        return InferenceRequest(inputs, parameters, request_id, received_at, deadline)
+
+    def _observations(self, tensors: Mapping[str, np.ndarray]) -> Any:
+        unknown = sorted(set(tensors) - set(self._inputs_by_name) - {ACTIONS})
+        missing = sorted(set(self._inputs_by_name) - set(tensors))
+        if unknown or missing:
+            raise InvalidInput(
+                f"inputs: this model takes {self._describe_inputs()}"
+                + (f"; missing {missing}" if missing else "")
+                + (f"; unknown {unknown}" if unknown else "")
+            )
+        rows = set()
+        for meta in self.inputs:
+            values = tensors[meta.name]
+            _check(meta, values)
+            rows.add(len(values))
+        if len(rows) > 1:
+            raise InvalidInput(f"inputs: every input needs the same batch size; got {sorted(rows)}")
+        if not self._dict_space:
+            return tensors[self.inputs[0].name]
+        return {str(self._keys[meta.name]): tensors[meta.name] for meta in self.inputs}
+
+    def _given_actions(self, values: np.ndarray) -> np.ndarray:
+        _check(self._actions, values)
+        return values
+
+    def _describe_inputs(self) -> str:
+        return ", ".join(f"{i.name} ({i.datatype} {list(i.shape)})" for i in self.inputs)
+
+    def _parameters(self, call: InferCall) -> dict[str, Any]:
+        given = call.parameters
+        unknown = sorted(set(given) - set(PARAMETERS))
+        if unknown:
+            raise InvalidInput(
+                f"parameters: unknown parameter(s) {unknown}; this server reads {list(PARAMETERS)}"
+            )
+        parameters: dict[str, Any] = {}
+        if "deterministic" in given:
+            parameters["deterministic"] = given["deterministic"]
+        if "seed" in given:
+            parameters["seed"] = given["seed"]
+        kinds = self._kinds(self.chosen(call))
+        if kinds != {OutputKind.ACTIONS}:
+            parameters["outputs"] = sorted(kinds)
+        return parameters
+
+    def chosen(self, call: InferCall) -> list[RequestedOutput]:
+        """The outputs a call gets: those it names, else those its ``outputs`` parameter
+        lists, else all of them."""
+        named = call.outputs or self._from_parameter(call.parameters.get("outputs"))
+        if not named:
+            return self._all
+        seen = set()
+        for output in named:
+            if output.name not in self._by_name:
+                raise InvalidInput(
+                    f"outputs: {output.name!r} is not an output of this model; "
+                    f"its outputs are {list(self._by_name)}"
+                )
+            if output.name in seen:
+                raise InvalidInput(f"outputs: {output.name!r} is requested twice")
+            seen.add(output.name)
+        return named
+
+    def _from_parameter(self, value: Any) -> list[RequestedOutput]:
+        if value is None:
+            return []
+        if not isinstance(value, str) or not value.strip():
+            raise InvalidInput(
+                f"parameters.outputs: expected a comma-separated list drawn from "
+                f"{list(self._by_name)}, got {value!r}"
+            )
+        return [RequestedOutput(name.strip()) for name in value.split(",")]
+
+    def _kinds(self, chosen: Sequence[RequestedOutput]) -> set[OutputKind]:
+        kinds = set()
+        for output in chosen:
+            kind = _KIND_OF.get(output.name)
+            kinds.add(OutputKind.DISTRIBUTION if kind is None else kind)
+        return kinds
+
+    # ------------------------------------------------------------------ answers
+
+    def answer(self, call: InferCall, answer: Answer) -> list[OutputTensor]:
+        """The tensors a call asked for, from its answer (batch axis kept)."""
+        tensors = []
+        for output in self.chosen(call):
+            meta = self._by_name[output.name]
+            if output.name in self._parameter_outputs:
+                values = answer["distribution"][output.name]
+            else:
+                values = answer[output.name]
+            array = np.asarray(values).astype(DTYPES[meta.datatype], copy=False)
+            binary = call.binary_output if output.binary is None else output.binary
+            tensors.append(OutputTensor(output.name, meta.datatype, array, binary))
+        return tensors
+
+
+def _shape(shape: Sequence[int | str]) -> tuple[int, ...]:
+    return tuple(-1 if isinstance(d, str) else d for d in shape)
+
+
+def _from_spec(name: str, contract: PolicyContract, role: TensorRole) -> TensorMetadata:
+    spec = contract.output(role)
+    assert spec is not None
+    return TensorMetadata(name, datatype_of(spec.dtype), _shape(spec.shape))
+
+
+def _check(meta: TensorMetadata, values: np.ndarray) -> None:
+    """A tensor's datatype and shape against what the model takes."""
+    given = datatype_of(values.dtype)
+    if given != meta.datatype:
+        raise InvalidInput(
+            f"input {meta.name!r}: datatype {given} is not what this model takes; "
+            f"send {meta.datatype} with shape {list(meta.shape)}"
+        )
+    shape = values.shape
+    fits = len(shape) == len(meta.shape) and all(
+        want in (-1, got) for want, got in zip(meta.shape, shape, strict=True)
+    )
+    if not fits or not shape or shape[0] == 0:
+        raise InvalidInput(
+            f"input {meta.name!r}: shape {list(shape)} does not fit {list(meta.shape)} "
+            "(-1: any batch size of at least 1)"
+        )

@@ -1,0 +1,192 @@
+"""Tensors of the Open Inference Protocol: datatypes, and data in and out of arrays.
+
+The protocol names a tensor's element type with a datatype string (``FP32``, ``UINT8``,
+``INT64``, ``BOOL`` ...) and gives its elements row-major: as JSON numbers (flat or nested),
+as raw little-endian bytes (the binary tensor data extension over HTTP, ``raw_input_contents``
+over gRPC), or as typed lists (gRPC ``InferTensorContents``). This module turns each form
+into a numpy array of the declared datatype and shape, and arrays back into bytes or lists.
+It checks only what a tensor says of itself (its datatype, that the element count matches
+the shape); whether a tensor fits the model is ``serve.dataplane.oip.signature``'s business.
+"""
+
+from __future__ import annotations
+
+import array
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from serve.errors import InvalidInput, MalformedRequest
+
+# Datatype -> little-endian numpy dtype. BYTES (variable-length strings) and BF16 have no
+# place in a policy's tensors; they are refused by name.
+DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+}
+_DATATYPES = {dtype: name for name, dtype in DTYPES.items()}
+MAX_DIMS = 8  # more axes than any observation has; refused before any arithmetic
+
+
+def datatype_of(dtype: np.dtype | str) -> str:
+    """The protocol's datatype for a numpy dtype (``float32`` -> ``FP32``)."""
+    name = _DATATYPES.get(np.dtype(dtype).newbyteorder("<"))
+    if name is None:
+        raise ValueError(f"dtype {dtype} has no Open Inference Protocol datatype")
+    return name
+
+
+def dtype_of(datatype: str, name: str) -> np.dtype:
+    """The numpy dtype of a tensor's declared datatype; InvalidInput for one we do not take."""
+    dtype = DTYPES.get(datatype)
+    if dtype is None:
+        raise InvalidInput(
+            f"input {name!r}: datatype {datatype!r} is not supported; use one of {sorted(DTYPES)}"
+        )
+    return dtype
+
+
+def element_count(shape: Sequence[int], name: str) -> int:
+    """The elements a shape holds; MalformedRequest for a shape no tensor can have."""
+    if len(shape) > MAX_DIMS or any(
+        isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape
+    ):
+        raise MalformedRequest(
+            f"input {name!r}: shape {list(shape)!r} is not a tensor shape; give at most "
+            f"{MAX_DIMS} non-negative integers"
+        )
+    return math.prod(shape)
+
+
+def from_bytes(
+    name: str, datatype: str, shape: Sequence[int], raw: bytes | memoryview
+) -> np.ndarray:
+    """A tensor from its raw row-major little-endian bytes (no copy)."""
+    dtype = dtype_of(datatype, name)
+    count = element_count(shape, name)
+    if len(raw) != count * dtype.itemsize:
+        raise InvalidInput(
+            f"input {name!r}: {len(raw)} bytes of data for shape {list(shape)} of {datatype} "
+            f"needs {count * dtype.itemsize} ({count} elements of {dtype.itemsize} bytes)"
+        )
+    if dtype.kind == "b":
+        values = np.frombuffer(raw, dtype=np.uint8)
+        if values.size and values.max() > 1:
+            raise InvalidInput(f"input {name!r}: BOOL bytes must be 0 or 1")
+        return values.view(np.bool_).reshape(shape)
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+def from_json(
+    name: str, datatype: str, shape: Sequence[int], data: Any, *, may_hold_booleans: bool = True
+) -> np.ndarray:
+    """A tensor from its JSON ``data``: its elements row-major, flat or nested.
+
+    JSON booleans are data only for BOOL (numpy and ``array`` would take them as 1 and 0):
+    a caller that knows its body holds no ``true``/``false`` (a search in C over the bytes)
+    passes ``may_hold_booleans=False`` and skips looking for them."""
+    dtype = dtype_of(datatype, name)
+    count = element_count(shape, name)
+    if not isinstance(data, list):
+        raise InvalidInput(
+            f"input {name!r}: data must be a list of {count} {datatype} values, "
+            f"got {type(data).__name__}"
+        )
+    if dtype.kind != "b" and may_hold_booleans and _holds_boolean(data):
+        raise InvalidInput(f"input {name!r}: {datatype} data must be numbers, not true or false")
+    values = _flat_array(data, dtype) if data and type(data[0]) is not list else None
+    if values is None:
+        values = _nested_array(name, datatype, data, dtype)
+    if values.size != count:
+        raise InvalidInput(
+            f"input {name!r}: {values.size} values of data for shape {list(shape)}, "
+            f"which holds {count}"
+        )
+    return values.reshape(shape)
+
+
+def _flat_array(data: list[Any], dtype: np.dtype) -> np.ndarray | None:
+    """The common cases, converted in C by a constructor that refuses anything else: FP32
+    (``array`` refuses non-numbers) and UINT8 (``bytes`` refuses anything but integers
+    0..255)."""
+    try:
+        if dtype == np.float32:
+            return np.frombuffer(array.array("f", data), dtype=np.float32)
+        if dtype == np.uint8:
+            return np.frombuffer(bytes(data), dtype=np.uint8)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return None
+
+
+def _nested_array(name: str, datatype: str, data: list[Any], dtype: np.dtype) -> np.ndarray:
+    """Any form of JSON data, converted by numpy and then checked: booleans only for BOOL,
+    integers for integer datatypes, numbers for floating ones, each within the datatype's
+    range."""
+    try:
+        values = np.asarray(data)
+    except ValueError:  # ragged nesting
+        raise InvalidInput(
+            f"input {name!r}: data is nested unevenly; give the elements row-major, flat or "
+            "nested to the tensor's shape"
+        ) from None
+    kind = values.dtype.kind
+    if dtype.kind == "b":
+        fits = kind == "b" or values.size == 0
+    elif dtype.kind in "iu":
+        fits = kind in "iu" or values.size == 0
+    else:
+        fits = kind in "iuf" or values.size == 0
+    if not fits:
+        wanted = {"b": "true or false", "i": "integers", "u": "integers"}.get(dtype.kind, "numbers")
+        raise InvalidInput(
+            f"input {name!r}: {datatype} data must be {wanted}; got {_sample(values)}"
+        )
+    if dtype.kind in "iu" and values.size:
+        info = np.iinfo(dtype)
+        if kind not in "iu" or values.min() < info.min or values.max() > info.max:
+            raise InvalidInput(
+                f"input {name!r}: {datatype} values must lie in {info.min}..{info.max}; "
+                f"got {values.min()}..{values.max()}"
+            )
+    with np.errstate(over="ignore"):
+        return values.astype(dtype)
+
+
+def _holds_boolean(data: list[Any]) -> bool:
+    """Whether a JSON true or false sits anywhere in nested lists (a walk in C per list)."""
+    kinds = set(map(type, data))
+    if bool in kinds:
+        return True
+    return list in kinds and any(_holds_boolean(v) for v in data if type(v) is list)
+
+
+def _sample(values: np.ndarray) -> str:
+    flat = values.reshape(-1)
+    odd = next(
+        (v for v in flat.tolist() if not isinstance(v, int | float) or isinstance(v, bool)), None
+    )
+    return repr(odd if odd is not None else flat[0].item())
+
+
+def to_bytes(values: np.ndarray) -> bytes:
+    """A tensor's raw row-major little-endian bytes."""
+    return np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<")).tobytes()
+
+
+def to_json(values: np.ndarray) -> list[Any]:
+    """A tensor's elements, flat and row-major, as JSON values."""
+    flat: list[Any] = values.reshape(-1).tolist()
+    return flat

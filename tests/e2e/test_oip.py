@@ -1,0 +1,375 @@
+"""The Open Inference Protocol against a real server, with Triton's own clients.
+
+``tritonclient.http`` (JSON and binary tensor data, both directions) and
+``tritonclient.grpc`` (unary and streaming) talk to ``rlserve serve --grpc-port``; answers
+are checked against onnxruntime run directly on the same rows, and each failure class is
+checked on both transports: unknown model, wrong datatype or shape, deadline, queue full,
+draining.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from serve.client import PolicyClient
+from serve.distributions import Categorical
+from tests.e2e.conftest import only
+from tests.e2e.server import Server, free_port
+
+TOKEN = "oip-test-admin-token"
+MODELS = ("heavy", "cartpole", "pendulum", "dict")
+HEAVY_CONFIG = "max_queue_rows: 1\n"  # heavy: a queue of one row, to see 429s
+
+
+class V2Server:
+    """A server with gRPC on, and clients for both transports."""
+
+    def __init__(self, server: Server, grpc_port: int, repository: Path) -> None:
+        self.server = server
+        self.repository = repository
+        self.http_url = server.url.removeprefix("http://")
+        self.grpc_url = f"127.0.0.1:{grpc_port}"
+
+    def http(self) -> triton_http.InferenceServerClient:
+        return triton_http.InferenceServerClient(self.http_url)
+
+    def grpc(self) -> triton_grpc.InferenceServerClient:
+        return triton_grpc.InferenceServerClient(self.grpc_url)
+
+    def onnx(self, model: str) -> ort.InferenceSession:
+        return ort.InferenceSession(str(self.repository / model / "1" / "model.onnx"))
+
+
+def start(repository: Path, tmp: Path, *flags: str) -> tuple[Server, int]:
+    grpc_port = free_port()
+    server = Server.rlserve(
+        repository,
+        "--grpc-port",
+        str(grpc_port),
+        *flags,
+        env={"RLSERVE_ADMIN_TOKEN": TOKEN},
+        log=tmp / "log",
+    )
+    server.wait_ready()
+    return server, grpc_port
+
+
+@pytest.fixture(scope="module")
+def v2(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[V2Server]:
+    tmp = tmp_path_factory.mktemp("oip")
+    repo = only(repository, tmp, *MODELS, config=HEAVY_CONFIG)
+    server, grpc_port = start(repo, tmp)
+    yield V2Server(server, grpc_port, repo)
+    server.stop()
+
+
+def rows(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-0.2, 0.2, (n, 4)).astype(np.float32)
+
+
+def cartpole_expected(v2: V2Server, obs: np.ndarray) -> dict[str, np.ndarray]:
+    actions, logits, values = v2.onnx("cartpole").run(["action", "logits", "value"], {"obs": obs})
+    log_probs = Categorical(logits).log_prob(actions)
+    return {"actions": actions, "logits": logits, "values": values, "log_probs": log_probs}
+
+
+def assert_matches(got: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    assert set(got) == set(expected)
+    for name, values in expected.items():
+        if values.dtype.kind in "iu":
+            np.testing.assert_array_equal(got[name], values, err_msg=name)
+        else:
+            np.testing.assert_allclose(got[name], values, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+# --------------------------------------------------------------------------- answers
+
+
+@pytest.mark.parametrize(
+    ("binary_in", "binary_out"), [(False, False), (True, True), (True, False), (False, True)]
+)
+def test_http_answers_equal_onnxruntime_in_json_and_binary(
+    v2: V2Server, binary_in: bool, binary_out: bool
+) -> None:
+    obs = rows(7)
+    given = triton_http.InferInput("obs", list(obs.shape), "FP32")
+    given.set_data_from_numpy(obs, binary_data=binary_in)
+    names = ("actions", "logits", "values", "log_probs")
+    wanted = [triton_http.InferRequestedOutput(n, binary_data=binary_out) for n in names]
+    with v2.http() as client:
+        result = client.infer("cartpole", [given], outputs=wanted, request_id="r-1")
+    response = result.get_response()
+    assert response["id"] == "r-1"
+    assert all(("data" in o) != binary_out for o in response["outputs"])
+    assert_matches({n: result.as_numpy(n) for n in names}, cartpole_expected(v2, obs))
+
+
+def test_grpc_answers_equal_onnxruntime(v2: V2Server) -> None:
+    obs = rows(5, seed=1)
+    given = triton_grpc.InferInput("obs", list(obs.shape), "FP32")
+    given.set_data_from_numpy(obs)
+    with v2.grpc() as client:
+        result = client.infer("cartpole", [given], request_id="g-1")
+    names = ("actions", "logits", "values", "log_probs")
+    assert result.get_response().id == "g-1"
+    assert_matches({n: result.as_numpy(n) for n in names}, cartpole_expected(v2, obs))
+
+
+def test_box_actions_and_gaussian_parameters_over_grpc(v2: V2Server) -> None:
+    obs = np.random.default_rng(2).uniform(-1, 1, (4, 3)).astype(np.float32)
+    given = triton_grpc.InferInput("obs", list(obs.shape), "FP32")
+    given.set_data_from_numpy(obs)
+    wanted = [triton_grpc.InferRequestedOutput(n) for n in ("actions", "mean", "log_std")]
+    with v2.grpc() as client:
+        result = client.infer("pendulum", [given], outputs=wanted)
+    session = v2.onnx("pendulum")
+    names = [o.name for o in session.get_outputs()]
+    graph = dict(zip(names, session.run(None, {"obs": obs}), strict=True))
+    assert [o.name for o in result.get_response().outputs] == ["actions", "mean", "log_std"]
+    np.testing.assert_allclose(result.as_numpy("actions"), graph["action"], rtol=1e-6)
+    np.testing.assert_allclose(result.as_numpy("mean"), graph["mean"], rtol=1e-6)
+
+
+def test_dict_observations_are_one_input_per_key(v2: V2Server) -> None:
+    with v2.http() as client:
+        metadata = client.get_model_metadata("dict")
+        given = []
+        feeds = {}
+        for spec in metadata["inputs"]:
+            shape = [3, *spec["shape"][1:]]
+            dtype = triton_http_dtype(spec["datatype"])
+            data = np.random.default_rng(3).integers(0, 2, shape).astype(dtype)
+            tensor = triton_http.InferInput(spec["name"], shape, spec["datatype"])
+            tensor.set_data_from_numpy(data)
+            given.append(tensor)
+            feeds[spec["name"]] = data
+        result = client.infer("dict", given, outputs=[triton_http.InferRequestedOutput("actions")])
+    expected = v2.onnx("dict").run(["action"], feeds)[0]
+    np.testing.assert_array_equal(result.as_numpy("actions"), expected)
+
+
+def triton_http_dtype(datatype: str) -> Any:
+    return {"FP32": np.float32, "UINT8": np.uint8, "INT64": np.int64}[datatype]
+
+
+def test_stream_answers_every_call_by_its_id(v2: V2Server) -> None:
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    obs = rows(200, seed=4)
+    with v2.grpc() as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        for i in range(len(obs)):
+            given = triton_grpc.InferInput("obs", [1, 4], "FP32")
+            given.set_data_from_numpy(obs[i : i + 1])
+            client.async_stream_infer("cartpole", [given], request_id=str(i))
+        got = [answers.get(timeout=10) for _ in range(len(obs))]
+        client.async_stream_infer("nope", [given], request_id="bad")
+        _, error = answers.get(timeout=10)
+        client.stop_stream()
+    assert all(error is None for _, error in got)
+    by_id = {int(r.get_response().id): r.as_numpy("actions")[0] for r, _ in got}
+    expected = cartpole_expected(v2, obs)["actions"]
+    assert [by_id[i] for i in range(len(obs))] == expected.tolist()
+    assert "not_found" in str(error)
+    assert "nope" in str(error)
+
+
+def test_answers_are_stamped_with_the_version_and_its_sha256(v2: V2Server) -> None:
+    digest = hashlib.sha256((v2.repository / "cartpole" / "1" / "model.onnx").read_bytes())
+    given = triton_grpc.InferInput("obs", [1, 4], "FP32")
+    given.set_data_from_numpy(rows(1))
+    with v2.grpc() as client:
+        response = client.infer("cartpole", [given]).get_response()
+    assert response.model_version == "1"
+    assert response.parameters["model_sha256"].string_param == digest.hexdigest()
+    with httpx.Client(base_url=v2.server.url) as client:
+        body = {"inputs": [{"name": "obs", "datatype": "FP32", "shape": [1, 4], "data": [0] * 4}]}
+        answer = client.post("/v2/models/cartpole/versions/1/infer", json=body)
+    assert answer.json()["model_version"] == "1"
+    assert answer.json()["parameters"]["model_sha256"] == digest.hexdigest()
+    assert answer.headers["x-policy-sha256"] == digest.hexdigest()
+
+
+def test_seeded_sampling_is_reproducible_over_both_transports(v2: V2Server) -> None:
+    obs = np.random.default_rng(5).uniform(-1, 1, (6, 3)).astype(np.float32)
+    parameters = {"deterministic": False, "seed": 11}
+    http_in = triton_http.InferInput("obs", [6, 3], "FP32")
+    http_in.set_data_from_numpy(obs)
+    grpc_in = triton_grpc.InferInput("obs", [6, 3], "FP32")
+    grpc_in.set_data_from_numpy(obs)
+    with v2.http() as h, v2.grpc() as g:
+        first = h.infer("pendulum", [http_in], parameters=parameters).as_numpy("actions")
+        second = g.infer("pendulum", [grpc_in], parameters=parameters).as_numpy("actions")
+        mode = g.infer("pendulum", [grpc_in]).as_numpy("actions")
+    np.testing.assert_array_equal(first, second)
+    assert not np.allclose(first, mode)
+
+
+def test_metadata_and_config_describe_the_contract(v2: V2Server) -> None:
+    with v2.http() as h, v2.grpc() as g:
+        assert h.is_server_live()
+        assert h.is_server_ready()
+        assert h.is_model_ready("cartpole")
+        assert g.is_server_live()
+        assert g.is_server_ready()
+        assert g.is_model_ready("cartpole")
+        assert not g.is_model_ready("nope")
+        http_meta = h.get_model_metadata("cartpole")
+        grpc_meta = g.get_model_metadata("cartpole", as_json=True)
+        config = g.get_model_config("cartpole", as_json=True)["config"]
+    assert http_meta["inputs"] == [{"name": "obs", "datatype": "FP32", "shape": [-1, 4]}]
+    assert [o["name"] for o in http_meta["outputs"]] == ["actions", "log_probs", "values", "logits"]
+    assert grpc_meta["inputs"][0]["shape"] == ["-1", "4"]  # int64 as JSON strings
+    assert [o["name"] for o in grpc_meta["outputs"]] == [o["name"] for o in http_meta["outputs"]]
+    assert config["max_batch_size"] == 32
+    assert config["input"] == [{"name": "obs", "data_type": "TYPE_FP32", "dims": ["4"]}]
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def http_error(call: Any) -> InferenceServerException:
+    with pytest.raises(InferenceServerException) as caught:
+        call()
+    return caught.value
+
+
+def tensor(module: Any, shape: list[int], datatype: str, dtype: Any) -> Any:
+    given = module.InferInput("obs", shape, datatype)
+    given.set_data_from_numpy(np.zeros(shape, dtype))
+    return given
+
+
+@pytest.mark.parametrize(
+    ("model", "shape", "datatype", "dtype", "status", "code", "words"),
+    [
+        ("nope", [1, 4], "FP32", np.float32, "404", "NOT_FOUND", "unknown model"),
+        ("cartpole", [1, 4], "FP64", np.float64, "422", "INVALID_ARGUMENT", "send FP32"),
+        ("cartpole", [1, 3], "FP32", np.float32, "422", "INVALID_ARGUMENT", "[-1, 4]"),
+    ],
+)
+def test_bad_calls_map_to_the_same_status_on_both_transports(
+    v2: V2Server,
+    model: str,
+    shape: list[int],
+    datatype: str,
+    dtype: Any,
+    status: str,
+    code: str,
+    words: str,
+) -> None:
+    with v2.http() as h, v2.grpc() as g:
+        over_http = http_error(
+            lambda: h.infer(model, [tensor(triton_http, shape, datatype, dtype)])
+        )
+        over_grpc = http_error(
+            lambda: g.infer(model, [tensor(triton_grpc, shape, datatype, dtype)])
+        )
+    assert over_http.status() == status
+    assert words in over_http.message()
+    assert over_grpc.status() == f"StatusCode.{code}"
+    assert words in over_grpc.message()
+
+
+def test_a_passed_deadline_is_504_and_deadline_exceeded(v2: V2Server) -> None:
+    with v2.http() as h, v2.grpc() as g:
+        slow_http = http_error(
+            lambda: h.infer(
+                "cartpole", [tensor(triton_http, [1, 4], "FP32", np.float32)], timeout=1
+            )
+        )
+        slow_grpc = http_error(
+            lambda: g.infer(
+                "cartpole", [tensor(triton_grpc, [1, 4], "FP32", np.float32)], timeout=1
+            )
+        )
+    assert slow_http.status() == "504"
+    assert "deadline" in slow_http.message()
+    assert slow_grpc.status() == "StatusCode.DEADLINE_EXCEEDED"
+
+
+def test_a_full_queue_is_429_and_resource_exhausted(v2: V2Server) -> None:
+    """heavy holds one queued row: a burst from both transports finds it full."""
+    obs = np.zeros((1, 4), np.float32)
+    body = {"inputs": [{"name": "obs", "datatype": "FP32", "shape": [1, 4], "data": [0.0] * 4}]}
+    statuses: list[int] = []
+    retry_after: list[str | None] = []
+    grpc_errors: queue.Queue[Any] = queue.Queue()
+
+    def burst_http() -> None:
+        with httpx.Client(base_url=v2.server.url, timeout=10) as client:
+            for _ in range(10):
+                answer = client.post("/v2/models/heavy/infer", json=body)
+                statuses.append(answer.status_code)
+                retry_after.append(answer.headers.get("retry-after"))
+
+    with v2.grpc() as g:
+        threads = [threading.Thread(target=burst_http) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        given = triton_grpc.InferInput("obs", [1, 4], "FP32")
+        given.set_data_from_numpy(obs)
+        for _ in range(60):
+            g.async_infer("heavy", [given], callback=lambda result, error: grpc_errors.put(error))
+        for thread in threads:
+            thread.join()
+        errors = [grpc_errors.get(timeout=10) for _ in range(60)]
+    assert 429 in statuses
+    assert 200 in statuses
+    assert all(r is not None for s, r in zip(statuses, retry_after, strict=True) if s == 429)
+    codes = {str(e.status()) for e in errors if e is not None}
+    assert codes == {"StatusCode.RESOURCE_EXHAUSTED"}
+    assert any(e is None for e in errors)
+
+
+def test_hold_makes_the_model_unready_until_resume(v2: V2Server) -> None:
+    with PolicyClient(v2.server.url, admin_token=TOKEN) as admin, v2.grpc() as g, v2.http() as h:
+        admin.hold("dict")
+        try:
+            assert not g.is_model_ready("dict")
+            assert not h.is_model_ready("dict")
+        finally:
+            admin.resume("dict")
+        assert g.is_model_ready("dict")
+        assert h.is_model_ready("dict")
+
+
+def test_draining_turns_readiness_off_and_stopping_refuses_new_grpc_calls(
+    repository: Path, tmp_path: Path
+) -> None:
+    repo = only(repository, tmp_path, "cartpole")
+    server, grpc_port = start(repo, tmp_path, "--drain-delay-s", "2")
+    v2 = V2Server(server, grpc_port, repo)
+    channel = grpc.insecure_channel(v2.grpc_url)
+    health = health_pb2_grpc.HealthStub(channel)
+    try:
+        with v2.http() as h, v2.grpc() as g:
+            assert health.Check(health_pb2.HealthCheckRequest()).status == 1  # SERVING
+            server.send_signal(signal.SIGTERM)
+            server.wait_until(lambda c: c.get("/v2/health/ready").status_code == 503, 5, "draining")
+            assert not g.is_server_ready()
+            assert health.Check(health_pb2.HealthCheckRequest()).status == 2  # NOT_SERVING
+            given = tensor(triton_grpc, [1, 4], "FP32", np.float32)
+            assert g.infer("cartpole", [given]).as_numpy("actions").shape == (1,)  # still served
+            assert h.infer("cartpole", [tensor(triton_http, [1, 4], "FP32", np.float32)])
+            server.process.wait(15)
+            refused = http_error(lambda: g.infer("cartpole", [given]))
+        assert refused.status() == "StatusCode.UNAVAILABLE"
+    finally:
+        channel.close()
+        server.stop()
