@@ -68,7 +68,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.catalog = catalog
         self.inference = inference
         self.unready = unready
-        self.closing = asyncio.Event()  # set at shutdown: streams take no new calls
+        self._readers: set[asyncio.Task[None]] = set()  # each open stream's reading task
 
     # ------------------------------------------------------------------ health, metadata
 
@@ -161,6 +161,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(  # type: ignore[override]  # noqa: N802
         self, requests: Any, context: Any
     ) -> None:
+        """Read calls as they come and run each at once; answers are written as their
+        batches finish. At shutdown (``close_streams``) the reading stops: the calls in flight
+        are answered and the stream ends."""
         writing = asyncio.Lock()
         pending: set[asyncio.Task[None]] = set()
         remaining = context.time_remaining()
@@ -179,26 +182,28 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             async with writing:
                 await context.write(reply)
 
-        closing = asyncio.ensure_future(self.closing.wait())
-        try:
-            while True:
-                read = asyncio.ensure_future(context.read())
-                done, _ = await asyncio.wait({read, closing}, return_when=asyncio.FIRST_COMPLETED)
-                if read not in done:
-                    read.cancel()
-                    break  # shutting down: answer what is in flight, then end the stream
-                request = read.result()
-                if request is grpc.aio.EOF:
-                    break
+        async def read() -> None:
+            async for request in requests:
                 task = asyncio.create_task(answer(request, time.monotonic()))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
-            if pending:
+
+        reader = asyncio.create_task(read())
+        self._readers.add(reader)
+        try:
+            await asyncio.wait([reader])  # ends at the client's end of stream, or at shutdown
+            while pending:
                 await asyncio.gather(*pending)
         finally:
-            closing.cancel()
+            self._readers.discard(reader)
+            reader.cancel()
             for task in pending:
                 task.cancel()
+
+    def close_streams(self) -> None:
+        """Shutdown: every stream stops reading, answers its calls in flight and ends."""
+        for reader in self._readers:
+            reader.cancel()
 
     async def _infer(self, request: Any, received_at: float, remaining_s: float | None) -> Any:
         route: Route | None = None
@@ -240,6 +245,11 @@ def decode_infer(request: Any) -> InferCall:
         if given.name in arrays:
             raise InvalidInput(f"inputs: {given.name!r} is given twice")
         shape = list(given.shape)
+        if raw and given.HasField("contents"):
+            raise InvalidInput(
+                f"input {given.name!r}: give its data in raw_input_contents or in contents, "
+                "not both"
+            )
         if raw:
             arrays[given.name] = tensors.from_bytes(given.name, given.datatype, shape, raw[i])
         else:
@@ -362,6 +372,6 @@ class GrpcServer:
     async def stop(self, grace_s: float) -> None:
         """Take no new calls; calls in flight (streams: their calls in flight) finish
         within ``grace_s``."""
-        self.service.closing.set()
+        self.service.close_streams()
         if self.server is not None:
             await self.server.stop(grace_s)

@@ -32,8 +32,18 @@ from serve.errors import InvalidInput
 from serve.types import Answer, OutputKind
 
 ACTIONS = "actions"
-# Request parameters rlserve reads; any other is refused, naming these.
-PARAMETERS = ("deterministic", "seed", "outputs", "timeout", "binary_data_output", "priority")
+# Request parameters rlserve reads; any other is refused, naming these. Triton's clients
+# send triton_enable_empty_final_response on every gRPC call: it only matters to decoupled
+# models (several responses per request), which a policy never is, so it is accepted as is.
+PARAMETERS = (
+    "deterministic",
+    "seed",
+    "outputs",
+    "timeout",
+    "binary_data_output",
+    "priority",
+    "triton_enable_empty_final_response",
+)
 _KIND_OF = {
     "actions": OutputKind.ACTIONS,
     "log_probs": OutputKind.LOG_PROBS,

@@ -143,6 +143,10 @@ def _nested_array(name: str, datatype: str, data: list[Any], dtype: np.dtype) ->
             "nested to the tensor's shape"
         ) from None
     kind = values.dtype.kind
+    if dtype.kind in "iu" and kind in "fO" and values.size:
+        exact = _python_integers(name, datatype, data, dtype)
+        if exact is not None:
+            return exact.reshape(values.shape)
     if dtype.kind == "b":
         fits = kind == "b" or values.size == 0
     elif dtype.kind in "iu":
@@ -165,6 +169,24 @@ def _nested_array(name: str, datatype: str, data: list[Any], dtype: np.dtype) ->
         return values.astype(dtype)
 
 
+def _python_integers(
+    name: str, datatype: str, data: list[Any], dtype: np.dtype
+) -> np.ndarray | None:
+    """Integers numpy could not hold in one integer dtype (a mix past int64 and below 0, or
+    past uint64), judged one by one; None when they are not all integers."""
+    items = np.asarray(data, dtype=object).reshape(-1).tolist()
+    if not all(type(v) is int for v in items):
+        return None
+    info = np.iinfo(dtype)
+    low, high = min(items), max(items)
+    if low < info.min or high > info.max:
+        raise InvalidInput(
+            f"input {name!r}: {datatype} values must lie in {info.min}..{info.max}; "
+            f"got {low}..{high}"
+        )
+    return np.array(items, dtype=dtype)
+
+
 def _holds_boolean(data: list[Any]) -> bool:
     """Whether a JSON true or false sits anywhere in nested lists (a walk in C per list)."""
     kinds = set(map(type, data))
@@ -174,11 +196,14 @@ def _holds_boolean(data: list[Any]) -> bool:
 
 
 def _sample(values: np.ndarray) -> str:
-    flat = values.reshape(-1)
-    odd = next(
-        (v for v in flat.tolist() if not isinstance(v, int | float) or isinstance(v, bool)), None
+    """The first value that is not a number (a string, null, a boolean), as written."""
+    flat = values.reshape(-1).tolist()
+    return repr(
+        next(
+            (v for v in flat if v is None or isinstance(v, bool) or not isinstance(v, int | float)),
+            flat[0],
+        )
     )
-    return repr(odd if odd is not None else flat[0].item())
 
 
 def to_bytes(values: np.ndarray) -> bytes:
