@@ -192,6 +192,13 @@ def test_negative_dimensions_are_malformed() -> None:
         decode_infer(request)
 
 
+def test_raw_and_typed_contents_together_are_refused() -> None:
+    given = raw_request(("obs", "FP32", np.zeros((1, 4), np.float32)))
+    given.inputs[0].contents.fp32_contents.extend([0.0] * 4)
+    with pytest.raises(InvalidInput, match="not both"):
+        decode_infer(given)
+
+
 def test_an_input_given_twice_is_refused() -> None:
     raw = raw_request(("obs", "FP32", OBS), ("obs", "FP32", OBS))
     typed = pb.ModelInferRequest(inputs=[tensor("obs", "FP32", [1], fp32_contents=[1.0])] * 2)

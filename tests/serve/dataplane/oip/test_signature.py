@@ -266,6 +266,7 @@ def test_unknown_parameters_are_refused_naming_those_read() -> None:
         ({}, ["actions"], {}),
         ({"deterministic": False, "seed": 7}, ["actions"], {"deterministic": False, "seed": 7}),
         ({"timeout": 5000, "binary_data_output": True, "priority": 1}, ["actions"], {}),
+        ({"triton_enable_empty_final_response": True}, ["actions"], {}),  # perf_analyzer's
         ({}, None, {"outputs": ["actions", "distribution", "log_probs", "values"]}),
         ({}, ["logits"], {"outputs": ["distribution"]}),
         ({}, ["values", "actions"], {"outputs": ["actions", "values"]}),
