@@ -19,8 +19,12 @@ Shutdown order, on SIGTERM (``serve.process.server.DrainingServer``):
    wrote before that is answered, never reset.
 3. In-flight requests finish: their work is queued or running in a batcher and completes
    within its deadline (uvicorn waits up to ``graceful_timeout_s``).
-4. Lifespan shutdown: each model's scheduler answers what is left in its queue (runs it, or
-   504 when its deadline passed), then its thread, if it started one, stops.
+4. Lifespan shutdown: the gRPC server (when ``grpc_port`` is set) takes no new calls
+   (UNAVAILABLE), its open streams stop reading, and the calls in flight are answered
+   within ``graceful_timeout_s``; then each model's scheduler answers what is left in its
+   queue (runs it, or 504 when its deadline passed), then its thread, if it started one,
+   stops. Until this step gRPC calls are served as usual, and the gRPC health service
+   answers NOT_SERVING from step 1 on, like /ready.
 5. The process exits.
 
 SIGINT (Ctrl-C in development) skips the delay of step 2; a second signal forces exit.
