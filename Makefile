@@ -11,6 +11,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
+GRPC_PORT ?= 8001
 DEMO_REPOSITORY ?= examples/model_repository
 PYTEST_ARGS ?=
 
@@ -31,7 +32,7 @@ $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.serve-installed
 
 serve: $(VENV)/.serve-installed
-	$(BIN)/rlserve serve --model-repository $(DEMO_REPOSITORY) --host $(HOST) --port $(PORT)
+	$(BIN)/rlserve serve --model-repository $(DEMO_REPOSITORY) --host $(HOST) --port $(PORT) --grpc-port $(GRPC_PORT)
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check .

@@ -173,6 +173,15 @@ class Settings(BaseSettings):
         "client behind the proxy",
     )
 
+    @model_validator(mode="after")
+    def _two_ports(self) -> Settings:
+        if self.grpc_port is not None and self.grpc_port == self.port != 0:
+            raise ValueError(
+                f"grpc_port {self.grpc_port} is the HTTP port too; give gRPC a port of its own "
+                "(Triton's is 8001)"
+            )
+        return self
+
     @field_validator("admin_token")
     @classmethod
     def _no_whitespace(cls, token: SecretStr | None) -> SecretStr | None:

@@ -16,7 +16,7 @@ from serve.cli.arguments import add_arguments as add_dataclass_arguments
 from serve.cli.arguments import arg, from_namespace
 
 NAME = "serve"
-HELP = "serve the models of a model repository over HTTP (development server)"
+HELP = "serve a model repository over HTTP (and gRPC with --grpc-port); development server"
 EXTRA = None
 
 _FROM_CONFIG = "default: RLSERVE_* env, then --config, then "

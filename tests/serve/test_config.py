@@ -72,3 +72,9 @@ def test_configuration_errors_never_echo_the_admin_token() -> None:
         config.load(admin_token="x" * 10, max_batch_size=0)
     assert "x" * 10 not in refused.value.message
     assert "max_batch_size" in refused.value.message
+
+
+def test_grpc_needs_a_port_of_its_own() -> None:
+    with pytest.raises(ConfigError, match="grpc_port 8000 is the HTTP port"):
+        config.load(port=8000, grpc_port=8000)
+    assert config.load(port=8000, grpc_port=8001).grpc_port == 8001

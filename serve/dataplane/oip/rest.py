@@ -1,7 +1,8 @@
 """The Open Inference Protocol over HTTP (KServe v2 REST), with binary tensor data.
 
     GET  /v2                                          server metadata
-    GET  /v2/health/live | /v2/health/ready           200, or 503 with the reasons
+    GET  /v2/health/live                              200 while the process answers
+    GET  /v2/health/ready                             200, or 503 with the reasons
     GET  /v2/models/{m}[/versions/{v}]                model metadata (tensors from the contract)
     GET  /v2/models/{m}[/versions/{v}]/ready          200, or 503
     GET  /v2/models/{m}[/versions/{v}]/config         Triton's model configuration (perf_analyzer)
@@ -21,6 +22,7 @@ Like the JSON predict routes, nothing but uvicorn stands in front of these route
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -55,6 +57,7 @@ PREFIX = "/v2"
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository"]
 PLATFORM = "onnxruntime_onnx"  # Triton's name for an ONNX model run by onnxruntime
 LAG_TURNS = 3  # as for the predict routes: turns of the loop a call spends unseen
+INLINE_BODY_BYTES = 256 * 1024  # larger bodies are decoded off the event loop
 _JSON = (b"content-type", b"application/json")
 _BINARY = (b"content-type", b"application/octet-stream")
 _CLOSE = (b"connection", b"close")
@@ -242,7 +245,16 @@ class OipRestFrontend:
     ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
         header_length = _header_length(scope)
         body = await read_body(receive, call.declared_length, self.max_body_bytes)
-        decoded, budget_ms = decode_infer(body, header_length, call, route.default_deadline_ms)
+        asked_ms = deadline_ms(call.timeout_header, route.default_deadline_ms)
+        received_by = call.received_at + asked_ms / 1000 - LAG_TURNS * self.turn_s
+        route.scheduler.admit(1, received_by)  # overloaded: refuse before decoding
+        default_ms = route.default_deadline_ms
+        if len(body) <= INLINE_BODY_BYTES:
+            decoded, budget_ms = decode_infer(body, header_length, call, default_ms)
+        else:  # work in proportion to the body: off the event loop
+            decoded, budget_ms = await asyncio.to_thread(
+                decode_infer, body, header_length, call, default_ms
+            )
         deadline = call.received_at + budget_ms / 1000 - LAG_TURNS * self.turn_s
         if time.monotonic() >= deadline:
             raise DeadlineExceeded(

@@ -175,9 +175,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 reply = pb.ModelStreamInferResponse(
                     infer_response=await self._infer(request, received_at, left)
                 )
-            except RLServeError as exc:
+            except RLServeError as exc:  # the stream goes on; the reply names the call
                 reply = pb.ModelStreamInferResponse(
-                    error_message=f"[{exc.code.value}] {exc.message}"
+                    error_message=f"[{exc.code.value}] {exc.message}",
+                    infer_response=pb.ModelInferResponse(
+                        model_name=request.model_name,
+                        model_version=request.model_version,
+                        id=request.id,
+                    ),
                 )
             async with writing:
                 await context.write(reply)
@@ -222,6 +227,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except RLServeError as exc:
             self.inference.refused(route, exc, http_status(exc), received_at)
             raise
+        except Exception as exc:  # a bug of ours: logged, and answered INTERNAL like any error
+            log.exception("unhandled error on ModelInfer for %r", request.model_name)
+            error = RLServeError(f"internal error: {type(exc).__name__}; see the server log")
+            self.inference.refused(route, error, http_status(error), received_at)
+            raise error from None
         return encode_infer(answer, call)
 
 

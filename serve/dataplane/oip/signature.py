@@ -9,7 +9,8 @@ Built once per loaded version from its policy contract (cached by the version's 
   the distribution's parameters (``logits``, or ``mean`` and ``log_std``).
 - **parameters** of a request: ``deterministic`` (bool), ``seed`` (int), ``outputs`` (a
   comma-separated list, as an alternative to requesting outputs by name), ``timeout``
-  (microseconds, Triton's name for a request deadline) and ``binary_data_output``.
+  (microseconds, Triton's name for a request deadline) and ``binary_data_output``; and,
+  accepted without effect, ``priority`` and ``triton_enable_empty_final_response``.
 
 A request naming no outputs gets all of them, as the protocol says. Tensors arrive here as
 arrays (``serve.dataplane.oip.tensors``); what is checked here is what the protocol can
