@@ -4,8 +4,8 @@ Every error a user can cause is an :class:`RLServeError` subclass with a stable,
 protocol-neutral :class:`ErrorCode`. What a code becomes on the wire (an HTTP status, a
 gRPC status) is decided in one place, ``serve.status``; an HTTP body is
 ``{"error": {"code": ..., "message": ...}}``, but on the Open Inference Protocol's routes
-``{"error": message, "code": code}``, as that protocol's clients read it. The CLI prints the message on one line and
-exits with status 2 (1 for a failed check).
+``{"error": message, "code": code}``, as that protocol's clients read it. The CLI prints
+the message on one line and exits with status 2 (1 for a failed check).
 
 Messages name the field, the bad value and what would be valid.
 """
