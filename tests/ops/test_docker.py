@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.ops.conftest import REPO
+from tests.ops.conftest import OVERLAYS, REPO, render
+from tests.ops.ops_manifests import of_kind, port_named, server
 
 DOCKER = REPO / "docker"
 DOCKERFILES = ["Dockerfile", "Dockerfile.gpu"]
@@ -83,6 +84,38 @@ def test_the_image_runs_gunicorn_as_a_numeric_non_root_user(name):
     assert "HEALTHCHECK" in steps
     assert "/health" in steps["HEALTHCHECK"]
     assert stages(DOCKER / name).keys() == {"build", "runtime"}
+
+
+def runtime_env(dockerfile: Path) -> dict[str, str]:
+    """The runtime stage's ENV (the last stage's, as the container sees it)."""
+    found: dict[str, str] = {}
+    for instruction, rest in instructions(dockerfile):
+        if instruction == "FROM":
+            found = {}
+        elif instruction == "ENV":
+            for part in shlex.split(rest):
+                key, value = part.split("=", 1)
+                found[key] = value
+    return found
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_the_image_serves_http_and_grpc_on_the_ports_it_exposes(name):
+    variables = runtime_env(DOCKER / name)
+    exposed = dict(instructions(DOCKER / name))["EXPOSE"].split()
+    assert variables["RLSERVE_HOST"] == "0.0.0.0"
+    assert exposed == [variables["RLSERVE_PORT"], variables["RLSERVE_GRPC_PORT"]]
+    assert (variables["RLSERVE_PORT"], variables["RLSERVE_GRPC_PORT"]) == ("8000", "8001")
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_the_image_and_the_deployments_agree_on_the_ports(name):
+    variables = runtime_env(DOCKER / name)
+    for overlay in OVERLAYS:
+        for deployment in of_kind(render(overlay), "Deployment"):
+            container = server(deployment)
+            assert port_named(container, "http") == int(variables["RLSERVE_PORT"])
+            assert port_named(container, "grpc") == int(variables["RLSERVE_GRPC_PORT"])
 
 
 def copy_into(app: Path, sources: list[str], target: str) -> None:

@@ -28,8 +28,10 @@ from tests.ops.ops_manifests import (
 )
 
 COLORS = ("blue", "green")
-# Routes the server answers (serve/routes.py): probes may only use these.
+# Routes the server answers (serve/process/operations.py): HTTP probes may only use these.
 PROBE_ROUTES = {"/health", "/ready"}
+# The Open Inference Protocol over gRPC: Triton's port, the container port's name.
+GRPC_PORT, GRPC = 8001, "grpc"
 # Per color, only these may differ: the color itself, the image, the model version.
 VERSION_FIELDS = ("rlserve.io/model-version", "RLSERVE_VERSION_POLICY")
 
@@ -99,15 +101,56 @@ def test_probes_hit_routes_the_server_answers_on_the_port_it_binds(overlay):
         container, variables = server(deployment), env(deployment)
         assert variables["RLSERVE_HOST"] == "0.0.0.0"
         assert port_named(container, "http") == int(variables["RLSERVE_PORT"])
+        # Readiness and liveness keep their HTTP meaning (the drain timing, a stuck batch).
         assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
         assert container["livenessProbe"]["httpGet"]["path"] == "/health"
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        for probe in ("readinessProbe", "livenessProbe"):
             assert container[probe]["httpGet"]["path"] in PROBE_ROUTES
             assert container[probe]["httpGet"]["port"] == "http"
+        # Startup asks the gRPC health service, which answers like /ready.
+        startup = container["startupProbe"]
+        assert "httpGet" not in startup
+        assert startup["grpc"]["port"] == port_named(container, GRPC)
+        assert startup["grpc"].get("service", "") == ""
     for service in of_kind(render(overlay), "Service"):
-        assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
+        assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http", GRPC]
     (endpoint,) = named(render(overlay), "PodMonitor", "rlserve")["spec"]["podMetricsEndpoints"]
     assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+
+
+@overlays
+def test_the_grpc_port_is_the_same_in_the_env_container_services_policy_and_probe(overlay):
+    docs = render(overlay)
+    for deployment in deployments(overlay).values():
+        container, variables = server(deployment), env(deployment)
+        assert int(variables["RLSERVE_GRPC_PORT"]) == port_named(container, GRPC) == GRPC_PORT
+        (declared,) = [p for p in container["ports"] if p["name"] == GRPC]
+        assert declared["protocol"] == "TCP"
+        assert container["startupProbe"]["grpc"]["port"] == GRPC_PORT
+    for service in of_kind(docs, "Service"):
+        by_name = {p["name"]: p for p in service["spec"]["ports"]}
+        assert by_name[GRPC]["port"] == GRPC_PORT, "Triton's port, also on the Service"
+        assert by_name[GRPC]["targetPort"] == GRPC
+        assert by_name[GRPC]["appProtocol"] == "kubernetes.io/h2c"
+    policy = named(docs, "NetworkPolicy", "rlserve-server")["spec"]
+    for rule in policy["ingress"]:
+        ports = {p["port"] for p in rule["ports"]}
+        assert "http" not in ports or GRPC in ports, "gRPC from every source allowed HTTP"
+
+
+@overlays
+def test_the_server_listens_for_grpc_where_the_probe_and_services_point(overlay, tmp_path):
+    variables = server_environment(overlay, tmp_path)
+    show_address = "from serve.process.app import create_app; print(create_app().grpc.address)"
+    done = subprocess.run(
+        [sys.executable, "-c", show_address],
+        env={**os.environ, **variables},
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
+    assert done.stdout.split() == [f"0.0.0.0:{GRPC_PORT}"]
 
 
 def server_environment(overlay: str, tmp_path: Path) -> dict[str, str]:
@@ -129,6 +172,7 @@ def test_the_config_map_and_the_env_load_into_the_servers_settings(overlay, tmp_
         monkeypatch.setenv(name, value)
     settings = server_config.load()
     assert settings.port == 8000
+    assert settings.grpc_port == GRPC_PORT
     assert settings.host == "0.0.0.0"
     assert settings.version_policy.specific is not None
 
@@ -310,7 +354,7 @@ def test_the_namespace_denies_all_traffic_but_what_the_server_needs(overlay):
     assert sorted(deny["policyTypes"]) == ["Egress", "Ingress"]
     server_policy = named(docs, "NetworkPolicy", "rlserve-server")["spec"]
     (ingress,) = server_policy["ingress"]
-    assert [p["port"] for p in ingress["ports"]] == ["http"]
+    assert [p["port"] for p in ingress["ports"]] == ["http", GRPC]
     sources = [s.get("namespaceSelector", {}).get("matchLabels", {}) for s in ingress["from"]]
     assert {"kubernetes.io/metadata.name": "monitoring"} in sources
     assert server_policy["egress"] == []
