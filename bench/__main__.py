@@ -1,5 +1,5 @@
-"""Side by side in one run: rlserve, a plain FastAPI app and raw onnxruntime (issue #8), and
-rlserve under overload (issue #9).
+"""Side by side in one run: rlserve, a plain FastAPI app and raw onnxruntime (issue #8),
+rlserve under overload (issue #9), and rlserve's Open Inference Protocol under perf_analyzer.
 
     python -m bench [--seconds 8] [--only mlp-64 --only actor] [--output docs/benchmarks.md]
 
@@ -16,6 +16,8 @@ Scenarios (all by default):
   actor                                a CartPole env stepped through rlserve serve
   overload                             goodput of rlserve serve (mlp) at saturation and at
                                        10x overload (issue #9), see below
+  oip                                  the Open Inference Protocol (mlp, cnn) under Triton's
+                                       perf_analyzer, see below
 
 overload: one rlserve serve process (mlp). Saturation: wrk at 8, 16, 32 and 64
 connections; goodput = 2xx answers/s, its peak is reached at C* connections. Overload:
@@ -28,9 +30,19 @@ drift. Target: overload goodput >= 80% of saturation goodput (the mean of before
 after) and admitted p99 <= the deadline. Takes 6 x --seconds + 2 x --warmup seconds, plus
 exporting the model; `--only overload --seconds 8` about a minute.
 
+oip (bench/oip.py): one rlserve serve process with --grpc-port (mlp and cnn); perf_analyzer
+at 64 requests in flight over HTTP with binary and with JSON tensors, gRPC unary and gRPC
+streaming, each model; wrk on the JSON predict path (mlp-64's body); the onnxruntime
+ceiling at batch 32. Targets: cnn over gRPC or binary HTTP >= 80% of the ceiling, mlp over
+gRPC >= 1.5x the JSON predict path. perf_analyzer is fetched once into .cache/perf_analyzer
+(bench/perf_analyzer.py); when that fails the section says so and the rest of the run goes
+on. --mlserver adds MLServer's rows. `--only oip --seconds 8` takes about five minutes.
+
 Needs wrk and taskset on PATH, two CPU cores, and the test install (torch and
 stable-baselines3 build the mlp and cnn models). Writes docs/benchmarks.md unless told
-otherwise; a document from a subset says which scenarios it holds.
+otherwise; a document from a subset says which scenarios it holds, except `--only oip`
+alone into an existing benchmarks document: that replaces only its oip section and the
+oip rows of its Targets table, keeping the rest of the document.
 """
 
 from __future__ import annotations
@@ -46,7 +58,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import cpu, load, models, overload, raw, report, scenarios, servers, targets
+from bench import cpu, load, models, oip, overload, raw, report, scenarios, servers, targets
 from bench.actor import ActorResult, Client
 from bench.results import ActorRun, Conditions, LoadRun, RawRun, Results
 from bench.scenarios import Scenario
@@ -79,6 +91,14 @@ class BenchArgs:
             "overload: the deadline every overload request carries (X-Request-Timeout-Ms); "
             f"default: {overload.DEADLINE_SHARE * 100:.0f}%% of the time the "
             "server needs at its peak rate to serve one request per overload connection"
+        ),
+    )
+    mlserver: Path | None = field(
+        default=None,
+        metadata=arg(
+            "oip: the mlserver executable of a virtual environment of its own with mlserver "
+            "and onnxruntime; adds MLServer's rows (default: none)",
+            metavar="PATH",
         ),
     )
     output: Path = field(
@@ -119,8 +139,23 @@ def main() -> None:
             results.overload = overload.run(
                 repository / overload.MODEL, workdir, args.seconds, args.warmup, args.deadline_ms
             )
-    args.output.write_text(report.render(results, targets.judge(results)))
-    _say(f"wrote {args.output}")
+        if scenarios.OIP in chosen:
+            _say("mlp, cnn: Open Inference Protocol (perf_analyzer)")
+            results.oip = oip.run(repository, workdir, args.seconds, args.warmup, args.mlserver)
+    _write(args.output, results, chosen)
+
+
+def _write(output: Path, results: Results, chosen: tuple[str, ...]) -> None:
+    """The document; ``--only oip`` alone replaces the oip section of an existing one."""
+    verdicts = targets.judge(results)
+    if chosen == (scenarios.OIP,) and results.oip is not None and output.is_file():
+        spliced = report.splice_oip(output.read_text(), results.oip, verdicts)
+        if spliced is not None:
+            output.write_text(spliced)
+            _say(f"replaced the oip section of {output}")
+            return
+    output.write_text(report.render(results, verdicts))
+    _say(f"wrote {output}")
 
 
 def _conditions(args: BenchArgs, chosen: tuple[str, ...]) -> Conditions:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import math
+import re
 
-from bench import overload, scenarios, servers, targets
+import onnxruntime
+
+from bench import oip, overload, scenarios, servers, targets
+from bench.oip import OipRun, PerfRun
 from bench.overload import GoodputRun, OverloadRun
 from bench.results import Conditions, LoadRun, Results
 from bench.targets import Verdict
@@ -45,6 +49,8 @@ def render(results: Results, verdicts: list[Verdict]) -> str:
         parts.append(_actor_section(results))
     if results.overload is not None:
         parts.append(_overload_section(results.overload))
+    if results.oip is not None:
+        parts.append(_oip_section(results.oip))
     parts.append(_READING)
     return "\n".join(parts)
 
@@ -53,11 +59,17 @@ def _header(c: Conditions) -> str:
     connections = sorted({s.connections for s in scenarios.WRK if s.name in c.scenarios})
     shown = ", ".join(map(str, reversed(connections))) or "none"
     chosen = "all" if c.all_scenarios else f"{', '.join(c.scenarios)} (chosen with `--only`)"
-    overload_runs = (
+    own_runs = (
         " (the overload scenario: its own connections, each run measured as long)"
         if scenarios.OVERLOAD in c.scenarios
         else ""
     )
+    if scenarios.OIP in c.scenarios:
+        own_runs += (
+            f" (the oip scenario: perf_analyzer at {oip.CONCURRENCY} requests in flight, "
+            "windows of a third of that until three agree, and wrk as above on the JSON "
+            "predict path)"
+        )
     return (
         "# Benchmarks\n\n"
         f"Written by `python -m bench` on {c.when}.\n\n"
@@ -66,7 +78,7 @@ def _header(c: Conditions) -> str:
         "pinned*; the load generator (wrk with one thread, or the actor) on core 1 "
         "(`taskset -c 1`).\n"
         f"- Load: wrk connections {shown}; {c.warmup_s:g} s of warm-up, then {c.seconds:g} s "
-        f"measured, per server and scenario{overload_runs}; unpinned gunicorn with "
+        f"measured, per server and scenario{own_runs}; unpinned gunicorn with "
         f"{c.workers} workers.\n"
         f"- Scenarios: {chosen}.\n\n"
         "All numbers come from this one run: compare ratios within it, not across machines "
@@ -283,6 +295,241 @@ and the probe on core 1.
   admitted request waits as long as any other to be read. Admitted p99 within the
   deadline therefore needs at least N ÷ deadline answers per second of any status, which
   the server reaches only by refusing cheaply."""
+
+
+OIP_HEADING = "## Open Inference Protocol (perf_analyzer)"
+_OIP_COLUMNS = (
+    "| server | path | requests/s (= rows/s) | p50 ms | p99 ms | server CPU µs/request "
+    f"| rows/batch | of the ceiling (batch {oip.BATCH}) |"
+)
+
+
+def splice_oip(document: str, run: OipRun, verdicts: list[Verdict]) -> str | None:
+    """``document`` (a benchmarks document) with its oip section and the oip rows of its
+    Targets table replaced by this run's; None when it is no benchmarks document."""
+    if not document.startswith("# Benchmarks"):
+        return None
+    section = _oip_section(run) + "\n"
+    pattern = re.compile(rf"(?ms)^{re.escape(OIP_HEADING)}\n.*?(?=^## |\Z)")
+    if pattern.search(document):
+        document = pattern.sub(lambda _: section, document, count=1)
+    elif "\n## Reading the numbers" in document:
+        document = document.replace(
+            "\n## Reading the numbers", f"\n{section}## Reading the numbers", 1
+        )
+    else:
+        document = document.rstrip("\n") + "\n\n" + section
+    rows = [_target_row(v) for v in verdicts if v.target.startswith(targets.OIP_PREFIX)]
+    return _replace_target_rows(document, rows)
+
+
+def _replace_target_rows(document: str, rows: list[str]) -> str:
+    lines = document.split("\n")
+    if "## Targets" not in lines:
+        return document
+    start = lines.index("## Targets") + 1
+    while start < len(lines) and not lines[start].startswith("|"):
+        start += 1
+    end = start
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    prefix = f"| {targets.OIP_PREFIX}"
+    table = [line for line in lines[start:end] if not line.startswith(prefix)]
+    return "\n".join([*lines[:start], *table, *rows, *lines[end:]])
+
+
+def _target_row(v: Verdict) -> str:
+    return f"| {v.target} | {v.measured} | {v.status} |"
+
+
+def _oip_section(run: OipRun) -> str:
+    lines = [OIP_HEADING, ""]
+    if run.unavailable:
+        lines += [
+            f"Not measured ({run.when}): perf_analyzer could not be made runnable here.",
+            "",
+            "```",
+            run.unavailable,
+            "```",
+        ]
+        return "\n".join(lines) + "\n"
+    lines += [
+        _OIP_METHOD.format(
+            when=run.when,
+            took=_duration(run.seconds),
+            version=run.version,
+            concurrency=oip.CONCURRENCY,
+            window=f"{run.measurement_ms / 1000:.3g}",
+            onnxruntime=onnxruntime.__version__,
+            trials=oip.MAX_TRIALS,
+            stability=f"{oip.STABILITY:g}",
+            batch=oip.BATCH,
+            predict=f"/v1/models/{oip.PREDICT.model}/predict",
+            connections=oip.PREDICT.connections,
+        ),
+        "",
+        "| target | measured | result |",
+        "|---|---:|---|",
+        *(_target_row(v) for v in targets.oip_verdicts(run)),
+        "",
+        "### onnxruntime ceiling",
+        "",
+        f"| model | rows/s at batch 1 | rows/s at batch {oip.BATCH} |",
+        "|---|---:|---:|",
+        *(
+            f"| {c.model} | {c.rows_per_s_batch_1:,.0f} | {c.rows_per_s_batch:,.0f} |"
+            for c in run.ceilings
+        ),
+    ]
+    failures: list[str] = []
+    for model in oip.MODELS:
+        lines += ["", *_oip_table(run, model.name, failures)]
+    if failures:
+        lines += ["", "Failed runs, with perf_analyzer's message:", ""]
+        lines += [f"{n}. {text}" for n, text in enumerate(failures, 1)]
+    lines += [
+        "",
+        "One of the perf_analyzer commands, exactly as run (cnn over gRPC streaming); the "
+        "others differ in `-m`, `-u`, `-i`, `--streaming` and the tensor format "
+        "(`--input-tensor-format`/`--output-tensor-format` `binary` or `json`, HTTP only):",
+        "",
+        "```",
+        run.representative() or "(no perf_analyzer command started)",
+        "```",
+        "",
+        _OIP_READING.format(
+            concurrency=oip.CONCURRENCY, batch=oip.BATCH, share=f"{oip.MIN_CEILING_SHARE:.0%}"
+        ),
+        "",
+        _peer_note(run),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _oip_table(run: OipRun, model: str, failures: list[str]) -> list[str]:
+    predict = run.predict if model == oip.PREDICT.model else None
+    versus = " vs JSON predict |" if predict else ""
+    lines = [
+        f"### {model}",
+        "",
+        _OIP_COLUMNS + versus,
+        "|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if predict else ""),
+    ]
+    ceiling = run.ceiling(model)
+    reference = predict.load.requests_per_s if predict and predict.load.requests else 0.0
+    for perf in (r for r in run.runs if r.model == model):
+        lines.append(
+            _perf_row(perf, ceiling.rows_per_s_batch if ceiling else 0.0, reference, failures)
+        )
+        if predict and perf.server == oip.RLSERVE and perf.transport is oip.TRANSPORTS[-1]:
+            lines.append(_predict_row(predict, ceiling.rows_per_s_batch if ceiling else 0.0))
+    return lines
+
+
+def _perf_row(run: PerfRun, ceiling: float, reference: float, failures: list[str]) -> str:
+    head = f"| {run.server} | {run.transport.label} (perf_analyzer) "
+    extra = " | |" if reference else " |"
+    if run.result is None:
+        failures.append(
+            f"{run.server}, {run.model}, {run.transport.label}: "
+            + (run.failure or "no result").replace("|", "\\|")
+        )
+        return f"{head}| failed ({len(failures)}) | | | | |{extra}"
+    r, counted = run.result, run.counted
+    rate = r.throughput
+    return (
+        f"{head}| {rate:,.0f} | {r.p50_us / 1e3:.2f} | {r.p99_us / 1e3:.2f} "
+        f"| {_maybe(counted.cpu_us_per_request, '{:,.0f}')} "
+        f"| {_maybe(counted.rows_per_batch, '{:.1f}')} | {_share(rate, ceiling)} |"
+        + (f" {rate / reference:.2f}x |" if reference else "")
+    )
+
+
+def _predict_row(run: oip.PredictRun, ceiling: float) -> str:
+    load, counted = run.load, run.counted
+    errors = f", {load.errors} errors" if load.errors else ""
+    return (
+        f"| {oip.RLSERVE} | JSON predict `POST /v1/models/{oip.PREDICT.model}/predict` "
+        f"(wrk, {oip.PREDICT.connections} connections{errors}) | {load.requests_per_s:,.0f} "
+        f"| {load.p50_ms:.2f} | {load.p99_ms:.2f} | {_maybe(run.cpu_us_per_request, '{:,.0f}')} "
+        f"| {_maybe(counted.rows_per_batch, '{:.1f}')} | {_share(load.requests_per_s, ceiling)} "
+        "| 1.00x |"
+    )
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+
+
+def _maybe(value: float | None, form: str) -> str:
+    return "n/a" if value is None else form.format(value)
+
+
+def _share(rate: float, ceiling: float) -> str:
+    return f"{rate / ceiling:.0%}" if ceiling else "n/a"
+
+
+def _peer_note(run: OipRun) -> str:
+    if run.peer:
+        return _PEER_MEASURED.format(
+            peer=run.peer, batch=oip.BATCH, wait=f"{oip.MLSERVER_BATCH_TIME_S * 1e3:g}"
+        )
+    return _PEER_MISSING.format(note=run.peer_note)
+
+
+_OIP_METHOD = """\
+Measured on {when} in {took} (the scenario `oip`: `python -m bench --only oip`, or part
+of a full run). One `rlserve serve --grpc-port` process on core 0 serves mlp and cnn over
+HTTP and gRPC for the whole scenario (onnxruntime {onnxruntime}). Triton's load generator,
+{version}, runs on core 1 with {concurrency} requests in flight
+(`--concurrency-range {concurrency}`), one observation per request, inputs filled with
+zeros (`--input-data zero`: its random FP32 data holds NaN and infinity bit patterns, which
+the policy refuses). It measures windows of {window} s until the last three agree within
+{stability}% (at most {trials} windows) and reports those three; it stops at the first
+error answer, and such a run is listed as failed with its message. The JSON predict path
+of the same server is measured by wrk (`POST {predict}`, the mlp-64 body, {connections}
+connections, warm-up then measured run) right after mlp's perf_analyzer runs. The ceiling
+is onnxruntime alone on core 0, one intra-op thread, back-to-back runs at batch 1 and
+{batch} (`bench/raw.py`), before the server starts."""
+
+_OIP_READING = """\
+**How to read it.** Every request carries one row, so requests/s are rows/s and compare
+directly with the ceiling: the rows/s one core gets from onnxruntime alone at batch {batch}
+(the server's largest batch), which no server on that core can exceed; the cnn target asks
+for {share} of it. Latencies are the client's (perf_analyzer's or wrk's), from sending a
+request to its whole answer; in a closed loop of {concurrency} requests they are mostly
+queueing ({concurrency} ÷ requests/s). *Server CPU µs/request* is the CPU time of the
+server's process over the whole perf_analyzer invocation (its start-up, every window, the
+drain) divided by the requests the server itself counted over that interval
+(`rlserve_requests_total`, MLServer's `model_infer_request_*_total`), and likewise over
+wrk's measured run for the predict path; perf_analyzer's own request count covers its
+last three windows only. *Rows/batch* is the mean size of the batches the server ran
+(`rlserve_batch_rows`): near 1, requests reach the batcher one at a time and every row
+pays a whole onnxruntime run. The JSON predict row is the reference of the mlp gRPC
+target."""
+
+_PEER_MEASURED = """\
+**Peer.** {peer}, installed in a virtual environment of its own (`pip install mlserver
+onnxruntime`, given with `--mlserver`), ran in the same conditions after rlserve stopped:
+one process on core 0 (`parallel_workers: 0`), adaptive batching up to {batch} rows
+waiting at most {wait} ms (MLServer does not batch without a wait), and the minimal
+onnxruntime runtime `bench/mlserver_runtime.py` (one intra-op thread, every output of the
+graph returned, as rlserve returns every output when none is asked for). perf_analyzer
+needs Triton's model configuration, which MLServer does not serve: the runtime answers
+`GET /v2/models/{{m}}/config` from a file the benchmark writes, but gRPC has no such hook,
+so perf_analyzer cannot drive MLServer's gRPC endpoint (`ModelConfig`: method not found),
+and MLServer's REST endpoint has no binary tensor data extension: only its JSON rows
+measure it. KServe's own Python model server (`kserve.ModelServer`) was not tried."""
+
+_PEER_MISSING = """\
+**Peer.** No other Open Inference Protocol server (MLServer, KServe's Python model server)
+was measured side by side in this run: {note}. `--mlserver PATH` adds MLServer rows
+(PATH: the `mlserver` executable of a virtual environment of its own with `mlserver` and
+`onnxruntime`). Only its HTTP JSON rows can be measured: perf_analyzer needs Triton's
+model configuration, which the benchmark's MLServer runtime (`bench/mlserver_runtime.py`)
+answers over REST but not over gRPC, and MLServer's REST endpoint has no binary tensor
+data."""
 
 
 _READING = """## Reading the numbers

@@ -2,8 +2,9 @@
 
 Scenario names are what ``python -m bench --only`` accepts. The wrk scenarios post one
 observation per request (seeded, so every run sends the same bytes) to every server setup;
-``raw`` times onnxruntime alone, ``actor`` runs the CartPole actor (see bench/actor.py) and
-``overload`` measures goodput at saturation and at 10x (see bench/overload.py).
+``raw`` times onnxruntime alone, ``actor`` runs the CartPole actor (see bench/actor.py),
+``overload`` measures goodput at saturation and at 10x (see bench/overload.py) and ``oip``
+the Open Inference Protocol under Triton's perf_analyzer (see bench/oip.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from bench.servers import Setup
 RAW = "raw"
 ACTOR = "actor"
 OVERLOAD = "overload"
+OIP = "oip"
 STOCHASTIC_OUTPUTS = ("actions", "log_probs", "values")
 
 
@@ -41,7 +43,7 @@ WRK = (
     Scenario("cnn-64", "cnn", "cnn", 64),
     Scenario("cartpole-64", "cartpole", "cartpole", 64),
 )
-NAMES = (*(s.name for s in WRK), RAW, ACTOR, OVERLOAD)
+NAMES = (*(s.name for s in WRK), RAW, ACTOR, OVERLOAD, OIP)
 MODELS = ("cartpole", "mlp", "cnn")  # every model of the repository, in document order
 
 
@@ -83,4 +85,6 @@ def bench_models(names: list[str]) -> tuple[models.BenchModel, ...]:
         needed |= set(MODELS)
     if OVERLOAD in names:
         needed.add(models.MLP.name)
+    if OIP in names:
+        needed |= {models.MLP.name, models.CNN.name}
     return tuple(m for m in (models.MLP, models.CNN) if m.name in needed)

@@ -1,5 +1,5 @@
-"""The targets of issues #8 and #9, judged on the numbers of one run: met, missed or not
-measured.
+"""The targets of issues #8 and #9, and of the Open Inference Protocol, judged on the
+numbers of one run: met, missed or not measured.
 
 "rlserve" in a target means ``rlserve serve`` (one process, pinned like the baseline).
 A run with errors, or with no request completed, misses its target whatever its numbers:
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench import overload, servers
+from bench import models, oip, overload, servers
 from bench.actor import Client
+from bench.oip import OipRun
 from bench.overload import OverloadRun
 from bench.results import LoadRun, Results
 
@@ -41,6 +42,7 @@ def judge(results: Results) -> list[Verdict]:
         _gunicorn_cpu(results, 0.10),
         *(_actor(results, client, 2000.0) for client in Client),
         overload_verdict(results.overload),
+        *oip_verdicts(results.oip),
     ]
 
 
@@ -142,6 +144,62 @@ def overload_verdict(run: OverloadRun | None) -> Verdict:
         return Verdict(target, f"{measured} ({errors} errors)", False)
     met = run.ratio >= overload.MIN_RATIO and run.admitted_p99_ms <= run.deadline_ms
     return Verdict(target, measured, met)
+
+
+OIP_PREFIX = "oip: "  # every oip target starts so (a subset run replaces those rows)
+
+
+def oip_verdicts(run: OipRun | None) -> list[Verdict]:
+    """cnn near the onnxruntime ceiling over gRPC or binary HTTP, and mlp over gRPC well
+    above the JSON predict path, both at oip.CONCURRENCY requests in flight."""
+    return [_oip_ceiling(run), _oip_grpc(run)]
+
+
+def _oip_ceiling(run: OipRun | None) -> Verdict:
+    target = (
+        f"{OIP_PREFIX}cnn over gRPC or binary HTTP at {oip.CONCURRENCY} concurrent streams "
+        f"≥ {oip.MIN_CEILING_SHARE:.0%} of the onnxruntime ceiling (rows/s at batch {oip.BATCH})"
+    )
+    model = models.CNN.name
+    ceiling = run.ceiling(model) if run else None
+    if run is None or ceiling is None:
+        return Verdict(target, _oip_unmeasured(run), None)
+    best = run.best(model, oip.CEILING_TRANSPORTS)
+    if best is None:
+        return Verdict(target, "no run completed (see the oip section)", False)
+    share = best.requests_per_s / ceiling.rows_per_s_batch
+    measured = (
+        f"{share:.0%}: {best.requests_per_s:,.0f} of {ceiling.rows_per_s_batch:,.0f} rows/s, "
+        f"over {best.transport.label}"
+    )
+    return Verdict(target, measured, share >= oip.MIN_CEILING_SHARE)
+
+
+def _oip_grpc(run: OipRun | None) -> Verdict:
+    target = (
+        f"{OIP_PREFIX}mlp over gRPC at {oip.CONCURRENCY} concurrent streams "
+        f"≥ {oip.MIN_GRPC_RATIO:.1f}x the JSON predict path's requests/s"
+    )
+    if run is None or run.predict is None:
+        return Verdict(target, _oip_unmeasured(run), None)
+    best = run.best(models.MLP.name, oip.GRPC)
+    predict = run.predict.load
+    if best is None:
+        return Verdict(target, "no gRPC run completed (see the oip section)", False)
+    if predict.requests == 0 or predict.errors:
+        return Verdict(target, f"JSON predict path: {predict.errors} errors", False)
+    ratio = best.requests_per_s / predict.requests_per_s
+    measured = (
+        f"{ratio:.2f}x: {best.requests_per_s:,.0f} against {predict.requests_per_s:,.0f} "
+        f"requests/s, over {best.transport.label}"
+    )
+    return Verdict(target, measured, ratio >= oip.MIN_GRPC_RATIO)
+
+
+def _oip_unmeasured(run: OipRun | None) -> str:
+    if run is not None and run.unavailable:
+        return "not run: perf_analyzer unavailable"
+    return "not run"
 
 
 def _verdict(target: str, measured: str, passed: bool, *runs: LoadRun) -> Verdict:
