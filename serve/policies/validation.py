@@ -104,8 +104,11 @@ class _FloatRows:
 
     def _rows(self, array: np.ndarray) -> ObservationBatch | None:
         """Numbers already in an array (numpy did the parsing): cast, shape, bounds."""
-        with np.errstate(over="ignore"):
-            rows = array.astype(np.float32)
+        if array.dtype == np.float32:  # binary tensors: no copy
+            rows = array
+        else:
+            with np.errstate(over="ignore"):
+                rows = array.astype(np.float32)
         single = rows.shape == self.shape
         if single:
             rows = rows[np.newaxis]
@@ -165,9 +168,12 @@ class _Uint8Images:
         single = array.shape == self.shape
         if not single and array.shape[1:] != self.shape:
             return None
-        if array.min() < 0 or array.max() > 255:
+        if array.dtype == np.uint8:  # binary tensors: already what the graph takes
+            rows = array
+        elif array.min() < 0 or array.max() > 255:
             return None
-        rows = array.astype(np.uint8)
+        else:
+            rows = array.astype(np.uint8)
         return self._checked(rows[np.newaxis] if single else rows, single=single)
 
     def _checked(self, rows: np.ndarray, *, single: bool) -> ObservationBatch | None:

@@ -77,6 +77,7 @@ class InferCall:
     outputs: list[RequestedOutput]
     id: str = ""
     binary_output: bool = False  # HTTP: outputs not named otherwise go as binary data
+    chosen: list[RequestedOutput] | None = None  # the outputs it gets, once checked
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,7 @@ class Signature:
         self._all = [RequestedOutput(o.name) for o in outputs]
         self._parameter_outputs = {o.name for o in outputs} - set(_KIND_OF)
         self._inputs_by_name = {i.name: i for i in self.inputs}
+        self._kinds_of: dict[tuple[str, ...], list[OutputKind] | None] = {}
 
     # ------------------------------------------------------------------ calls
 
@@ -167,9 +169,10 @@ class Signature:
             parameters["deterministic"] = given["deterministic"]
         if "seed" in given:
             parameters["seed"] = given["seed"]
-        kinds = self._kinds(self.chosen(call))
-        if kinds != {OutputKind.ACTIONS}:
-            parameters["outputs"] = sorted(kinds)
+        call.chosen = self.chosen(call)
+        kinds = self._kinds(call.chosen)
+        if kinds is not None:
+            parameters["outputs"] = kinds
         return parameters
 
     def chosen(self, call: InferCall) -> list[RequestedOutput]:
@@ -200,19 +203,24 @@ class Signature:
             )
         return [RequestedOutput(name.strip()) for name in value.split(",")]
 
-    def _kinds(self, chosen: Sequence[RequestedOutput]) -> set[OutputKind]:
-        kinds = set()
-        for output in chosen:
-            kind = _KIND_OF.get(output.name)
-            kinds.add(OutputKind.DISTRIBUTION if kind is None else kind)
-        return kinds
+    def _kinds(self, chosen: Sequence[RequestedOutput]) -> list[OutputKind] | None:
+        """The policy's output kinds for these outputs (None: actions alone, the default),
+        remembered per choice of names."""
+        names = tuple(output.name for output in chosen)
+        if names in self._kinds_of:
+            return self._kinds_of[names]
+        kinds = {OutputKind.DISTRIBUTION if (k := _KIND_OF.get(n)) is None else k for n in names}
+        listed = None if kinds == {OutputKind.ACTIONS} else sorted(kinds)
+        if len(self._kinds_of) < 256:  # names were checked: at most the outputs' subsets
+            self._kinds_of[names] = listed
+        return listed
 
     # ------------------------------------------------------------------ answers
 
     def answer(self, call: InferCall, answer: Answer) -> list[OutputTensor]:
         """The tensors a call asked for, from its answer (batch axis kept)."""
         tensors = []
-        for output in self.chosen(call):
+        for output in call.chosen or self.chosen(call):
             meta = self._by_name[output.name]
             if output.name in self._parameter_outputs:
                 values = answer["distribution"][output.name]

@@ -42,7 +42,9 @@ MAX_DIMS = 8  # more axes than any observation has; refused before any arithmeti
 
 def datatype_of(dtype: np.dtype | str) -> str:
     """The protocol's datatype for a numpy dtype (``float32`` -> ``FP32``)."""
-    name = _DATATYPES.get(np.dtype(dtype).newbyteorder("<"))
+    name = _DATATYPES.get(dtype) if isinstance(dtype, np.dtype) else None  # the common case
+    if name is None:
+        name = _DATATYPES.get(np.dtype(dtype).newbyteorder("<"))
     if name is None:
         raise ValueError(f"dtype {dtype} has no Open Inference Protocol datatype")
     return name
