@@ -25,10 +25,12 @@ $(VENV)/.serve-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
 	touch $@
 
-# Everything: the export extra (torch pinned first), load tests and test tools.
+# Everything: the export extra (torch pinned first), load tests and test tools, and
+# redis-server (Debian package; the Redis buffer's tests start their own) when missing.
 $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
+	command -v redis-server >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[export,load,test]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[export,loop,load,test]"
 	touch $@ $(VENV)/.serve-installed
 
 serve: $(VENV)/.serve-installed

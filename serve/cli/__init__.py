@@ -25,6 +25,7 @@ _SUBCOMMANDS = (
     "serve.commands.inspect",
     "serve.commands.verify",
     "serve.commands.rollout",
+    "loop.commands",
 )
 
 

@@ -1,0 +1,145 @@
+"""The one small interface every experience buffer implements.
+
+A :class:`Producer` appends steps; a :class:`Consumer` in a consumer group polls them and
+commits what it has processed. The guarantees every backend gives (and the shared
+contract tests in ``tests/loop/buffers/contract.py`` check against real servers):
+
+- **Order within an episode**: steps of one episode are delivered in the order published
+  (Kafka: keyed by episode, so one episode stays in one partition).
+- **At least once**: a delivery not committed is delivered again, to the next consumer of
+  the group that starts (same ``name``: its own uncommitted deliveries first), so a
+  consumer killed mid-batch loses nothing. Duplicates are dropped by the consumer with
+  ``loop.experience.Deduplicator``, keyed by ``Step.key``.
+- **Bounded**: a producer sees back-pressure once ``max_pending`` records are published and
+  not yet committed: ``publish`` waits up to ``publish_timeout_s`` for room, then raises
+  :class:`BufferFull` (``overflow: block``) or drops the steps and counts them
+  (``overflow: drop``). Nothing is dropped silently.
+- **Accounting**: ``published`` + ``dropped`` on the producer side, ``delivered`` and
+  ``committed`` on the consumer side; published = committed + still buffered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+from loop.experience import Step
+from serve.errors import ConfigError, QueueFull, ServiceUnavailable
+
+
+class Overflow(StrEnum):
+    """What a producer does when the buffer stays full for ``publish_timeout_s``."""
+
+    BLOCK = "block"  # raise BufferFull: the caller decides (a rollout worker waits)
+    DROP = "drop"  # drop the steps, counted in ``dropped``
+
+
+@dataclass(frozen=True, slots=True)
+class BufferOptions:
+    max_pending: int = 100_000  # records published and not yet committed, before back-pressure
+    overflow: Overflow = Overflow.BLOCK
+    publish_timeout_s: float = 5.0
+    compression: str | None = None  # "zstd" or None: compress records for congested links
+
+    def __post_init__(self) -> None:
+        if self.max_pending < 1:
+            raise ConfigError(f"max_pending must be at least 1, got {self.max_pending}")
+        if self.publish_timeout_s < 0:
+            raise ConfigError(f"publish_timeout_s must be >= 0, got {self.publish_timeout_s}")
+        if self.overflow not in tuple(Overflow):
+            raise ConfigError(f"overflow {self.overflow!r}: use 'block' or 'drop'")
+        object.__setattr__(self, "overflow", Overflow(self.overflow))
+        if self.compression not in (None, "zstd"):
+            raise ConfigError(f"compression {self.compression!r}: use 'zstd' or leave it unset")
+
+
+class BufferFull(QueueFull):
+    """The buffer held ``max_pending`` records for the whole ``publish_timeout_s``."""
+
+
+class BufferUnavailable(ServiceUnavailable):
+    """The buffer's server cannot be reached (or the local log cannot be written)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A step as a consumer received it, with the backend's position for ``commit``."""
+
+    step: Step
+    position: Any  # a Kafka (partition, offset), a Redis stream id, a log offset
+
+
+@dataclass(slots=True)
+class ProducerCounts:
+    published: int = 0
+    dropped: int = 0
+
+
+@dataclass(slots=True)
+class ConsumerCounts:
+    delivered: int = 0  # redeliveries included
+    committed: int = 0
+    by_version: dict[int, int] = field(default_factory=dict)  # committed steps per version
+
+    def add_committed(self, steps: Iterable[Step]) -> None:
+        for step in steps:
+            self.committed += 1
+            self.by_version[step.model_version] = self.by_version.get(step.model_version, 0) + 1
+
+
+def overflow(
+    options: BufferOptions, counts: ProducerCounts, steps: int, where: str, pending: int
+) -> None:
+    """What a producer does once the buffer stayed full for ``publish_timeout_s``: count
+    the steps as dropped (``overflow: drop``) or raise :class:`BufferFull`."""
+    if options.overflow == Overflow.DROP:
+        counts.dropped += steps
+        return
+    raise BufferFull(
+        f"experience buffer {where} held {pending} records (max_pending="
+        f"{options.max_pending}) for {options.publish_timeout_s}s, {steps} more did not fit: "
+        "the trainer is not keeping up; add consumers, raise max_pending, or set "
+        "overflow: drop"
+    )
+
+
+class Producer(Protocol):
+    counts: ProducerCounts
+
+    def publish(self, steps: Sequence[Step]) -> None:
+        """Append ``steps`` (order kept within each episode); back-pressure as above."""
+        ...
+
+    def pending(self) -> int:
+        """Records published to this buffer and not yet committed by its consumers."""
+        ...
+
+    def flush(self, timeout_s: float = 10.0) -> None:
+        """Wait until every published step is stored by the buffer."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Consumer(Protocol):
+    counts: ConsumerCounts
+
+    def poll(self, max_records: int, timeout_s: float) -> list[Delivery]:
+        """Up to ``max_records`` deliveries, waiting up to ``timeout_s`` for the first;
+        after a restart, this consumer's uncommitted deliveries come first."""
+        ...
+
+    def commit(self, deliveries: Sequence[Delivery]) -> None:
+        """Mark ``deliveries`` processed: they are never delivered to this group again.
+
+        Commits may be cumulative: on the offset-based backends (``file://``, Kafka per
+        partition) committing a delivery also commits every earlier one. Commit in the
+        order ``poll`` delivered (``loop.controller.SyncController`` does), never a later
+        delivery before an earlier one that is still being processed."""
+        ...
+
+    def close(self) -> None:
+        """Leave the group; uncommitted deliveries will be delivered again."""
+        ...
