@@ -13,16 +13,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from serve.cli.arguments import add_arguments as add_dataclass_arguments
 from serve.cli.arguments import arg, from_namespace
+from serve.errors import ConfigError
 
 if TYPE_CHECKING:
+    from loop.buffers.base import BufferOptions
     from loop.collect import Counters, Vectorization
+
+T = TypeVar("T")
 
 NAME = "collect"
 HELP = (
@@ -45,42 +50,72 @@ _EXAMPLE = (
     "  rlserve collect --env CartPole-v1 --server http://127.0.0.1:8000 \\\n"
     "      --buffer file:///tmp/experience --num-envs 8 --seed 0 --steps 100000\n"
     "  rlserve collect --env CartPole-v1 --server http://rlserve:8000 --model cartpole \\\n"
-    "      --buffer 'redis://redis:6379/0?stream=rl_experience' --num-envs 64"
+    "      --buffer 'redis://redis:6379/0?stream=rl_experience' --num-envs 64\n"
+    "  rlserve collect --config decoupled_config.yaml --config sync_policy.yaml"
 )
 
 
 @dataclass(kw_only=True)
 class CollectArgs:
-    env: str = field(metadata=arg("gymnasium environment id, e.g. CartPole-v1", metavar="ENV_ID"))
-    server: str = field(
+    config: list[str] | None = field(
+        default=None,
         metadata=arg(
-            "the rlserve server to ask for actions, e.g. http://127.0.0.1:8000", metavar="URL"
-        )
+            "the loop's YAML config (loop/config.py; repeat to merge several, later wins; "
+            "RLSERVE_LOOP_* variables apply on top): env, server, buffer and the options below "
+            "come from it unless given as flags (default: $RLSERVE_LOOP_CONFIG_FILE, if set)",
+            metavar="FILE",
+        ),
     )
-    buffer: str = field(
+    env: str | None = field(
+        default=None,
+        metadata=arg(
+            "gymnasium environment id, e.g. CartPole-v1 (default: rollout.env_id from --config)",
+            metavar="ENV_ID",
+        ),
+    )
+    server: str | None = field(
+        default=None,
+        metadata=arg(
+            "the rlserve server to ask for actions, e.g. http://127.0.0.1:8000 (default: "
+            "inference_cluster.endpoint from --config)",
+            metavar="URL",
+        ),
+    )
+    buffer: str | None = field(
+        default=None,
         metadata=arg(
             "experience buffer to publish to: memory://NAME (in-process; only useful from "
             "Python), file:///DIR (a local log for a trainer on this machine), "
-            "redis://HOST:PORT/DB?stream=NAME, kafka://HOST:PORT/TOPIC?partitions=N",
+            "redis://HOST:PORT/DB?stream=NAME, kafka://HOST:PORT/TOPIC?partitions=N "
+            "(default: the producer URL of --config's data_buffer)",
             metavar="URL",
-        )
+        ),
     )
-    num_envs: int = field(
-        default=8,
-        metadata=arg("environments stepped together, all asked for in one request", metavar="N"),
+    num_envs: int | None = field(
+        default=None,
+        metadata=arg(
+            "environments stepped together, all asked for in one request (default: 8, or "
+            "rollout.num_envs from --config)",
+            metavar="N",
+        ),
     )
     seed: int | None = field(
         default=None,
         metadata=arg(
             "seeds the envs' resets and the server's action sampling (a seed per request, "
             "drawn from it), for a reproducible run; give each worker its own (default: "
-            "fresh randomness, and requests without a seed, which the server serves faster)",
+            "rollout.seed from --config, else fresh randomness, and requests without a seed, "
+            "which the server serves faster)",
             metavar="N",
         ),
     )
     model: str | None = field(
         default=None,
-        metadata=arg("model to ask (default: the server's default model)", metavar="NAME"),
+        metadata=arg(
+            "model to ask (default: inference_cluster.model from --config, else the server's "
+            "default model)",
+            metavar="NAME",
+        ),
     )
     steps: int | None = field(
         default=None,
@@ -99,26 +134,82 @@ class CollectArgs:
             metavar="ID",
         ),
     )
-    retry_for_s: float = field(
-        default=60.0,
+    retry_for_s: float | None = field(
+        default=None,
         metadata=arg(
             "how long to keep retrying a failing server (connection refused, 429, 503, 504) "
-            "or a full or unreachable buffer before giving up",
+            "or a full or unreachable buffer before giving up (default: 60, or "
+            "rollout.retry_for_s from --config)",
             metavar="SECONDS",
         ),
     )
-    vectorization: str = field(
-        default="auto",
+    vectorization: str | None = field(
+        default=None,
         metadata=arg(
             "auto: the env's own vectorised implementation when it has one (fast), else "
             "sync; sync: all envs in this process; async: one subprocess per env (for "
-            "expensive envs)",
+            "expensive envs) (default: auto, or rollout.vectorization from --config)",
             choices=["auto", "sync", "async"],
         ),
     )
     progress_every_s: float = field(
         default=5.0, metadata=arg("seconds between progress lines on stderr", metavar="SECONDS")
     )
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a worker runs with: the flags, else the loop's config, else the defaults."""
+
+    env: str
+    server: str
+    buffer: str
+    num_envs: int
+    seed: int | None
+    model: str | None
+    retry_for_s: float
+    vectorization: str
+    buffer_options: BufferOptions | None
+
+
+def resolve(args: CollectArgs) -> Resolved:
+    """Flags first; then, with --config (or RLSERVE_LOOP_CONFIG_FILE), the loop's config."""
+    from loop import config as loop_config
+
+    files = args.config or []
+    if not files and not os.environ.get(loop_config.ENV_PREFIX + "CONFIG_FILE"):
+        missing = [f"--{n}" for n in ("env", "server", "buffer") if getattr(args, n) is None]
+        if missing:
+            raise ConfigError(
+                f"rlserve collect needs {', '.join(missing)}, or a --config file that gives "
+                "them (rollout.env_id, inference_cluster.endpoint, data_buffer)"
+            )
+        assert args.env is not None
+        assert args.server is not None
+        assert args.buffer is not None
+        return Resolved(
+            env=args.env, server=args.server, buffer=args.buffer,
+            num_envs=_first(args.num_envs, 8), seed=args.seed, model=args.model,
+            retry_for_s=_first(args.retry_for_s, 60.0),
+            vectorization=_first(args.vectorization, "auto"), buffer_options=None,
+        )  # fmt: skip
+    loaded = loop_config.load(*files)
+    rollout = loaded.rollout
+    return Resolved(
+        env=_first(args.env, rollout.env_id),
+        server=_first(args.server, loaded.server_url()),
+        buffer=_first(args.buffer, loaded.producer_buffer_url()),
+        num_envs=_first(args.num_envs, rollout.num_envs),
+        seed=_first(args.seed, rollout.seed),
+        model=_first(args.model, loaded.inference_cluster.model),
+        retry_for_s=_first(args.retry_for_s, rollout.retry_for_s),
+        vectorization=_first(args.vectorization, rollout.vectorization),
+        buffer_options=loaded.buffer_options(),
+    )
+
+
+def _first(flag: T | None, fallback: T) -> T:
+    return fallback if flag is None else flag
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -132,20 +223,22 @@ def run(namespace: argparse.Namespace) -> int:
     from loop.collect import RolloutWorker
 
     args = from_namespace(CollectArgs, namespace)
+    given = resolve(args)
     with RolloutWorker(
-        args.env,
-        args.server,
-        args.buffer,
-        num_envs=args.num_envs,
-        seed=args.seed,
-        model=args.model,
+        given.env,
+        given.server,
+        given.buffer,
+        num_envs=given.num_envs,
+        seed=given.seed,
+        model=given.model,
         worker_id=args.worker_id,
-        retry_for_s=args.retry_for_s,
-        vectorization=cast("Vectorization", args.vectorization),  # argparse checked it
+        retry_for_s=given.retry_for_s,
+        vectorization=cast("Vectorization", given.vectorization),  # argparse or pydantic checked it
+        buffer_options=given.buffer_options,
     ) as worker:
         _progress(
-            f"worker {worker.worker_id}-{worker.run_id}: {args.num_envs} x {args.env} "
-            f"-> {args.buffer}, asking {args.server}"
+            f"worker {worker.worker_id}-{worker.run_id}: {given.num_envs} x {given.env} "
+            f"-> {given.buffer}, asking {given.server}"
         )
         try:
             worker.run(max_steps=args.steps, report=_report, report_every_s=args.progress_every_s)

@@ -28,15 +28,22 @@ OVERLAYS = sorted(p.parent.name for p in (K8S / "overlays").glob("*/kustomizatio
 @cache
 def render(overlay: str) -> tuple[dict[str, Any], ...]:
     """What users apply: `kubectl kustomize k8s/overlays/OVERLAY`, parsed."""
+    return render_path(K8S / "overlays" / overlay)
+
+
+@cache
+def render_path(path: Path) -> tuple[dict[str, Any], ...]:
+    """`kubectl kustomize PATH` (any kustomization under k8s/, e.g. k8s/rl), parsed."""
     if shutil.which("kubectl") is None:
         pytest.skip("kubectl (with its built-in kustomize) is not installed")
     done = subprocess.run(
-        ["kubectl", "kustomize", str(K8S / "overlays" / overlay)],
+        ["kubectl", "kustomize", str(path)],
         capture_output=True,
         text=True,
         check=False,
     )
-    assert done.returncode == 0, f"kubectl kustomize {overlay} failed:\n{done.stderr}"
+    where = path.relative_to(K8S)
+    assert done.returncode == 0, f"kubectl kustomize k8s/{where} failed:\n{done.stderr}"
     return tuple(d for d in yaml.safe_load_all(done.stdout) if d)
 
 
