@@ -155,6 +155,14 @@ class CollectArgs:
     progress_every_s: float = field(
         default=5.0, metadata=arg("seconds between progress lines on stderr", metavar="SECONDS")
     )
+    metrics_port: int | None = field(
+        default=None,
+        metadata=arg(
+            "serve Prometheus metrics (rl_env_steps_total, rl_experience_published_total, "
+            "rl_episode_return ...) on this port (default: none)",
+            metavar="PORT",
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -240,6 +248,11 @@ def run(namespace: argparse.Namespace) -> int:
             f"worker {worker.worker_id}-{worker.run_id}: {given.num_envs} x {given.env} "
             f"-> {given.buffer}, asking {given.server}"
         )
+        if args.metrics_port is not None:
+            from loop.worker_metrics import serve_metrics
+
+            port = serve_metrics(worker.counters, worker.worker_id, args.metrics_port)
+            _progress(f"metrics on :{port}/metrics")
         try:
             worker.run(max_steps=args.steps, report=_report, report_every_s=args.progress_every_s)
         finally:
