@@ -1,5 +1,6 @@
 """Side by side in one run: rlserve, a plain FastAPI app and raw onnxruntime (issue #8),
-rlserve under overload (issue #9), and rlserve's Open Inference Protocol under perf_analyzer.
+rlserve under overload (issue #9), rlserve's Open Inference Protocol under perf_analyzer,
+and the inference side of RL training: rollout workers and experience buffers (issue #11).
 
     python -m bench [--seconds 8] [--only mlp-64 --only actor] [--output docs/benchmarks.md]
 
@@ -18,6 +19,8 @@ Scenarios (all by default):
                                        10x overload (issue #9), see below
   oip                                  the Open Inference Protocol (mlp, cnn) under Triton's
                                        perf_analyzer, see below
+  loop                                 rollout workers through rlserve serve and experience
+                                       buffers (issue #11), see below
 
 overload: one rlserve serve process (mlp). Saturation: wrk at 8, 16, 32 and 64
 connections; goodput = 2xx answers/s, its peak is reached at C* connections. Overload:
@@ -38,11 +41,24 @@ gRPC >= 1.5x the JSON predict path. perf_analyzer is fetched once into .cache/pe
 (bench/perf_analyzer.py); when that fails the section says so and the rest of the run goes
 on. --mlserver adds MLServer's rows. `--only oip --seconds 8` takes about five minutes.
 
+loop (bench/loop.py): one rlserve serve process (cartpole) on core 0 and one rollout
+worker (loop.collect.RolloutWorker) on core 1 at 1, 8 and 64 envs, publishing into an
+in-process memory:// buffer that a drain thread empties: env steps/s, requests/s and the
+worker's predict latency p50/p99. Then each buffer backend (memory, file, redis-server
+with appendfsync everysec, noida-db as a Kafka broker; the servers on core 0, started by
+the benchmark, a backend that cannot start is recorded and skipped): a producer publishing
+batches of 64 steps at 2,000 steps/s and a consumer polling and committing (threads of one
+process for memory://, two processes for the others, on core 1), publish-to-consume
+latency p50/p99, then back-to-back throughput. Targets: > 40,000 steps/s at 64
+envs, >= 2,000 steps/s with one env, buffer p99 < 5 ms (memory, file, redis), and the
+reference criteria (inference p99 < 50 ms, > 1,000 frames/s, buffer p99 < 10 ms on every
+backend). `--only loop --seconds 8` takes about 90 seconds.
+
 Needs wrk and taskset on PATH, two CPU cores, and the test install (torch and
 stable-baselines3 build the mlp and cnn models). Writes docs/benchmarks.md unless told
-otherwise; a document from a subset says which scenarios it holds, except `--only oip`
-alone into an existing benchmarks document: that replaces only its oip section and the
-oip rows of its Targets table, keeping the rest of the document.
+otherwise; a document from a subset says which scenarios it holds, except `--only oip` or
+`--only loop` alone into an existing benchmarks document: that replaces only its own
+section and its rows of the Targets table, keeping the rest of the document.
 """
 
 from __future__ import annotations
@@ -58,7 +74,19 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import cpu, load, models, oip, overload, raw, report, scenarios, servers, targets
+from bench import (
+    cpu,
+    load,
+    loop,
+    models,
+    oip,
+    overload,
+    raw,
+    report,
+    scenarios,
+    servers,
+    targets,
+)
 from bench.actor import ActorResult, Client
 from bench.results import ActorRun, Conditions, LoadRun, RawRun, Results
 from bench.scenarios import Scenario
@@ -120,7 +148,8 @@ def main() -> None:
         parser.error("--deadline-ms takes a positive number of milliseconds")
     chosen = tuple(n for n in scenarios.NAMES if args.only is None or n in args.only)
     cpu.require_cores()
-    load.require_wrk()
+    if any(n not in (scenarios.RAW, scenarios.ACTOR, scenarios.LOOP) for n in chosen):
+        load.require_wrk()
     results = Results(_conditions(args, chosen))
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         workdir = Path(tmp)
@@ -142,17 +171,25 @@ def main() -> None:
         if scenarios.OIP in chosen:
             _say("mlp, cnn: Open Inference Protocol (perf_analyzer)")
             results.oip = oip.run(repository, workdir, args.seconds, args.warmup, args.mlserver)
+        if scenarios.LOOP in chosen:
+            _say("cartpole: RL loop (rollout workers, experience buffers)")
+            results.loop = loop.run(repository / "cartpole", workdir, args.seconds, args.warmup)
     _write(args.output, results, chosen)
 
 
 def _write(output: Path, results: Results, chosen: tuple[str, ...]) -> None:
-    """The document; ``--only oip`` alone replaces the oip section of an existing one."""
+    """The document; ``--only oip`` or ``--only loop`` alone replaces that scenario's
+    section of an existing one."""
     verdicts = targets.judge(results)
-    if chosen == (scenarios.OIP,) and results.oip is not None and output.is_file():
-        spliced = report.splice_oip(output.read_text(), results.oip, verdicts)
+    if len(chosen) == 1 and chosen[0] in scenarios.SPLICED and output.is_file():
+        spliced = None
+        if results.oip is not None:
+            spliced = report.splice_oip(output.read_text(), results.oip, verdicts)
+        elif results.loop is not None:
+            spliced = report.splice_loop(output.read_text(), results.loop, verdicts)
         if spliced is not None:
             output.write_text(spliced)
-            _say(f"replaced the oip section of {output}")
+            _say(f"replaced the {chosen[0]} section of {output}")
             return
     output.write_text(report.render(results, verdicts))
     _say(f"wrote {output}")

@@ -7,7 +7,8 @@ import re
 
 import onnxruntime
 
-from bench import oip, overload, scenarios, servers, targets
+from bench import loop, oip, overload, scenarios, servers, targets
+from bench.loop import BufferRun, LoopRun, WorkerRun
 from bench.oip import OipRun, PerfRun
 from bench.overload import GoodputRun, OverloadRun
 from bench.results import Conditions, LoadRun, Results
@@ -51,6 +52,8 @@ def render(results: Results, verdicts: list[Verdict]) -> str:
         parts.append(_overload_section(results.overload))
     if results.oip is not None:
         parts.append(_oip_section(results.oip))
+    if results.loop is not None:
+        parts.append(_loop_section(results.loop))
     parts.append(_READING)
     return "\n".join(parts)
 
@@ -69,6 +72,11 @@ def _header(c: Conditions) -> str:
             f" (the oip scenario: perf_analyzer at {oip.CONCURRENCY} requests in flight, "
             "windows of a third of that until three agree, and wrk as above on the JSON "
             "predict path)"
+        )
+    if scenarios.LOOP in c.scenarios:
+        own_runs += (
+            " (the loop scenario: rollout workers and buffers measured as long, after their "
+            "own warm-up)"
         )
     return (
         "# Benchmarks\n\n"
@@ -307,10 +315,25 @@ _OIP_COLUMNS = (
 def splice_oip(document: str, run: OipRun, verdicts: list[Verdict]) -> str | None:
     """``document`` (a benchmarks document) with its oip section and the oip rows of its
     Targets table replaced by this run's; None when it is no benchmarks document."""
+    return _splice(document, OIP_HEADING, _oip_section(run), verdicts, targets.OIP_PREFIX)
+
+
+def splice_loop(document: str, run: LoopRun, verdicts: list[Verdict]) -> str | None:
+    """``document`` with its loop section and the loop rows of its Targets table replaced
+    by this run's; None when it is no benchmarks document."""
+    return _splice(document, LOOP_HEADING, _loop_section(run), verdicts, targets.LOOP_PREFIX)
+
+
+def _splice(
+    document: str, heading: str, section: str, verdicts: list[Verdict], prefix: str
+) -> str | None:
+    """``document`` with the section under ``heading`` (up to the next ``## ``) replaced by
+    ``section``, or ``section`` added before "Reading the numbers" (else at the end); the
+    Targets rows starting with ``prefix`` replaced by ``verdicts``' rows of that prefix."""
     if not document.startswith("# Benchmarks"):
         return None
-    section = _oip_section(run) + "\n"
-    pattern = re.compile(rf"(?ms)^{re.escape(OIP_HEADING)}\n.*?(?=^## |\Z)")
+    section += "\n"
+    pattern = re.compile(rf"(?ms)^{re.escape(heading)}\n.*?(?=^## |\Z)")
     if pattern.search(document):
         document = pattern.sub(lambda _: section, document, count=1)
     elif "\n## Reading the numbers" in document:
@@ -319,11 +342,13 @@ def splice_oip(document: str, run: OipRun, verdicts: list[Verdict]) -> str | Non
         )
     else:
         document = document.rstrip("\n") + "\n\n" + section
-    rows = [_target_row(v) for v in verdicts if v.target.startswith(targets.OIP_PREFIX)]
-    return _replace_target_rows(document, rows)
+    rows = [_target_row(v) for v in verdicts if v.target.startswith(prefix)]
+    return _replace_target_rows(document, rows, prefix)
 
 
-def _replace_target_rows(document: str, rows: list[str]) -> str:
+def _replace_target_rows(document: str, rows: list[str], prefix: str) -> str:
+    """The Targets table's rows starting with ``prefix`` replaced by ``rows``, where the
+    first of them was (at the end of the table if there was none)."""
     lines = document.split("\n")
     if "## Targets" not in lines:
         return document
@@ -333,13 +358,16 @@ def _replace_target_rows(document: str, rows: list[str]) -> str:
     end = start
     while end < len(lines) and lines[end].startswith("|"):
         end += 1
-    prefix = f"| {targets.OIP_PREFIX}"
-    table = [line for line in lines[start:end] if not line.startswith(prefix)]
-    return "\n".join([*lines[:start], *table, *rows, *lines[end:]])
+    marker = f"| {prefix}"
+    old = [i for i in range(start, end) if lines[i].startswith(marker)]
+    at = old[0] if old else end
+    kept_before = [line for line in lines[start:at] if not line.startswith(marker)]
+    kept_after = [line for line in lines[at:end] if not line.startswith(marker)]
+    return "\n".join([*lines[:start], *kept_before, *rows, *kept_after, *lines[end:]])
 
 
 def _target_row(v: Verdict) -> str:
-    return f"| {v.target} | {v.measured} | {v.status} |"
+    return f"| {v.target} | {v.measured.replace('|', '/')} | {v.status} |"
 
 
 def _oip_section(run: OipRun) -> str:
@@ -530,6 +558,149 @@ was measured side by side in this run: {note}. `--mlserver PATH` adds MLServer r
 model configuration, which the benchmark's MLServer runtime (`bench/mlserver_runtime.py`)
 answers over REST but not over gRPC, and MLServer's REST endpoint has no binary tensor
 data."""
+
+
+LOOP_HEADING = "## RL loop (issue #11)"
+
+
+def _loop_section(run: LoopRun) -> str:
+    lines = [
+        LOOP_HEADING,
+        "",
+        _LOOP_METHOD.format(
+            when=run.when,
+            took=_duration(run.seconds),
+            machine=run.machine,
+            load=run.load_before,
+            load_after=run.load_after,
+            envs=", ".join(map(str, loop.NUM_ENVS)),
+            warmup=f"{run.warmup_s:g}",
+            seconds=f"{run.measured_s:g}",
+            rate=f"{loop.RATE:,.0f}",
+            batch=loop.BATCH,
+            burst=f"{loop.BURST_S:g}",
+        ),
+        "",
+        "| target | measured | result |",
+        "|---|---:|---|",
+        *(_target_row(v) for v in targets.loop_verdicts(run)),
+        "",
+        "### Env steps through the server (one rollout worker)",
+        "",
+        "| envs per worker | env steps/s | requests/s | steps/request | predict p50 ms "
+        "| predict p99 ms | predict max ms | server CPU µs/request | server CPU µs/step "
+        "| server core busy (est.) | worker time: predict / env / publish |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *(_worker_row(w) for w in run.workers),
+        "",
+        "### Experience buffers: publish to consume",
+        "",
+        "| backend | served by | producer, consumer "
+        f"| published steps/s (asked {loop.RATE:,.0f}) | consumed | p50 ms | p99 ms | max ms "
+        "| publish call p50 / p99 ms "
+        f"| back to back ({loop.BURST_S:g} s): steps/s | redelivered |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *(_buffer_row(b) for b in run.buffers),
+    ]
+    notes = [f"{b.backend.key}: {n}" for b in run.buffers if b.result for n in b.result.notes]
+    failures = [f"{b.backend.key}: {b.failure}" for b in run.buffers if b.failure]
+    failures += [f"{loop.envs(w.num_envs)}: {w.failure}" for w in run.workers if w.failure]
+    if failures or notes:
+        lines += ["", "Not measured or incomplete:", ""]
+        lines += [f"- {text}" for text in (*failures, *notes)]
+    publishes = f"{loop.RATE * run.measured_s / loop.BATCH:,.0f}"
+    lines += ["", _LOOP_READING.format(batch=loop.BATCH, publishes=publishes)]
+    return "\n".join(lines) + "\n"
+
+
+def _worker_row(run: WorkerRun) -> str:
+    head = f"| {run.num_envs} "
+    r = run.result
+    if r is None:
+        return f"{head}| failed: {(run.failure or '').replace('|', '/')} | | | | | | | | | |"
+    per_request = run.cpu_us_per_request
+    busy = per_request * r.requests_per_s / 1e6 if per_request is not None else None
+    return (
+        f"{head}| {r.steps_per_s:,.0f} | {r.requests_per_s:,.0f} "
+        f"| {r.env_steps / r.requests if r.requests else 0:.2f} | {r.predict_p50_ms:.2f} "
+        f"| {r.predict_p99_ms:.2f} | {r.predict_max_ms:.1f} | {_maybe(per_request, '{:,.0f}')} "
+        f"| {_maybe(run.cpu_us_per_step, '{:,.1f}')} | {_maybe(busy, '{:.0%}')} "
+        f"| {r.predict_share:.0%} / {r.env_share:.0%} / {r.publish_share:.0%} |"
+    )
+
+
+def _buffer_row(run: BufferRun) -> str:
+    head = f"| {run.backend.label} | {run.server or 'n/a'} "
+    r = run.result
+    if r is None:
+        reason = (run.failure or "").replace("|", "/")
+        return f"{head}| | not measured: {reason} | | | | | | | |"
+    together = "threads of one process" if r.processes == 1 else "two processes"
+    return (
+        f"{head}| {together} | {r.achieved_rate:,.0f} | {r.consumed:,} of {r.published:,} "
+        f"| {r.latency_p50_ms:.2f} | {r.latency_p99_ms:.2f} | {r.latency_max_ms:.1f} "
+        f"| {r.publish_p50_ms:.2f} / {r.publish_p99_ms:.2f} | {r.burst_per_s:,.0f} "
+        f"| {r.duplicates:,} |"
+    )
+
+
+_LOOP_METHOD = """\
+Measured on {when} in {took} (the scenario `loop`: `python -m bench --only loop`, or part
+of a full run) on {machine}; load average (1, 5, 15 minutes) when it started: {load},
+when it ended: {load_after} (other work on the machine shares its cores).
+
+- **Env steps through the server**: one `rlserve serve` process on core 0 serves the
+  bundled CartPole policy (`examples/model_repository/cartpole`). One rollout worker
+  (`loop.collect.RolloutWorker`, the code of `rlserve collect`) runs in its own process
+  on core 1 (`python -m bench.loop_child worker`) with {envs} CartPole-v1 envs: one
+  predict request per iteration for all its envs, sampled actions with log-probs and
+  values, no seed. It publishes every step into a `memory://` buffer in its own process,
+  which a drain thread of that process empties (poll up to 4,096 records, commit): the
+  co-located layout, every step reaching a consumer. {warmup} s of warm-up, then
+  {seconds} s measured, per env count. The predict latency is each predict call as the
+  worker made it (`RolloutWorker._predict`, timed by a subclass in bench).
+- **Buffers**: for each backend, a producer and a consumer on core 1: two threads of one
+  process for `memory://` (it lives in a process), two processes for the others
+  (`python -m bench.loop_child buffer`, or `producer` and `consumer`). The producer
+  publishes batches of {batch} CartPole-shaped steps (one per env of 64, episodes
+  numbered in order) at {rate} steps/s; the consumer polls (up to 4,096 records, waiting
+  up to 1 s) and commits after every poll, dropping redeliveries by key, like a trainer.
+  redis-server (`appendonly yes`, `appendfsync everysec`) and noida-db (the Kafka
+  protocol, topic `rl_experience` with 16 partitions, the buffer's default `linger.ms=1`)
+  run on core 0, started by the benchmark (`bench/brokers.py`); `file:///` is a fresh
+  directory on the local disk. Latency of a record = the wall clock when the poll that
+  delivered it returned - `served_at`, stamped with the wall clock after the batch was
+  built, right before `publish`. One batch first (the consumer, a Kafka one joining its
+  group, has it before the producer goes on), 1 s at the rate, then {seconds} s
+  measured: p50, p99 and max over every record published in that window. Then, after
+  0.5 s, {burst} s of back-to-back publishing while the consumer drains (the default
+  `max_pending` of 100,000 bounds the backlog): the burst's records / (its first publish
+  to its last delivery)."""
+
+_LOOP_READING = """\
+**How to read it.** *Env steps/s* are what one worker process (one core, Python) collects
+through the server and hands to a consumer; *steps/request* is below the env count
+because CartPole's vectorised env spends one step resetting a finished episode, which
+makes no record. *Worker time* splits the measured time: waiting for the predict answer
+(the HTTP round trip, JSON both ways, the server's queue and model run), stepping the
+envs, publishing; the rest is building the records. *Server core busy* is the server's
+CPU time per request times requests/s: well below 100% the worker, not the server, sets
+the pace. *Predict p99* is the latency a worker feels, an upper bound of the server's
+`rl_inference_latency_seconds` (the model run per batch only); the reference criterion
+asks for < 50 ms. *Buffer latency* covers the publish call (memory: copying the records;
+file: a locked append and write; Redis: one `MULTI`/`EXEC` round trip of `XADD`s; Kafka:
+librdkafka's 1 ms linger and the broker), the consumer's wake-up (memory: a condition;
+file: polling with sleeps doubling from 1 ms to 10 ms, which sets its floor at a low
+rate; Redis: a blocking `XREADGROUP`; Kafka: a fetch) and a consumer still busy with the
+previous poll (decoding, committing: Kafka commits synchronously). Producer and consumer
+share core 1 (and, for `memory://`, one process and its GIL, as in a co-located trainer),
+so both stamps come from one clock; in a decoupled deployment the trainer has its own
+machine, and the broker its own. One
+publish's {batch} records share one stamp, so each p99 stands on about {publishes}
+publishes and the slowest few set it: a busy machine moves it. noida-db keeps records in
+memory and has no replication: a Kafka cluster with `acks=all` over replicas adds its
+network and fsync round trips. *Back to back* is what one producer and one consumer
+sharing one core move end to end, not a broker's limit."""
 
 
 _READING = """## Reading the numbers

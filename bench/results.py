@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from bench.actor import ActorResult
 from bench.load import LoadResult
+from bench.loop import LoopRun
 from bench.oip import OipRun
 from bench.overload import OverloadRun
 from bench.scenarios import Scenario
@@ -71,6 +72,7 @@ class Results:
     actor: list[ActorRun] = field(default_factory=list)
     overload: OverloadRun | None = None
     oip: OipRun | None = None
+    loop: LoopRun | None = None
 
     def find(self, scenario: str, setup_key: str) -> LoadRun | None:
         for run in self.load:

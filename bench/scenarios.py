@@ -3,8 +3,10 @@
 Scenario names are what ``python -m bench --only`` accepts. The wrk scenarios post one
 observation per request (seeded, so every run sends the same bytes) to every server setup;
 ``raw`` times onnxruntime alone, ``actor`` runs the CartPole actor (see bench/actor.py),
-``overload`` measures goodput at saturation and at 10x (see bench/overload.py) and ``oip``
-the Open Inference Protocol under Triton's perf_analyzer (see bench/oip.py).
+``overload`` measures goodput at saturation and at 10x (see bench/overload.py), ``oip``
+the Open Inference Protocol under Triton's perf_analyzer (see bench/oip.py) and ``loop``
+the inference side of RL training: rollout workers and experience buffers (see
+bench/loop.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ RAW = "raw"
 ACTOR = "actor"
 OVERLOAD = "overload"
 OIP = "oip"
+LOOP = "loop"
 STOCHASTIC_OUTPUTS = ("actions", "log_probs", "values")
 
 
@@ -43,7 +46,8 @@ WRK = (
     Scenario("cnn-64", "cnn", "cnn", 64),
     Scenario("cartpole-64", "cartpole", "cartpole", 64),
 )
-NAMES = (*(s.name for s in WRK), RAW, ACTOR, OVERLOAD, OIP)
+NAMES = (*(s.name for s in WRK), RAW, ACTOR, OVERLOAD, OIP, LOOP)
+SPLICED = (OIP, LOOP)  # alone into an existing document: replace only their own section
 MODELS = ("cartpole", "mlp", "cnn")  # every model of the repository, in document order
 
 

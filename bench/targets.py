@@ -1,4 +1,4 @@
-"""The targets of issues #8 and #9, and of the Open Inference Protocol, judged on the
+"""The targets of issues #8, #9 and #11, and of the Open Inference Protocol, judged on the
 numbers of one run: met, missed or not measured.
 
 "rlserve" in a target means ``rlserve serve`` (one process, pinned like the baseline).
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench import models, oip, overload, servers
+from bench import loop, models, oip, overload, servers
 from bench.actor import Client
+from bench.loop import LoopRun
 from bench.oip import OipRun
 from bench.overload import OverloadRun
 from bench.results import LoadRun, Results
@@ -43,6 +44,7 @@ def judge(results: Results) -> list[Verdict]:
         *(_actor(results, client, 2000.0) for client in Client),
         overload_verdict(results.overload),
         *oip_verdicts(results.oip),
+        *loop_verdicts(results.loop),
     ]
 
 
@@ -210,3 +212,103 @@ def _verdict(target: str, measured: str, passed: bool, *runs: LoadRun) -> Verdic
     if errors:
         return Verdict(target, f"{measured} ({errors} errors)", False)
     return Verdict(target, measured, passed)
+
+
+LOOP_PREFIX = "loop: "  # every loop target starts so (a subset run replaces those rows)
+
+
+def loop_verdicts(run: LoopRun | None) -> list[Verdict]:
+    """The issue's goals on this machine, then the reference deployment guide's criteria."""
+    return [
+        _loop_steps(run, 64, loop.MIN_STEPS_64, "with 64-env vectorised requests", ">"),
+        _loop_steps(run, 1, loop.MIN_STEPS_1, "for a single one-env actor", "≥"),
+        _loop_buffers(run, loop.FAST_BACKENDS, loop.MAX_FAST_P99_MS, "embedded and Redis"),
+        _loop_inference(run),
+        _loop_frames(run),
+        _loop_buffers(
+            run,
+            tuple(b.key for b in loop.BACKENDS),
+            loop.MAX_BUFFER_MS,
+            "every backend",
+            reference=True,
+        ),
+    ]
+
+
+def _loop_steps(
+    run: LoopRun | None, num_envs: int, minimum: float, what: str, relation: str
+) -> Verdict:
+    target = (
+        f"{LOOP_PREFIX}{relation} {minimum:,.0f} CartPole env steps/s through rlserve serve {what} "
+        f"(one rollout worker, {loop.envs(num_envs)})"
+    )
+    worker = run.worker(num_envs) if run else None
+    if worker is None:
+        return Verdict(target, "not run", None)
+    if worker.result is None:
+        return Verdict(target, f"failed: {worker.failure}", False)
+    rate = worker.result.steps_per_s
+    met = rate > minimum if relation == ">" else rate >= minimum
+    return Verdict(target, f"{rate:,.0f} steps/s", met)
+
+
+def _loop_buffers(
+    run: LoopRun | None,
+    keys: tuple[str, ...],
+    maximum_ms: float,
+    what: str,
+    reference: bool = False,
+) -> Verdict:
+    prefix = "reference criterion: buffer latency" if reference else "buffer publish-to-consume"
+    target = f"{LOOP_PREFIX}{prefix} p99 < {maximum_ms:g} ms, {what} ({', '.join(keys)})"
+    if run is None:
+        return Verdict(target, "not run", None)
+    parts, met = [], True
+    unmeasured: list[str] = []
+    for key in keys:
+        buffer = run.buffer(key)
+        if buffer is None or buffer.result is None:
+            unmeasured.append(key)
+            parts.append(f"{key}: not measured")
+            continue
+        p99 = buffer.result.latency_p99_ms
+        parts.append(f"{key} {p99:.1f} ms")
+        met = met and p99 < maximum_ms and buffer.result.consumed == buffer.result.published
+    if not met:
+        return Verdict(target, "; ".join(parts), False)
+    return Verdict(target, "; ".join(parts), None if unmeasured else True)
+
+
+def _loop_inference(run: LoopRun | None) -> Verdict:
+    maximum = loop.MAX_INFERENCE_P99_MS
+    target = (
+        f"{LOOP_PREFIX}reference criterion: inference latency p99 < {maximum:g} ms "
+        "(each predict call as the rollout worker saw it, at every env count)"
+    )
+    if run is None or not run.workers:
+        return Verdict(target, "not run", None)
+    parts, met = [], True
+    for worker in run.workers:
+        if worker.result is None:
+            parts.append(f"{loop.envs(worker.num_envs)}: failed")
+            met = False
+            continue
+        p99 = worker.result.predict_p99_ms
+        parts.append(f"{loop.envs(worker.num_envs)}: {p99:.1f} ms")
+        met = met and p99 < maximum
+    return Verdict(target, "; ".join(parts), met)
+
+
+def _loop_frames(run: LoopRun | None) -> Verdict:
+    minimum = loop.MIN_FRAMES
+    target = (
+        f"{LOOP_PREFIX}reference criterion: > {minimum:,.0f} env frames/s (one rollout worker, "
+        "every step consumed from the buffer; best of 1, 8, 64 envs)"
+    )
+    done = [w for w in run.workers if w.result is not None] if run else []
+    if not done:
+        return Verdict(target, "not run", None)
+    best = max(done, key=lambda w: w.result.steps_per_s if w.result else 0.0)
+    parts = [f"{loop.envs(w.num_envs)}: {w.result.steps_per_s:,.0f}" for w in done if w.result]
+    rate = best.result.steps_per_s if best.result else 0.0
+    return Verdict(target, f"{rate:,.0f} frames/s ({'; '.join(parts)})", rate > minimum)

@@ -72,6 +72,7 @@ ZSTD = 1  # flag: the payload is zstd-compressed
 SEGMENT_BYTES = 64 << 20
 READ_BYTES = 1 << 20  # one read of a consumer
 FULL_POLL_S = 0.005  # a full producer re-checks the groups' offsets this often
+POLL_MAX_S = 0.001  # a waiting consumer looks for new records this often (p99 ~1 ms late)
 GROUP_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
@@ -329,7 +330,7 @@ class LogConsumer:
             if left <= 0:
                 break
             time.sleep(min(wait, left))
-            wait = min(wait * 2, 0.01)
+            wait = min(wait * 2, POLL_MAX_S)
         self._outstanding.extend(deliveries)
         self.counts.delivered += len(deliveries)
         return deliveries

@@ -19,7 +19,6 @@ ignored: nothing travels over a link.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -98,14 +97,26 @@ def _name(url: str) -> str:
 
 
 def _owned(step: Step) -> Step:
-    def frozen(values: np.ndarray) -> np.ndarray:
-        copy = np.array(values, copy=True)
-        copy.flags.writeable = False
-        return copy
-
-    return dataclasses.replace(
-        step, observation=frozen(step.observation), action=frozen(step.action)
+    """The step with arrays of its own, read-only: the worker may reuse its buffers."""
+    return Step(
+        step.episode_id,
+        step.step,
+        _frozen(step.observation),
+        _frozen(step.action),
+        step.log_prob,
+        step.value,
+        step.reward,
+        step.terminated,
+        step.truncated,
+        step.model_version,
+        step.served_at,
     )
+
+
+def _frozen(values: np.ndarray) -> np.ndarray:
+    copy = np.array(values, copy=True)
+    copy.flags.writeable = False
+    return copy
 
 
 class MemoryProducer:
