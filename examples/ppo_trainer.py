@@ -13,6 +13,10 @@ Four commands, each its own process (docs/rl-loop.md, "Learning through the serv
     RLSERVE_ADMIN_TOKEN=secret python examples/ppo_trainer.py --model cartpole \\
         --server http://127.0.0.1:8000 --buffer file:///tmp/experience --max-staleness 2
 
+With ``--config FILE`` saying ``cluster_mode: co-located`` (the reference ``rl_config.yaml``)
+this program runs ``examples/ppo_colocated.py`` instead, with the same arguments: rollout
+and training in one process, taking turns on the device (docs/rl-loop.md, "Co-located mode").
+
 One update reads like CleanRL's ppo.py, except that the rollout comes from the buffer and
 the new weights go to the server:
 
@@ -58,6 +62,7 @@ import copy
 import dataclasses
 import json
 import os
+import runpy
 import shutil
 import sys
 import tempfile
@@ -420,6 +425,10 @@ if __name__ == "__main__":
     if args.config:  # the config's values become the defaults: flags still win
         try:
             config = loop_config.load(*args.config)
+            if config.cluster_mode == "co-located":  # the same arguments, the other layout
+                runpy.run_path(
+                    str(Path(__file__).with_name("ppo_colocated.py")), run_name="__main__"
+                )
             parser.set_defaults(**config_defaults(config))
         except ConfigError as e:
             parser.error(str(e))

@@ -1,0 +1,274 @@
+"""PPO through an rlserve server, co-located: rollout and training take turns.
+
+The co-located layout (docs/rl-loop.md, "Co-located mode"; ``loop/colocated.py``): the
+server and this one process share the node. This process runs the rollout workers
+in-process on a ``memory://`` buffer and the trainer, and alternates: collect exactly one
+batch with the version the server serves, then hold the model, learn, export and push the
+next version, resume. Every record trained on was made by the trainer's current version
+(staleness 0, asserted on every batch).
+
+    # 0. a fresh policy as version 1 and the trainer's checkpoint (the decoupled trainer's step)
+    python examples/ppo_trainer.py --init-repository models --model cartpole --seed 1
+    # 1. the server, on the same node
+    RLSERVE_ADMIN_TOKEN=secret rlserve serve --model-repository models --port 8000
+    # 2. this process: rollout workers + trainer, taking turns
+    RLSERVE_ADMIN_TOKEN=secret python examples/ppo_colocated.py --config rl_config.yaml \\
+        --server http://127.0.0.1:8000 --model cartpole --checkpoint runs/cartpole/agent.pt
+
+``python examples/ppo_trainer.py --config FILE`` with ``cluster_mode: co-located`` in FILE
+runs this script with the same arguments. From the loop configuration it takes
+``task_schedule`` (the turns' quanta), ``inference_cluster`` (the server), ``rollout``
+(env id; ``num_envs`` per worker) and ``trainer:`` (this program's flags); the buffer is
+always in-process (``memory://``) and the staleness bound is 0 by construction, so
+``--buffer``, ``--max-staleness``, ``--fallback`` and the consumer flags of the decoupled
+trainer are ignored here. The PPO update, the advantages and the export are the decoupled
+trainer's (``examples/ppo_trainer.py``), imported from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import gymnasium as gym
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ppo_trainer
+from ppo_trainer import Agent, Trajectories, export, log_prob_error, ppo_update
+
+from loop import config as loop_config
+from loop.buffers import open_consumer
+from loop.collect import RolloutWorker
+from loop.colocated import ColocatedRunner, Cycle
+from loop.controller import Batch, Fallback, LoopMetrics, SyncController
+from serve.cli.arguments import add_arguments, arg, from_namespace
+from serve.client import PolicyClient
+from serve.errors import ConfigError
+
+
+@dataclass
+class Args(ppo_trainer.Args):
+    workers: int = field(default=2, metadata=arg("in-process rollout workers"))
+    num_envs: int = field(default=16, metadata=arg("envs per worker (one request each)"))
+    inference_interval: float = field(
+        default=0.010, metadata=arg("seconds: the inference turn's quantum (task_schedule)")
+    )
+    training_interval: float = field(
+        default=0.050, metadata=arg("seconds: the training turn's quantum (task_schedule)")
+    )
+    max_hold_s: float = field(
+        default=60.0, metadata=arg("the hold's safety bound: the server resumes by itself")
+    )
+
+
+# The exporter exports "__main__:agent": this script's live agent (set in main()).
+agent: Agent
+
+
+class PPOLearner:
+    """The decoupled trainer's update as a co-located learner (``loop.colocated.Learner``):
+    advantages from the batch, the log-prob check, CleanRL's update, the export."""
+
+    def __init__(self, model: Agent, args: Args, checkpoint: Path, scratch: Path) -> None:
+        self.agent, self.args, self.checkpoint, self.scratch = model, args, checkpoint, scratch
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=args.learning_rate, eps=1e-5)
+        self.trajectories = Trajectories(args.gamma, args.gae_lambda)
+        self.last: dict[str, Any] = {}
+        self._path: Path | None = None
+
+    def update(self, batch: Batch, next_version: int) -> Path:
+        if self._path is not None:  # the previous version's file: pushed, copied by the server
+            shutil.rmtree(self._path.parent, ignore_errors=True)
+        started = time.monotonic()
+        # bound 0: the last step of an episode left unfinished by the previous batch (its
+        # successor's value arrived only now) is of the previous version: not trained on.
+        rollout = self.trajectories.add(batch.steps, batch.version, bound=0)
+        if len(rollout) and int(rollout.staleness.max()) != 0:
+            raise AssertionError(f"trained rows of staleness {rollout.staleness.max()}")
+        error = log_prob_error({batch.version: self.agent}, rollout)
+        if error is not None and error > 1e-4:
+            sys.exit(f"records carry log-probs {error:.2g} away from the trainer's: the server "
+                     "does not serve the trainer's weights")  # fmt: skip
+        stats = ppo_update(self.agent, self.optimizer, rollout, self.args) if len(rollout) else {}
+        exporting = time.monotonic()
+        self.agent.eval()
+        self._path = export(next_version, self.scratch, self.args)
+        self.agent.train()
+        torch.save({"version": next_version, "agent": self.agent.state_dict(),
+                    "optimizer": self.optimizer.state_dict()}, self.checkpoint)  # fmt: skip
+        versions = [s.model_version for s in batch.steps]
+        self.last = {
+            "trained": len(rollout),
+            "batch_version": batch.version,
+            "record_versions": [min(versions), max(versions)],
+            "trained_staleness_max": int(rollout.staleness.max()) if len(rollout) else 0,
+            "log_prob_error": error,
+            "ppo_s": round(exporting - started, 3),
+            "export_s": round(time.monotonic() - exporting, 3),
+            **{k: round(v, 5) for k, v in stats.items()},
+        }
+        return self._path
+
+
+def parse(argv: list[str] | None) -> tuple[Args, loop_config.LoopConfig | None]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser, Args)
+    args = from_namespace(Args, parser.parse_args(argv))
+    config = None
+    if args.config:  # the config's values become the defaults: flags still win
+        try:
+            config = loop_config.load(*args.config)
+            if config.cluster_mode != "co-located":
+                parser.error(f"{args.config}: cluster_mode is {config.cluster_mode}; this "
+                             "is the co-located trainer (decoupled: ppo_trainer.py)")  # fmt: skip
+            defaults = ppo_trainer.config_defaults(config)
+            defaults["inference_interval"] = config.task_schedule.inference_interval
+            defaults["training_interval"] = config.task_schedule.training_interval
+            if "num_envs" in config.rollout.model_fields_set:  # else this program's default
+                defaults["num_envs"] = config.rollout.num_envs
+            defaults.update(config.trainer)
+            parser.set_defaults(**defaults)
+        except ConfigError as e:
+            parser.error(str(e))
+        args = from_namespace(Args, parser.parse_args(argv))
+    return args, config
+
+
+def main(argv: list[str] | None = None) -> int:
+    global agent
+    args, config = parse(argv)
+    checkpoint = args.checkpoint or Path("runs") / args.model / "agent.pt"
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.torch_threads)
+    spaces = gym.make(args.env)
+    shape, action_space = spaces.observation_space.shape or (), spaces.action_space
+    if len(shape) != 1 or not isinstance(action_space, gym.spaces.Discrete):
+        sys.exit(f"--env {args.env}: this trainer takes vector observations, Discrete actions")
+    agent = Agent(shape[0], int(action_space.n))
+    if not checkpoint.is_file():
+        sys.exit(f"no checkpoint at {checkpoint}: run examples/ppo_trainer.py "
+                 "--init-repository DIR first and serve DIR, or give --checkpoint")  # fmt: skip
+    saved = torch.load(checkpoint, weights_only=True)
+    agent.load_state_dict(saved["agent"])
+    version = int(saved["version"])
+    token = os.environ.get(args.admin_token_env)
+    if not token and config is not None and config.admin_token is not None:
+        token = config.admin_token.get_secret_value()
+    if not token:
+        sys.exit(f"${args.admin_token_env} is not set: the runner holds, pushes and resumes")
+    scratch = Path(tempfile.mkdtemp(prefix="ppo-colocated-"))
+    learner = PPOLearner(agent, args, checkpoint, scratch)
+    if "optimizer" in saved:
+        learner.optimizer.load_state_dict(saved["optimizer"])
+    # The in-process buffer; the config's co-located default is memory:// too.
+    buffer = config.consumer_buffer_url() if config is not None else "memory://rl_experience"
+    if not buffer.startswith("memory://"):
+        sys.exit(f"co-located: the buffer is in-process (memory://), not {buffer}")
+    metrics = LoopMetrics()
+    if args.metrics_port is not None:
+        metrics.serve_metrics(args.metrics_port)
+    log: TextIO | None = args.log_json.open("a") if args.log_json else None
+    status, summary = 1, {}
+    with ExitStack() as stack:
+        client = stack.enter_context(PolicyClient(args.server, admin_token=token, timeout_s=60.0))
+        active = client.model(args.model)["active_version"]
+        if active != version:
+            sys.exit(f"{args.server} serves {args.model} version {active}, {checkpoint} holds "
+                     f"version {version}")  # fmt: skip
+        workers = [
+            stack.enter_context(
+                RolloutWorker(
+                    args.env,
+                    args.server,
+                    buffer,
+                    num_envs=args.num_envs,
+                    seed=1000 * args.seed + w,
+                    model=args.model,
+                    worker_id=f"w{w}",
+                )
+            )
+            for w in range(args.workers)
+        ]
+        consumer = open_consumer(buffer, "trainer", "trainer-0")
+        stack.callback(consumer.close)
+        controller = SyncController(
+            consumer, max_staleness=None, fallback=Fallback.DROP,
+            metrics=metrics, version=version,
+        )  # fmt: skip
+        runner = ColocatedRunner(
+            client, args.model, workers, controller, version=version,
+            batch_size=args.batch_size, inference_interval=args.inference_interval,
+            training_interval=args.training_interval, max_hold_s=args.max_hold_s,
+        )  # fmt: skip
+        progress(f"version {version} of {args.model} at {args.server}; {args.workers} x "
+                 f"{args.num_envs} envs in-process; turns of {args.inference_interval:g} s / "
+                 f"{args.training_interval:g} s")  # fmt: skip
+        started = last_progress = time.monotonic()
+        env_steps, training_s, worst_error = 0, 0.0, 0.0
+        while True:
+            cycle: Cycle = runner.cycle(learner)
+            env_steps += cycle.inference.records
+            training_s += cycle.training.work_s
+            now = time.monotonic()
+            busy = training_s / (now - started)
+            metrics.busy(min(1.0, busy))
+            worst_error = max(worst_error, learner.last.get("log_prob_error") or 0.0)
+            mean_return = learner.trajectories.mean_return
+            summary = {
+                "version": cycle.version,
+                "env_steps": env_steps,
+                "mean_return": mean_return,
+                "episodes": learner.trajectories.episodes,
+                **learner.last,
+                "phases": [cycle.inference.to_json(), cycle.training.to_json()],
+                "busy_ratio": round(busy, 3),
+                "wall_s": round(now - started, 2),
+            }
+            if log is not None:
+                log.write(json.dumps(summary) + "\n")
+                log.flush()
+            returns = learner.trajectories.returns
+            reached = len(returns) == 100 and (mean_return or 0) >= args.target_return
+            if now - last_progress >= args.progress_every_s or reached:
+                last_progress = now
+                shown = "-" if mean_return is None else f"{mean_return:.1f}"
+                progress(f"{env_steps:,} env steps | mean return {shown} (last {len(returns)})"
+                         f" | version {cycle.version} | training {busy:.0%} of the time | "
+                         f"{now - started:.0f} s")  # fmt: skip
+            if reached:
+                status = 0
+                progress(f"reached a mean return of {mean_return:.1f} >= {args.target_return:g}")
+                break
+            if env_steps >= args.max_env_steps:
+                progress(f"--max-env-steps {args.max_env_steps:,} taken, below the target return")
+                break
+        summary.pop("phases", None)
+        summary.update(
+            reached=status == 0,
+            staleness_max=0,
+            log_prob_error_max=worst_error,
+            cycles=len(runner.phases) // 2,
+            accounting=dataclasses.asdict(controller.accounting()),
+        )
+    shutil.rmtree(scratch, ignore_errors=True)
+    print(json.dumps(summary), flush=True)
+    return status
+
+
+def progress(message: str) -> None:
+    print(f"ppo_colocated: {message}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Learning through the server, co-located (issue #11, item 5, and its first criterion).
+
+One node: a real ``rlserve serve`` with an admin token, and ONE trainer process started as
+documented, ``python examples/ppo_trainer.py --config rl_config.yaml`` with the reference
+file unchanged (``cluster_mode: co-located`` selects ``examples/ppo_colocated.py``; flags
+add the server, the model and the checkpoint). That process runs two in-process rollout
+workers of 16 CartPole envs on a ``memory://`` buffer and the trainer, and
+``loop.colocated.ColocatedRunner`` alternates: collect one batch of 4096 records with the
+served version, then hold the model, learn, export, push the next version, resume.
+
+Asserted from what the trainer logged per update (``--log-json``) and from the server:
+
+- the budget: the mean return of the last 100 episodes in the records reaches 475 within
+  ``BUDGET_ENV_STEPS`` = 150,000 env steps (measured, docs/rl-loop.md "Co-located mode":
+  91-111 k steps, 36-50 s, for seeds 1-5);
+- staleness 0: every record of every batch has ``model_version`` equal to the trainer's
+  version, and so has every row trained on;
+- the server was held during every training turn: the hold's answer, the model's state
+  read back just before resume (held, the pushed version active), and the server's own log
+  (one ``held`` and one ``resumed`` line per update);
+- the turns alternate (inference, training, inference, ...; each ends before the next
+  starts) and none is shorter than its ``task_schedule`` quantum (10 ms, 50 ms), each a
+  whole number of quanta.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from serve.client import PolicyClient
+from tests.e2e.server import Server
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAINER = ROOT / "examples" / "ppo_trainer.py"
+REFERENCE = ROOT / "tests" / "loop" / "reference" / "rl_config.yaml"
+TOKEN = "colocated-test-token"
+MODEL = "cartpole"
+BUDGET_ENV_STEPS = 150_000
+TARGET_RETURN = 475.0
+INFERENCE_S, TRAINING_S = 0.010, 0.050  # the reference file's task_schedule
+
+
+@dataclass
+class Learned:
+    returncode: int
+    summary: dict[str, Any]
+    updates: list[dict[str, Any]]
+    active_version: int
+    server_log: str
+    wall_s: float
+    stderr: str
+
+
+def learn(tmp: Path, seed: int, budget: int = BUDGET_ENV_STEPS, timeout_s: float = 240) -> Learned:
+    repository, checkpoint, log = tmp / "repository", tmp / "agent.pt", tmp / "updates.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RLSERVE_ADMIN_TOKEN": TOKEN}
+    subprocess.run(
+        [sys.executable, str(TRAINER), "--init-repository", str(repository), "--model", MODEL,
+         "--checkpoint", str(checkpoint), "--seed", str(seed)],
+        cwd=ROOT, env=env, check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    server = Server.rlserve(repository, env={"RLSERVE_ADMIN_TOKEN": TOKEN}, log=tmp / "server.log")
+    try:
+        server.wait_ready()
+        started = time.monotonic()
+        run = subprocess.run(
+            [sys.executable, str(TRAINER), "--config", str(REFERENCE), "--server", server.url,
+             "--model", MODEL, "--checkpoint", str(checkpoint), "--seed", str(seed),
+             "--target-return", str(TARGET_RETURN), "--max-env-steps", str(budget),
+             "--log-json", str(log)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s,
+        )  # fmt: skip
+        wall_s = time.monotonic() - started
+        (tmp / "trainer.err").write_text(run.stderr)
+        with PolicyClient(server.url) as client:
+            active = int(client.model(MODEL)["active_version"])
+    finally:
+        server.stop()
+    lines = run.stdout.strip().splitlines()
+    return Learned(
+        returncode=run.returncode,
+        summary=json.loads(lines[-1]) if lines else {},
+        updates=[json.loads(line) for line in log.read_text().splitlines()] if log.exists() else [],
+        active_version=active,
+        server_log=server.output(full=True),
+        wall_s=wall_s,
+        stderr=run.stderr,
+    )
+
+
+def check(learned: Learned) -> None:
+    summary, updates = learned.summary, learned.updates
+    assert learned.returncode == 0, learned.stderr[-4000:]
+    assert summary["reached"]
+    assert summary["mean_return"] >= TARGET_RETURN
+    assert summary["env_steps"] <= BUDGET_ENV_STEPS
+    versions = [u["version"] for u in updates]
+    assert versions == list(range(2, len(updates) + 2))
+    assert learned.active_version == summary["version"] == versions[-1]
+    assert summary["log_prob_error_max"] <= 1e-5
+    assert summary["accounting"]["dropped"] == summary["accounting"]["duplicates"] == 0
+    previous_end = -math.inf
+    for update in updates:
+        version = update["version"]
+        # Staleness 0: each batch's records were all made by the version trained on.
+        assert update["batch_version"] == version - 1
+        assert update["record_versions"] == [version - 1, version - 1]
+        assert update["trained_staleness_max"] == 0
+        assert update["log_prob_error"] is not None
+        assert update["log_prob_error"] <= 1e-5
+        inference, training = update["phases"]
+        assert (inference["kind"], training["kind"]) == ("inference", "training")
+        assert inference["version"] == training["version"] == version - 1
+        # One batch: what the turn published, >= 4096, less than one more round (32 envs).
+        assert 4096 <= inference["records"] == training["records"] < 4096 + 32
+        assert update["env_steps"] == sum(u["phases"][0]["records"] for u in updates[: version - 1])
+        # Alternation, and the task_schedule quanta as minimum turn lengths.
+        assert previous_end <= inference["started"] < inference["ended"]
+        assert inference["ended"] <= training["started"] < training["ended"]
+        previous_end = training["ended"]
+        for phase, quantum in ((inference, INFERENCE_S), (training, TRAINING_S)):
+            assert phase["quantum_s"] == quantum
+            assert phase["seconds"] >= quantum
+            assert phase["seconds"] >= phase["work_s"]
+        # Held for the whole training turn: the push landed while held, still held after.
+        assert training["held"] is True
+        assert training["held_at_resume"] is True
+        assert training["push_result"] == "activated"
+        assert training["push_active_version"] == version
+    # The server's own account: one hold and one resume per update.
+    assert learned.server_log.count(f"model {MODEL} held for") == len(updates)
+    assert learned.server_log.count(f"model {MODEL} resumed") == len(updates)
+    assert "reached max_hold_s" not in learned.server_log
+
+
+def test_colocated_ppo_learns_cartpole_with_zero_staleness(tmp_path: Path) -> None:
+    check(learn(tmp_path, seed=1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [2, 3, 4, 5])
+def test_colocated_ppo_learns_cartpole_other_seeds(tmp_path: Path, seed: int) -> None:
+    check(learn(tmp_path, seed=seed))
