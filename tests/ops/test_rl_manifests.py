@@ -290,6 +290,18 @@ def test_the_trainer_metrics_endpoint_is_its_service_scraped_by_prometheus(loade
     assert {"port": target, "protocol": "TCP"} in rule["ports"]
 
 
+def test_the_workers_serve_metrics_on_their_metrics_port_scraped_by_prometheus():
+    args = container(worker())["args"]
+    port = int(args[args.index("--metrics-port") + 1])
+    assert port_named(container(worker()), "metrics") == port
+    monitor = named(docs(), "PodMonitor", WORKER)["spec"]
+    assert matches(monitor["selector"]["matchLabels"], pod_labels(worker()))
+    assert [e["port"] for e in monitor["podMetricsEndpoints"]] == ["metrics"]
+    (policy,) = [p for p in policies_for(pod_labels(worker())) if p["spec"].get("ingress")]
+    (rule,) = policy["spec"]["ingress"]
+    assert {"port": "metrics", "protocol": "TCP"} in rule["ports"]
+
+
 # -- servers: pushes land in a writable repository --------------------------------------------
 
 
