@@ -85,7 +85,7 @@ from export.torch_module import TorchOptions, load_source
 from loop import config as loop_config
 from loop.buffers import open_consumer, open_producer
 from loop.controller import Fallback, LoopMetrics, SyncController
-from loop.experience import Step
+from loop.experience import Deduplicator, Step
 from serve.cli.arguments import add_arguments, arg, from_namespace
 from serve.client import PolicyClient
 from serve.errors import ConfigError
@@ -121,6 +121,7 @@ class Args:
     consumer: str | None = field(default=None, metadata=arg("this consumer's name: GROUP-0"))
     metrics_port: int | None = field(default=None, metadata=arg("serve /metrics on this port"))
     log_json: Path | None = field(default=None, metadata=arg("one JSON line per update"))
+    log_keys: bool = field(default=False, metadata=arg("--log-json lists the steps trained on"))
     progress_every_s: float = field(default=5.0, metadata=arg("seconds between progress lines"))
     idle_timeout_s: float = field(default=60.0, metadata=arg("give up without experience"))
     torch_threads: int = field(default=1, metadata=arg("torch.set_num_threads"))
@@ -189,6 +190,7 @@ class Rollout:
     returns: Tensor
     staleness: np.ndarray  # trainer version - the step's model_version
     versions: np.ndarray  # the step's model_version
+    keys: list[str] = field(default_factory=list)  # the step's Step.key
 
     def __len__(self) -> int:
         return len(self.actions)
@@ -261,6 +263,7 @@ class Trajectories:
             returns=torch.tensor([r for _, _, r in rows]),
             staleness=np.array([version - s.model_version for s, _, _ in rows], dtype=np.int64),
             versions=np.array([s.model_version for s, _, _ in rows], dtype=np.int64),
+            keys=[s.key for s, _, _ in rows],
         )
 
     def _advantages(self, run: list[Step], before_gap: bool) -> list[tuple[Step, float, float]]:
@@ -470,6 +473,19 @@ if __name__ == "__main__":
                  "(RLSERVE_ADMIN_TOKEN of `rlserve serve`) to push new versions")  # fmt: skip
     client = PolicyClient(args.server, admin_token=token, timeout_s=60.0)
     active = client.model(args.model)["active_version"]
+    # Each update saves its checkpoint, stamped with the new version, BEFORE pushing that
+    # version (below). A trainer killed between the two finds the server one version behind
+    # its checkpoint: it pushes the checkpoint's weights as that version and goes on. The
+    # checkpoint also names the steps of the batch that made it (``done``): a trainer killed
+    # before committing that batch gets it again, and must not train on it twice.
+    if active == version - 1:
+        resuming = Path(tempfile.mkdtemp(prefix="ppo-trainer-"))
+        agent.eval()
+        client.push(args.model, version, export(version, resuming, args))
+        agent.train()
+        shutil.rmtree(resuming, ignore_errors=True)
+        progress(f"pushed version {version} from {checkpoint}: its push had not happened")
+        active = version
     if active != version:
         sys.exit(f"{args.server} serves {args.model} version {active}, {checkpoint} holds "
                  f"version {version}: serve the repository this checkpoint was exported to, "
@@ -481,6 +497,9 @@ if __name__ == "__main__":
     metrics = LoopMetrics()
     if args.metrics_port is not None:
         metrics.serve_metrics(args.metrics_port)
+    dedupe = Deduplicator()
+    for episode_id, step, ended in saved.get("done", []):  # already trained into `agent`
+        dedupe.fresh(Step(episode_id, step, np.zeros(0), np.zeros(0), 0, 0, 0, ended, False, 0, 0))
     controller = SyncController(
         open_consumer(args.buffer, args.group, args.consumer or f"{args.group}-0", options),
         max_staleness=args.max_staleness,
@@ -488,6 +507,7 @@ if __name__ == "__main__":
         offline=open_producer(args.offline_buffer, options) if args.offline_buffer else None,
         metrics=metrics,
         version=version,
+        dedupe=dedupe,
     )
     trajectories = Trajectories(args.gamma, args.gae_lambda)
     # Under `keep`, over-stale records are trained on: PPO's clipped ratio against their
@@ -531,13 +551,16 @@ if __name__ == "__main__":
         path = export(version + 1, scratch, args)
         agent.train()
         pushing = time.monotonic()
+        done = [(s.episode_id, s.step, s.terminated or s.truncated) for s in batch.steps]
+        saving = checkpoint.with_name(checkpoint.name + ".tmp")  # replaced whole: never torn
+        torch.save({"version": version + 1, "agent": agent.state_dict(),
+                    "optimizer": optimizer.state_dict(), "done": done}, saving)  # fmt: skip
+        os.replace(saving, checkpoint)
         client.push(args.model, version + 1, path)
         shutil.rmtree(path.parent)
         version += 1
         published[version] = copy.deepcopy(agent)
         published.pop(version - CHECKED_VERSIONS, None)
-        torch.save({"version": version, "agent": agent.state_dict(),
-                    "optimizer": optimizer.state_dict()}, checkpoint)  # fmt: skip
         controller.set_version(version)
         controller.commit(batch)
 
@@ -564,6 +587,7 @@ if __name__ == "__main__":
             "mean_return": mean_return,
             "episodes": trajectories.episodes,
             "partial_episodes": trajectories.partial_episodes,
+            "duplicates": books.duplicates,
             "log_prob_error": error,
             "busy_ratio": round(busy, 3),
             "ppo_s": round(exporting - learning, 3),
@@ -571,6 +595,7 @@ if __name__ == "__main__":
             "publish_s": round(now - pushing, 3),
             "wall_s": round(now - started, 2),
             **{k: round(v, 5) for k, v in stats.items()},
+            **({"trained_keys": rollout.keys} if args.log_keys else {}),
         }
         if log is not None:
             log.write(json.dumps(summary) + "\n")
