@@ -29,7 +29,14 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from serve.access import log_exchange
-from serve.dataplane.exchange import Call, Disconnected, read_body, start_call
+from serve.dataplane.exchange import (
+    INLINE_BODY_BYTES,
+    Call,
+    Disconnected,
+    deadline_at,
+    read_body,
+    start_call,
+)
 from serve.dataplane.json_body import PredictBodyDecoder
 from serve.dataplane.messages import InferenceRequest, InferenceResponse, Prepared
 from serve.dataplane.routing import Route, Router
@@ -49,15 +56,7 @@ from serve.versions import path_version
 
 log = logging.getLogger("rlserve.predict")
 
-# Bodies up to this size are decoded and validated on the event loop (a few milliseconds
-# at most); larger ones on a worker thread, so no request holds the loop in proportion to
-# its size. An image observation (4x84x84 as JSON) is about 100 KB.
-INLINE_BODY_BYTES = 256 * 1024
-
 INPUTS = ("observations", "actions")
-# Turns of the event loop a request spends unseen: unread (up to one), its handler
-# scheduled (one), its answer written (one). Negligible unless the loop is overloaded.
-LAG_TURNS = 3
 REFUSING_S = 0.1  # after a 429, calls are checked from their headers for this long
 EARLY_ANSWER_S = 0.01  # a model's early 429 (its message, Retry-After) is this fresh
 _QUEUE_FULL = ErrorCode.QUEUE_FULL.value
@@ -148,7 +147,7 @@ class PredictFrontend:
         route = self.router.resolve(path.model, version)
         call.model, call.version = route.model, route.version.version
         budget_ms = deadline_ms(call.timeout_header, route.default_deadline_ms)
-        deadline = self._deadline(call, budget_ms)
+        deadline = deadline_at(call.received_at, budget_ms, self.turn_s)
         body = await read_body(receive, call.declared_length, self.max_body_bytes)
         _check_deadline(deadline, budget_ms, "reading the body")
         route.scheduler.admit(1, deadline)  # overloaded: refuse before decoding
@@ -180,7 +179,7 @@ class PredictFrontend:
             budget_ms = deadline_ms(None if timeout is None else timeout.decode(), gate.default_ms)
         except RLServeError:
             return None  # the call itself will say what is wrong
-        deadline = time.monotonic() + budget_ms / 1000 - LAG_TURNS * self.turn_s
+        deadline = deadline_at(time.monotonic(), budget_ms, self.turn_s)
         if gate.scheduler.would_admit(1, deadline):
             return None
         call = start_call({"headers": headers})
@@ -203,11 +202,6 @@ class PredictFrontend:
             return None
         gate = self._gates[raw_path] = _Gate(path, route.scheduler, route.default_deadline_ms)
         return gate
-
-    def _deadline(self, call: Call, budget_ms: float) -> float:
-        """When the request must be answered by, on the server's clock: its budget from
-        when its bytes arrived, less the time its answer takes to go out."""
-        return call.received_at + budget_ms / 1000 - LAG_TURNS * self.turn_s
 
     def _early_answer(
         self, call: Call, route: Route, deadline: float, path: PredictPath

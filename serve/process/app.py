@@ -142,28 +142,20 @@ def create_app(
     v2 = oip_rest.OipRestFrontend(
         manager,
         inference,
-        lambda: _unready(state),
+        state.unready_reasons,
         settings.max_body_bytes,
         access_log=settings.access_log,
     )
     grpc = None
     if settings.grpc_port is not None:
-        service = oip_rpc.InferenceService(manager, inference, lambda: _unready(state))
+        service = oip_rpc.InferenceService(manager, inference, state.unready_reasons)
         grpc = GrpcServer(
             service,
-            oip_rpc.HealthService(lambda: _unready(state)),
+            oip_rpc.HealthService(state.unready_reasons),
             f"{settings.host}:{settings.grpc_port}",
             settings.max_body_bytes,
         )
     return RLServeApp(state, _control_app(state), frontend, v2, grpc)
-
-
-def _unready(state: ServerState) -> list[str]:
-    """Why the server is not ready to take traffic ([] when it is): /ready's reasons."""
-    reasons = state.manager.unready_reasons()
-    if state.phases.draining:
-        reasons.insert(0, f"server is {state.phases.phase.value}")
-    return reasons
 
 
 def _control_app(state: ServerState) -> ASGIApp:

@@ -15,6 +15,7 @@ from serve.dataplane.wire import json_response
 from serve.gpu import gpu_utilization
 from serve.metrics import Metrics
 from serve.process.phases import ServerPhases
+from serve.process.state import not_ready
 
 
 class OperationsEndpoints:
@@ -60,9 +61,7 @@ class OperationsEndpoints:
 
     async def ready(self) -> Response:
         """Readiness: models loaded, verified and warm, and the server is not draining."""
-        reasons = self.manager.unready_reasons()
-        if self.phases.draining:
-            reasons.insert(0, f"server is {self.phases.phase.value}")
+        reasons = not_ready(self.manager, self.phases)
         body: dict[str, Any] = {
             "status": "ready" if not reasons else "not ready",
             "phase": self.phases.phase.value,

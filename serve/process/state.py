@@ -18,3 +18,16 @@ class ServerState:
     phases: ServerPhases
     metrics: Metrics
     updater: Updater
+
+    def unready_reasons(self) -> list[str]:
+        """Why the server is not ready to take traffic ([] when it is): the reasons /ready,
+        /v2/health/ready and the gRPC health service all answer with."""
+        return not_ready(self.manager, self.phases)
+
+
+def not_ready(manager: ModelRepositoryManager, phases: ServerPhases) -> list[str]:
+    """The models' reasons, after the server's own when it is draining."""
+    reasons = manager.unready_reasons()
+    if phases.draining:
+        reasons.insert(0, f"server is {phases.phase.value}")
+    return reasons

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from serve.dataplane.exchange import INLINE_BODY_BYTES
 from serve.dataplane.messages import InferenceResponse, Prepared
 from serve.dataplane.model import ServedModel
 from serve.dataplane.oip.signature import InferCall, OutputTensor, Signature
@@ -24,7 +25,7 @@ from serve.versions import path_version
 
 # Calls whose tensors hold more bytes than this are checked off the event loop, so no call
 # holds the loop in proportion to its size (the JSON predict route's rule, in bytes of data).
-INLINE_TENSOR_BYTES = 256 * 1024
+INLINE_TENSOR_BYTES = INLINE_BODY_BYTES
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,10 +34,17 @@ from starlette.types import Receive, Scope, Send
 
 from serve import __version__
 from serve.access import log_exchange
-from serve.dataplane.exchange import Call, Disconnected, read_body, start_call
+from serve.dataplane.exchange import (
+    INLINE_BODY_BYTES,
+    Call,
+    Disconnected,
+    deadline_at,
+    read_body,
+    start_call,
+)
 from serve.dataplane.oip import tensors
 from serve.dataplane.oip.infer import InferAnswer, Inference, budget_ms
-from serve.dataplane.oip.signature import InferCall, RequestedOutput
+from serve.dataplane.oip.signature import InferCall, RequestedOutput, config_dims
 from serve.dataplane.routing import Route, Router
 from serve.dataplane.wire import deadline_ms
 from serve.errors import (
@@ -56,8 +63,6 @@ log = logging.getLogger("rlserve.oip")
 PREFIX = "/v2"
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository"]
 PLATFORM = "onnxruntime_onnx"  # Triton's name for an ONNX model run by onnxruntime
-LAG_TURNS = 3  # as for the predict routes: turns of the loop a call spends unseen
-INLINE_BODY_BYTES = 256 * 1024  # larger bodies are decoded off the event loop
 _JSON = (b"content-type", b"application/json")
 _BINARY = (b"content-type", b"application/octet-stream")
 _CLOSE = (b"connection", b"close")
@@ -246,8 +251,9 @@ class OipRestFrontend:
         header_length = _header_length(scope)
         body = await read_body(receive, call.declared_length, self.max_body_bytes)
         asked_ms = deadline_ms(call.timeout_header, route.default_deadline_ms)
-        received_by = call.received_at + asked_ms / 1000 - LAG_TURNS * self.turn_s
-        route.scheduler.admit(1, received_by)  # overloaded: refuse before decoding
+        route.scheduler.admit(
+            1, deadline_at(call.received_at, asked_ms, self.turn_s)
+        )  # overloaded: refuse before decoding
         default_ms = route.default_deadline_ms
         if len(body) <= INLINE_BODY_BYTES:
             decoded, budget_ms = decode_infer(body, header_length, call, default_ms)
@@ -255,7 +261,7 @@ class OipRestFrontend:
             decoded, budget_ms = await asyncio.to_thread(
                 decode_infer, body, header_length, call, default_ms
             )
-        deadline = call.received_at + budget_ms / 1000 - LAG_TURNS * self.turn_s
+        deadline = deadline_at(call.received_at, budget_ms, self.turn_s)
         if time.monotonic() >= deadline:
             raise DeadlineExceeded(
                 f"the request's deadline of {budget_ms:g} ms passed while reading it; "
@@ -279,13 +285,11 @@ def _error(error: RLServeError) -> dict[str, str]:
 
 
 def _config_tensor(name: str, datatype: str, shape: tuple[int, ...]) -> dict[str, Any]:
-    dims = list(shape[1:]) if shape and shape[0] == -1 else list(shape)
-    return {
-        "name": name,
-        "data_type": "TYPE_" + datatype,
-        "dims": dims or [1],
-        **({"reshape": {"shape": []}} if not dims else {}),
-    }
+    dims, scalar = config_dims(shape)
+    tensor: dict[str, Any] = {"name": name, "data_type": "TYPE_" + datatype, "dims": dims}
+    if scalar:
+        tensor["reshape"] = {"shape": []}
+    return tensor
 
 
 def _kind(route: Route) -> str:

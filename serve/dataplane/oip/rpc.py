@@ -38,7 +38,7 @@ from serve.dataplane.oip.proto import inference_pb2 as pb
 from serve.dataplane.oip.proto import inference_pb2_grpc as pb_grpc
 from serve.dataplane.oip.proto import model_config_pb2 as config_pb
 from serve.dataplane.oip.rest import EXTENSIONS, PLATFORM, Catalog
-from serve.dataplane.oip.signature import InferCall, RequestedOutput
+from serve.dataplane.oip.signature import InferCall, RequestedOutput, config_dims
 from serve.dataplane.routing import Route
 from serve.errors import ConfigError, DeadlineExceeded, InvalidInput, RLServeError
 from serve.status import grpc_status, grpc_trailers, http_status
@@ -117,8 +117,14 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 platform=PLATFORM,
                 backend="onnxruntime",
                 max_batch_size=scheduler.get("max_batch_size", 0),
-                input=[_config_input(t.name, t.datatype, t.shape) for t in signature.inputs],
-                output=[_config_output(t.name, t.datatype, t.shape) for t in signature.outputs],
+                input=[
+                    _config_tensor(config_pb.ModelInput, t.name, t.datatype, t.shape)
+                    for t in signature.inputs
+                ],
+                output=[
+                    _config_tensor(config_pb.ModelOutput, t.name, t.datatype, t.shape)
+                    for t in signature.outputs
+                ],
                 dynamic_batching=config_pb.ModelDynamicBatching(
                     max_queue_delay_microseconds=int(scheduler.get("max_wait_ms", 0) * 1000)
                 ),
@@ -311,27 +317,11 @@ def _data_type(datatype: str) -> Any:
     return config_pb.DataType.Value("TYPE_" + datatype)
 
 
-def _dims(shape: tuple[int, ...]) -> tuple[list[int], bool]:
-    """A tensor's dims in a batching model's configuration (no batch axis), and whether it
-    is a scalar per row (dims [1], reshaped to [])."""
-    dims = list(shape[1:]) if shape and shape[0] == -1 else list(shape)
-    return (dims or [1]), not dims
-
-
-def _config_input(name: str, datatype: str, shape: tuple[int, ...]) -> Any:
-    dims, scalar = _dims(shape)
+def _config_tensor(kind: Any, name: str, datatype: str, shape: tuple[int, ...]) -> Any:
+    """A ``ModelInput`` or ``ModelOutput`` (``kind``) of the model configuration."""
+    dims, scalar = config_dims(shape)
     reshape = config_pb.ModelTensorReshape(shape=[]) if scalar else None
-    return config_pb.ModelInput(
-        name=name, data_type=_data_type(datatype), dims=dims, reshape=reshape
-    )
-
-
-def _config_output(name: str, datatype: str, shape: tuple[int, ...]) -> Any:
-    dims, scalar = _dims(shape)
-    reshape = config_pb.ModelTensorReshape(shape=[]) if scalar else None
-    return config_pb.ModelOutput(
-        name=name, data_type=_data_type(datatype), dims=dims, reshape=reshape
-    )
+    return kind(name=name, data_type=_data_type(datatype), dims=dims, reshape=reshape)
 
 
 class HealthService(health_pb2_grpc.HealthServicer):

@@ -232,6 +232,13 @@ class Signature:
         return tensors
 
 
+def config_dims(shape: tuple[int, ...]) -> tuple[list[int], bool]:
+    """A tensor's dims in Triton's model configuration of a batching model (no batch axis),
+    and whether it is a scalar per row (written dims [1], reshaped to [])."""
+    dims = list(shape[1:]) if shape and shape[0] == -1 else list(shape)
+    return (dims or [1]), not dims
+
+
 def _shape(shape: Sequence[int | str]) -> tuple[int, ...]:
     return tuple(-1 if isinstance(d, str) else d for d in shape)
 
