@@ -1,28 +1,40 @@
 """PPO through an rlserve server, co-located: rollout and training take turns.
 
-The co-located layout (docs/rl-loop.md, "Co-located mode"; ``loop/colocated.py``): the
-server and this one process share the node. This process runs the rollout workers
-in-process on a ``memory://`` buffer and the trainer, and alternates: collect exactly one
-batch with the version the server serves, then hold the model, learn, export and push the
-next version, resume. Every record trained on was made by the trainer's current version
-(staleness 0, asserted on every batch).
+The co-located layout (docs/rl-loop.md, "Co-located mode"; ``loop/colocated.py``): one
+node, one process tree. This process runs the rollout workers in-process on a ``memory://``
+buffer and the trainer, and alternates: collect exactly one batch with the version the
+server serves, then hold the model, learn, export and push the next version, resume. Every
+record trained on was made by the trainer's current version (staleness 0, asserted on
+every batch). With ``--serve-repository`` the server is this process's child
+(``loop/child_server.py``): started before the first turn, stopped (SIGTERM: it drains;
+SIGKILL after 30 s) when this process ends, whether it finished, failed, or got Ctrl-C or
+SIGTERM; if it exits before, this process stops with an error naming its log.
 
     # 0. a fresh policy as version 1 and the trainer's checkpoint (the decoupled trainer's step)
-    python examples/ppo_trainer.py --init-repository models --model cartpole --seed 1
-    # 1. the server, on the same node
-    RLSERVE_ADMIN_TOKEN=secret rlserve serve --model-repository models --port 8000
-    # 2. this process: rollout workers + trainer, taking turns
-    RLSERVE_ADMIN_TOKEN=secret python examples/ppo_colocated.py --config rl_config.yaml \\
-        --server http://127.0.0.1:8000 --model cartpole --checkpoint runs/cartpole/agent.pt
+    python examples/ppo_trainer.py --init-repository models --model cartpole \\
+        --checkpoint runs/cartpole/agent.pt --seed 1
+    export RLSERVE_ADMIN_TOKEN=$(openssl rand -hex 16)   # this process's and its server's
+    # 1. everything else, one command: the server (a child, on a free port; its output in
+    #    runs/cartpole/server.log), the rollout workers and the trainer, taking turns
+    python examples/ppo_trainer.py --config rl_config.yaml --serve-repository models \\
+        --model cartpole --checkpoint runs/cartpole/agent.pt
+
+    # or, with the server started separately on the same node:
+    rlserve serve --model-repository models --port 8000 &
+    python examples/ppo_colocated.py --config rl_config.yaml --server http://127.0.0.1:8000 \\
+        --model cartpole --checkpoint runs/cartpole/agent.pt
 
 ``python examples/ppo_trainer.py --config FILE`` with ``cluster_mode: co-located`` in FILE
 runs this script with the same arguments. From the loop configuration it takes
-``task_schedule`` (the turns' quanta), ``inference_cluster`` (the server), ``rollout``
-(env id; ``num_envs`` per worker) and ``trainer:`` (this program's flags); the buffer is
-always in-process (``memory://``) and the staleness bound is 0 by construction, so
-``--buffer``, ``--max-staleness``, ``--fallback`` and the consumer flags of the decoupled
-trainer are ignored here. The PPO update, the advantages and the export are the decoupled
-trainer's (``examples/ppo_trainer.py``), imported from it.
+``task_schedule`` (the turns' quanta), ``gpu_allocation`` (``CUDA_VISIBLE_DEVICES``: the
+``training`` GPUs for this process, set before torch touches CUDA, the ``inference`` GPUs
+for the child server; a role without GPUs inherits the node's), ``inference_cluster``
+(the server, unless ``--serve-repository``), ``rollout`` (env id; ``num_envs`` per worker)
+and ``trainer:`` (this program's flags); the buffer is always in-process (``memory://``)
+and the staleness bound is 0 by construction, so ``--buffer``, ``--max-staleness``,
+``--fallback`` and the consumer flags of the decoupled trainer are ignored here. The PPO
+update, the advantages and the export are the decoupled trainer's
+(``examples/ppo_trainer.py``), imported from it.
 """
 
 from __future__ import annotations
@@ -49,6 +61,7 @@ from ppo_trainer import Agent, Trajectories, export, log_prob_error, ppo_update
 
 from loop import config as loop_config
 from loop.buffers import open_consumer
+from loop.child_server import ChildServer, ChildServerFailed
 from loop.collect import RolloutWorker
 from loop.colocated import ColocatedRunner, Cycle
 from loop.controller import Batch, Fallback, LoopMetrics, SyncController
@@ -69,6 +82,20 @@ class Args(ppo_trainer.Args):
     )
     max_hold_s: float = field(
         default=60.0, metadata=arg("the hold's safety bound: the server resumes by itself")
+    )
+    serve_repository: Path | None = field(
+        default=None,
+        metadata=arg(
+            "start `rlserve serve` on this model repository as a child process (on 127.0.0.1,"
+            " --serve-port) and stop it at the end; --server is then its URL: do not give it"
+        ),
+    )
+    serve_port: int | None = field(
+        default=None, metadata=arg("the child server's port (default: a free one)")
+    )
+    serve_log: Path | None = field(
+        default=None,
+        metadata=arg("the child server's output (default: server.log beside the checkpoint)"),
     )
 
 
@@ -122,15 +149,23 @@ class PPOLearner:
 
 
 def parse(argv: list[str] | None) -> tuple[Args, loop_config.LoopConfig | None]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    doc = __doc__ or ""
+    parser = argparse.ArgumentParser(
+        description=doc.splitlines()[0],
+        epilog="examples:\n\n" + doc[doc.index("    # 0.") : doc.index("``python examples")],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(parser, Args)
-    args = from_namespace(Args, parser.parse_args(argv))
+    default_server = parser.get_default("server")
+    parser.set_defaults(server=None)  # to tell whether --server was given
+    given = parser.parse_args(argv)
+    parser.set_defaults(server=default_server)
     config = None
-    if args.config:  # the config's values become the defaults: flags still win
+    if given.config:  # the config's values become the defaults: flags still win
         try:
-            config = loop_config.load(*args.config)
+            config = loop_config.load(*given.config)
             if config.cluster_mode != "co-located":
-                parser.error(f"{args.config}: cluster_mode is {config.cluster_mode}; this "
+                parser.error(f"{given.config}: cluster_mode is {config.cluster_mode}; this "
                              "is the co-located trainer (decoupled: ppo_trainer.py)")  # fmt: skip
             defaults = ppo_trainer.config_defaults(config)
             defaults["inference_interval"] = config.task_schedule.inference_interval
@@ -141,13 +176,60 @@ def parse(argv: list[str] | None) -> tuple[Args, loop_config.LoopConfig | None]:
             parser.set_defaults(**defaults)
         except ConfigError as e:
             parser.error(str(e))
-        args = from_namespace(Args, parser.parse_args(argv))
+    args = from_namespace(Args, parser.parse_args(argv))
+    if args.serve_repository is not None and given.server is not None:
+        parser.error(f"--server {given.server} and --serve-repository "
+                     f"{args.serve_repository}: give one (--serve-repository starts the "
+                     "server and derives its URL)")  # fmt: skip
+    if args.serve_repository is None and (args.serve_port, args.serve_log) != (None, None):
+        parser.error("--serve-port and --serve-log are for the child server: give "
+                     "--serve-repository DIR too")  # fmt: skip
     return args, config
 
 
+def use_training_devices(config: loop_config.LoopConfig | None) -> None:
+    """``CUDA_VISIBLE_DEVICES`` for this process: ``gpu_allocation.training``, when the
+    configuration gives it GPUs (before torch initialises CUDA, which reads it then)."""
+    gpus = config.cuda_visible_devices("training") if config is not None else ""
+    if gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus
+
+
+def start_server(
+    args: Args, config: loop_config.LoopConfig | None, token: str, environ: dict[str, str]
+) -> ChildServer:
+    """The child server on ``--serve-repository`` (not started yet: enter it)."""
+    assert args.serve_repository is not None
+    checkpoint = args.checkpoint or Path("runs") / args.model / "agent.pt"
+    return ChildServer(
+        args.serve_repository,
+        log=args.serve_log or checkpoint.parent / "server.log",
+        admin_token=token,
+        port=args.serve_port,
+        cuda_visible_devices=config.cuda_visible_devices("inference") if config else "",
+        environ=environ,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    global agent
     args, config = parse(argv)
+    node_environment = dict(os.environ)  # the child server's, before this process's GPUs
+    use_training_devices(config)
+    try:
+        return train(args, config, node_environment)
+    except ChildServerFailed as error:
+        progress(f"error: {error.message}")
+        return 1
+    except ConfigError as error:  # e.g. --serve-port taken
+        progress(f"error: {error.message}")
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C: the child server (if any) was stopped on the way out
+        progress("interrupted")
+        return 130
+
+
+def train(args: Args, config: loop_config.LoopConfig | None, environ: dict[str, str]) -> int:
+    global agent
     checkpoint = args.checkpoint or Path("runs") / args.model / "agent.pt"
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.torch_threads)
@@ -181,16 +263,22 @@ def main(argv: list[str] | None = None) -> int:
     log: TextIO | None = args.log_json.open("a") if args.log_json else None
     status, summary = 1, {}
     with ExitStack() as stack:
-        client = stack.enter_context(PolicyClient(args.server, admin_token=token, timeout_s=60.0))
+        server_url, check_server, child = args.server, _no_check, None
+        if args.serve_repository is not None:  # the child: stopped last, when the stack unwinds
+            child = stack.enter_context(start_server(args, config, token, environ))
+            server_url, check_server = child.url, child.check
+            progress(f"started rlserve serve on {args.serve_repository} as pid {child.pid} at "
+                     f"{child.url}; its output goes to {child.log}")  # fmt: skip
+        client = stack.enter_context(PolicyClient(server_url, admin_token=token, timeout_s=60.0))
         active = client.model(args.model)["active_version"]
         if active != version:
-            sys.exit(f"{args.server} serves {args.model} version {active}, {checkpoint} holds "
+            sys.exit(f"{server_url} serves {args.model} version {active}, {checkpoint} holds "
                      f"version {version}")  # fmt: skip
         workers = [
             stack.enter_context(
                 RolloutWorker(
                     args.env,
-                    args.server,
+                    server_url,
                     buffer,
                     num_envs=args.num_envs,
                     seed=1000 * args.seed + w,
@@ -200,6 +288,13 @@ def main(argv: list[str] | None = None) -> int:
             )
             for w in range(args.workers)
         ]
+
+        def stop_workers() -> None:  # else they would retry a vanished server for 60 s
+            for worker in workers:
+                worker.stop()
+
+        if child is not None:
+            child.on_exit(stop_workers)
         consumer = open_consumer(buffer, "trainer", "trainer-0")
         stack.callback(consumer.close)
         controller = SyncController(
@@ -210,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
             client, args.model, workers, controller, version=version,
             batch_size=args.batch_size, inference_interval=args.inference_interval,
             training_interval=args.training_interval, max_hold_s=args.max_hold_s,
+            check_server=check_server,
         )  # fmt: skip
-        progress(f"version {version} of {args.model} at {args.server}; {args.workers} x "
+        progress(f"version {version} of {args.model} at {server_url}; {args.workers} x "
                  f"{args.num_envs} envs in-process; turns of {args.inference_interval:g} s / "
                  f"{args.training_interval:g} s")  # fmt: skip
         started = last_progress = time.monotonic()
@@ -264,6 +360,10 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(scratch, ignore_errors=True)
     print(json.dumps(summary), flush=True)
     return status
+
+
+def _no_check() -> None:
+    """A server started separately: its failures show as the requests' errors."""
 
 
 def progress(message: str) -> None:

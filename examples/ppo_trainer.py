@@ -423,7 +423,8 @@ def progress(message: str) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser, Args)
-    args = from_namespace(Args, parser.parse_args())
+    # Known flags only at first: the co-located runner has its own (--serve-repository, ...).
+    args = from_namespace(Args, parser.parse_known_args()[0])
     config = None
     if args.config:  # the config's values become the defaults: flags still win
         try:
@@ -435,7 +436,7 @@ if __name__ == "__main__":
             parser.set_defaults(**config_defaults(config))
         except ConfigError as e:
             parser.error(str(e))
-        args = from_namespace(Args, parser.parse_args())
+    args = from_namespace(Args, parser.parse_args())
     if args.fallback == Fallback.OFFLINE and args.offline_buffer is None:
         parser.error("--fallback offline needs --offline-buffer URL (e.g. file:///tmp/offline)")
     checkpoint = args.checkpoint or Path("runs") / args.model / "agent.pt"

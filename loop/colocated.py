@@ -1,10 +1,11 @@
 """The co-located runner: server, rollout and trainer take turns on one node's device.
 
-``cluster_mode: co-located`` (issue #11, item 5). One node, one process tree: the policy
-server (``rlserve serve``) and one trainer process, which also runs the rollout workers
-in-process (:class:`~loop.collect.RolloutWorker` on a ``memory://`` buffer, stepped by the
-runner's own thread: no worker threads, nothing crosses the network but the predicts). The
-runner owns the turn-taking; each cycle is two phases:
+``cluster_mode: co-located`` (issue #11, item 5). One node, one process tree: one trainer
+process, which also runs the rollout workers in-process (:class:`~loop.collect.RolloutWorker`
+on a ``memory://`` buffer, stepped by the runner's own thread: no worker threads, nothing
+crosses the network but the predicts), and the policy server (``rlserve serve``), its child
+(:class:`~loop.child_server.ChildServer`) or started separately. The runner owns the
+turn-taking; each cycle is two phases:
 
 1. **INFERENCE** (version ``V`` active, the model serving): the workers step, round-robin,
    whole iterations (one request for all of a worker's envs), until they have published at
@@ -128,7 +129,9 @@ class ColocatedRunner:
 
     ``client`` must carry the server's admin token (hold, push, resume); ``version`` is the
     version the server serves now and the controller's version. ``workers`` publish into
-    the buffer ``controller`` consumes; the runner steps them itself."""
+    the buffer ``controller`` consumes; the runner steps them itself. ``check_server``
+    raises when the server can no longer answer (``loop.child_server.ChildServer.check``:
+    the child exited); it is called before each cycle and when one fails."""
 
     def __init__(
         self,
@@ -142,6 +145,7 @@ class ColocatedRunner:
         inference_interval: float,
         training_interval: float,
         max_hold_s: float = 60.0,
+        check_server: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -164,6 +168,7 @@ class ColocatedRunner:
         self.batch_size = batch_size
         self.inference_interval, self.training_interval = inference_interval, training_interval
         self.max_hold_s = max_hold_s
+        self.check_server = check_server
         self._clock, self._sleep = clock, sleep
         self.phases: list[Phase] = []
 
@@ -171,9 +176,15 @@ class ColocatedRunner:
 
     def cycle(self, learner: Learner) -> Cycle:
         """One inference turn (collect one batch with the current version), then one
-        training turn (held: learn, push the next version, resume)."""
-        inference = self._inference()
-        training, batch = self._training(learner, inference.records)
+        training turn (held: learn, push the next version, resume). A failure is reported
+        as ``check_server``'s error when the server is gone: that explains it."""
+        self.check_server()
+        try:
+            inference = self._inference()
+            training, batch = self._training(learner, inference.records)
+        except Exception:
+            self.check_server()
+            raise
         self.phases += [inference, training]
         return Cycle(inference, training, batch, self.version)
 

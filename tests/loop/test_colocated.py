@@ -177,3 +177,43 @@ def test_settings_are_checked() -> None:
         runner("settings", server, clock, max_hold_s=0.01)
     with pytest.raises(ConfigError, match="batch_size"):
         runner("settings2", server, clock, batch_size=0)
+
+
+class ServerGone(Exception):
+    pass
+
+
+def test_a_gone_server_explains_the_failure() -> None:
+    """``check_server`` (a child server's ``check``) is asked before each cycle and when
+    one fails: its error, not the symptom (a worker stopped, a refused push), is raised."""
+    clock = Clock()
+    server = FakeServer(clock)
+    alive = [True]
+
+    def check_server() -> None:
+        if not alive[0]:
+            raise ServerGone("the child server exited")
+
+    run = runner("gone", server, clock, check_server=check_server)
+    learner = Learner(clock, seconds=0.01)
+    run.cycle(learner)
+    alive[0] = False
+    with pytest.raises(ServerGone):  # before the cycle: nothing is stepped
+        run.cycle(learner)
+    assert len(run.phases) == 2
+    alive[0] = True
+    run.workers[0].step = lambda: False  # type: ignore[method-assign]  # stopped on the exit
+    with pytest.raises(RuntimeError, match="w0 was stopped"):
+        run.cycle(learner)
+    checks = iter([None, ServerGone("the child server exited")])
+
+    def exits_during_the_cycle() -> None:
+        error = next(checks)
+        if error is not None:
+            raise error
+
+    run.check_server = exits_during_the_cycle
+    with pytest.raises(ServerGone) as gone:
+        run.cycle(learner)
+    assert isinstance(gone.value.__context__, RuntimeError)  # the symptom, kept as context
+    assert not server.held

@@ -1,12 +1,16 @@
 """Learning through the server, co-located (issue #11, item 5, and its first criterion).
 
-One node: a real ``rlserve serve`` with an admin token, and ONE trainer process started as
-documented, ``python examples/ppo_trainer.py --config rl_config.yaml`` with the reference
-file unchanged (``cluster_mode: co-located`` selects ``examples/ppo_colocated.py``; flags
-add the server, the model and the checkpoint). That process runs two in-process rollout
-workers of 16 CartPole envs on a ``memory://`` buffer and the trainer, and
+One node, one process tree, started with ONE command as documented:
+``python examples/ppo_trainer.py --config rl_config.yaml --serve-repository DIR`` with the
+reference file unchanged (``cluster_mode: co-located`` selects
+``examples/ppo_colocated.py``; flags add the repository, the model and the checkpoint).
+That process starts ``rlserve serve`` on DIR as its child (``loop/child_server.py``: the
+admin token, a free port, the server's output in ``--serve-log``), runs two in-process
+rollout workers of 16 CartPole envs on a ``memory://`` buffer and the trainer, and
 ``loop.colocated.ColocatedRunner`` alternates: collect one batch of 4096 records with the
-served version, then hold the model, learn, export, push the next version, resume.
+served version, then hold the model, learn, export, push the next version, resume. At the
+end it stops the server. The slow seeds run the other documented form: ``rlserve serve``
+started separately, the trainer given ``--server URL``.
 
 Asserted from what the trainer logged per update (``--log-json``) and from the server:
 
@@ -20,7 +24,10 @@ Asserted from what the trainer logged per update (``--log-json``) and from the s
   (one ``held`` and one ``resumed`` line per update);
 - the turns alternate (inference, training, inference, ...; each ends before the next
   starts) and none is shorter than its ``task_schedule`` quantum (10 ms, 50 ms), each a
-  whole number of quanta.
+  whole number of quanta;
+- the server's active version is the last one pushed (read back from the server, or from
+  the repository's serving state once the child server is gone), and a child server was
+  stopped with the trainer: its log ends with its shutdown, and its process is gone.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -38,6 +46,7 @@ from typing import Any
 import pytest
 
 from serve.client import PolicyClient
+from serve.control.store import STATE_FILE
 from tests.e2e.server import Server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,9 +68,19 @@ class Learned:
     server_log: str
     wall_s: float
     stderr: str
+    child_pid: int | None = None  # the trainer's child server
 
 
-def learn(tmp: Path, seed: int, budget: int = BUDGET_ENV_STEPS, timeout_s: float = 240) -> Learned:
+def learn(
+    tmp: Path,
+    seed: int,
+    budget: int = BUDGET_ENV_STEPS,
+    timeout_s: float = 240,
+    *,
+    child_server: bool = True,
+) -> Learned:
+    """Version 1 and the checkpoint, then the co-located run: one command starting the
+    server as its child (``child_server``), else with a server started here."""
     repository, checkpoint, log = tmp / "repository", tmp / "agent.pt", tmp / "updates.jsonl"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RLSERVE_ADMIN_TOKEN": TOKEN}
     subprocess.run(
@@ -69,33 +88,60 @@ def learn(tmp: Path, seed: int, budget: int = BUDGET_ENV_STEPS, timeout_s: float
          "--checkpoint", str(checkpoint), "--seed", str(seed)],
         cwd=ROOT, env=env, check=True, capture_output=True, timeout=120,
     )  # fmt: skip
-    server = Server.rlserve(repository, env={"RLSERVE_ADMIN_TOKEN": TOKEN}, log=tmp / "server.log")
-    try:
-        server.wait_ready()
+    command = [
+        sys.executable, str(TRAINER), "--config", str(REFERENCE), "--model", MODEL,
+        "--checkpoint", str(checkpoint), "--seed", str(seed), "--target-return",
+        str(TARGET_RETURN), "--max-env-steps", str(budget), "--log-json", str(log),
+    ]  # fmt: skip
+    if child_server:
+        server_log = tmp / "server.log"
         started = time.monotonic()
         run = subprocess.run(
-            [sys.executable, str(TRAINER), "--config", str(REFERENCE), "--server", server.url,
-             "--model", MODEL, "--checkpoint", str(checkpoint), "--seed", str(seed),
-             "--target-return", str(TARGET_RETURN), "--max-env-steps", str(budget),
-             "--log-json", str(log)],
+            [*command, "--serve-repository", str(repository), "--serve-log", str(server_log)],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s,
         )  # fmt: skip
         wall_s = time.monotonic() - started
-        (tmp / "trainer.err").write_text(run.stderr)
-        with PolicyClient(server.url) as client:
-            active = int(client.model(MODEL)["active_version"])
-    finally:
-        server.stop()
+        serving = json.loads((repository / MODEL / STATE_FILE).read_text())
+        active, output = int(serving["active"]), server_log.read_text()
+        found = re.search(r"started rlserve serve on .* as pid (\d+)", run.stderr)
+        child_pid = int(found.group(1)) if found else None
+    else:
+        server = Server.rlserve(
+            repository, env={"RLSERVE_ADMIN_TOKEN": TOKEN}, log=tmp / "server.log"
+        )
+        try:
+            server.wait_ready()
+            started = time.monotonic()
+            run = subprocess.run(
+                [*command, "--server", server.url],
+                cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s,
+            )  # fmt: skip
+            wall_s = time.monotonic() - started
+            with PolicyClient(server.url) as client:
+                active = int(client.model(MODEL)["active_version"])
+        finally:
+            server.stop()
+        output, child_pid = server.output(full=True), None
+    (tmp / "trainer.err").write_text(run.stderr)
     lines = run.stdout.strip().splitlines()
     return Learned(
         returncode=run.returncode,
         summary=json.loads(lines[-1]) if lines else {},
         updates=[json.loads(line) for line in log.read_text().splitlines()] if log.exists() else [],
         active_version=active,
-        server_log=server.output(full=True),
+        server_log=output,
         wall_s=wall_s,
         stderr=run.stderr,
+        child_pid=child_pid,
     )
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 def check(learned: Learned) -> None:
@@ -143,11 +189,22 @@ def check(learned: Learned) -> None:
     assert "reached max_hold_s" not in learned.server_log
 
 
+def check_child_stopped(learned: Learned) -> None:
+    """The trainer stopped its server on the way out: SIGTERM, drained, exited, reaped."""
+    assert learned.child_pid is not None, learned.stderr[-4000:]
+    assert gone(learned.child_pid)
+    lines = learned.server_log.rstrip().splitlines()
+    assert "rlserve.phases: draining" in learned.server_log  # SIGTERM, not SIGKILL
+    assert lines[-1].endswith(f"Finished server process [{learned.child_pid}]"), lines[-8:]
+
+
 def test_colocated_ppo_learns_cartpole_with_zero_staleness(tmp_path: Path) -> None:
-    check(learn(tmp_path, seed=1))
+    learned = learn(tmp_path, seed=1)
+    check(learned)
+    check_child_stopped(learned)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [2, 3, 4, 5])
 def test_colocated_ppo_learns_cartpole_other_seeds(tmp_path: Path, seed: int) -> None:
-    check(learn(tmp_path, seed=seed))
+    check(learn(tmp_path, seed=seed, child_server=False))
