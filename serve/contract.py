@@ -174,6 +174,18 @@ def _check_inputs_cover_space(contract: PolicyContract, origin: str) -> None:
         )
 
 
+def kind_of(metadata: Mapping[str, str]) -> str | None:
+    """The contract's ``kind`` (``actor_critic``, ``causal-lm``), read without validating it;
+    None when the file has no contract or it is not JSON (``from_metadata`` says why)."""
+    text = metadata.get(METADATA_KEY)
+    try:
+        raw = json.loads(text) if text is not None else None
+    except json.JSONDecodeError:
+        return None
+    kind = raw.get("kind", "actor_critic") if isinstance(raw, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
 def from_metadata(metadata: Mapping[str, str], origin: str) -> PolicyContract:
     """The contract in an ONNX model's metadata_props (as onnxruntime reports them)."""
     text = metadata.get(METADATA_KEY)

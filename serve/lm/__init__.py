@@ -1,0 +1,1 @@
+"""Language-model policies (kind ``causal-lm``): contract, tokenizer, decoding, sampling."""
