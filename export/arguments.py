@@ -16,6 +16,8 @@ from serve.cli.arguments import arg
 from serve.contract import Algorithm
 
 if TYPE_CHECKING:
+    from export.lm.pipeline import LmParitySettings
+    from export.lm.source import CausalLM
     from export.pipeline import ParitySettings
     from export.source import PolicySource
 
@@ -25,9 +27,14 @@ class ActorCriticAlgorithm(StrEnum):
     A2C = "a2c"
 
 
+class LanguageModelAlgorithm(StrEnum):
+    DPO = "dpo"
+    GRPO = "grpo"
+
+
 @dataclass(kw_only=True)
-class CommonArgs:
-    """Where the model goes, and how hard parity checks it."""
+class DestinationArgs:
+    """Where the model goes: DIR/NAME/VERSION."""
 
     name: str = field(
         metadata=arg("model name: the directory under --model-repository", metavar="NAME")
@@ -45,6 +52,12 @@ class CommonArgs:
             metavar="N",
         ),
     )
+
+
+@dataclass(kw_only=True)
+class CommonArgs(DestinationArgs):
+    """Where an actor-critic policy goes, and how hard parity checks it."""
+
     tolerance: float = field(
         default=1e-5,
         metadata=arg(
@@ -203,4 +216,71 @@ class TorchArgs(CommonArgs):
                 obs_norm=self.obs_norm,
                 algorithm=Algorithm(self.algorithm.value),
             )
+        )
+
+
+@dataclass(kw_only=True)
+class LmArgs(DestinationArgs):
+    checkpoint: Path = field(
+        metadata=arg(
+            "the directory a TRL trainer (or save_pretrained) wrote: config.json and "
+            "model.safetensors, or a PEFT adapter's adapter_config.json",
+            positional=True,
+            metavar="CHECKPOINT_DIR",
+        )
+    )
+    base: Path | None = field(
+        default=None,
+        metadata=arg(
+            "the base model directory a PEFT adapter is merged into (default: the adapter "
+            "config's base_model_name_or_path, when that is a local directory)",
+            metavar="BASE_DIR",
+        ),
+    )
+    algorithm: LanguageModelAlgorithm | None = field(
+        default=None,
+        metadata=arg(
+            "the algorithm the policy was trained with (default: read from TRL's model card "
+            "or training_args.bin; none when neither says)"
+        ),
+    )
+    prompts: int = field(
+        default=16,
+        metadata=arg(
+            "parity prompts made from the tokenizer (text and chat-template prompts)",
+            metavar="N",
+        ),
+    )
+    new_tokens: int = field(
+        default=32,
+        metadata=arg("greedy tokens generated per parity prompt", metavar="N"),
+    )
+    atol: float = field(
+        default=1e-4,
+        metadata=arg(
+            "parity tolerance of log-probs (natural log, absolute): greedy tokens' and given "
+            "completions'; the greedy tokens themselves must be identical",
+            metavar="ATOL",
+        ),
+    )
+    golden: int = field(
+        default=4,
+        metadata=arg(
+            "parity prompts kept as golden prompts in the contract (the server decodes them "
+            "again when it loads the version)",
+            metavar="N",
+        ),
+    )
+
+    def load_source(self) -> CausalLM:
+        from export.lm.source import LoadOptions, load
+
+        algorithm = Algorithm(self.algorithm.value) if self.algorithm is not None else None
+        return load(LoadOptions(checkpoint=self.checkpoint, base=self.base, algorithm=algorithm))
+
+    def parity_settings(self) -> LmParitySettings:
+        from export.lm.pipeline import LmParitySettings
+
+        return LmParitySettings(
+            prompts=self.prompts, new_tokens=self.new_tokens, atol=self.atol, golden=self.golden
         )

@@ -1,4 +1,4 @@
-"""``rlserve export sb3|torch ...``: export a trained policy with proven parity.
+"""``rlserve export sb3|torch|lm ...``: export a trained policy with proven parity.
 
 Progress goes to stderr; the parity table and the written path to stdout. Exit status 1
 when parity fails (nothing is written), 2 for bad input.
@@ -10,12 +10,15 @@ import argparse
 import sys
 import textwrap
 
-from export.arguments import CommonArgs, Sb3Args, TorchArgs
+from export.arguments import CommonArgs, LmArgs, Sb3Args, TorchArgs
 from serve.cli.arguments import add_arguments as add_dataclass_arguments
 from serve.cli.arguments import from_namespace
 
 NAME = "export"
-HELP = "export a trained PPO/A2C policy to ONNX with an embedded policy contract"
+HELP = (
+    "export a trained PPO/A2C policy, or a DPO/GRPO language model, to ONNX with an embedded "
+    "policy contract"
+)
 EXTRA = "export"
 
 _SOURCES: dict[str, tuple[type[CommonArgs], str, str]] = {
@@ -40,6 +43,26 @@ _DESCRIPTION = (
 )
 
 
+_LM = "lm"
+_LM_HELP = "a causal language model as TRL's DPO or GRPO trainer wrote it (or a LoRA adapter)"
+_LM_DESCRIPTION = (
+    "Export {what}: Llama or Qwen2 architecture, full weights or a PEFT LoRA adapter merged "
+    "into its base in float32. The version directory holds model.onnx (a decoder with a "
+    "key/value cache and the contract in its metadata: EOS set, tokenizer, chat template, "
+    "generation defaults, golden prompts), tokenizer.json and the source's tokenizer and "
+    "generation configs. Parity runs before anything is written: greedy decoding on "
+    "onnxruntime must give exactly the tokens transformers.generate gives on every prompt, "
+    "log-probs of the greedy tokens and of given completions must agree within --atol, and "
+    "a left-padded batch must match single-sequence calls. On failure the table shows what "
+    "differed, the exit status is 1 and nothing is written; bad input exits 2."
+)
+_LM_EXAMPLE = (
+    "rlserve export lm runs/dpo-qwen --name assistant --model-repository models\n"
+    "  rlserve export lm runs/grpo-lora --base models/qwen-base --algorithm grpo \\\n"
+    "      --name assistant --model-repository models"
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sources = parser.add_subparsers(dest="source", required=True, metavar="SOURCE")
     for name, (cls, what, example) in _SOURCES.items():
@@ -51,17 +74,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         add_dataclass_arguments(child, cls)
+    child = sources.add_parser(
+        _LM,
+        help=_LM_HELP,
+        description=textwrap.fill(_LM_DESCRIPTION.format(what=_LM_HELP), width=78),
+        epilog=f"examples:\n  {_LM_EXAMPLE}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_dataclass_arguments(child, LmArgs)
 
 
 def run(namespace: argparse.Namespace) -> int:
     from export import pipeline, writer
 
+    if namespace.source == _LM:
+        return _run_language_model(from_namespace(LmArgs, namespace))
     cls, _, _ = _SOURCES[namespace.source]
     args: CommonArgs = from_namespace(cls, namespace)
     destination = writer.destination(args.model_repository, args.name, args.version)
     _progress(f"loading {namespace.source} policy")
     source = args.load_source()
     outcome = pipeline.export_policy(source, args.parity_settings(), destination, _progress)
+    print(outcome.report.table())
+    if outcome.path is None:
+        _progress("parity failed: nothing was written")
+        return 1
+    print(f"wrote {outcome.path}")
+    return 0
+
+
+def _run_language_model(args: LmArgs) -> int:
+    from export import writer
+    from export.lm import pipeline
+
+    destination = writer.destination(args.model_repository, args.name, args.version)
+    settings = args.parity_settings()
+    _progress(f"loading {args.checkpoint}")
+    source = args.load_source()
+    merged = f" + adapter {source.checkpoint.adapter.path}" if source.checkpoint.adapter else ""
+    algorithm = source.algorithm.value if source.algorithm is not None else "none"
+    _progress(
+        f"loaded {source.provenance.architecture} from {source.checkpoint.model.path}{merged}; "
+        f"algorithm {algorithm} ({source.algorithm_evidence})"
+    )
+    outcome = pipeline.export_language_model(source, settings, destination, _progress)
     print(outcome.report.table())
     if outcome.path is None:
         _progress("parity failed: nothing was written")

@@ -1,7 +1,8 @@
-"""Writing ``DIR/NAME/N/model.onnx`` so that no reader ever sees a half-written version.
+"""Writing ``DIR/NAME/N/`` so that no reader ever sees a half-written version.
 
-The file is written into a temporary directory inside ``DIR/NAME/``, checked there, and the
-directory is renamed into place in one step. Versions are immutable: an existing one is
+The files (``model.onnx``; for a language model its tokenizer files beside it) are written
+into a temporary directory inside ``DIR/NAME/``, checked there, and the directory is renamed
+into place in one step. Versions are immutable: an existing one is
 never replaced.
 """
 
@@ -61,12 +62,27 @@ def destination(repository: Path, name: str, version: int | None) -> Destination
 
 def write(dest: Destination, data: bytes, check: Callable[[Path], None]) -> Path:
     """Write, ``check`` the file in its temporary place, then rename the version into place."""
+
+    def fill(staging: Path) -> None:
+        _write_file(staging / MODEL_FILE, data)
+
+    write_version(dest, fill, lambda staging: check(staging / MODEL_FILE))
+    return dest.version_dir / MODEL_FILE
+
+
+def write_version(
+    dest: Destination, fill: Callable[[Path], None], check: Callable[[Path], None]
+) -> Path:
+    """A version of several files: ``fill`` writes them into a staging directory, every file
+    is synced to disk, ``check`` inspects the directory, and it is renamed into place in one
+    step. Returns the version directory; on any failure nothing is left behind."""
     created = not dest.model_dir.exists()
     dest.model_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=dest.model_dir))
     try:
-        _write_file(staging / MODEL_FILE, data)
-        check(staging / MODEL_FILE)
+        fill(staging)
+        _sync_files(staging)
+        check(staging)
         staging.chmod(0o755)  # mkdtemp makes it private; readers (the server) need to list it
         _rename(staging, dest.version_dir)
     except BaseException:
@@ -74,7 +90,7 @@ def write(dest: Destination, data: bytes, check: Callable[[Path], None]) -> Path
         if created and not any(dest.model_dir.iterdir()):
             dest.model_dir.rmdir()
         raise
-    return dest.version_dir / MODEL_FILE
+    return dest.version_dir
 
 
 def _versions(model_dir: Path) -> set[int]:
@@ -88,6 +104,13 @@ def _write_file(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _sync_files(directory: Path) -> None:
+    for path in directory.rglob("*"):
+        if path.is_file():
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
 
 
 def _rename(staging: Path, target: Path) -> None:
