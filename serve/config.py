@@ -50,6 +50,16 @@ _BOUNDS_HELP = (
     "discrete indices are checked whatever this says"
 )
 
+_SEQUENCES_HELP = "language models: sequences decoded together, at most"
+_BATCH_TOKENS_HELP = (
+    "language models: key/value-cache tokens the decoding sequences may hold together, each "
+    "counted at its prompt plus max_new_tokens (a request larger than this runs alone)"
+)
+_PREFILL_HELP = (
+    "language models: prompt tokens prefilled at one step boundary, which the running "
+    "sequences wait for (the first newcomer of a boundary is always prefilled)"
+)
+
 
 class VersionPolicy(BaseModel):
     """Which versions of a model to load (Triton's vocabulary): the newest N, or a list."""
@@ -80,6 +90,10 @@ class ModelSettings(BaseModel):
     )
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
     observation_bounds: ObservationBounds = Field(ObservationBounds.ALLOW, description=_BOUNDS_HELP)
+    # Language models (continuous batching; max_queue_rows counts waiting requests there).
+    max_sequences: PositiveInt = Field(16, description=_SEQUENCES_HELP)
+    max_batch_tokens: PositiveInt = Field(16384, description=_BATCH_TOKENS_HELP)
+    max_prefill_tokens: PositiveInt = Field(2048, description=_PREFILL_HELP)
 
 
 class Settings(BaseSettings):
@@ -112,6 +126,9 @@ class Settings(BaseSettings):
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
     observation_bounds: ObservationBounds = Field(ObservationBounds.ALLOW, description=_BOUNDS_HELP)
     max_body_bytes: PositiveInt = Field(4 * 1024 * 1024, description="larger bodies get 413")
+    max_sequences: PositiveInt = Field(16, description=_SEQUENCES_HELP)
+    max_batch_tokens: PositiveInt = Field(16384, description=_BATCH_TOKENS_HELP)
+    max_prefill_tokens: PositiveInt = Field(2048, description=_PREFILL_HELP)
 
     # Live policy updates (see docs/updates.md).
     admin_token: SecretStr | None = Field(

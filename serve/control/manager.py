@@ -3,6 +3,11 @@
 Loading happens off the event loop, one version at a time, while the server already
 answers /health (and /ready with 503). A version that fails to load is recorded with its
 reason and the others still load; a model with no loadable version keeps /ready red.
+
+A model's scheduler is chosen before its versions load, from what its newest version
+directory holds: language models (a tokenizer beside model.onnx) get the continuous-batching
+scheduler, every other model the dynamic batcher. A version of the other kind than its
+model's scheduler is refused when it loads.
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ from typing import Any
 from serve.config import Settings, load_model_overrides
 from serve.control import repository, store
 from serve.control.lifecycle import ModelLifeCycle, ReadyState
+from serve.dataplane.continuous_batcher import ContinuousBatchScheduler
 from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
 from serve.dataplane.record import RecordSink
 from serve.dataplane.routing import Route
 from serve.dataplane.scheduler import Scheduler
 from serve.errors import NotFound, RLServeError, ServiceUnavailable
+from serve.lm.model import LanguageModel
 from serve.metrics import Metrics
 from serve.versions import DESCRIPTION
 
@@ -113,8 +120,11 @@ class ModelRepositoryManager:
                 "model %s: no version matches its version policy %s", name, settings.version_policy
             )
         sinks = (self.metrics.sink, *self.sinks)
+        generates = repository.serves_language_model(versions)
 
         def scheduler(versions: ModelLifeCycle) -> Scheduler:
+            if generates:
+                return ContinuousBatchScheduler(name, versions, settings, self.metrics.generation)
             return DynamicBatchScheduler(name, versions, settings, sinks)
 
         lifecycle = ModelLifeCycle(name, settings, [v.version for v in selected], scheduler)
@@ -131,6 +141,11 @@ class ModelRepositoryManager:
                 "model %s version %d not loaded: %s", lifecycle.name, where.version, exc.message
             )
             lifecycle.failed(where.version, exc.message)
+            return
+        mismatch = _kind_mismatch(lifecycle, model)
+        if mismatch is not None:
+            log.error("model %s version %d not loaded: %s", lifecycle.name, where.version, mismatch)
+            lifecycle.failed(where.version, mismatch)
             return
         lifecycle.loaded(model)
         self.metrics.version_loaded(model.name, model.version, model.provider, model.sha256)
@@ -225,3 +240,16 @@ class ModelRepositoryManager:
 
     async def stop(self) -> None:
         await asyncio.gather(*(m.scheduler.stop() for m in self.models.values()))
+
+
+def _kind_mismatch(lifecycle: ModelLifeCycle, model: object) -> str | None:
+    """Why a loaded version cannot be served by its model's scheduler (None: it can)."""
+    generates = isinstance(lifecycle.scheduler, ContinuousBatchScheduler)
+    if generates == isinstance(model, LanguageModel):
+        return None
+    kinds = ("actor-critic policy", "language model")
+    return (
+        f"this version is a {kinds[not generates]}, but model {lifecycle.name!r} serves "
+        f"{kinds[generates]} versions (its newest version decided, at start-up); serve it "
+        "under another model name"
+    )

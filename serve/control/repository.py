@@ -10,6 +10,11 @@ sees half a version. Names starting with ``.`` are ignored.
 Loading a version reads its bytes once (sha256), builds the onnxruntime session, reads the
 policy contract from the session's metadata, re-runs the golden vectors and warms every
 padded batch size; any failure is a ModelLoadError saying which step and why.
+
+A language-model version (contract kind ``causal-lm``) also holds its tokenizer beside
+``model.onnx``; it loads as a :class:`~serve.lm.model.LanguageModel` (golden prompts
+decoded again instead of golden vectors), and its model is served by the continuous-batching
+scheduler (:func:`serves_language_model` tells which, before any version is loaded).
 """
 
 from __future__ import annotations
@@ -19,13 +24,16 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from serve import contract
 from serve.config import ModelSettings, Settings, VersionPolicy
 from serve.dataplane.batching import buckets_for
 from serve.dataplane.model import ServedModel
-from serve.dataplane.runtime import create_session
+from serve.dataplane.runtime import Session, create_session
 from serve.errors import ConfigError, ModelLoadError
+from serve.lm import contract as lm_contract
+from serve.lm.model import LanguageModel
 from serve.policies.actor_critic import ActorCriticPolicy
 from serve.versions import parse_version
 
@@ -105,6 +113,8 @@ def load_file(
     started = time.monotonic()
     digest = sha256 or file_sha256(path, origin)
     session = create_session(path, settings, origin)
+    if contract.kind_of(session.metadata) == lm_contract.KIND:
+        return _load_language_model(name, version, path, session, digest, model, started)
     policy_contract = contract.from_metadata(session.metadata, origin)
     problems = contract.check_golden(policy_contract, session.run)
     if problems:
@@ -127,6 +137,36 @@ def load_file(
         ", ".join(f"{size}: {s * 1000:.3g}" for size, s in timings.items()),
     )
     return loaded
+
+
+def _load_language_model(
+    name: str,
+    version: int,
+    path: Path,
+    session: Session,
+    digest: str,
+    model: ModelSettings,
+    started: float,
+) -> ServedModel:
+    loaded = LanguageModel.load(name, version, path.parent, session, digest)
+    timings = loaded.warm_up(buckets_for(model.max_sequences))
+    log.info(
+        "loaded %s (language model) on %s in %.2fs (golden prompts OK; one step, ms: %s)",
+        f"{name}/{version}",
+        loaded.provider,
+        time.monotonic() - started,
+        ", ".join(f"{size}: {s * 1000:.3g}" for size, s in timings.items()),
+    )
+    # A language model sits in a model's lifecycle as actor-critic versions do; what the
+    # predict path would ask of it, it refuses (serve.lm.model). ServedModel's contract is
+    # an actor-critic's: the cast says so until that protocol names both kinds.
+    return cast(ServedModel, loaded)
+
+
+def serves_language_model(versions: list[VersionDir]) -> bool:
+    """Whether a model's versions are language models (their directories hold a tokenizer),
+    told before any is loaded: the newest decides."""
+    return bool(versions) and (versions[-1].path.parent / lm_contract.TOKENIZER_FILE).is_file()
 
 
 def file_sha256(path: Path, origin: str) -> str:

@@ -4,7 +4,8 @@
 Two planes share the process and its port:
 
 - the **data plane**: the predict routes go straight to ``serve.dataplane.http`` (no
-  framework in front of them);
+  framework in front of them), the generate and score routes of language models, and the
+  predict routes of a language model, to ``serve.dataplane.lm_http``;
 - the **control plane**: everything else — models, live updates, health, readiness,
   metrics, /docs — is a FastAPI application, wrapped once by the access middleware.
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -37,11 +38,13 @@ from serve.control.updates import Updater
 from serve.control.watcher import RepositoryWatcher
 from serve.control.workers import WorkerRegistry
 from serve.dataplane import http as predict
+from serve.dataplane import lm_http
 from serve.dataplane.oip import rest as oip_rest
 from serve.dataplane.oip import rpc as oip_rpc
 from serve.dataplane.oip.infer import Inference
 from serve.dataplane.oip.rpc import GrpcServer
 from serve.dataplane.record import RecordSink
+from serve.dataplane.scheduler import Scheduler
 from serve.dataplane.wire import error_response, json_response
 from serve.errors import MalformedRequest, MethodNotAllowed, NotFound, RLServeError
 from serve.metrics import Metrics
@@ -67,11 +70,13 @@ class RLServeApp:
         frontend: predict.PredictFrontend,
         v2: oip_rest.OipRestFrontend,
         grpc: GrpcServer | None,
+        generate: lm_http.LanguageModelFrontend,
     ):
         self.state = state
         self.control = control
         self.frontend = frontend
         self.v2 = v2
+        self.generate = generate
         self.grpc = grpc  # the Open Inference Protocol over gRPC, when grpc_port is set
         self._background: list[asyncio.Task[None]] = []
 
@@ -79,7 +84,17 @@ class RLServeApp:
         if scope["type"] == "http":
             path = predict.match(scope["path"])
             if path is not None:
+                if self.generate.serves(path.model):  # a language model: predict = generate
+                    lm_path = lm_http.GeneratePath(
+                        path.model, path.version, lm_http.Action.GENERATE
+                    )
+                    await self.generate(scope, receive, send, lm_path)
+                    return
                 await self.frontend(scope, receive, send, path)
+                return
+            generate = lm_http.match(scope["path"])
+            if generate is not None:
+                await self.generate(scope, receive, send, generate)
                 return
             v2 = oip_rest.match(scope["path"])
             if v2 is not None:
@@ -96,7 +111,9 @@ class RLServeApp:
         self._background = [
             asyncio.create_task(_load(self.state), name="rlserve-load"),
             asyncio.create_task(_sample_load(self.state.manager), name="rlserve-load-gauges"),
-            asyncio.create_task(_measure_turns(self.frontend, self.v2), name="rlserve-loop-turns"),
+            asyncio.create_task(
+                _measure_turns(self.frontend, self.v2, self.generate), name="rlserve-loop-turns"
+            ),
         ]
         if self.state.phases.listen_after_load:
             await self.state.phases.loaded.wait()  # uvicorn listens once startup completes
@@ -155,7 +172,29 @@ def create_app(
             f"{settings.host}:{settings.grpc_port}",
             settings.max_body_bytes,
         )
-    return RLServeApp(state, _control_app(state), frontend, v2, grpc)
+    generate = lm_http.LanguageModelFrontend(
+        manager,
+        _schedulers(manager),
+        metrics,
+        settings.max_body_bytes,
+        lambda: phases.draining,
+        access_log=settings.access_log,
+    )
+    return RLServeApp(state, _control_app(state), frontend, v2, grpc, generate)
+
+
+def _schedulers(manager: ModelRepositoryManager) -> Callable[[str | None], Scheduler | None]:
+    """A model's scheduler by name (None: the default model), None when there is none."""
+
+    def scheduler(model: str | None) -> Scheduler | None:
+        try:
+            name = model if model is not None else manager.default_model()
+        except RLServeError:
+            return None
+        lifecycle = manager.models.get(name)
+        return None if lifecycle is None else lifecycle.scheduler
+
+    return scheduler
 
 
 def _control_app(state: ServerState) -> ASGIApp:
@@ -205,7 +244,11 @@ async def _sample_load(manager: ModelRepositoryManager) -> None:
         await asyncio.sleep(LOAD_SAMPLE_S)
 
 
-async def _measure_turns(frontend: predict.PredictFrontend, v2: oip_rest.OipRestFrontend) -> None:
+async def _measure_turns(
+    frontend: predict.PredictFrontend,
+    v2: oip_rest.OipRestFrontend,
+    generate: lm_http.LanguageModelFrontend,
+) -> None:
     """How long one turn of the event loop takes, every TURN_SAMPLE_S: under overload a
     request waits about a turn before its handler runs, which its deadline must count."""
     loop = asyncio.get_running_loop()
@@ -215,7 +258,7 @@ async def _measure_turns(frontend: predict.PredictFrontend, v2: oip_rest.OipRest
         await asyncio.sleep(0)  # back after one turn
         turn_s = loop.time() - started
         frontend.turn_s = TURN_WEIGHT * turn_s + (1 - TURN_WEIGHT) * frontend.turn_s
-        v2.turn_s = frontend.turn_s
+        v2.turn_s = generate.turn_s = frontend.turn_s
 
 
 async def _load_models(state: ServerState, *, quiet: bool = False) -> bool:

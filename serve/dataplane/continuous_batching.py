@@ -1,0 +1,87 @@
+"""Which waiting requests join the decoding batch at the next step: a pure function of the
+queue, the batch's occupancy, the clock and the limits (in tokens and sequences).
+
+The continuous-batching scheduler (``serve.dataplane.continuous_batcher``) asks
+:func:`plan_step` at every step boundary and does what it says. Nothing here touches
+threads, asyncio or onnxruntime, so the rules are tested with plain numbers.
+
+The rules, in order:
+
+1. Requests whose deadline has passed are *expired*: answered 504 and never run.
+2. The others join in arrival order (never reordered: a large request at the head waits
+   for room rather than being overtaken for ever) while all of these hold with it:
+
+   - ``max_sequences``: sequences decoding at once (a scoring request holds none: it is
+     one forward pass and leaves at the same boundary);
+   - ``max_batch_tokens``: the key/value cache the running sequences may come to hold,
+     each counted at its prompt plus its ``max_new_tokens`` (what it reserves, so a batch
+     admitted never outgrows the budget);
+   - ``max_prefill_tokens``: tokens prefilled at one boundary, which is how long the
+     running sequences wait for their next token while newcomers join.
+
+3. Progress: the first newcomer at a boundary is never held back by
+   ``max_prefill_tokens``, and when nothing is running the head of the queue joins
+   whatever its size (it runs alone).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["Occupancy", "StepLimits", "StepPlan", "Waiting", "plan_step"]
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """What the rules need to know about one queued request."""
+
+    prefill_tokens: int  # tokens its first graph call processes
+    reserve_tokens: int  # cache tokens it may hold while decoding (0: it never stays)
+    sequences: int  # sequences it adds to the batch (1 to generate, 0 to score)
+    deadline: float  # monotonic seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Occupancy:
+    """The running batch (every version's together)."""
+
+    sequences: int
+    reserved_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepLimits:
+    max_sequences: int
+    max_batch_tokens: int
+    max_prefill_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    expired: tuple[int, ...]  # queue indices to answer 504 without running
+    join: tuple[int, ...]  # queue indices to run now, in order
+
+
+def plan_step(
+    queue: Sequence[Waiting], running: Occupancy, now: float, limits: StepLimits
+) -> StepPlan:
+    expired = tuple(i for i, w in enumerate(queue) if w.deadline <= now)
+    join: list[int] = []
+    sequences, reserved, prefill = running.sequences, running.reserved_tokens, 0
+    for index, waiting in enumerate(queue):
+        if waiting.deadline <= now:
+            continue
+        alone = not join and sequences == 0
+        fits = (
+            sequences + waiting.sequences <= limits.max_sequences
+            and reserved + waiting.reserve_tokens <= limits.max_batch_tokens
+            and (not join or prefill + waiting.prefill_tokens <= limits.max_prefill_tokens)
+        )
+        if not (fits or alone):
+            break
+        join.append(index)
+        sequences += waiting.sequences
+        reserved += waiting.reserve_tokens
+        prefill += waiting.prefill_tokens
+    return StepPlan(expired, tuple(join))

@@ -1,0 +1,106 @@
+"""A batch of sequences of one model version, decoded one step at a time (no asyncio here).
+
+The continuous-batching scheduler drives it from its decoding thread: :meth:`DecodeBatch.
+prefill` runs a newcomer's prompt alone and chooses its first token; the newcomers join the
+running rows at the start of the next :meth:`DecodeBatch.step`, which feeds every row its
+last token in one graph call and chooses the next. A sequence that finishes leaves at once
+(its row is dropped before the next step); so does one its owner gave up on
+(:meth:`DecodeBatch.drop`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from serve.lm.cache import KVCache, merge
+from serve.lm.decoder import Decoder
+from serve.lm.messages import TokenEvent
+from serve.lm.sampling import choose_rows, chosen_log_probs
+from serve.lm.sequence import DecodingSequence
+
+__all__ = ["DecodeBatch"]
+
+Owner = TypeVar("Owner")
+
+
+class DecodeBatch(Generic[Owner]):
+    """Sequences decoded together, each with the owner its events go to."""
+
+    def __init__(self, decoder: Decoder) -> None:
+        self.decoder = decoder
+        self._cache: KVCache | None = None
+        self._owners: list[Owner] = []
+        self._sequences: list[DecodingSequence] = []
+        self._joining: list[tuple[Owner, DecodingSequence, KVCache]] = []
+
+    def __len__(self) -> int:
+        """Sequences running or about to join."""
+        return len(self._sequences) + len(self._joining)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of key/value cache held by running and joining sequences."""
+        held = self._cache.nbytes if self._cache is not None else 0
+        return held + sum(cache.nbytes for _, _, cache in self._joining)
+
+    @property
+    def owners(self) -> list[Owner]:
+        return [*self._owners, *(owner for owner, _, _ in self._joining)]
+
+    def prefill(self, owner: Owner, sequence: DecodingSequence) -> TokenEvent:
+        """Run the sequence's prompt and choose its first token; unless that ends it, it
+        joins the batch at the next step."""
+        logits, cache = self.decoder.prefill(sequence.generation.prompt_ids)
+        token = sequence.choose(logits)
+        log_prob = chosen_log_probs(logits[None, :], np.asarray([token]))[0]
+        event = sequence.accept(token, float(log_prob))
+        if sequence.finish is None:
+            self._joining.append((owner, sequence, cache))
+        return event
+
+    def step(self) -> list[tuple[Owner, DecodingSequence, TokenEvent]]:
+        """One token for every sequence; the finished ones leave the batch."""
+        self._join()
+        if self._cache is None:
+            return []
+        tokens = np.fromiter((s.last_token for s in self._sequences), np.int64)
+        logits, self._cache = self.decoder.step(self._cache, tokens)
+        chosen = choose_rows(logits, [s.sampler for s in self._sequences])
+        log_probs = chosen_log_probs(logits, chosen)
+        emitted = [
+            (owner, sequence, sequence.accept(int(token), float(log_prob)))
+            for owner, sequence, token, log_prob in zip(
+                self._owners, self._sequences, chosen, log_probs, strict=True
+            )
+        ]
+        self._keep([row for row, s in enumerate(self._sequences) if s.finish is None])
+        return emitted
+
+    def drop(self, gone: Callable[[Owner], bool]) -> list[Owner]:
+        """Remove the sequences whose owner no longer wants them; returns those owners."""
+        dropped = [owner for owner, _, _ in self._joining if gone(owner)]
+        self._joining = [j for j in self._joining if not gone(j[0])]
+        rows = [row for row, owner in enumerate(self._owners) if not gone(owner)]
+        if len(rows) < len(self._owners):
+            dropped += [o for o in self._owners if gone(o)]
+            self._keep(rows)
+        return dropped
+
+    def _join(self) -> None:
+        if not self._joining:
+            return
+        caches = [cache for _, _, cache in self._joining]
+        self._cache = merge(caches if self._cache is None else [self._cache, *caches])
+        self._owners += [owner for owner, _, _ in self._joining]
+        self._sequences += [sequence for _, sequence, _ in self._joining]
+        self._joining = []
+
+    def _keep(self, rows: list[int]) -> None:
+        if len(rows) == len(self._sequences):
+            return
+        self._owners = [self._owners[r] for r in rows]
+        self._sequences = [self._sequences[r] for r in rows]
+        self._cache = None if not rows or self._cache is None else self._cache.select(rows)

@@ -1,0 +1,105 @@
+"""The calls a decoding engine makes of a language model's graph.
+
+:class:`Decoder` is what the continuous-batching scheduler needs: prefill one prompt, step
+a batch by one token, run whole rows for scoring. :class:`GraphDecoder` implements it over
+the contract's graph interface (``serve.lm.contract``) with any ``feeds -> outputs``
+callable (an onnxruntime session's ``run``); tests implement it without a graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from serve.lm.cache import KVCache
+from serve.lm.contract import LanguageModelContract
+from serve.lm.greedy import Runner
+
+__all__ = ["Decoder", "GraphDecoder"]
+
+
+class Decoder(Protocol):
+    @property
+    def vocab_size(self) -> int: ...
+
+    def prefill(self, ids: Sequence[int]) -> tuple[np.ndarray, KVCache]:
+        """One prompt in one call: the logits of its last position ``[vocab]`` and its cache."""
+        ...
+
+    def step(self, cache: KVCache, tokens: np.ndarray) -> tuple[np.ndarray, KVCache]:
+        """One new token per row (``tokens`` ``[rows]``): logits ``[rows, vocab]`` and the
+        cache grown by the new tokens."""
+        ...
+
+    def forward(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
+        """Whole rows from an empty cache: logits ``[rows, longest, vocab]``; a shorter row's
+        positions past its end are padding (right-padded: nothing real attends to them)."""
+        ...
+
+
+class GraphDecoder:
+    """A :class:`Decoder` over a graph with the contract's interface."""
+
+    def __init__(self, run: Runner, contract: LanguageModelContract) -> None:
+        self._run = run
+        self._contract = contract
+        self._tensors = contract.tensors
+        self._past = [contract.cache_names(i)[:2] for i in range(contract.num_layers)]
+        self._present = [contract.cache_names(i)[2:] for i in range(contract.num_layers)]
+        self._pad = contract.pad_token_id or 0
+
+    @property
+    def vocab_size(self) -> int:
+        return self._contract.vocab_size
+
+    def prefill(self, ids: Sequence[int]) -> tuple[np.ndarray, KVCache]:
+        tokens = np.asarray([ids], np.int64)
+        count = tokens.shape[1]
+        outputs = self._call(
+            tokens, np.ones((1, count), np.int64), np.arange(count, dtype=np.int64)[None, :], None
+        )
+        keys, values = self._cache_of(outputs)
+        return outputs[self._tensors.logits][0, -1], KVCache.of_rows(keys, values)
+
+    def step(self, cache: KVCache, tokens: np.ndarray) -> tuple[np.ndarray, KVCache]:
+        mask, positions = cache.step_inputs()
+        outputs = self._call(tokens.astype(np.int64)[:, None], mask, positions, cache)
+        keys, values = self._cache_of(outputs)
+        return outputs[self._tensors.logits][:, -1], cache.grown(keys, values)
+
+    def forward(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
+        longest = max(len(r) for r in rows)
+        tokens = np.full((len(rows), longest), self._pad, np.int64)
+        mask = np.zeros((len(rows), longest), np.int64)
+        for index, row in enumerate(rows):
+            tokens[index, : len(row)] = row
+            mask[index, : len(row)] = 1
+        positions = np.broadcast_to(np.arange(longest, dtype=np.int64), tokens.shape).copy()
+        logits: np.ndarray = self._call(tokens, mask, positions, None)[self._tensors.logits]
+        return logits
+
+    def _call(
+        self,
+        tokens: np.ndarray,
+        mask: np.ndarray,
+        positions: np.ndarray,
+        cache: KVCache | None,
+    ) -> dict[str, np.ndarray]:
+        t = self._tensors
+        feeds = {t.input_ids: tokens, t.attention_mask: mask, t.position_ids: positions}
+        if cache is None:
+            c = self._contract
+            empty = np.zeros((tokens.shape[0], c.num_kv_heads, 0, c.head_dim), np.float32)
+            for key, value in self._past:
+                feeds[key] = feeds[value] = empty
+        else:
+            for (key, value), k, v in zip(self._past, cache.keys, cache.values, strict=True):
+                feeds[key], feeds[value] = k, v
+        return self._run(feeds)
+
+    def _cache_of(
+        self, outputs: dict[str, np.ndarray]
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        return [outputs[k] for k, _ in self._present], [outputs[v] for _, v in self._present]

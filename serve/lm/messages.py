@@ -1,0 +1,142 @@
+"""The protocol-neutral messages of language-model serving.
+
+A frontend (the native JSON routes; an OpenAI-compatible one) decodes a call into a
+:class:`GenerationSpec` or a :class:`ScoreSpec`: what the caller asked, as text. The model
+version that serves it tokenizes and checks it into a :class:`Generation` or a
+:class:`Scoring`. The scheduler decodes; a generation's stream yields a
+:class:`TokenEvent` per token and ends with a :class:`GenerationResult`; a scoring ends
+with a :class:`ScoreResult`. Nothing here knows a wire format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from serve.lm.sampling import SamplingParams
+
+__all__ = [
+    "CompletionScore",
+    "FinishReason",
+    "Generation",
+    "GenerationResult",
+    "GenerationSpec",
+    "ScoreResult",
+    "ScoreSpec",
+    "Scoring",
+    "TokenEvent",
+]
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # an EOS token, or one of the caller's stop strings
+    LENGTH = "length"  # max_new_tokens, or the context is full
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSpec:
+    """A generate call as the caller wrote it: a prompt or chat messages, and the sampling
+    parameters it gave (None: the version's generation defaults)."""
+
+    prompt: str | None
+    messages: tuple[dict[str, Any], ...] | None
+    max_new_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    seed: int | None
+    stop: tuple[str, ...]
+    request_id: str
+    received_at: float  # monotonic seconds
+    deadline: float  # monotonic seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """A generate call checked and tokenized by one version, ready to decode."""
+
+    spec: GenerationSpec
+    version: int
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    sampling: SamplingParams
+    eos: frozenset[int]
+
+    @property
+    def deadline(self) -> float:
+        return self.spec.deadline
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreSpec:
+    """A score call as the caller wrote it: a prompt or chat messages, and completions."""
+
+    prompt: str | None
+    messages: tuple[dict[str, Any], ...] | None
+    completions: tuple[str, ...]
+    request_id: str
+    received_at: float
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class Scoring:
+    """A score call tokenized by one version."""
+
+    spec: ScoreSpec
+    version: int
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[tuple[int, ...], ...]
+
+    @property
+    def deadline(self) -> float:
+        return self.spec.deadline
+
+    @property
+    def tokens(self) -> int:
+        """Tokens one forward pass over every completion processes."""
+        return sum(len(self.prompt_ids) + len(c) for c in self.completion_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """One generated token: its position among the new tokens, its log-prob (the model's,
+    temperature 1), and the text it adds (empty while a character's bytes or a possible
+    stop string are incomplete)."""
+
+    index: int
+    token_id: int
+    log_prob: float
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    model: str
+    version: int
+    sha256: str
+    prompt_tokens: int
+    token_ids: tuple[int, ...]  # an EOS included when generation stopped on one
+    log_probs: tuple[float, ...]
+    text: str  # special tokens left out; cut before a stop string
+    finish_reason: FinishReason
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionScore:
+    token_ids: tuple[int, ...]
+    log_probs: tuple[float, ...]  # log p(token k | prompt + tokens before k)
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.log_probs))
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreResult:
+    model: str
+    version: int
+    sha256: str
+    prompt_tokens: int
+    scores: tuple[CompletionScore, ...]

@@ -1,0 +1,196 @@
+"""A loaded language-model version (kind ``causal-lm``): its graph, tokenizer and limits.
+
+Built by :meth:`LanguageModel.load` from a version directory (``model.onnx`` and the
+tokenizer beside it) once its session exists: the contract is read from the session's
+metadata, the tokenizer loaded, and the golden prompts decoded greedily
+(``serve.lm.greedy.check_golden``); any failure is a ModelLoadError.
+
+A version checks and tokenizes the calls routed to it (:meth:`LanguageModel.
+prepare_generation`, :meth:`LanguageModel.prepare_scoring`): the prompt must leave room for
+a new token in the context, and ``max_new_tokens`` must fit what is left. Parameters a call
+leaves out come from the contract's generation defaults.
+
+It sits where actor-critic versions sit (a model's lifecycle, the manager), so it also
+answers the predict path's calls, by saying that a language model is asked through
+``generate``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from serve.contract import METADATA_KEY
+from serve.dataplane.messages import InferenceRequest, Prepared
+from serve.dataplane.runtime import ProviderReport, Session
+from serve.errors import ContractError, InvalidInput, ModelLoadError
+from serve.lm import contract as lm_contract
+from serve.lm import greedy
+from serve.lm.contract import LanguageModelContract
+from serve.lm.decoder import Decoder, GraphDecoder
+from serve.lm.messages import Generation, GenerationSpec, ScoreSpec, Scoring
+from serve.lm.sampling import SamplingParams
+from serve.lm.sequence import DecodingSequence
+from serve.lm.text import TextCodec
+from serve.types import Answer, Outputs
+
+__all__ = ["LanguageModel"]
+
+
+class LanguageModel:
+    kind = lm_contract.KIND
+
+    def __init__(
+        self,
+        name: str,
+        version: int,
+        contract: LanguageModelContract,
+        decoder: Decoder,
+        codec: TextCodec,
+        sha256: str,
+        provider_report: ProviderReport,
+    ) -> None:
+        self.name, self.version, self.contract, self.sha256 = name, version, contract, sha256
+        self.decoder = decoder
+        self.codec = codec
+        self.provider_report = provider_report
+        self.provider = provider_report.primary
+        self.eos = frozenset(contract.eos_token_ids)
+        self.context_length = contract.context_length
+        # Bytes of key/value cache one token of one sequence holds (float32 keys and values).
+        self.cache_bytes_per_token = (
+            2 * 4 * contract.num_layers * contract.num_kv_heads * (contract.head_dim)
+        )
+
+    @classmethod
+    def load(
+        cls, name: str, version: int, directory: Path, session: Session, sha256: str
+    ) -> LanguageModel:
+        """The version in ``directory`` over its built session: contract, tokenizer, golden
+        prompts re-run."""
+        origin = f"{name}/{version}"
+        text = session.metadata.get(METADATA_KEY)
+        if text is None:
+            raise ContractError(f"{origin}: model.onnx has no policy contract ({METADATA_KEY})")
+        contract = lm_contract.parse(text, origin)
+        codec = TextCodec.load(directory, contract, origin)
+        problems = greedy.check_golden(contract, session.run)
+        if problems:
+            raise ModelLoadError(
+                f"{origin}: golden prompts do not reproduce: {'; '.join(problems)}"
+            )
+        decoder = GraphDecoder(session.run, contract)
+        return cls(name, version, contract, decoder, codec, sha256, session.report)
+
+    # ------------------------------------------------------------------ calls
+
+    def prepare_generation(self, spec: GenerationSpec) -> Generation:
+        """Tokenize a generate call and check it fits this version's context."""
+        prompt_ids = self._prompt_ids(spec.prompt, spec.messages)
+        room = self.context_length - len(prompt_ids)
+        defaults = self.contract.generation_defaults
+        if spec.max_new_tokens is None:
+            max_new_tokens = min(defaults.max_new_tokens, room)
+        elif spec.max_new_tokens > room:
+            raise InvalidInput(
+                f"max_new_tokens: {spec.max_new_tokens} is beyond the context: model "
+                f"{self.name!r} holds {self.context_length} tokens (prompt and new tokens "
+                f"together) and this prompt takes {len(prompt_ids)}, so at most {room} new "
+                "tokens fit"
+            )
+        else:
+            max_new_tokens = spec.max_new_tokens
+        temperature = spec.temperature
+        if temperature is None:
+            temperature = defaults.temperature if defaults.do_sample else 0.0
+        sampling = SamplingParams(
+            temperature,
+            defaults.top_p if spec.top_p is None else spec.top_p,
+            defaults.top_k if spec.top_k is None else spec.top_k,
+            spec.seed,
+        )
+        return Generation(spec, self.version, prompt_ids, max_new_tokens, sampling, self.eos)
+
+    def prepare_scoring(self, spec: ScoreSpec) -> Scoring:
+        """Tokenize a score call; each prompt + completion must fit the context."""
+        prompt_ids = self._prompt_ids(spec.prompt, spec.messages)
+        completions = []
+        for index, text in enumerate(spec.completions):
+            ids = tuple(self.codec.encode_completion(text))
+            if not ids:
+                raise InvalidInput(f"completions[{index}]: encodes to no tokens; nothing to score")
+            total = len(prompt_ids) + len(ids)
+            if total > self.context_length:
+                raise InvalidInput(
+                    f"completions[{index}]: {len(ids)} tokens after a prompt of "
+                    f"{len(prompt_ids)} make {total}, beyond model {self.name!r}'s context of "
+                    f"{self.context_length} tokens"
+                )
+            completions.append(ids)
+        return Scoring(spec, self.version, prompt_ids, tuple(completions))
+
+    def sequence(self, generation: Generation, *, streamed: bool) -> DecodingSequence:
+        """A new decoding state for a generation this version prepared (``streamed``: its
+        text is handed out token by token)."""
+        return DecodingSequence(generation, self.codec, incremental=streamed)
+
+    def _prompt_ids(
+        self, prompt: str | None, messages: Sequence[dict[str, Any]] | None
+    ) -> tuple[int, ...]:
+        field = "prompt" if messages is None else "messages"
+        if messages is not None:
+            ids = self.codec.encode_chat(messages)
+        else:
+            ids = self.codec.encode_prompt(prompt or "")
+        if not ids:
+            raise InvalidInput(f"{field}: encodes to no tokens; give some text")
+        if len(ids) >= self.context_length:
+            raise InvalidInput(
+                f"{field}: {len(ids)} tokens, longer than model {self.name!r} can take: its "
+                f"context holds {self.context_length} tokens, the prompt and at least one new "
+                f"token, so a prompt may have at most {self.context_length - 1}"
+            )
+        return tuple(ids)
+
+    # ------------------------------------------------------------------ the predict path
+
+    def prepare(self, request: InferenceRequest) -> Prepared:
+        raise InvalidInput(
+            f"model {self.name!r} is a language model: POST /v1/models/{self.name}/generate "
+            'with {"prompt": "..."} (or /score); it takes no observations'
+        )
+
+    def execute(self, inputs: dict[str, np.ndarray], requests: Sequence[Prepared]) -> Outputs:
+        raise InvalidInput(f"model {self.name!r} is a language model; it runs no batches of rows")
+
+    def respond(self, request: Prepared, outputs: Outputs, start: int) -> Answer:
+        raise InvalidInput(f"model {self.name!r} is a language model; it answers no rows")
+
+    # ------------------------------------------------------------------ reports
+
+    def warm_up(self, sizes: Sequence[int]) -> dict[int, float]:
+        """Prefill a golden prompt and step batches of each size once: seconds per step."""
+        prompt = self.contract.golden[0].prompt_ids if self.contract.golden else [0]
+        _, cache = self.decoder.prefill(prompt)
+        seconds = {}
+        for size in sizes:
+            rows = cache.select([0] * size)
+            tokens = np.zeros(size, np.int64)
+            self.decoder.step(rows, tokens)
+            started = time.perf_counter()
+            self.decoder.step(rows, tokens)
+            seconds[size] = time.perf_counter() - started
+        return seconds
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "kind": self.kind,
+            "sha256": self.sha256,
+            "provider": self.provider,
+            "contract": self.contract.model_dump(mode="json", by_alias=True),
+        }

@@ -1,0 +1,159 @@
+"""Generate and score calls from decoded JSON objects: field names, types and ranges.
+
+What a value means for a given model (its prompt's length against the context, the
+defaults it fills in) is the version's business (``serve.lm.model``); this module checks
+what holds for every model. Errors name the field, the value given and what is valid.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from serve.errors import InvalidInput
+from serve.lm.messages import GenerationSpec, ScoreSpec
+
+__all__ = ["GENERATE_FIELDS", "SCORE_FIELDS", "generation_spec", "score_spec"]
+
+GENERATE_FIELDS = (
+    "prompt", "messages", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+)  # fmt: skip
+SCORE_FIELDS = ("prompt", "messages", "completions")
+MAX_STOP_STRINGS = 16
+MAX_COMPLETIONS = 64
+MAX_SEED = 2**64 - 1
+
+
+def generation_spec(
+    payload: dict[str, Any], request_id: str, received_at: float, deadline: float
+) -> GenerationSpec:
+    _known(payload, GENERATE_FIELDS)
+    prompt, messages = _prompt(payload)
+    return GenerationSpec(
+        prompt,
+        messages,
+        _integer(payload, "max_new_tokens", minimum=1),
+        _number(payload, "temperature", "a number >= 0 (0: greedy)", lambda v: v >= 0),
+        _number(payload, "top_p", "a number in (0, 1]", lambda v: 0 < v <= 1),
+        _integer(payload, "top_k", minimum=0),
+        _integer(payload, "seed", minimum=0, maximum=MAX_SEED),
+        _stop(payload.get("stop")),
+        request_id,
+        received_at,
+        deadline,
+    )
+
+
+def score_spec(
+    payload: dict[str, Any], request_id: str, received_at: float, deadline: float
+) -> ScoreSpec:
+    _known(payload, SCORE_FIELDS)
+    prompt, messages = _prompt(payload)
+    completions = payload.get("completions")
+    if not isinstance(completions, list) or not completions:
+        raise InvalidInput(
+            f"completions: expected a non-empty list of strings to score after the prompt, "
+            f"got {_shown(completions)}"
+        )
+    if len(completions) > MAX_COMPLETIONS:
+        raise InvalidInput(
+            f"completions: {len(completions)} given; send at most {MAX_COMPLETIONS} per request"
+        )
+    for index, completion in enumerate(completions):
+        if not isinstance(completion, str) or not completion:
+            raise InvalidInput(
+                f"completions[{index}]: expected a non-empty string, got {_shown(completion)}"
+            )
+    return ScoreSpec(prompt, messages, tuple(completions), request_id, received_at, deadline)
+
+
+def _known(payload: dict[str, Any], fields: tuple[str, ...]) -> None:
+    unknown = sorted(set(payload) - set(fields))
+    if unknown:
+        raise InvalidInput(f"unknown field(s) {unknown}; a request may have {list(fields)}")
+
+
+def _prompt(payload: dict[str, Any]) -> tuple[str | None, tuple[dict[str, Any], ...] | None]:
+    prompt, messages = payload.get("prompt"), payload.get("messages")
+    if (prompt is None) == (messages is None):
+        raise InvalidInput(
+            "prompt, messages: give exactly one: a prompt (text) or messages (a chat: "
+            '[{"role": "user", "content": "..."}])'
+        )
+    if messages is not None:
+        return None, _messages(messages)
+    if not isinstance(prompt, str):
+        raise InvalidInput(f"prompt: expected a string of text, got {_shown(prompt)}")
+    if not prompt:
+        raise InvalidInput("prompt: empty; give at least one character of text")
+    return prompt, None
+
+
+def _messages(value: Any) -> tuple[dict[str, Any], ...]:
+    if not isinstance(value, list) or not value:
+        raise InvalidInput(
+            'messages: expected a non-empty list like [{"role": "user", "content": "..."}], '
+            f"got {_shown(value)}"
+        )
+    for index, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise InvalidInput(
+                f"messages[{index}]: expected an object with role and content, "
+                f"got {_shown(message)}"
+            )
+        for field in ("role", "content"):
+            if not isinstance(message.get(field), str):
+                raise InvalidInput(
+                    f"messages[{index}].{field}: expected a string, "
+                    f"got {_shown(message.get(field))}"
+                )
+        if not message["role"]:
+            raise InvalidInput(f"messages[{index}].role: empty; e.g. system, user or assistant")
+    return tuple(value)
+
+
+def _integer(
+    payload: dict[str, Any], field: str, *, minimum: int, maximum: int | None = None
+) -> int | None:
+    value = payload.get(field)
+    if value is None:
+        return None
+    valid = isinstance(value, int) and not isinstance(value, bool)
+    if not valid or value < minimum or (maximum is not None and value > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise InvalidInput(f"{field}: expected an integer {bounds}, got {_shown(value)}")
+    return int(value)
+
+
+def _number(payload: dict[str, Any], field: str, valid: str, check: Any) -> float | None:
+    value = payload.get(field)
+    if value is None:
+        return None
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or not check(value):
+        raise InvalidInput(f"{field}: expected {valid}, got {_shown(value)}")
+    return float(value)
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise InvalidInput(
+            f"stop: expected a non-empty string or a list of them, got {_shown(value)}"
+        )
+    if len(stops) > MAX_STOP_STRINGS:
+        raise InvalidInput(f"stop: {len(stops)} strings given; send at most {MAX_STOP_STRINGS}")
+    return tuple(stops)
+
+
+def _shown(value: Any) -> str:
+    """A value as an error message shows it: its JSON type and, when short, itself."""
+    if value is None:
+        return "nothing (null or missing)"
+    text = repr(value)
+    kind = {dict: "object", list: "list", str: "string", bool: "boolean"}.get(
+        type(value), type(value).__name__
+    )
+    return f"{kind} {text}" if len(text) <= 60 else f"a {kind}"

@@ -1,0 +1,123 @@
+"""Choosing the next token from a row of logits, with numpy.
+
+Greedy (``temperature`` 0, or below :data:`GREEDY_BELOW`, where dividing by it would
+overflow) takes the argmax of the float32 logits, as ``transformers.generate`` does.
+Sampling divides the logits by the temperature, keeps the
+``top_k`` largest (0: all) and then the smallest set whose probability reaches ``top_p``,
+and draws one token with the sequence's own ``numpy.random.Generator``: one uniform draw
+per token, so a seed gives the same tokens whatever else shares the batch.
+
+The log-prob reported for a chosen token is always the model's own: ``log_softmax`` of the
+raw logits (temperature 1, no cut), in float64: the same number
+:func:`serve.lm.greedy.log_softmax` gives, without building the whole distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["GREEDY_BELOW", "Sampler", "SamplingParams", "choose_rows", "chosen_log_probs"]
+
+GREEDY_BELOW = 1e-5  # a temperature this low samples the argmax anyway
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    temperature: float  # 0: greedy
+    top_p: float  # (0, 1]
+    top_k: int  # 0: no cut
+    seed: int | None  # None: fresh entropy
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_BELOW
+
+
+class Sampler:
+    """One sequence's token chooser (its generator is its own)."""
+
+    __slots__ = ("_rng", "params")
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self._rng = None if params.greedy else np.random.default_rng(params.seed)
+
+    @property
+    def cuts(self) -> bool:
+        """Whether it samples from a cut of the distribution (top-k or top-p)."""
+        return self.params.top_p < 1.0 or self.params.top_k > 0
+
+    def choose(self, logits: np.ndarray) -> int:
+        """The next token from one row of logits ``[vocab]``."""
+        if self._rng is None:
+            return int(np.argmax(logits))
+        return _sample(logits, self.params, self._rng)
+
+    def uniform(self) -> float:
+        """The next draw of this sequence's generator (sampling only)."""
+        assert self._rng is not None
+        return float(self._rng.random())
+
+
+def choose_rows(logits: np.ndarray, samplers: list[Sampler]) -> np.ndarray:
+    """The next token of every row of ``logits`` ``[rows, vocab]``, each by its own
+    sampler: the same tokens as ``samplers[i].choose(logits[i])``, the common cases (greedy,
+    and sampling without a cut) done for all their rows at once."""
+    tokens = np.empty(len(samplers), np.int64)
+    greedy = [row for row, s in enumerate(samplers) if s.params.greedy]
+    if greedy:
+        tokens[greedy] = np.argmax(logits[greedy], axis=-1)
+    plain = [row for row, s in enumerate(samplers) if not s.params.greedy and not s.cuts]
+    if plain:
+        temperatures = np.asarray([samplers[row].params.temperature for row in plain])
+        scaled = logits[plain].astype(np.float64) / temperatures[:, None]
+        cumulative = np.cumsum(np.exp(scaled - scaled.max(axis=-1, keepdims=True)), axis=-1)
+        draws = np.asarray([samplers[row].uniform() for row in plain]) * cumulative[:, -1]
+        index = (cumulative <= draws[:, None]).sum(axis=-1)  # searchsorted, side="right"
+        tokens[plain] = np.minimum(index, logits.shape[-1] - 1)
+    for row, sampler in enumerate(samplers):
+        if not sampler.params.greedy and sampler.cuts:
+            tokens[row] = sampler.choose(logits[row])
+    return tokens
+
+
+def _sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    scaled = logits.astype(np.float64) / params.temperature
+    vocabulary = scaled.shape[-1]
+    if params.top_p >= 1.0 and not 0 < params.top_k < vocabulary:
+        cumulative = np.cumsum(np.exp(scaled - scaled.max()))  # no cut: no sort either
+        index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+        return min(index, vocabulary - 1)
+    if 0 < params.top_k < vocabulary:
+        candidates = np.argpartition(-scaled, params.top_k - 1)[: params.top_k]
+        candidates.sort()  # by token id, so the partition's order never matters
+    else:
+        candidates = np.arange(vocabulary)
+    # Most probable first, ties by token id (a stable sort of token ids in order).
+    order = candidates[np.argsort(-scaled[candidates], kind="stable")]
+    if params.top_p < 1.0:
+        kept = scaled[order]
+        probs = np.exp(kept - kept[0])
+        reach = np.cumsum(probs) / probs.sum()
+        order = order[: int(np.searchsorted(reach, params.top_p, side="left")) + 1]
+    return _draw(order, scaled, rng)
+
+
+def _draw(tokens: np.ndarray, scaled: np.ndarray, rng: np.random.Generator) -> int:
+    """One token of ``tokens`` with probability softmax(scaled) among them: one uniform draw
+    placed on their cumulative weights, in the order given."""
+    kept = scaled[tokens]
+    cumulative = np.cumsum(np.exp(kept - kept.max()))
+    index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+    return int(tokens[min(index, len(tokens) - 1)])
+
+
+def chosen_log_probs(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """log p(tokens[i] | row i) for logits ``[rows, vocab]``: float64, temperature 1."""
+    wide = logits.astype(np.float64)
+    top = wide.max(axis=-1)
+    normaliser = top + np.log(np.exp(wide - top[:, None]).sum(axis=-1))
+    result: np.ndarray = wide[np.arange(len(tokens)), tokens] - normaliser
+    return result

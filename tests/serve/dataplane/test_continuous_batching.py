@@ -1,0 +1,67 @@
+"""Which waiting requests join the decoding batch: deadlines, arrival order, and the limits
+in sequences, cache tokens and prefill tokens (plain numbers, no model)."""
+
+from __future__ import annotations
+
+from serve.dataplane.continuous_batching import (
+    Occupancy,
+    StepLimits,
+    Waiting,
+    plan_step,
+)
+
+LIMITS = StepLimits(max_sequences=4, max_batch_tokens=1000, max_prefill_tokens=300)
+IDLE = Occupancy(0, 0)
+
+
+def generate(prompt: int = 10, new: int = 50, deadline: float = 10.0) -> Waiting:
+    return Waiting(prompt, prompt + new, 1, deadline)
+
+
+def score(tokens: int = 40, deadline: float = 10.0) -> Waiting:
+    return Waiting(tokens, 0, 0, deadline)
+
+
+def test_everything_that_fits_joins_in_arrival_order():
+    plan = plan_step([generate(), generate(), score()], IDLE, 0.0, LIMITS)
+    assert plan.join == (0, 1, 2)
+    assert plan.expired == ()
+
+
+def test_expired_requests_are_answered_and_the_rest_still_join():
+    queue = [generate(deadline=1.0), generate(), generate(deadline=0.5)]
+    plan = plan_step(queue, IDLE, 1.0, LIMITS)
+    assert plan.expired == (0, 2)
+    assert plan.join == (1,)
+
+
+def test_sequences_are_capped_but_scorings_hold_no_sequence():
+    running = Occupancy(3, 100)
+    plan = plan_step([generate(), generate(), score()], running, 0.0, LIMITS)
+    assert plan.join == (0,)  # the second would be a fifth sequence: it and all after wait
+    full = Occupancy(4, 100)
+    assert plan_step([score(), generate()], full, 0.0, LIMITS).join == (0,)
+
+
+def test_the_cache_budget_counts_each_sequences_prompt_and_max_new_tokens():
+    running = Occupancy(1, 800)
+    assert plan_step([generate(10, 190)], running, 0.0, LIMITS).join == (0,)  # 800 + 200
+    assert plan_step([generate(10, 191)], running, 0.0, LIMITS).join == ()
+
+
+def test_prefill_tokens_per_boundary_are_capped_after_the_first_newcomer():
+    queue = [generate(250, 10), generate(100, 10), generate(20, 10)]
+    assert plan_step(queue, Occupancy(1, 50), 0.0, LIMITS).join == (0,)
+    huge = [generate(900, 10), generate(5, 5)]  # over the prefill cap alone: still joins
+    assert plan_step(huge, Occupancy(1, 50), 0.0, LIMITS).join == (0,)
+
+
+def test_no_request_overtakes_one_that_waits_for_room():
+    queue = [generate(10, 500), generate(1, 1)]
+    assert plan_step(queue, Occupancy(1, 600), 0.0, LIMITS).join == ()
+
+
+def test_with_nothing_running_the_head_joins_whatever_its_size():
+    queue = [generate(100, 5000), generate(1, 1)]
+    plan = plan_step(queue, IDLE, 0.0, LIMITS)
+    assert plan.join == (0,)  # alone: the next one waits for room

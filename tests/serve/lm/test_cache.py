@@ -1,0 +1,110 @@
+"""The batched key/value cache: left padding, masks, positions, merging and dropping rows;
+and a batch of uneven sequences decoding exactly as each would alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from serve.lm.batch import DecodeBatch
+from serve.lm.cache import KVCache, merge
+from serve.lm.messages import FinishReason
+from tests.serve.lm import fakes
+from tests.serve.lm.test_sequence import generation
+
+
+def rows_of(*lengths: int) -> KVCache:
+    """One cache per length, its keys counting 1..length (so columns can be told apart)."""
+    caches = []
+    for length in lengths:
+        keys = np.arange(1, length + 1, dtype=np.float32).reshape(1, 1, length, 1)
+        caches.append(KVCache.of_rows([keys], [-keys]))
+    return merge(caches)
+
+
+def test_merge_right_aligns_rows_with_zeros_on_the_left():
+    cache = rows_of(3, 1, 2)
+    assert cache.rows == 3
+    assert cache.columns == 3
+    assert cache.keys[0][:, 0, :, 0].tolist() == [[1, 2, 3], [0, 0, 1], [0, 1, 2]]
+    assert cache.values[0][:, 0, :, 0].tolist() == [[-1, -2, -3], [0, 0, -1], [0, -1, -2]]
+    assert cache.lengths.tolist() == [3, 1, 2]
+
+
+def test_step_inputs_mask_the_padding_and_count_each_rows_own_positions():
+    mask, positions = rows_of(3, 1, 2).step_inputs()
+    assert mask.tolist() == [[1, 1, 1, 1], [0, 0, 1, 1], [0, 1, 1, 1]]
+    assert positions.tolist() == [[3], [1], [2]]
+    assert mask.dtype == positions.dtype == np.int64
+
+
+def test_select_drops_rows_and_the_columns_no_row_uses():
+    cache = rows_of(5, 1, 2)
+    kept = cache.select([2, 1])
+    assert kept.lengths.tolist() == [2, 1]
+    assert kept.keys[0][:, 0, :, 0].tolist() == [[1, 2], [0, 1]]
+    assert kept.keys[0].flags.c_contiguous
+
+
+def test_a_grown_cache_counts_the_new_column():
+    cache = rows_of(2, 1)
+    key = np.concatenate([cache.keys[0], np.ones((2, 1, 1, 1), np.float32)], axis=2)
+    grown = cache.grown([key], [key])
+    assert grown.lengths.tolist() == [3, 2]
+    assert grown.columns == 3
+    assert grown.nbytes == 2 * key.nbytes
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_uneven_sequences_joining_and_leaving_decode_as_they_would_alone(seed):
+    rng = np.random.default_rng(seed)
+    model = fakes.language_model()
+    batch: DecodeBatch[int] = DecodeBatch(model.decoder)
+    arrivals = sorted(int(v) for v in rng.integers(0, 12, size=7))
+    prompts = {
+        i: [fakes.BOS, *(int(t) for t in rng.integers(3, fakes.VOCAB, size=rng.integers(1, 20)))]
+        for i in range(7)
+    }
+    budgets = {i: int(rng.integers(1, 24)) for i in range(7)}
+    sequences = {}
+    for step in range(60):
+        for i, at in enumerate(arrivals):
+            if at == step:
+                sequences[i] = model.sequence(
+                    generation(model, prompts[i], budgets[i]), streamed=i % 2 == 0
+                )
+                batch.prefill(i, sequences[i])
+        batch.step()
+    assert len(batch) == 0
+    for i, sequence in sequences.items():
+        assert sequence.token_ids == fakes.reference(prompts[i], budgets[i]), i
+        assert sequence.finish in (FinishReason.STOP, FinishReason.LENGTH)
+
+
+def test_dropped_sequences_leave_and_the_others_go_on_unchanged():
+    model = fakes.language_model()
+    batch: DecodeBatch[str] = DecodeBatch(model.decoder)
+    prompts = {"a": [0, 5, 9, 13, 40], "b": [0, 7], "c": [0, 30, 31, 32]}
+    sequences = {
+        k: model.sequence(generation(model, p, 20), streamed=True) for k, p in prompts.items()
+    }
+    for key, sequence in sequences.items():
+        batch.prefill(key, sequence)
+    batch.step()
+    assert batch.drop(lambda key: key == "a") == ["a"]
+    while len(batch):
+        batch.step()
+    assert len(sequences["a"].token_ids) == 2
+    for key in "bc":
+        assert sequences[key].token_ids == fakes.reference(prompts[key], 20)
+
+
+def test_a_sequence_that_ends_in_its_prefill_never_joins():
+    model = fakes.language_model()
+    batch: DecodeBatch[str] = DecodeBatch(model.decoder)
+    sequence = model.sequence(generation(model, [0, 9], 1), streamed=False)
+    event = batch.prefill("one", sequence)
+    assert sequence.finish is FinishReason.LENGTH
+    assert event.index == 0
+    assert len(batch) == 0
+    assert batch.step() == []

@@ -1,0 +1,109 @@
+"""Generate and score bodies: every wrong field named, with its value and what is valid."""
+
+from __future__ import annotations
+
+import pytest
+
+from serve.errors import InvalidInput
+from serve.lm.requests import generation_spec, score_spec
+from tests.serve.lm import fakes
+
+
+def spec(**payload):
+    return generation_spec(payload, "id", 0.0, 1.0)
+
+
+def test_a_full_body_is_read():
+    got = spec(prompt="w1", max_new_tokens=4, temperature=0.7, top_p=0.9, top_k=5, seed=7,
+               stop=["w9"])  # fmt: skip
+    assert (got.prompt, got.max_new_tokens, got.temperature, got.top_p, got.top_k, got.seed) == (
+        "w1", 4, 0.7, 0.9, 5, 7,
+    )  # fmt: skip
+    assert got.stop == ("w9",)
+    assert spec(prompt="w1", stop="w2").stop == ("w2",)
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({}, "prompt, messages: give exactly one"),
+        ({"prompt": "w1", "messages": []}, "prompt, messages: give exactly one"),
+        ({"prompt": ""}, "prompt: empty"),
+        ({"prompt": 3}, "prompt: expected a string of text, got int 3"),
+        ({"messages": []}, "messages: expected a non-empty list"),
+        (
+            {"messages": [{"role": "user"}]},
+            r"messages\[0\]\.content: expected a string, got nothing",
+        ),
+        ({"messages": ["hi"]}, r"messages\[0\]: expected an object"),
+        (
+            {"prompt": "w1", "max_new_tokens": 0},
+            "max_new_tokens: expected an integer >= 1, got int 0",
+        ),
+        ({"prompt": "w1", "max_new_tokens": 2.5}, "max_new_tokens: expected an integer >= 1"),
+        ({"prompt": "w1", "max_new_tokens": True}, "max_new_tokens: expected an integer"),
+        ({"prompt": "w1", "temperature": -1}, "temperature: expected a number >= 0"),
+        ({"prompt": "w1", "temperature": "hot"}, "temperature: expected a number >= 0"),
+        ({"prompt": "w1", "top_p": 0}, r"top_p: expected a number in \(0, 1\], got int 0"),
+        ({"prompt": "w1", "top_p": 1.5}, r"top_p: expected a number in \(0, 1\]"),
+        ({"prompt": "w1", "top_k": -1}, "top_k: expected an integer >= 0"),
+        ({"prompt": "w1", "seed": -5}, "seed: expected an integer in"),
+        ({"prompt": "w1", "stop": [""]}, "stop: expected a non-empty string"),
+        ({"prompt": "w1", "stop": ["a"] * 17}, "stop: 17 strings given; send at most 16"),
+        ({"prompt": "w1", "logits": True}, r"unknown field\(s\) \['logits'\]"),
+    ],
+)
+def test_a_wrong_field_is_named(payload, message):
+    with pytest.raises(InvalidInput, match=message):
+        spec(**payload)
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({"prompt": "w1"}, "completions: expected a non-empty list"),
+        ({"prompt": "w1", "completions": []}, "completions: expected a non-empty list"),
+        ({"prompt": "w1", "completions": ["w2", ""]}, r"completions\[1\]: expected a non-empty"),
+        ({"prompt": "w1", "completions": ["w2"] * 65}, "completions: 65 given; send at most 64"),
+    ],
+)
+def test_a_wrong_score_field_is_named(payload, message):
+    with pytest.raises(InvalidInput, match=message):
+        score_spec(payload, "id", 0.0, 1.0)
+
+
+def test_the_version_checks_prompt_and_max_new_tokens_against_its_context():
+    model = fakes.language_model(context_length=8)
+    with pytest.raises(InvalidInput, match="prompt: 8 tokens, longer than model 'fake' can take"):
+        model.prepare_generation(spec(prompt="w1 w2 w3 w4 w5 w6 w7"))
+    with pytest.raises(InvalidInput, match="max_new_tokens: 6 is beyond the context"):
+        model.prepare_generation(spec(prompt="w1 w2", max_new_tokens=6))
+    fits = model.prepare_generation(spec(prompt="w1 w2", max_new_tokens=5))
+    assert fits.prompt_ids == (fakes.BOS, fakes.word("w1"), fakes.word("w2"))
+    assert fits.max_new_tokens == 5
+    assert model.prepare_generation(spec(prompt="w1 w2")).max_new_tokens == 5  # room, not 8
+
+
+def test_defaults_fill_what_a_call_leaves_out():
+    model = fakes.language_model(
+        generation_defaults={
+            "max_new_tokens": 3,
+            "temperature": 0.6,
+            "top_p": 0.8,
+            "do_sample": True,
+        }
+    )
+    prepared = model.prepare_generation(spec(prompt="w1"))
+    assert prepared.max_new_tokens == 3
+    assert (prepared.sampling.temperature, prepared.sampling.top_p) == (0.6, 0.8)
+    greedy_by_default = fakes.language_model().prepare_generation(spec(prompt="w1"))
+    assert greedy_by_default.sampling.greedy
+    asked = fakes.language_model().prepare_generation(spec(prompt="w1", temperature=0.9))
+    assert asked.sampling.temperature == 0.9
+
+
+def test_a_completion_must_fit_the_context_after_the_prompt():
+    model = fakes.language_model(context_length=6)
+    body = {"prompt": "w1 w2", "completions": ["w3", "w3 w4 w5 w6"]}
+    with pytest.raises(InvalidInput, match=r"completions\[1\]: 4 tokens after a prompt of 3"):
+        model.prepare_scoring(score_spec(body, "id", 0.0, 1.0))
