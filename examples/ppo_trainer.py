@@ -80,8 +80,8 @@ from torch import Tensor, nn
 from torch.distributions import Categorical
 
 from export import writer
-from export.pipeline import ParitySettings, export_policy
-from export.torch_module import TorchOptions, load_source
+from export.actor_critic.pipeline import ParitySettings, export_policy
+from export.modules.source import TorchOptions, load_source
 from loop import config as loop_config
 from loop.buffers import open_consumer, open_producer
 from loop.controller import Fallback, LoopMetrics, SyncController

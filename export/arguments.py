@@ -11,15 +11,15 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from export.sb3_layout import ImageLayout
+from export.sb3.layout import ImageLayout
 from serve.cli.arguments import arg
 from serve.contract import Algorithm
 
 if TYPE_CHECKING:
+    from export.actor_critic.pipeline import ParitySettings
+    from export.actor_critic.source import PolicySource
     from export.lm.pipeline import LmParitySettings
     from export.lm.source import CausalLM
-    from export.pipeline import ParitySettings
-    from export.source import PolicySource
 
 
 class ActorCriticAlgorithm(StrEnum):
@@ -86,7 +86,7 @@ class CommonArgs(DestinationArgs):
         raise NotImplementedError  # each source's arguments know how to load it
 
     def parity_settings(self) -> ParitySettings:
-        from export.pipeline import ParitySettings
+        from export.actor_critic.pipeline import ParitySettings
 
         return ParitySettings(
             tolerance=self.tolerance,
@@ -131,7 +131,7 @@ class Sb3Args(CommonArgs):
     )
 
     def load_source(self) -> PolicySource:
-        from export.sb3 import Sb3Options, load_source
+        from export.sb3.source import Sb3Options, load_source
 
         algorithm = Algorithm(self.algorithm.value) if self.algorithm is not None else None
         return load_source(
@@ -203,7 +203,7 @@ class TorchArgs(CommonArgs):
     )
 
     def load_source(self) -> PolicySource:
-        from export.torch_module import TorchOptions, load_source
+        from export.modules.source import TorchOptions, load_source
 
         return load_source(
             TorchOptions(

@@ -85,7 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(namespace: argparse.Namespace) -> int:
-    from export import pipeline, writer
+    from export import writer
+    from export.actor_critic import pipeline
 
     if namespace.source == _LM:
         return _run_language_model(from_namespace(LmArgs, namespace))

@@ -25,7 +25,7 @@ def to_onnx(
     dynamic = {"inputs": tuple({0: batch} for _ in example)}
     graph.eval()
     try:
-        with _quiet(), torch.no_grad():
+        with quiet(), torch.no_grad():
             program = torch.onnx.export(
                 graph,
                 tuple(example),
@@ -47,7 +47,7 @@ def to_onnx(
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[io.StringIO]:
+def quiet() -> Iterator[io.StringIO]:
     """Silence the exporter's progress prints, warnings and log lines."""
     captured = io.StringIO()
     loggers = [logging.getLogger(name) for name in _CHATTY_LOGGERS]

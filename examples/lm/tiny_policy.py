@@ -50,11 +50,16 @@ if TYPE_CHECKING:
 Arch = Literal["llama", "qwen2"]
 
 # Bump when the recipe changes, so that a reused fixture directory is rebuilt.
-RECIPE_VERSION = 1
+# 2: the Qwen2 flavour's vocabulary holds <|endoftext|>.
+RECIPE_VERSION = 2
 MANIFEST = "tiny_policies.json"
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
+# Real Qwen2 vocabularies hold <|endoftext|>, and Qwen2Tokenizer names it as its unk token
+# whenever tokenizer_config.json does not say otherwise: without it in the vocabulary, such a
+# load appends it past the model's embeddings.
+QWEN2_TOKENS = ("<|endoftext|>",)
 VOCAB_SIZE = 768
 MAX_LENGTH = 48  # tokens of prompt + completion in every training step
 COMPLETION_LENGTH = 24  # tokens GRPO samples per completion
@@ -241,6 +246,12 @@ def _progress(message: str) -> None:
 # -- the tokenizer ----------------------------------------------------------------------------
 
 
+def _family_tokens(flavour: Arch) -> tuple[str, ...]:
+    """The special tokens of one family beyond the shared ones; they come last, so the
+    shared ones have the same ids in both flavours."""
+    return QWEN2_TOKENS if flavour == "qwen2" else ()
+
+
 def _trained_bpe(flavour: Arch, *, seed: int) -> Tokenizer:
     """Byte-level BPE on the corpus, split into words the way the family's tokenizer splits."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -260,7 +271,7 @@ def _trained_bpe(flavour: Arch, *, seed: int) -> Tokenizer:
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
-        special_tokens=[BOS, EOS, PAD, *ROLE_TOKENS],
+        special_tokens=[BOS, EOS, PAD, *ROLE_TOKENS, *_family_tokens(flavour)],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -272,7 +283,8 @@ def train_tokenizer(out: Path, *, flavour: Arch = "llama", seed: int = 0) -> Pat
     """Train a byte-level BPE tokenizer on the corpus and save it as a transformers tokenizer.
 
     Special tokens: ``<s>`` (BOS), ``</s>`` (EOS, also the end of every chat turn), ``<pad>``,
-    and one token per chat role; the chat template goes to chat_template.jinja.
+    one token per chat role and, in the Qwen2 flavour, ``<|endoftext|>``; the chat template
+    goes to chat_template.jinja.
 
     ``flavour="llama"`` is a ``PreTrainedTokenizerFast`` that adds BOS when encoding (a
     post-processor in tokenizer.json) and whose chat template starts with BOS, as Llama 3's
@@ -287,7 +299,7 @@ def train_tokenizer(out: Path, *, flavour: Arch = "llama", seed: int = 0) -> Pat
         "bos_token": BOS,
         "eos_token": EOS,
         "pad_token": PAD,
-        "extra_special_tokens": list(ROLE_TOKENS),
+        "extra_special_tokens": [*ROLE_TOKENS, *_family_tokens(flavour)],
         "chat_template": chat_template(flavour),
         "model_max_length": 256,
     }
@@ -310,7 +322,7 @@ def train_tokenizer(out: Path, *, flavour: Arch = "llama", seed: int = 0) -> Pat
         vocabulary: dict[str, Any] = {
             "vocab": learned["vocab"],
             "merges": [tuple(pair) for pair in learned["merges"]],
-            "unk_token": None,  # else Qwen2Tokenizer adds its <|endoftext|> to the vocabulary
+            "unk_token": None,  # as real Qwen2 says; a load that misses it finds <|endoftext|>
         }
         wrapped = Qwen2Tokenizer(**vocabulary, **common)
     wrapped.save_pretrained(out)

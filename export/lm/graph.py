@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from export.onnx_export import _quiet
+from export.onnx_export import quiet
 from serve.errors import ExportError, one_line
 from serve.lm.contract import DecoderTensors
 
@@ -125,7 +125,7 @@ def export(model: Any, tensors: DecoderTensors) -> DecoderGraph:
     cache_dims = tuple({0: batch, 2: past} for _ in range(2 * shape.num_layers))
     dynamic = ({0: batch, 1: sequence}, {0: batch, 1: total}, {0: batch, 1: sequence}, cache_dims)
     try:
-        with _quiet(), torch.no_grad():
+        with quiet(), torch.no_grad():
             program = torch.onnx.export(
                 step,
                 _example(shape, int(model.config.vocab_size)),

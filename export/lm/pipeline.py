@@ -20,7 +20,7 @@ from pathlib import Path
 from export import writer
 from export.lm import contract_builder, golden, graph, parity, vocabulary
 from export.lm.source import CausalLM, quiet_transformers
-from export.pipeline import runner
+from export.runner import runner
 from serve.contract import METADATA_KEY
 from serve.errors import ContractError, ExportError
 from serve.lm import greedy

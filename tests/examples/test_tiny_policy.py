@@ -16,6 +16,7 @@ import pytest
 import torch
 from peft import PeftModel
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     BatchEncoding,
@@ -136,6 +137,21 @@ def test_the_llama_tokenizer_adds_bos_and_the_qwen2_one_does_not(tiny_policies):
     # The same words either way: only the BOS differs.
     assert llama(text)["input_ids"][1:] == llama(text, add_special_tokens=False)["input_ids"]
     assert qwen2(text)["input_ids"] == qwen2(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("name", ["qwen2_base", "qwen2_grpo"])
+def test_the_qwen2_vocabulary_holds_endoftext_as_real_qwen2_does(tiny_policies, name):
+    """Qwen2Tokenizer takes <|endoftext|> for its unk token unless told otherwise: a load that
+    does so must find it among the model's rows, not append it past them."""
+    path = getattr(tiny_policies, name)
+    vocab_size = AutoConfig.from_pretrained(path).vocab_size
+    saved = AutoTokenizer.from_pretrained(path)
+    defaulted = AutoTokenizer.from_pretrained(path, unk_token="<|endoftext|>")
+    assert type(defaulted).__name__ == "Qwen2Tokenizer"
+    assert saved.unk_token is None  # as real Qwen2's tokenizer_config.json says
+    assert len(saved) == len(defaulted) == vocab_size
+    assert defaulted.convert_tokens_to_ids("<|endoftext|>") < vocab_size
+    assert "<|endoftext|>" in saved.all_special_tokens
 
 
 @pytest.mark.parametrize("name", POLICIES)

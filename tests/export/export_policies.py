@@ -10,8 +10,8 @@ from typing import Any
 import gymnasium as gym
 
 from export import writer
-from export.pipeline import ParitySettings, export_policy
-from export.sb3 import Sb3Options, load_source
+from export.actor_critic.pipeline import ParitySettings, export_policy
+from export.sb3.source import Sb3Options, load_source
 from serve import contract
 from serve.contract import PolicyContract
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from export import writer
-from export.pipeline import ParitySettings, export_policy
-from export.sb3 import Sb3Options, load_source
+from export.actor_critic.pipeline import ParitySettings, export_policy
+from export.sb3.source import Sb3Options, load_source
 from serve import cli
 from tests.export.export_policies import TrainedPolicy
 

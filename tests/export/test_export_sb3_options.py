@@ -10,10 +10,10 @@ import pytest
 from stable_baselines3 import PPO, SAC
 
 from export import writer
-from export.action_spaces import checked
-from export.pipeline import ParitySettings, export_policy
-from export.sb3 import Sb3Options, load_source
-from export.sb3_layout import ImageLayout
+from export.actor_critic.action_spaces import checked
+from export.actor_critic.pipeline import ParitySettings, export_policy
+from export.sb3.layout import ImageLayout
+from export.sb3.source import Sb3Options, load_source
 from serve import contract
 from serve.errors import ExportError
 from serve.spaces import Discrete, MultiDiscrete

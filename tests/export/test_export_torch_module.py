@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from export import writer
-from export.pipeline import ExportOutcome, ParitySettings, export_policy
-from export.torch_module import TorchOptions, load_source
+from export.actor_critic.pipeline import ExportOutcome, ParitySettings, export_policy
+from export.modules.source import TorchOptions, load_source
 from serve import contract
 from serve.contract import PolicyContract
 from serve.errors import ExportError

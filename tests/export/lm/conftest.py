@@ -1,7 +1,8 @@
 """The policies the exporter is tested on, and their exports, made once per test session.
 
-The Llama policies are ``tiny_policies``' genuine TRL runs (a DPO run with full weights, a
-GRPO run saved as a LoRA adapter over its base); ``tiny_models`` adds what those do not show.
+The policies are ``tiny_policies``' genuine TRL runs (a Llama DPO run and a Qwen2 GRPO run
+with full weights, a Llama GRPO run saved as a LoRA adapter over its base); ``tiny_models``
+adds what those do not show.
 """
 
 from __future__ import annotations
@@ -55,6 +56,18 @@ def lora_export(tiny_policies: TinyPolicies, lm_repository: Path) -> pipeline.Lm
     return pipeline.export_language_model(
         loaded, pipeline.LmParitySettings(prompts=8), destination, progress=lambda _: None
     )
+
+
+@pytest.fixture(scope="session")
+def qwen2_grpo_export(
+    tiny_policies: TinyPolicies, lm_repository: Path
+) -> tuple[source.CausalLM, pipeline.LmExportOutcome]:
+    loaded = source.load(source.LoadOptions(checkpoint=tiny_policies.qwen2_grpo))
+    destination = writer.destination(lm_repository, "qwen2-grpo", None)
+    outcome = pipeline.export_language_model(
+        loaded, pipeline.LmParitySettings(prompts=8), destination, progress=lambda _: None
+    )
+    return loaded, outcome
 
 
 @dataclass(frozen=True)

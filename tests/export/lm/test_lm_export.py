@@ -1,5 +1,6 @@
-"""Exports of tiny Llama and Qwen2 models and of a merged LoRA adapter: the version directory,
-the graph as written, the contract, and the written model decoding its golden prompts."""
+"""Exports of tiny Llama and Qwen2 models (the TRL runs of both architectures among them) and of
+a merged LoRA adapter: the version directory, the graph as written, the contract, and the
+written model decoding its golden prompts."""
 
 from __future__ import annotations
 
@@ -208,6 +209,35 @@ def test_qwen2_exports_through_the_cli(qwen2_cli_export: CliRun) -> None:
     assert contract.bos_token_id is None
     assert contract.source.architecture == "Qwen2ForCausalLM"
     assert greedy.check_golden(contract, _run(model)) == []
+
+
+def test_a_qwen2_grpo_run_exports_with_its_full_weights(
+    qwen2_grpo_export: tuple[source.CausalLM, pipeline.LmExportOutcome],
+    tiny_policies: TinyPolicies,
+) -> None:
+    """TRL's GRPOTrainer on the Qwen2 base, saved whole: the other architecture's TRL output."""
+    loaded, outcome = qwen2_grpo_export
+    directory = tiny_policies.qwen2_grpo
+    assert outcome.path is not None, outcome.report.table()
+    assert {p.name for p in outcome.path.iterdir()} == VERSION_FILES
+    assert "grpo" in loaded.algorithm_evidence.lower()
+    contract = pipeline.read_contract(outcome.path / "model.onnx")
+    assert contract == outcome.contract
+    assert contract.algorithm is not None
+    assert contract.algorithm.value == "grpo"
+    assert contract.source.architecture == "Qwen2ForCausalLM"
+    assert contract.source.adapter is None
+    assert contract.source.trainer is not None
+    assert contract.source.trainer.startswith("trl 1.")
+    weights = hashlib.sha256((directory / "model.safetensors").read_bytes()).hexdigest()
+    assert contract.source.sha256 == weights
+    # Every token the tokenizer knows, <|endoftext|> included, has a row of logits.
+    assert contract.vocab_size == _config(directory)["vocab_size"] == len(loaded.tokenizer)
+    assert _token(directory, "<|endoftext|>") < contract.vocab_size
+    assert contract.prompt_encoding is PromptEncoding.PLAIN  # Qwen2 adds no BOS
+    assert contract.eos_token_ids == [_token(directory, "</s>")]
+    assert all(row.first_mismatch is None for row in outcome.report.prompts)
+    assert greedy.check_golden(contract, _run(outcome.path / "model.onnx")) == []
 
 
 @pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")

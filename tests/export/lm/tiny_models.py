@@ -3,9 +3,6 @@ show (random weights; parity does not care how well a model writes): a Llama who
 sources disagree and whose generation config samples, a Qwen2 whose tokenizer adds nothing
 and whose only trace of its trainer is ``training_args.bin`` (a pickled ``GRPOConfig``, as
 transformers' Trainer saves it), and a GPT-2 the exporter must refuse.
-
-(``tiny_policies``' own Qwen2 run is not exported here: reloaded by ``AutoTokenizer``, its
-tokenizer gains ``<|endoftext|>`` beyond the model's embeddings, which the exporter refuses.)
 """
 
 from __future__ import annotations

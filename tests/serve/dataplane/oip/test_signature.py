@@ -13,7 +13,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from export.tensors import input_specs, output_specs
+from export.actor_critic.tensors import input_specs, output_specs
 from serve import config, contract
 from serve.config import ModelSettings
 from serve.contract import PolicyContract

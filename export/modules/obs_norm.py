@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from export.actor_critic.normalization import LeafStats, NormStats
 from export.files import require_file
-from export.normalization import LeafStats, NormStats
 from serve.errors import ExportError
 
 DEFAULT_EPSILON = 1e-8

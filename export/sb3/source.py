@@ -6,18 +6,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from export import sb3_checkpoint, vecnormalize
-from export.action_spaces import checked, distribution_for
+from export.actor_critic.action_spaces import checked, distribution_for
+from export.actor_critic.graph import PolicyGraph
+from export.actor_critic.heads import deterministic_action
+from export.actor_critic.normalization import NormStats
+from export.actor_critic.preprocess import observation_pipelines
+from export.actor_critic.source import PolicySource
+from export.actor_critic.tensors import output_specs
 from export.files import sha256_of
-from export.graph import PolicyGraph
-from export.heads import deterministic_action
-from export.normalization import NormStats
-from export.preprocess import observation_pipelines
-from export.sb3_graph import Sb3Core
-from export.sb3_layout import ImageLayout, ObservationLayout, observation_layout
-from export.sb3_reference import Sb3Reference
-from export.source import PolicySource
-from export.tensors import output_specs
+from export.sb3 import checkpoint, vecnormalize
+from export.sb3.graph import Sb3Core
+from export.sb3.layout import ImageLayout, ObservationLayout, observation_layout
+from export.sb3.reference import Sb3Reference
 from serve.contract import Algorithm, Normalization, Preprocessing, Source
 from serve.errors import ExportError, InvalidInput
 from serve.spaces import Box, Leaf, from_gymnasium, leaves
@@ -33,19 +33,19 @@ class Sb3Options:
 
 
 def load_source(options: Sb3Options) -> PolicySource:
-    checkpoint = sb3_checkpoint.load(options.checkpoint, options.algorithm)
-    _check_normalisation_known(checkpoint.trained_under_vecnormalize, options)
+    loaded = checkpoint.load(options.checkpoint, options.algorithm)
+    _check_normalisation_known(loaded.trained_under_vecnormalize, options)
     normalizer = vecnormalize.load(options.vecnormalize) if options.vecnormalize else None
     norm = vecnormalize.stats(normalizer) if normalizer is not None else None
-    policy = checkpoint.model.policy
+    policy = loaded.model.policy
     layout = observation_layout(policy, options.image_layout)
     if norm is not None:
         norm.check_fits(layout.raw_space, f"--vecnormalize {options.vecnormalize}")
     action_space = _action_space(policy.action_space)
     return PolicySource(
         graph=_graph(policy, layout, norm, action_space),
-        reference=_reference(checkpoint.model, normalizer, layout, action_space),
-        algorithm=checkpoint.algorithm,
+        reference=_reference(loaded.model, normalizer, layout, action_space),
+        algorithm=loaded.algorithm,
         provenance=_provenance(options.checkpoint, policy),
         observation_space=layout.raw_space,
         action_space=action_space,
@@ -102,15 +102,15 @@ def _reference(
     )
 
 
-def _provenance(checkpoint: Path, policy: Any) -> Source:
+def _provenance(path: Path, policy: Any) -> Source:
     import stable_baselines3
 
     cls = type(policy)
     return Source(
         framework="stable-baselines3",
         framework_version=stable_baselines3.__version__,
-        checkpoint=checkpoint.name,
-        sha256=sha256_of(checkpoint),
+        checkpoint=path.name,
+        sha256=sha256_of(path),
         policy_class=f"{cls.__module__}.{cls.__qualname__}",
     )
 

@@ -11,16 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import torch
 
-from export import observations, writer
-from export.contract_builder import GOLDEN_COUNT, build_contract, golden_vectors
-from export.embedding import default_opset, with_contract
+from export import writer
+from export.actor_critic import observations
+from export.actor_critic.contract_builder import GOLDEN_COUNT, build_contract, golden_vectors
+from export.actor_critic.embedding import default_opset, with_contract
+from export.actor_critic.parity import ParityReport, compare
+from export.actor_critic.source import Observations, PolicySource
+from export.actor_critic.tensors import input_specs, output_specs
 from export.onnx_export import to_onnx
-from export.parity import ParityReport, Runner, compare
-from export.source import Observations, PolicySource
-from export.tensors import input_specs, output_specs
+from export.runner import runner
 from serve import contract
 from serve.errors import ExportError
 from serve.spaces import leaves, sample
@@ -84,18 +85,6 @@ def onnx_bytes(source: PolicySource, seed: int) -> bytes:
     inputs = input_specs(source.observation_space)
     outputs = output_specs(source.action_space, source.distribution.kind)
     return to_onnx(source.graph, example, [i.name for i in inputs], [o.name for o in outputs])
-
-
-def runner(model: bytes | Path) -> Runner:
-    """onnxruntime on the CPU, returning outputs by name."""
-    target = str(model) if isinstance(model, Path) else model
-    session = ort.InferenceSession(target, providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-
-    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(names, session.run(names, feeds), strict=True))
-
-    return run
 
 
 def parity_observations(source: PolicySource, parity: ParitySettings) -> Observations:

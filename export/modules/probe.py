@@ -12,10 +12,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from export import torch_distributions
-from export.action_spaces import distribution_for
-from export.normalization import NormStats
-from export.tensors import parameter_width
+from export.actor_critic.action_spaces import distribution_for
+from export.actor_critic.normalization import NormStats
+from export.actor_critic.tensors import parameter_width
+from export.modules import distributions
 from serve.distributions import DistributionKind
 from serve.errors import ExportError
 from serve.spaces import Leaf, sample
@@ -31,7 +31,7 @@ def check_method(
     norm: NormStats | None,
 ) -> None:
     distribution, value = _call(module, method, observation_space, norm)
-    kind = torch_distributions.kind_of(distribution)
+    kind = distributions.kind_of(distribution)
     _check_distribution(kind, distribution, action_space, method)
     if not isinstance(value, Tensor) or value.numel() != _PROBE_BATCH:
         shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
@@ -44,7 +44,7 @@ def _call(module: nn.Module, method: str, space: Leaf, norm: NormStats | None) -
     x = sample(space, np.random.default_rng(0), _PROBE_BATCH)
     if norm is not None:
         x = norm.apply(None, x)
-    with torch.no_grad(), torch_distributions.no_argument_validation():
+    with torch.no_grad(), distributions.no_argument_validation():
         try:
             returned = getattr(module, method)(torch.as_tensor(x, dtype=torch.float32))
         except Exception as exc:  # the user's code may raise anything
@@ -63,7 +63,7 @@ def _check_distribution(
     kind: DistributionKind, distribution: Any, action_space: Leaf, method: str
 ) -> None:
     expected = distribution_for(action_space)
-    width = int(torch_distributions.parameters(distribution, kind)[0].shape[-1])
+    width = int(distributions.parameters(distribution, kind)[0].shape[-1])
     nvec = (
         [int(part.logits.shape[-1]) for part in distribution]
         if kind is DistributionKind.MULTI_CATEGORICAL

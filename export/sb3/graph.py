@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from export.graph import Parameters
+from export.actor_critic.graph import Parameters
 
 
 class Sb3Core(nn.Module):

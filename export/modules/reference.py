@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from export import torch_distributions
-from export.normalization import NormStats
-from export.source import Observations, SampledLogProb
+from export.actor_critic.normalization import NormStats
+from export.actor_critic.source import Observations, SampledLogProb
+from export.modules import distributions
 from serve.distributions import DistributionKind
 from serve.spaces import Box, Leaf
 
@@ -32,8 +32,8 @@ class TorchReference:
 
     def outputs(self, observations: Observations) -> dict[str, np.ndarray]:
         distribution, value = self._call(observations)
-        action = torch_distributions.mode(distribution, self.kind).numpy()
-        parameters = [p.numpy() for p in torch_distributions.parameters(distribution, self.kind)]
+        action = distributions.mode(distribution, self.kind).numpy()
+        parameters = [p.numpy() for p in distributions.parameters(distribution, self.kind)]
         values = [self._clipped(action), *parameters, value.reshape(-1).numpy()]
         return dict(zip(self.output_names, values, strict=True))
 
@@ -41,8 +41,8 @@ class TorchReference:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             distribution, _ = self._call(observations)
-            actions = torch_distributions.sample(distribution, self.kind)
-        log_prob = torch_distributions.log_prob(distribution, self.kind, actions)
+            actions = distributions.sample(distribution, self.kind)
+        log_prob = distributions.log_prob(distribution, self.kind, actions)
         if self.kind is DistributionKind.DIAG_GAUSSIAN:
             actions = actions.reshape(len(actions), -1)
         return SampledLogProb(actions.numpy(), log_prob.numpy())
@@ -51,7 +51,7 @@ class TorchReference:
         x = observations[None]
         if self.norm is not None:
             x = self.norm.apply(None, x)
-        with torch.no_grad(), torch_distributions.no_argument_validation():
+        with torch.no_grad(), distributions.no_argument_validation():
             distribution, value = getattr(self.module, self.method)(
                 torch.as_tensor(x, dtype=torch.float32)
             )

@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Literal, cast
 
-from export.observations import request_form
-from export.parity import Runner
-from export.source import Observations, PolicySource
-from export.tensors import input_name, input_specs, output_specs
+from export.actor_critic.observations import request_form
+from export.actor_critic.source import Observations, PolicySource
+from export.actor_critic.tensors import input_name, input_specs, output_specs
+from export.runner import Runner
 from serve import __version__
 from serve.contract import SCHEMA, Exporter, GoldenVector, PolicyContract
 from serve.spaces import parse_observations

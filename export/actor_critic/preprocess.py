@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from export.normalization import LeafStats, NormStats
+from export.actor_critic.normalization import LeafStats, NormStats
 
 
 class Normalize(nn.Module):

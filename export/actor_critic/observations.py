@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from export.actor_critic.source import Observations
 from export.files import require_file
-from export.source import Observations
 from serve.errors import ExportError, InvalidInput
 from serve.spaces import Dict, Leaf, leaves, parse_observations, sample
 

@@ -12,17 +12,16 @@ distribution.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from export.source import Observations, PolicySource
-from export.tensors import input_name, output_specs
+from export.actor_critic.source import Observations, PolicySource
+from export.actor_critic.tensors import input_name, output_specs
+from export.runner import Runner
 from serve.contract import TensorRole, TensorSpec
 from serve.distributions import build
 
-Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 LOG_PROB = "log_prob"
 
 

@@ -15,16 +15,16 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from export import module_target, obs_norm, space_args, torch_distributions, torch_probe
-from export.action_spaces import checked, distribution_for
+from export.actor_critic.action_spaces import checked, distribution_for
+from export.actor_critic.graph import Parameters, PolicyGraph
+from export.actor_critic.heads import deterministic_action
+from export.actor_critic.normalization import NormStats
+from export.actor_critic.preprocess import observation_pipelines
+from export.actor_critic.source import PolicySource
+from export.actor_critic.tensors import output_specs
 from export.files import sha256_of
-from export.graph import Parameters, PolicyGraph
-from export.heads import deterministic_action
-from export.normalization import NormStats
-from export.preprocess import observation_pipelines
-from export.source import PolicySource
-from export.tensors import output_specs
-from export.torch_reference import TorchReference
+from export.modules import distributions, obs_norm, probe, spaces, target
+from export.modules.reference import TorchReference
 from serve.contract import Algorithm, Normalization, Preprocessing, Source
 from serve.distributions import DistributionKind
 from serve.errors import ExportError
@@ -55,19 +55,19 @@ class TorchCore(nn.Module):
         self.kind = kind
 
     def forward(self, inputs: list[Tensor]) -> tuple[Parameters, Tensor]:
-        with torch_distributions.no_argument_validation():
+        with distributions.no_argument_validation():
             distribution, value = getattr(self.module, self.method)(inputs[0].float())
-            parameters = torch_distributions.parameters(distribution, self.kind)
+            parameters = distributions.parameters(distribution, self.kind)
         return parameters, value.reshape(value.shape[0])
 
 
 def load_source(options: TorchOptions) -> PolicySource:
-    spaces = space_args.resolve(options.env, options.observation_space, options.action_space)
-    observation_space = _observation_space(spaces.observation)
-    action_space = checked(spaces.action)
+    resolved = spaces.resolve(options.env, options.observation_space, options.action_space)
+    observation_space = _observation_space(resolved.observation)
+    action_space = checked(resolved.action)
     module = _module(options)
     norm = _norm(options.obs_norm, observation_space)
-    torch_probe.check_method(module, options.method, observation_space, action_space, norm)
+    probe.check_method(module, options.method, observation_space, action_space, norm)
     kind = distribution_for(action_space).kind
     return PolicySource(
         graph=_graph(TorchCore(module, options.method, kind), norm, action_space),
@@ -114,9 +114,9 @@ def _observation_space(space: Leaf | Dict) -> Leaf:
 
 
 def _module(options: TorchOptions) -> nn.Module:
-    module = module_target.resolve(options.target)
+    module = target.resolve(options.target)
     if options.checkpoint is not None:
-        module_target.load_state_dict(module, options.checkpoint)
+        target.load_state_dict(module, options.checkpoint)
     if not callable(getattr(module, options.method, None)):
         raise ExportError(
             f"--method {options.method}: {type(module).__name__} has no such method; name the "

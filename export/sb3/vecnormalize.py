@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from export.actor_critic.normalization import LeafStats, NormStats
 from export.files import require_file
-from export.normalization import LeafStats, NormStats
 from serve.errors import ExportError
 
 _EXPECTED = "the .pkl written by VecNormalize.save()"

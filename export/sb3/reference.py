@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from export.source import Observations, SampledLogProb
+from export.actor_critic.source import Observations, SampledLogProb
 
 
 @dataclass(frozen=True)
