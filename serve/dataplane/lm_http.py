@@ -25,55 +25,40 @@ As on the predict routes: deadlines from ``X-Request-Timeout-Ms`` or the model's
 (504 past it), 429 with Retry-After when the model's queue is full, 503 while starting or
 stopping, answers stamped with the version that computed them (body, X-Policy-Version,
 X-Policy-SHA256), errors as ``{"error": {"code", "message"}}``. A streamed answer is stamped
-once its first token exists: until then an error is still an ordinary error answer.
+once its first token exists: until then an error is still an ordinary error answer. Those
+steps are shared with the OpenAI-compatible routes (``serve.dataplane.lm_calls``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 import orjson
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
-from serve.access import log_exchange
 from serve.dataplane.continuous_batcher import ContinuousBatchScheduler
-from serve.dataplane.exchange import (
-    INLINE_BODY_BYTES,
-    Call,
-    Disconnected,
-    deadline_at,
-    read_body,
-    start_call,
-)
+from serve.dataplane.exchange import Disconnected
 from serve.dataplane.generation_stream import GenerationStream
-from serve.dataplane.routing import Router
-from serve.dataplane.scheduler import Scheduler
-from serve.dataplane.wire import deadline_ms, decode_object
-from serve.errors import (
-    DeadlineExceeded,
-    InvalidInput,
-    MethodNotAllowed,
-    NotFound,
-    RLServeError,
+from serve.dataplane.lm_calls import (
+    SSE_HEADERS,
+    Admitted,
+    CancelOnDisconnect,
+    ErrorAnswer,
+    Exchange,
+    LanguageModelCalls,
+    check_deadline,
+    next_events,
+    stamp,
 )
+from serve.dataplane.scheduler import Scheduler
+from serve.errors import InvalidInput, MethodNotAllowed, RLServeError
 from serve.lm.messages import GenerationResult, ScoreResult, TokenEvent
-from serve.lm.model import LanguageModel
 from serve.lm.requests import generation_spec, score_spec
-from serve.metrics import Metrics
-from serve.status import http_headers, http_status
+from serve.status import http_status
 from serve.versions import path_version
-
-log = logging.getLogger("rlserve.generate")
-
-_JSON_HEADER = (b"content-type", b"application/json")
-_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-_CLOSE_HEADER = (b"connection", b"close")
 
 
 class Action(StrEnum):
@@ -109,22 +94,10 @@ def match(path: str) -> GeneratePath | None:
 
 class LanguageModelFrontend:
     def __init__(
-        self,
-        router: Router,
-        schedulers: Callable[[str | None], Scheduler | None],
-        metrics: Metrics,
-        max_body_bytes: int,
-        draining: Callable[[], bool],
-        *,
-        access_log: bool,
+        self, calls: LanguageModelCalls, schedulers: Callable[[str | None], Scheduler | None]
     ) -> None:
-        self.router = router
+        self.calls = calls
         self.schedulers = schedulers  # a model's scheduler by name (None: the default model)
-        self.metrics = metrics
-        self.max_body_bytes = max_body_bytes
-        self.draining = draining
-        self.access_log = access_log
-        self.turn_s = 0.0  # a turn of the event loop, as the process measures it
         self._kinds: dict[str | None, bool] = {}  # by model name: a language model?
 
     def serves(self, model: str | None) -> bool:
@@ -140,9 +113,7 @@ class LanguageModelFrontend:
     async def __call__(
         self, scope: Scope, receive: Receive, send: Send, path: GeneratePath
     ) -> None:
-        call = start_call(scope)
-        exchange = _Exchange(scope, receive, send, call, self.draining)
-        try:
+        async def handle(exchange: Exchange) -> None:
             if scope["method"] != "POST":
                 raise MethodNotAllowed(
                     f"{scope['method']} {scope['path']}: {path.action.value} accepts POST only"
@@ -151,32 +122,20 @@ class LanguageModelFrontend:
                 await self._score(exchange, path)
             else:
                 await self._generate(exchange, path)
-        except RLServeError as exc:
-            await self._answer_error(exchange, exc)
-        except Disconnected:
-            return
-        except Exception as exc:
-            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
-            error = RLServeError(f"internal error: {type(exc).__name__}; see the server log")
-            await self._answer_error(exchange, error)
-        if self.access_log:
-            log_exchange(
-                scope, call.request_id, exchange.status, time.monotonic() - call.received_at
-            )
+
+        await self.calls.serve(scope, receive, send, handle, _error)
 
     # ------------------------------------------------------------------ generate
 
-    async def _generate(self, exchange: _Exchange, path: GeneratePath) -> None:
+    async def _generate(self, exchange: Exchange, path: GeneratePath) -> None:
         call = exchange.call
-        scheduler, model, pinned, deadline, payload = await self._read(exchange, path)
+        admitted, payload = await self._read(exchange, path)
         streaming = payload.pop("stream", False)
         if not isinstance(streaming, bool):
             raise InvalidInput(f"stream: expected true or false, got {streaming!r}")
-        spec = generation_spec(payload, call.request_id, call.received_at, deadline)
-        generation = await _off_loop_if_large(exchange, model.prepare_generation, spec)
-        _check_deadline(deadline, "validating it")
-        stream = scheduler.submit_generation(generation, pinned, tokens=streaming)
-        with _CancelOnDisconnect(exchange.receive, stream) as watch:
+        spec = generation_spec(payload, call.request_id, call.received_at, admitted.deadline)
+        stream = await self.calls.submit(exchange, admitted, spec, tokens=streaming)
+        with CancelOnDisconnect(exchange.receive, stream) as watch:
             try:
                 if streaming:
                     await self._stream(exchange, stream, watch)
@@ -186,158 +145,56 @@ class LanguageModelFrontend:
                 if watch.gone:
                     raise Disconnected from None  # nobody is left to answer
                 raise
-        await exchange.json(200, _generated(result), _stamp(result.version, result.sha256))
+        await exchange.json(200, _generated(result), stamp(result.version, result.sha256))
 
     async def _stream(
-        self, exchange: _Exchange, stream: GenerationStream, watch: _CancelOnDisconnect
+        self, exchange: Exchange, stream: GenerationStream, watch: CancelOnDisconnect
     ) -> None:
         """Server-sent events: the head once the first token exists (errors before it are
         ordinary answers), then every token as it comes, then the result."""
-        first = await anext(stream)  # raises the error that ends it before any token
-        headers = [*_SSE_HEADERS, *_stamp(stream.model_version or 0, stream.model_sha256)]
+        events = await next_events(stream)  # raises the error that ends it before any token
+        headers = [*SSE_HEADERS, *stamp(stream.model_version or 0, stream.model_sha256)]
         await exchange.start(200, headers)
-        events = [first]
         try:
             while True:
                 await exchange.chunk(b"".join(_token_event(e) for e in events))
-                events = [await anext(stream)]
-                events += stream.drain()
+                events = await next_events(stream)
         except StopAsyncIteration:
             result = await stream.result()
             await exchange.chunk(_event(b"result", _generated(result)), last=True)
         except RLServeError as exc:
             if watch.gone:
                 raise Disconnected from None
-            self._count_refusal(exchange.call, exc)
+            self.calls.refused(exchange.call, exc, http_status(exc))
             await exchange.chunk(_event(b"error", exc.to_json()), last=True)
 
     # ------------------------------------------------------------------ score
 
-    async def _score(self, exchange: _Exchange, path: GeneratePath) -> None:
+    async def _score(self, exchange: Exchange, path: GeneratePath) -> None:
         call = exchange.call
-        scheduler, model, pinned, deadline, payload = await self._read(exchange, path)
-        spec = score_spec(payload, call.request_id, call.received_at, deadline)
-        scoring = await _off_loop_if_large(exchange, model.prepare_scoring, spec)
-        _check_deadline(deadline, "validating it")
-        future = scheduler.submit_scoring(scoring, pinned)
-        result = await future
-        await exchange.json(200, _scored(result), _stamp(result.version, result.sha256))
+        admitted, payload = await self._read(exchange, path)
+        spec = score_spec(payload, call.request_id, call.received_at, admitted.deadline)
+        scoring = await self.calls.prepare(exchange, admitted.version.prepare_scoring, spec)
+        check_deadline(admitted.deadline, "validating it")
+        result = await admitted.scheduler.submit_scoring(scoring, admitted.pinned)
+        await exchange.json(200, _scored(result), stamp(result.version, result.sha256))
 
     # ------------------------------------------------------------------ common
 
     async def _read(
-        self, exchange: _Exchange, path: GeneratePath
-    ) -> tuple[ContinuousBatchScheduler, LanguageModel, int | None, float, dict[str, Any]]:
-        """Route the call, read its body within the limits, admit it: the scheduler, the
-        version that prepares it, the version it is pinned to, its deadline, its body."""
-        call = exchange.call
+        self, exchange: Exchange, path: GeneratePath
+    ) -> tuple[Admitted, dict[str, Any]]:
+        """Route the call, read its body within the limits, admit it: where it goes, and
+        its body."""
         version = None if path.version is None else path_version(path.version)
-        route = self.router.resolve(path.model, version)
-        call.model, call.version = route.model, route.version.version
-        scheduler, model = route.scheduler, route.version
-        if not isinstance(scheduler, ContinuousBatchScheduler) or not isinstance(
-            model, LanguageModel
-        ):
-            raise NotFound(
-                f"model {route.model!r} is not a language model: it has no {path.action.value} "
-                f"route; POST /v1/models/{route.model}/predict with observations"
-            )
-        budget_ms = deadline_ms(call.timeout_header, route.default_deadline_ms)
-        deadline = deadline_at(call.received_at, budget_ms, self.turn_s)
-        body = await read_body(exchange.receive, call.declared_length, self.max_body_bytes)
-        _check_deadline(deadline, "reading the body")
-        scheduler.admit(1, deadline)  # overloaded: refuse before decoding
-        exchange.large = len(body) > INLINE_BODY_BYTES
-        if exchange.large:  # work in proportion to the body: off the event loop
-            payload = await asyncio.to_thread(decode_object, body)
-        else:
-            payload = decode_object(body)
-        return scheduler, model, route.pinned, deadline, payload
-
-    async def _answer_error(self, exchange: _Exchange, error: RLServeError) -> None:
-        if exchange.started:  # a stream already answered 200: nothing more to say
-            return
-        status = self._count_refusal(exchange.call, error)
-        headers = [(k.lower().encode(), v.encode()) for k, v in http_headers(error).items()]
-        await exchange.json(status, error.to_json(), headers)
-
-    def _count_refusal(self, call: Call, error: RLServeError) -> int:
-        status = http_status(error)
-        seconds = time.monotonic() - call.received_at
-        self.metrics.refused(call.model, call.version, status, error.code.value, seconds)
-        return status
+        admitted = self.calls.route(exchange.call, path.model, version, path.action.value)
+        body = await self.calls.read(exchange)
+        self.calls.admit(admitted, "reading the body")  # overloaded: refuse before decoding
+        return admitted, await self.calls.decode(exchange, body)
 
 
-class _Exchange:
-    """One call's answer as it is written: status, headers, body or event chunks."""
-
-    def __init__(
-        self, scope: Scope, receive: Receive, send: Send, call: Call, draining: Callable[[], bool]
-    ) -> None:
-        self.scope, self.receive, self._send, self.call = scope, receive, send, call
-        self._draining = draining
-        self.status = 0
-        self.started = False
-        self.large = False  # its body is large: work in proportion to it goes off the loop
-
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self.status, self.started = status, True
-        headers = [*headers, (b"x-request-id", self.call.request_id.encode("latin-1"))]
-        if self._draining():
-            headers.append(_CLOSE_HEADER)
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
-
-    async def chunk(self, body: bytes, *, last: bool = False) -> None:
-        message: Message = {"type": "http.response.body", "body": body, "more_body": not last}
-        await self._send(message)
-
-    async def json(self, status: int, content: Any, headers: list[tuple[bytes, bytes]]) -> None:
-        body = orjson.dumps(content)
-        length = (b"content-length", str(len(body)).encode())
-        await self.start(status, [*headers, _JSON_HEADER, length])
-        await self.chunk(body, last=True)
-
-
-class _CancelOnDisconnect:
-    """While the answer is being produced, watch for the client going away (its body is
-    read, so the next message is the disconnect) and give up on the generation then."""
-
-    def __init__(self, receive: Receive, stream: GenerationStream) -> None:
-        self._receive, self._stream = receive, stream
-        self._watch: asyncio.Task[Message] | None = None
-        self.gone = False
-
-    def __enter__(self) -> _CancelOnDisconnect:
-        self._watch = asyncio.ensure_future(self._receive())
-        self._watch.add_done_callback(self._gone)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._watch is not None and not self._watch.done():
-            self._watch.cancel()
-
-    def _gone(self, watch: asyncio.Task[Message]) -> None:
-        if watch.cancelled() or watch.exception() is not None:
-            return
-        if watch.result().get("type") == "http.disconnect":
-            self.gone = True
-            self._stream.cancel()
-
-
-async def _off_loop_if_large(exchange: _Exchange, prepare: Callable[[Any], Any], spec: Any) -> Any:
-    """Tokenize on the event loop, or on a worker thread for a large body."""
-    if exchange.large:
-        return await asyncio.to_thread(prepare, spec)
-    return prepare(spec)
-
-
-def _check_deadline(deadline: float, spent_on: str) -> None:
-    if time.monotonic() >= deadline:
-        raise DeadlineExceeded(f"the request's deadline passed while {spent_on}; it was not run")
-
-
-def _stamp(version: int, sha256: str) -> list[tuple[bytes, bytes]]:
-    return [(b"x-policy-version", str(version).encode()), (b"x-policy-sha256", sha256.encode())]
+def _error(error: RLServeError) -> ErrorAnswer:
+    return ErrorAnswer(http_status(error), error.to_json())
 
 
 def _generated(result: GenerationResult) -> dict[str, Any]:

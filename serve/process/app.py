@@ -5,9 +5,13 @@ Two planes share the process and its port:
 
 - the **data plane**: the predict routes go straight to ``serve.dataplane.http`` (no
   framework in front of them), the generate and score routes of language models, and the
-  predict routes of a language model, to ``serve.dataplane.lm_http``;
+  predict routes of a language model, to ``serve.dataplane.lm_http``, the OpenAI-compatible
+  ``/v1/completions`` and ``/v1/chat/completions`` to ``serve.dataplane.openai_http``, and
+  the Open Inference Protocol's ``/v2`` routes to ``serve.dataplane.oip.rest``;
 - the **control plane**: everything else — models, live updates, health, readiness,
   metrics, /docs — is a FastAPI application, wrapped once by the access middleware.
+``GET /v1/models`` answers rlserve's listing (``models``) and OpenAI's (``object``,
+``data``: the language models) in one body, so OpenAI clients list models too.
 
 The lifespan loads the models while the server already answers /health, and stops the
 models' schedulers at shutdown (``serve.process.phases`` has the whole shutdown order).
@@ -19,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 
+import orjson
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
@@ -38,7 +44,9 @@ from serve.control.updates import Updater
 from serve.control.watcher import RepositoryWatcher
 from serve.control.workers import WorkerRegistry
 from serve.dataplane import http as predict
-from serve.dataplane import lm_http
+from serve.dataplane import lm_http, openai_answers, openai_http
+from serve.dataplane.continuous_batcher import ContinuousBatchScheduler
+from serve.dataplane.lm_calls import LanguageModelCalls
 from serve.dataplane.oip import rest as oip_rest
 from serve.dataplane.oip import rpc as oip_rpc
 from serve.dataplane.oip.infer import Inference
@@ -71,12 +79,14 @@ class RLServeApp:
         v2: oip_rest.OipRestFrontend,
         grpc: GrpcServer | None,
         generate: lm_http.LanguageModelFrontend,
+        openai: openai_http.OpenAIFrontend,
     ):
         self.state = state
         self.control = control
         self.frontend = frontend
         self.v2 = v2
         self.generate = generate
+        self.openai = openai
         self.grpc = grpc  # the Open Inference Protocol over gRPC, when grpc_port is set
         self._background: list[asyncio.Task[None]] = []
 
@@ -96,6 +106,10 @@ class RLServeApp:
             if generate is not None:
                 await self.generate(scope, receive, send, generate)
                 return
+            endpoint = openai_http.match(scope["path"])
+            if endpoint is not None:
+                await self.openai(scope, receive, send, endpoint)
+                return
             v2 = oip_rest.match(scope["path"])
             if v2 is not None:
                 await self.v2(scope, receive, send, v2)
@@ -112,7 +126,8 @@ class RLServeApp:
             asyncio.create_task(_load(self.state), name="rlserve-load"),
             asyncio.create_task(_sample_load(self.state.manager), name="rlserve-load-gauges"),
             asyncio.create_task(
-                _measure_turns(self.frontend, self.v2, self.generate), name="rlserve-loop-turns"
+                _measure_turns(self.frontend, self.v2, self.generate.calls),
+                name="rlserve-loop-turns",
             ),
         ]
         if self.state.phases.listen_after_load:
@@ -172,15 +187,16 @@ def create_app(
             f"{settings.host}:{settings.grpc_port}",
             settings.max_body_bytes,
         )
-    generate = lm_http.LanguageModelFrontend(
+    calls = LanguageModelCalls(
         manager,
-        _schedulers(manager),
         metrics,
         settings.max_body_bytes,
         lambda: phases.draining,
         access_log=settings.access_log,
     )
-    return RLServeApp(state, _control_app(state), frontend, v2, grpc, generate)
+    generate = lm_http.LanguageModelFrontend(calls, _schedulers(manager))
+    openai = openai_http.OpenAIFrontend(calls)
+    return RLServeApp(state, _control_app(state), frontend, v2, grpc, generate, openai)
 
 
 def _schedulers(manager: ModelRepositoryManager) -> Callable[[str | None], Scheduler | None]:
@@ -203,7 +219,9 @@ def _control_app(state: ServerState) -> ASGIApp:
         version=__version__,
         summary="A batching policy server for reinforcement-learning policies",
     )
-    app.include_router(ModelEndpoints(state.manager).router())
+    models = ModelEndpoints(state.manager)
+    app.add_api_route("/v1/models", _model_list(state, models), include_in_schema=False)
+    app.include_router(models.router())
     app.include_router(AdminEndpoints(state.updater, state.settings).router())
     app.include_router(
         OperationsEndpoints(state.manager, state.phases, state.metrics, state.settings).router()
@@ -215,6 +233,24 @@ def _control_app(state: ServerState) -> ASGIApp:
     app.add_exception_handler(Exception, _unexpected_error)
     phases = state.phases
     return AccessMiddleware(app, lambda: phases.draining, log_requests=state.settings.access_log)
+
+
+def _model_list(state: ServerState, models: ModelEndpoints) -> Callable[[], Awaitable[Response]]:
+    """GET /v1/models: rlserve's listing (``models``: every model, its state and versions)
+    with OpenAI's beside it (``object``, ``data``: the language models, which the
+    OpenAI-compatible routes serve), so that ``client.models.list()`` works too."""
+    started = int(time.time())
+
+    async def list_models() -> Response:
+        listing = orjson.loads((await models.list_models()).body)
+        language = [
+            name
+            for name, lifecycle in state.manager.models.items()
+            if isinstance(lifecycle.scheduler, ContinuousBatchScheduler)
+        ]
+        return json_response({**openai_answers.model_list(language, started), **listing})
+
+    return list_models
 
 
 async def _load(state: ServerState) -> None:
@@ -247,7 +283,7 @@ async def _sample_load(manager: ModelRepositoryManager) -> None:
 async def _measure_turns(
     frontend: predict.PredictFrontend,
     v2: oip_rest.OipRestFrontend,
-    generate: lm_http.LanguageModelFrontend,
+    calls: LanguageModelCalls,
 ) -> None:
     """How long one turn of the event loop takes, every TURN_SAMPLE_S: under overload a
     request waits about a turn before its handler runs, which its deadline must count."""
@@ -258,7 +294,7 @@ async def _measure_turns(
         await asyncio.sleep(0)  # back after one turn
         turn_s = loop.time() - started
         frontend.turn_s = TURN_WEIGHT * turn_s + (1 - TURN_WEIGHT) * frontend.turn_s
-        v2.turn_s = generate.turn_s = frontend.turn_s
+        v2.turn_s = calls.turn_s = frontend.turn_s
 
 
 async def _load_models(state: ServerState, *, quiet: bool = False) -> bool:

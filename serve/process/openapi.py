@@ -1,12 +1,15 @@
-"""The predict request as documentation: shown in /docs, never used to validate.
+"""The data plane's routes as documentation: shown in /docs, never used to validate.
 
-Validation happens against each model's policy contract (``serve.spaces``), which knows
-shapes and bounds that a static schema cannot.
+The predict routes (actor-critic policies), the generate and score routes of language
+models, and the OpenAI-compatible completion routes are answered by lean frontends
+outside FastAPI (``serve.process.app``); their requests are described here. Validation
+happens against each model's policy contract (``serve.spaces``, ``serve.lm``), which knows
+shapes, bounds and context lengths that a static schema cannot.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -35,6 +38,71 @@ class PredictRequest(BaseModel):
     )
 
 
+class GenerateRequest(BaseModel):
+    prompt: str | None = Field(None, description="the prompt, as text (or give messages)")
+    messages: list[dict[str, str]] | None = Field(
+        None,
+        description="a chat, rendered with the model's chat template (or give prompt)",
+        examples=[[{"role": "user", "content": "Tell me about the fox."}]],
+    )
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="new tokens at most (default: the model's generation defaults)"
+    )
+    temperature: float | None = Field(None, ge=0, description="0: greedy")
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0, description="0: no top-k cut")
+    seed: int | None = Field(None, ge=0, description="makes sampling reproducible")
+    stop: str | list[str] | None = Field(None, description="strings that end the text")
+    stream: bool = Field(
+        False,
+        description="server-sent events: event: token per token, then event: result "
+        "(or event: error)",
+    )
+
+
+class ScoreRequest(BaseModel):
+    prompt: str | None = Field(None, description="the prompt, as text (or give messages)")
+    messages: list[dict[str, str]] | None = Field(None, description="a chat (or give prompt)")
+    completions: list[str] = Field(
+        description="texts to score after the prompt: per-token log-probs and their sum",
+        examples=[[" The cat sleeps.", " Rain falls."]],
+    )
+
+
+class _OpenAIRequest(BaseModel):
+    model: str = Field(description="the name of a served language model (GET /v1/models)")
+    temperature: float | None = Field(
+        None, ge=0, description="0: greedy; absent: the model's generation defaults"
+    )
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = Field(None, ge=0)
+    stop: str | list[str] | None = None
+    n: Literal[1] | None = Field(None, description="one choice per request")
+    stream: bool = Field(False, description="data: chunks, then data: [DONE]")
+    stream_options: dict[str, bool] | None = Field(
+        None, description='{"include_usage": true}: a last chunk with the token counts'
+    )
+    user: str | None = Field(None, description="accepted and ignored")
+
+
+class CompletionRequest(_OpenAIRequest):
+    prompt: str | list[str] = Field(description="one prompt, as text", examples=["The cat"])
+    max_tokens: int | None = Field(None, ge=1)
+    logprobs: Literal[0] | None = Field(
+        None, description="0: the chosen tokens' log-probs (top alternatives are not computed)"
+    )
+
+
+class ChatCompletionRequest(_OpenAIRequest):
+    messages: list[dict[str, Any]] = Field(
+        examples=[[{"role": "user", "content": "Tell me about the fox."}]]
+    )
+    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, description="the former max_completion_tokens")
+    logprobs: bool | None = Field(None, description="the chosen tokens' log-probs")
+    top_logprobs: Literal[0] | None = Field(None, description="top alternatives: not computed")
+
+
 _RESPONSES = {
     "200": {"description": "model, model_version and the requested outputs"},
     "400": {"description": "malformed JSON or header"},
@@ -48,10 +116,36 @@ _RESPONSES = {
 _REF = "#/components/schemas/{model}"
 
 
-def _operation(summary: str, params: list[str]) -> dict[str, Any]:
+_LM_RESPONSES = {
+    **{k: v for k, v in _RESPONSES.items() if k != "200"},
+    "200": {
+        "description": "model, model_version, model_sha256 and the answer (X-Policy-Version "
+        "names the version); with stream: text/event-stream"
+    },
+    "422": {"description": "the request does not fit (a field, the context length)"},
+}
+_OPENAI_RESPONSES = {
+    "200": {
+        "description": "OpenAI's completion (or chat.completion) object; system_fingerprint "
+        "is rlserve-<model>-v<version>; with stream: data: chunks, then data: [DONE]"
+    },
+    "400": {"description": "malformed, or the request does not fit (error.param names it)"},
+    "404": {"description": "unknown model (error.code: model_not_found)"},
+    **{k: v for k, v in _RESPONSES.items() if k in ("413", "429", "503", "504")},
+}
+
+
+def _operation(
+    summary: str,
+    params: list[str],
+    request: str = "PredictRequest",
+    *,
+    tag: str = "predict",
+    responses: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     return {
         "post": {
-            "tags": ["predict"],
+            "tags": [tag],
             "summary": summary,
             "parameters": [
                 {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
@@ -59,11 +153,9 @@ def _operation(summary: str, params: list[str]) -> dict[str, Any]:
             ],
             "requestBody": {
                 "required": True,
-                "content": {
-                    "application/json": {"schema": {"$ref": _REF.format(model="PredictRequest")}}
-                },
+                "content": {"application/json": {"schema": {"$ref": _REF.format(model=request)}}},
             },
-            "responses": _RESPONSES,
+            "responses": responses or _RESPONSES,
         }
     }
 
@@ -77,19 +169,69 @@ PREDICT_PATHS = {
 }
 
 
+def _lm(summary: str, params: list[str], request: str) -> dict[str, Any]:
+    return _operation(summary, params, request, tag="language models", responses=_LM_RESPONSES)
+
+
+LANGUAGE_MODEL_PATHS = {
+    "/v1/models/{model}/generate": _lm(
+        "Generate text with a language model's active version", ["model"], "GenerateRequest"
+    ),
+    "/v1/models/{model}/versions/{version}/generate": _lm(
+        "Generate text with one version of a language model",
+        ["model", "version"],
+        "GenerateRequest",
+    ),
+    "/v1/models/{model}/score": _lm(
+        "Per-token log-probs of completions after a prompt", ["model"], "ScoreRequest"
+    ),
+    "/v1/models/{model}/versions/{version}/score": _lm(
+        "Per-token log-probs of completions, with one version",
+        ["model", "version"],
+        "ScoreRequest",
+    ),
+}
+
+
+def _openai(summary: str, request: str) -> dict[str, Any]:
+    return _operation(summary, [], request, tag="openai", responses=_OPENAI_RESPONSES)
+
+
+OPENAI_PATHS = {
+    "/v1/completions": _openai("OpenAI-compatible completion of a prompt", "CompletionRequest"),
+    "/v1/chat/completions": _openai("OpenAI-compatible chat completion", "ChatCompletionRequest"),
+}
+_REQUESTS: list[type[BaseModel]] = [
+    PredictRequest,
+    GenerateRequest,
+    ScoreRequest,
+    CompletionRequest,
+    ChatCompletionRequest,
+]
+_MODEL_LIST = (
+    "Every model, its state and loaded versions (models); beside them, OpenAI's list of the "
+    "language models (object: list, data), which OpenAI clients read"
+)
+
+
 def install(app: FastAPI) -> None:
-    """Serve an OpenAPI schema that includes the predict routes."""
+    """Serve an OpenAPI schema that includes the data plane's routes."""
 
     def schema() -> dict[str, Any]:
         if app.openapi_schema is None:
             spec = get_openapi(
                 title=app.title, version=app.version, summary=app.summary, routes=app.routes
             )
-            spec["paths"] = {**PREDICT_PATHS, **spec.get("paths", {})}
-            request = PredictRequest.model_json_schema(ref_template=_REF)
+            paths = spec.get("paths", {})
+            listing = paths.get("/v1/models", {}).get("get")
+            if listing is not None:
+                listing["description"] = _MODEL_LIST
+            spec["paths"] = {**PREDICT_PATHS, **LANGUAGE_MODEL_PATHS, **OPENAI_PATHS, **paths}
             components = spec.setdefault("components", {}).setdefault("schemas", {})
-            components.update(request.pop("$defs", {}))
-            components["PredictRequest"] = request
+            for model in _REQUESTS:
+                request = model.model_json_schema(ref_template=_REF)
+                components.update(request.pop("$defs", {}))
+                components[model.__name__] = request
             app.openapi_schema = spec
         return app.openapi_schema
 

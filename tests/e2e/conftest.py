@@ -1,17 +1,23 @@
-"""Model repositories built with the real exporter, and servers started on them."""
+"""Model repositories built with the real exporter, and servers started on them: SB3
+policies (``repository``), and a language model exported by ``rlserve export lm`` from the
+tiny TRL policies (``exported``, ``lm_repository``)."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.e2e.server import RLSERVE, Server
 from tests.export.export_envs import DictEnv
+
+if TYPE_CHECKING:
+    from examples.lm.tiny_policy import TinyPolicies
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "model_repository" / "cartpole"
@@ -68,3 +74,38 @@ def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     running.wait_ready()
     yield running
     running.stop()
+
+
+LM_MODEL = "llama"
+LM_CONFIG = "default_deadline_ms: 30000\n"  # generations take longer than a policy's step
+
+
+@dataclass(frozen=True)
+class Exported:
+    versions: Path  # <versions>/llama/1 (the DPO policy) and /2 (its base model)
+    sources: dict[int, Path]  # the checkpoint each version was exported from
+
+
+@pytest.fixture(scope="session")
+def exported(tiny_policies: TinyPolicies, tmp_path_factory: pytest.TempPathFactory) -> Exported:
+    """The tiny Llama DPO policy (version 1) and its base (version 2), exported through
+    the CLI with a short parity gate."""
+    staging = tmp_path_factory.mktemp("lm-exports")
+    sources = {1: tiny_policies.llama_dpo, 2: tiny_policies.llama_base}
+    for version, source in sources.items():
+        subprocess.run(
+            [*RLSERVE, "export", "lm", str(source), "--name", LM_MODEL, "--model-repository",
+             str(staging), "--version", str(version), "--prompts", "4", "--new-tokens", "16"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+    return Exported(staging, sources)
+
+
+def lm_repository(exported: Exported, tmp: Path, *versions: int) -> Path:
+    """A repository holding the language model's given versions (and its config.yaml)."""
+    repo = tmp / "repository"
+    for version in versions:
+        source = exported.versions / LM_MODEL / str(version)
+        shutil.copytree(source, repo / LM_MODEL / str(version))
+    (repo / LM_MODEL / "config.yaml").write_text(LM_CONFIG)
+    return repo

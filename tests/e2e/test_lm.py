@@ -6,27 +6,21 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import httpx
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import DEMO
-from tests.e2e.server import RLSERVE, Server
+from tests.e2e.conftest import DEMO, LM_CONFIG, LM_MODEL, Exported, lm_repository
+from tests.e2e.server import Server
 
-if TYPE_CHECKING:
-    from examples.lm.tiny_policy import TinyPolicies
-
-MODEL = "llama"
-CONFIG = "default_deadline_ms: 30000\n"
+MODEL = LM_MODEL
 # Uneven lengths, sent together: equal lengths would pass with a wrong mask or positions.
 PROMPTS = [
     "The cat",
@@ -43,37 +37,10 @@ NEW_TOKENS = [12, 24, 7, 30, 16, 9, 20, 18]
 LONG = {"max_new_tokens": 160, "temperature": 25.0}
 
 
-@dataclass(frozen=True)
-class Exported:
-    versions: Path  # <versions>/llama/1 (the DPO policy) and /2 (its base model)
-    sources: dict[int, Path]  # the checkpoint each version was exported from
-
-
-@pytest.fixture(scope="module")
-def exported(tiny_policies: TinyPolicies, tmp_path_factory: pytest.TempPathFactory) -> Exported:
-    staging = tmp_path_factory.mktemp("lm-exports")
-    sources = {1: tiny_policies.llama_dpo, 2: tiny_policies.llama_base}
-    for version, source in sources.items():
-        subprocess.run(
-            [*RLSERVE, "export", "lm", str(source), "--name", MODEL, "--model-repository",
-             str(staging), "--version", str(version), "--prompts", "4", "--new-tokens", "16"],
-            check=True, capture_output=True,
-        )  # fmt: skip
-    return Exported(staging, sources)
-
-
-def repository_with(exported: Exported, tmp: Path, *versions: int) -> Path:
-    repo = tmp / "repository"
-    for version in versions:
-        shutil.copytree(exported.versions / MODEL / str(version), repo / MODEL / str(version))
-    (repo / MODEL / "config.yaml").write_text(CONFIG)
-    return repo
-
-
 @pytest.fixture(scope="module")
 def server(exported: Exported, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("lm-server")
-    running = Server.rlserve(repository_with(exported, tmp, 1), log=tmp / "log")
+    running = Server.rlserve(lm_repository(exported, tmp, 1), log=tmp / "log")
     running.wait_ready()
     yield running
     running.stop()
@@ -349,8 +316,8 @@ def test_a_deadline_that_passes_mid_stream_ends_it_with_an_error_event(server: S
 
 
 def test_a_full_queue_is_answered_429_with_retry_after(exported: Exported, tmp_path: Path) -> None:
-    repo = repository_with(exported, tmp_path, 1)
-    (repo / MODEL / "config.yaml").write_text(CONFIG + "max_queue_rows: 1\nmax_sequences: 1\n")
+    repo = lm_repository(exported, tmp_path, 1)
+    (repo / MODEL / "config.yaml").write_text(LM_CONFIG + "max_queue_rows: 1\nmax_sequences: 1\n")
     server = Server.rlserve(repo, log=tmp_path / "log")
     try:
         server.wait_ready()
@@ -382,7 +349,7 @@ TOKEN = "lm-admin-token-0123456789"
 def test_a_new_version_under_load_takes_over_and_every_answer_is_stamped(
     exported: Exported, tmp_path: Path
 ) -> None:
-    repo = repository_with(exported, tmp_path, 1)
+    repo = lm_repository(exported, tmp_path, 1)
     server = Server.rlserve(
         repo, "--poll-interval-s", "0.1", env={"RLSERVE_ADMIN_TOKEN": TOKEN}, log=tmp_path / "log"
     )
@@ -455,7 +422,7 @@ def generate_pinned(url: str, index: int, version: int) -> list[int]:
 def test_generations_in_flight_are_finished_before_the_server_stops(
     exported: Exported, tmp_path: Path
 ) -> None:
-    server = Server.rlserve(repository_with(exported, tmp_path, 1), log=tmp_path / "log")
+    server = Server.rlserve(lm_repository(exported, tmp_path, 1), log=tmp_path / "log")
     server.wait_ready()
     results: list[httpx.Response] = []
 

@@ -4,7 +4,7 @@
 ``tritonclient.grpc`` (unary and streaming) talk to ``rlserve serve --grpc-port``; answers
 are checked against onnxruntime run directly on the same rows, and each failure class is
 checked on both transports: unknown model, wrong datatype or shape, deadline, queue full,
-draining.
+draining, a language model (served elsewhere).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tritonclient.utils import InferenceServerException
 
 from serve.client import PolicyClient
 from serve.distributions import Categorical
-from tests.e2e.conftest import only
+from tests.e2e.conftest import LM_MODEL, Exported, lm_repository, only
 from tests.e2e.server import Server, free_port
 
 TOKEN = "oip-test-admin-token"
@@ -373,3 +373,44 @@ def test_draining_turns_readiness_off_and_stopping_refuses_new_grpc_calls(
     finally:
         channel.close()
         server.stop()
+
+
+def test_a_language_model_is_refused_on_both_transports_saying_where_it_is_served(
+    exported: Exported, tmp_path: Path
+) -> None:
+    repo = lm_repository(exported, tmp_path, 1)
+    server, grpc_port = start(repo, tmp_path)
+    v2 = V2Server(server, grpc_port, repo)
+    where = f"/v1/models/{LM_MODEL}/generate"
+    try:
+        with v2.http() as h, v2.grpc() as g:
+            refusals = [
+                (http_error(lambda: h.get_model_metadata(LM_MODEL)), "422"),
+                (http_error(lambda: h.get_model_config(LM_MODEL)), "422"),
+                (
+                    http_error(
+                        lambda: h.infer(LM_MODEL, [tensor(triton_http, [1, 4], "FP32", np.float32)])
+                    ),
+                    "422",
+                ),
+                (http_error(lambda: g.get_model_metadata(LM_MODEL)), "StatusCode.INVALID_ARGUMENT"),
+                (http_error(lambda: g.get_model_config(LM_MODEL)), "StatusCode.INVALID_ARGUMENT"),
+                (
+                    http_error(
+                        lambda: g.infer(LM_MODEL, [tensor(triton_grpc, [1, 4], "FP32", np.float32)])
+                    ),
+                    "StatusCode.INVALID_ARGUMENT",
+                ),
+            ]
+            assert not h.is_model_ready(LM_MODEL)
+            assert not g.is_model_ready(LM_MODEL)
+        with server.client() as client:  # it is served where the refusal says
+            generated = client.post(where, json={"prompt": "The cat", "max_new_tokens": 3})
+    finally:
+        server.stop()
+    for refused, status in refusals:
+        assert refused.status() == status
+        assert f"model {LM_MODEL!r} is a language model" in refused.message()
+        assert where in refused.message()
+        assert "/v1/chat/completions" in refused.message()
+    assert generated.status_code == 200

@@ -4,7 +4,9 @@ REST (``serve.dataplane.oip.rest``) and gRPC (``serve.dataplane.oip.rpc``) decod
 an :class:`~serve.dataplane.oip.signature.InferCall`; :class:`Inference` routes it to the
 model's scheduler, the same one the JSON predict routes feed, so rows of every protocol
 share batches, deadlines, back-pressure, metrics and drain. The answer comes back as output
-tensors for the transport to encode, with the version that computed them.
+tensors for the transport to encode, with the version that computed them. Language
+models are not served here (their calls are text): every route that names one is refused
+with 422 / INVALID_ARGUMENT, saying where they are served.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from serve.dataplane.model import ServedModel
 from serve.dataplane.oip.signature import InferCall, OutputTensor, Signature
 from serve.dataplane.routing import Route, Router
 from serve.errors import DeadlineExceeded, InvalidInput, NotFound, RLServeError
+from serve.lm.model import LanguageModel
 from serve.metrics import Metrics
 from serve.versions import path_version
 
@@ -42,8 +45,17 @@ class Inference:
         self._signatures: dict[str, Signature] = {}  # by sha256 of the version
 
     def route(self, model: str, version: str | None) -> Route:
+        """Where a call goes; a language model is refused: it takes text, not tensors."""
         number = None if version is None or version == "" else _version(version)
-        return self.router.resolve(model, number)
+        route = self.router.resolve(model, number)
+        if isinstance(route.version, LanguageModel):
+            raise InvalidInput(
+                f"model {route.model!r} is a language model: the Open Inference Protocol "
+                "serves tensor policies only. Generate with POST "
+                f"/v1/models/{route.model}/generate (or score with .../score), or with an "
+                "OpenAI client at POST /v1/chat/completions and /v1/completions"
+            )
+        return route
 
     def signature(self, served: ServedModel) -> Signature:
         signature = self._signatures.get(served.sha256)

@@ -1,0 +1,217 @@
+"""OpenAI-compatible answers: completion and chat-completion bodies, their streamed chunks,
+errors, and the model list, in the shapes the official ``openai`` client reads.
+
+Every answer names the rlserve model (``model``) and the version that generated it
+(``system_fingerprint``: ``rlserve-<model>-v<version>``). Log-probs are those of the
+chosen tokens (the model's own, temperature 1); each token's text is what it adds to the
+decoded text (empty while a character's bytes are incomplete: the next token carries it).
+Errors are ``{"error": {"message", "type", "param", "code"}}``: ``code`` is rlserve's
+error code (``model_not_found`` for an unknown model, as OpenAI says it), ``param`` the
+field at fault when the message names one, and a request that does not fit (rlserve's 422)
+is a 400, as OpenAI answers it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from serve.dataplane.lm_calls import ErrorAnswer
+from serve.dataplane.openai_requests import Endpoint
+from serve.errors import ErrorCode, RLServeError
+from serve.lm.messages import GenerationResult, TokenEvent
+from serve.lm.text import Detokenizer, TextCodec
+from serve.status import http_status
+
+__all__ = ["Answer", "error", "fingerprint", "model_list"]
+
+_PARAM_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyz_.[]0123456789")
+
+
+def fingerprint(model: str, version: int) -> str:
+    return f"rlserve-{model}-v{version}"
+
+
+@dataclass(slots=True)
+class Answer:
+    """One call's answer, whole (:meth:`body`) or as chunks (:meth:`chunks`, :meth:`end`)."""
+
+    endpoint: Endpoint
+    request_id: str
+    created: int  # unix seconds
+    model: str
+    logprobs: bool
+    include_usage: bool = False
+    codec: TextCodec | None = None  # tokens' texts for their log-probs
+    _detokenizer: Detokenizer | None = field(default=None, init=False)
+    _offset: int = field(default=0, init=False)  # completions: characters so far
+    _first: bool = field(default=True, init=False)  # chat: the role not yet sent
+
+    @property
+    def id(self) -> str:
+        prefix = "chatcmpl-" if self.endpoint is Endpoint.CHAT else "cmpl-"
+        return prefix + self.request_id
+
+    @property
+    def chat(self) -> bool:
+        return self.endpoint is Endpoint.CHAT
+
+    # ------------------------------------------------------------------ whole
+
+    def body(self, result: GenerationResult) -> dict[str, Any]:
+        logprobs = None
+        if self.logprobs:
+            pieces = self._pieces(result.token_ids)
+            logprobs = self._logprobs(pieces, result.log_probs)
+        choice: dict[str, Any] = {"index": 0}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": result.text}
+        else:
+            choice["text"] = result.text
+        choice |= {"logprobs": logprobs, "finish_reason": result.finish_reason.value}
+        kind = "chat.completion" if self.chat else "text_completion"
+        return {**self._head(kind, result.version), "choices": [choice], "usage": usage(result)}
+
+    # ------------------------------------------------------------------ streamed
+
+    def chunks(self, version: int, events: Iterable[TokenEvent]) -> list[dict[str, Any]]:
+        """The chunks of some token events: one per event that adds text (or whose
+        log-prob is wanted)."""
+        chunks = []
+        for event in events:
+            if not event.text and not self.logprobs:
+                continue
+            logprobs = None
+            if self.logprobs:
+                piece = self._stream_detokenizer().push(event.token_id)
+                logprobs = self._logprobs([piece], [event.log_prob])
+            chunks.append(self._chunk(version, event.text, logprobs, None))
+        return chunks
+
+    def end(self, result: GenerationResult) -> list[dict[str, Any]]:
+        """The last chunks: the finish reason, then the token counts when asked for."""
+        chunks = [self._chunk(result.version, "", None, result.finish_reason.value)]
+        if self.include_usage:
+            kind = "chat.completion.chunk" if self.chat else "text_completion"
+            chunks.append(
+                {**self._head(kind, result.version), "choices": [], "usage": usage(result)}
+            )
+        return chunks
+
+    def _chunk(
+        self, version: int, text: str, logprobs: dict[str, Any] | None, finish: str | None
+    ) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0}
+        if self.chat:
+            delta: dict[str, Any] = {"content": text} if text or self._first else {}
+            if self._first:
+                delta["role"], self._first = "assistant", False
+            choice["delta"] = delta
+        else:
+            choice["text"] = text
+        choice |= {"logprobs": logprobs, "finish_reason": finish}
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        chunk = {**self._head(kind, version), "choices": [choice]}
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    # ------------------------------------------------------------------ parts
+
+    def _head(self, kind: str, version: int) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": fingerprint(self.model, version),
+        }
+
+    def _pieces(self, token_ids: Sequence[int]) -> list[str]:
+        """Each token's text: what it adds to the decoded text of those before it."""
+        if self.codec is None:
+            return ["" for _ in token_ids]
+        detokenizer = Detokenizer(self.codec)
+        pieces = [detokenizer.push(token) for token in token_ids]
+        if pieces:
+            pieces[-1] += detokenizer.flush()
+        return pieces
+
+    def _stream_detokenizer(self) -> Detokenizer:
+        if self._detokenizer is None:
+            assert self.codec is not None
+            self._detokenizer = Detokenizer(self.codec)
+        return self._detokenizer
+
+    def _logprobs(self, pieces: list[str], log_probs: Sequence[float]) -> dict[str, Any]:
+        if self.chat:
+            content = [
+                {
+                    "token": piece,
+                    "logprob": log_prob,
+                    "bytes": list(piece.encode()),
+                    "top_logprobs": [],
+                }
+                for piece, log_prob in zip(pieces, log_probs, strict=True)
+            ]
+            return {"content": content, "refusal": None}
+        offsets = []
+        for piece in pieces:
+            offsets.append(self._offset)
+            self._offset += len(piece)
+        return {
+            "tokens": pieces,
+            "token_logprobs": list(log_probs),
+            "top_logprobs": None,
+            "text_offset": offsets,
+        }
+
+
+def usage(result: GenerationResult) -> dict[str, int]:
+    completion = len(result.token_ids)
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": result.prompt_tokens + completion,
+    }
+
+
+def error(failure: RLServeError) -> ErrorAnswer:
+    """An error as OpenAI writes it, with the status its clients map to their exceptions."""
+    status = http_status(failure)
+    if failure.code is ErrorCode.INVALID_INPUT:
+        status = 400  # OpenAI's status for a request that does not fit
+    code, param = failure.code.value, _param(failure.message)
+    if failure.code is ErrorCode.NOT_FOUND and failure.message.startswith("model "):
+        code, param = "model_not_found", "model"
+    body = {
+        "error": {"message": failure.message, "type": _type(status), "param": param, "code": code}
+    }
+    return ErrorAnswer(status, body)
+
+
+def _type(status: int) -> str:
+    if status == 429:
+        return "rate_limit_error"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def _param(message: str) -> str | None:
+    """The field an error message names first (``field: ...``), if it names one."""
+    head, sep, _ = message.partition(":")
+    if sep and head and set(head) <= _PARAM_CHARACTERS and not head[0].isdigit():
+        return head
+    return None
+
+
+def model_list(models: Iterable[str], created: int) -> dict[str, Any]:
+    """OpenAI's list of models: the language models served (what the completion routes
+    take)."""
+    data = [
+        {"id": name, "object": "model", "created": created, "owned_by": "rlserve"}
+        for name in models
+    ]
+    return {"object": "list", "data": data}

@@ -1,0 +1,268 @@
+"""OpenAI-compatible request bodies (``/v1/completions``, ``/v1/chat/completions``) as
+rlserve generate calls.
+
+:func:`parse` checks the fields that only the OpenAI protocol has (``model``, ``n``,
+``stream_options``, ``logprobs``, the fields accepted only at their neutral value) and
+turns the others into the native generate fields, which ``serve.lm.requests`` checks as
+for ``POST /v1/models/{model}/generate``. Errors found there name the native field; a
+call's :meth:`OpenAICall.renamed` names the OpenAI field instead (``max_new_tokens`` is
+``max_tokens`` here).
+
+What is refused, and why: ``n`` > 1 (one choice per request), top alternatives
+(``logprobs`` > 0 on completions, ``top_logprobs`` > 0 on chat: only the chosen token's
+log-prob is computed), prompts as token ids or several prompts in one call, tools,
+structured output, penalties and logit biases. ``user`` is accepted and ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from serve.errors import InvalidInput
+
+__all__ = ["Endpoint", "OpenAICall", "Options", "parse"]
+
+
+class Endpoint(StrEnum):
+    COMPLETIONS = "/v1/completions"
+    CHAT = "/v1/chat/completions"
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """How the answer is written, beyond what is generated."""
+
+    stream: bool
+    include_usage: bool  # streaming: a last chunk with the token counts
+    logprobs: bool  # the chosen tokens' log-probs
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAICall:
+    endpoint: Endpoint
+    model: str
+    generate: dict[str, Any]  # the native generate fields (serve.lm.requests)
+    options: Options
+    names: dict[str, str]  # native field name -> the OpenAI name the caller used
+
+    def renamed(self, error: InvalidInput) -> InvalidInput:
+        """An error about a native field, naming the OpenAI field instead."""
+        field, sep, rest = error.message.partition(":")
+        name = self.names.get(field)
+        if not sep or name is None:
+            return error
+        return InvalidInput(f"{name}:{rest}")
+
+
+# Fields accepted only at the value that changes nothing, and what that value is.
+_NEUTRAL: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "n": (lambda v: v is None or (v == 1 and not isinstance(v, bool)), "1"),
+    "best_of": (lambda v: v is None or (v == 1 and not isinstance(v, bool)), "1"),
+    "echo": (lambda v: v is None or v is False, "false"),
+    "suffix": (lambda v: v is None or v == "", "null"),
+    "frequency_penalty": (lambda v: v is None or (v == 0 and not isinstance(v, bool)), "0"),
+    "presence_penalty": (lambda v: v is None or (v == 0 and not isinstance(v, bool)), "0"),
+    "logit_bias": (lambda v: v is None or v == {}, "null or {}"),
+    "response_format": (lambda v: v is None or v == {"type": "text"}, '{"type": "text"}'),
+    "tools": (lambda v: v is None or v == [], "null or []"),
+    "tool_choice": (lambda v: v is None or v == "none", '"none"'),
+}
+_WHY_NOT: dict[str, str] = {
+    "n": "this server generates one choice per request; send n requests instead, with "
+    "different seeds or none to get different samples",
+    "best_of": "this server generates one choice per request",
+    "echo": "the prompt is not repeated in the answer",
+    "suffix": "insertion (a suffix after the completion) is not supported",
+    "frequency_penalty": "penalties are not supported",
+    "presence_penalty": "penalties are not supported",
+    "logit_bias": "logit biases are not supported",
+    "response_format": "structured output is not supported",
+    "tools": "tool calls are not supported",
+    "tool_choice": "tool calls are not supported",
+}
+# Passed on to the native generate call as they are (top_k and ignore_eos: extensions, as
+# other OpenAI-compatible servers have them).
+_NATIVE = ("temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+_COMMON = ("model", *_NATIVE, "max_tokens", "stream", "stream_options", "logprobs", "user")
+COMPLETION_FIELDS = frozenset(
+    (*_COMMON, "prompt", "n", "best_of", "echo", "suffix", "frequency_penalty",
+     "presence_penalty", "logit_bias")
+)  # fmt: skip
+CHAT_FIELDS = frozenset(
+    (*_COMMON, "messages", "max_completion_tokens", "top_logprobs", "n", "frequency_penalty",
+     "presence_penalty", "logit_bias", "response_format", "tools", "tool_choice",
+     "parallel_tool_calls")
+)  # fmt: skip
+
+
+def parse(endpoint: Endpoint, payload: dict[str, Any]) -> OpenAICall:
+    """An OpenAI request body as a generate call, or InvalidInput naming the field."""
+    chat = endpoint is Endpoint.CHAT
+    _known(payload, CHAT_FIELDS if chat else COMPLETION_FIELDS, endpoint)
+    for field, (neutral, valid) in _NEUTRAL.items():
+        if field in payload and not neutral(payload[field]):
+            raise InvalidInput(
+                f"{field}: {_shown(payload[field])} is not supported ({_WHY_NOT[field]}); "
+                f"leave it out or send {valid}"
+            )
+    generate = {field: payload[field] for field in _NATIVE if payload.get(field) is not None}
+    names = {"max_new_tokens": "max_tokens"}
+    if chat:
+        generate["messages"] = _messages(payload.get("messages"))
+        budget, names["max_new_tokens"] = _chat_budget(payload)
+    else:
+        generate["prompt"] = _prompt(payload.get("prompt"))
+        budget = payload.get("max_tokens")
+    if budget is not None:
+        generate["max_new_tokens"] = budget
+    options = _options(payload, chat=chat)
+    return OpenAICall(endpoint, _model(payload.get("model")), generate, options, names)
+
+
+def _known(payload: dict[str, Any], fields: frozenset[str], endpoint: Endpoint) -> None:
+    unknown = sorted(set(payload) - fields)
+    if unknown:
+        raise InvalidInput(
+            f"{unknown[0]}: not a field this server reads on {endpoint.value} (unknown: "
+            f"{unknown}); it reads {sorted(fields)}"
+        )
+
+
+def _model(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(
+            f"model: expected the name of a served model (GET /v1/models lists them), got "
+            f"{_shown(value)}"
+        )
+    return value
+
+
+def _prompt(value: Any) -> Any:
+    """The one prompt of a completions call, as text (``[text]`` is one prompt too); any
+    other value goes on for serve.lm.requests to refuse, naming it."""
+    if not isinstance(value, list):
+        return value
+    if not value:
+        raise InvalidInput("prompt: an empty list; give the prompt as a string of text")
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in value) or all(
+        isinstance(v, list) for v in value
+    ):
+        raise InvalidInput(
+            "prompt: token ids are not taken here; send the prompt as text (the model's "
+            "tokenizer encodes it)"
+        )
+    if len(value) > 1:
+        raise InvalidInput(
+            f"prompt: {len(value)} prompts given; this server completes one prompt per "
+            "request: send one request per prompt"
+        )
+    return value[0]
+
+
+def _messages(value: Any) -> Any:
+    """Chat messages with their content as text: a list of text parts is joined; any
+    other shape goes on for serve.lm.requests to refuse, naming it."""
+    if not isinstance(value, list):
+        return value
+    messages = []
+    for index, message in enumerate(value):
+        if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+            messages.append(message)
+            continue
+        messages.append({**message, "content": _text_parts(message["content"], index)})
+    return messages
+
+
+def _text_parts(parts: list[Any], index: int) -> str:
+    texts = []
+    for k, part in enumerate(parts):
+        if not isinstance(part, dict) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, dict) else _shown(part)
+            raise InvalidInput(
+                f"messages[{index}].content[{k}]: a {kind!s} part; only text parts "
+                '({"type": "text", "text": "..."}) are taken by a language model'
+            )
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise InvalidInput(
+                f"messages[{index}].content[{k}].text: expected a string, got {_shown(text)}"
+            )
+        texts.append(text)
+    return "".join(texts)
+
+
+def _chat_budget(payload: dict[str, Any]) -> tuple[Any, str]:
+    """The new-token budget of a chat call and the field that gave it: max_completion_tokens
+    (OpenAI's current name) or max_tokens (its former one); both only when they agree."""
+    newer, older = payload.get("max_completion_tokens"), payload.get("max_tokens")
+    if newer is not None and older is not None and newer != older:
+        raise InvalidInput(
+            f"max_completion_tokens: {_shown(newer)} while max_tokens is {_shown(older)}; "
+            "send one of them (max_tokens is the former name of max_completion_tokens)"
+        )
+    if newer is not None:
+        return newer, "max_completion_tokens"
+    return older, "max_tokens"
+
+
+def _options(payload: dict[str, Any], *, chat: bool) -> Options:
+    stream = payload.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidInput(f"stream: expected true or false, got {_shown(stream)}")
+    include_usage = _include_usage(payload.get("stream_options"))
+    return Options(bool(stream), include_usage, _logprobs(payload, chat=chat))
+
+
+def _include_usage(value: Any) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, dict) or set(value) - {"include_usage"}:
+        raise InvalidInput(
+            f'stream_options: expected {{"include_usage": true or false}}, got {_shown(value)}'
+        )
+    include = value.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise InvalidInput(
+            f"stream_options.include_usage: expected true or false, got {_shown(include)}"
+        )
+    return include
+
+
+def _logprobs(payload: dict[str, Any], *, chat: bool) -> bool:
+    """Whether the chosen tokens' log-probs are wanted: chat's ``logprobs`` (true or false)
+    and ``top_logprobs`` (0 only); completions' ``logprobs`` (an integer; 0 only)."""
+    value = payload.get("logprobs")
+    if chat:
+        if value is not None and not isinstance(value, bool):
+            raise InvalidInput(f"logprobs: expected true or false, got {_shown(value)}")
+        top = payload.get("top_logprobs")
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
+            raise InvalidInput(f"top_logprobs: expected an integer >= 0, got {_shown(top)}")
+        if top:
+            raise InvalidInput(
+                f"top_logprobs: {top} asks for the {top} most likely alternatives of each "
+                "token, which this server does not compute; send 0 (or leave it out) with "
+                '"logprobs": true for the chosen tokens\' log-probs'
+            )
+        return bool(value)
+    if value is None:
+        return False
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput(f"logprobs: expected an integer >= 0, got {_shown(value)}")
+    if value > 0:
+        raise InvalidInput(
+            f"logprobs: {value} asks for the {value} most likely alternatives of each token, "
+            "which this server does not compute; send 0 for the chosen tokens' log-probs"
+        )
+    return True
+
+
+def _shown(value: Any) -> str:
+    """A value as an error message shows it: itself when short, else its type."""
+    if value is None:
+        return "nothing (null or missing)"
+    text = repr(value)
+    return text if len(text) <= 60 else f"a {type(value).__name__}"
