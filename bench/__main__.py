@@ -1,6 +1,7 @@
 """Side by side in one run: rlserve, a plain FastAPI app and raw onnxruntime (issue #8),
 rlserve under overload (issue #9), rlserve's Open Inference Protocol under perf_analyzer,
-and the inference side of RL training: rollout workers and experience buffers (issue #11).
+the inference side of RL training: rollout workers and experience buffers (issue #11), and
+language-model generation with continuous batching (issue #12).
 
     python -m bench [--seconds 8] [--only mlp-64 --only actor] [--output docs/benchmarks.md]
 
@@ -21,6 +22,9 @@ Scenarios (all by default):
                                        perf_analyzer, see below
   loop                                 rollout workers through rlserve serve and experience
                                        buffers (issue #11), see below
+  lm                                   generation from a DPO policy: rlserve serve at 1, 8
+                                       and 32 streams against transformers and
+                                       onnxruntime-genai (issue #12), see below
 
 overload: one rlserve serve process (mlp). Saturation: wrk at 8, 16, 32 and 64
 connections; goodput = 2xx answers/s, its peak is reached at C* connections. Overload:
@@ -54,10 +58,27 @@ envs, >= 2,000 steps/s with one env, buffer p99 < 5 ms (memory, file, redis), an
 reference criteria (inference p99 < 50 ms, > 1,000 frames/s, buffer p99 < 10 ms on every
 backend). `--only loop --seconds 8` takes about 90 seconds.
 
+lm (bench/lm.py): the tiny policies of examples/lm/tiny_policy.py (genuine TRL runs on a
+Llama and a Qwen2 made from a config) built once into .cache/bench-lm; llama_dpo exported
+with `rlserve export lm` (its parity gate included), its config.yaml raising the default
+deadline and max_sequences to 32. 32 prompts of exactly 16 tokens; every engine generates
+greedily and exactly 128 new tokens per request (`"ignore_eos": true` on the server).
+transformers.generate one request after another and onnxruntime-genai's static batch of
+8 (its model builder's export), each alone on core 0 with one thread; then rlserve serve
+on core 0 and a streaming client (SSE, asyncio + httptools) on core 1 at 1, 8 and 32
+closed-loop streams: tokens/s, TTFT p50/p99 and inter-token p99 at the client, and the
+server's mean sequences per decoding step (its rlserve_lm_step_sequences histogram).
+Then the TTFT test: a short request's TTFT on the idle server and while 7 long
+generations (224 tokens) run, 5 times. Targets: at 8 streams >= 10x transformers
+sequential and >= 40% of the genai batch of 8; TTFT under 7 running generations < 3x the
+idle TTFT. `--only lm --seconds 8` takes about two minutes (the first run builds the
+policies: half a minute more).
+
 Needs wrk and taskset on PATH, two CPU cores, and the test install (torch and
-stable-baselines3 build the mlp and cnn models). Writes docs/benchmarks.md unless told
-otherwise; a document from a subset says which scenarios it holds, except `--only oip` or
-`--only loop` alone into an existing benchmarks document: that replaces only its own
+stable-baselines3 build the mlp and cnn models; transformers, trl, peft and
+onnxruntime-genai the lm scenario). Writes docs/benchmarks.md unless told otherwise; a
+document from a subset says which scenarios it holds, except `--only oip`, `--only loop`
+or `--only lm` alone into an existing benchmarks document: that replaces only its own
 section and its rows of the Targets table, keeping the rest of the document.
 """
 
@@ -76,6 +97,7 @@ from pathlib import Path
 
 from bench import (
     cpu,
+    lm,
     load,
     loop,
     models,
@@ -148,7 +170,7 @@ def main() -> None:
         parser.error("--deadline-ms takes a positive number of milliseconds")
     chosen = tuple(n for n in scenarios.NAMES if args.only is None or n in args.only)
     cpu.require_cores()
-    if any(n not in (scenarios.RAW, scenarios.ACTOR, scenarios.LOOP) for n in chosen):
+    if any(n not in (scenarios.RAW, scenarios.ACTOR, scenarios.LOOP, scenarios.LM) for n in chosen):
         load.require_wrk()
     results = Results(_conditions(args, chosen))
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
@@ -174,12 +196,15 @@ def main() -> None:
         if scenarios.LOOP in chosen:
             _say("cartpole: RL loop (rollout workers, experience buffers)")
             results.loop = loop.run(repository / "cartpole", workdir, args.seconds, args.warmup)
+        if scenarios.LM in chosen:
+            _say("llama_dpo: language-model generation (continuous batching)")
+            results.lm = lm.run(workdir, args.seconds, args.warmup)
     _write(args.output, results, chosen)
 
 
 def _write(output: Path, results: Results, chosen: tuple[str, ...]) -> None:
-    """The document; ``--only oip`` or ``--only loop`` alone replaces that scenario's
-    section of an existing one."""
+    """The document; ``--only oip``, ``--only loop`` or ``--only lm`` alone replaces that
+    scenario's section of an existing one."""
     verdicts = targets.judge(results)
     if len(chosen) == 1 and chosen[0] in scenarios.SPLICED and output.is_file():
         spliced = None
@@ -187,6 +212,8 @@ def _write(output: Path, results: Results, chosen: tuple[str, ...]) -> None:
             spliced = report.splice_oip(output.read_text(), results.oip, verdicts)
         elif results.loop is not None:
             spliced = report.splice_loop(output.read_text(), results.loop, verdicts)
+        elif results.lm is not None:
+            spliced = report.splice_lm(output.read_text(), results.lm, verdicts)
         if spliced is not None:
             output.write_text(spliced)
             _say(f"replaced the {chosen[0]} section of {output}")

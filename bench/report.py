@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 
 import onnxruntime
 
-from bench import loop, oip, overload, scenarios, servers, targets
+from bench import lm, lm_child, loop, oip, overload, scenarios, servers, targets
+from bench.lm import BaselineRun, LmRun, ServerRun
 from bench.loop import BufferRun, LoopRun, WorkerRun
 from bench.oip import OipRun, PerfRun
 from bench.overload import GoodputRun, OverloadRun
@@ -54,6 +56,8 @@ def render(results: Results, verdicts: list[Verdict]) -> str:
         parts.append(_oip_section(results.oip))
     if results.loop is not None:
         parts.append(_loop_section(results.loop))
+    if results.lm is not None:
+        parts.append(_lm_section(results.lm))
     parts.append(_READING)
     return "\n".join(parts)
 
@@ -77,6 +81,11 @@ def _header(c: Conditions) -> str:
         own_runs += (
             " (the loop scenario: rollout workers and buffers measured as long, after their "
             "own warm-up)"
+        )
+    if scenarios.LM in c.scenarios:
+        own_runs += (
+            " (the lm scenario: each engine and each concurrency measured as long, the "
+            "server's after its own warm-up)"
         )
     return (
         "# Benchmarks\n\n"
@@ -322,6 +331,12 @@ def splice_loop(document: str, run: LoopRun, verdicts: list[Verdict]) -> str | N
     """``document`` with its loop section and the loop rows of its Targets table replaced
     by this run's; None when it is no benchmarks document."""
     return _splice(document, LOOP_HEADING, _loop_section(run), verdicts, targets.LOOP_PREFIX)
+
+
+def splice_lm(document: str, run: LmRun, verdicts: list[Verdict]) -> str | None:
+    """``document`` with its lm section and the lm rows of its Targets table replaced by
+    this run's; None when it is no benchmarks document."""
+    return _splice(document, LM_HEADING, _lm_section(run), verdicts, targets.LM_PREFIX)
 
 
 def _splice(
@@ -728,3 +743,201 @@ _READING = """## Reading the numbers
   scaling change from run to run; comparing servers measured minutes apart on the same
   cores is meaningful, comparing this document with another run's is not.
 """
+
+
+LM_HEADING = "## Language-model generation (issue #12)"
+
+
+def _lm_section(run: LmRun) -> str:
+    lines = [
+        LM_HEADING,
+        "",
+        _LM_METHOD.format(
+            when=run.when,
+            took=_duration(run.seconds),
+            machine=run.machine,
+            load=run.load_before,
+            load_after=run.load_after,
+            model=run.model or "the recipe's llama_dpo",
+            export=f"{run.export_s:.0f}",
+            prompts=lm.PROMPTS,
+            prompt_tokens=lm.PROMPT_TOKENS,
+            new_tokens=lm.NEW_TOKENS,
+            deadline=f"{lm.DEADLINE_MS:,.0f}",
+            sequences=lm.MAX_SEQUENCES,
+            batch=lm.GENAI_BATCH,
+            levels=", ".join(map(str, lm.CONCURRENCY)),
+            warmup=f"{run.warmup_s:g}",
+            seconds=f"{run.measured_s:g}",
+        ),
+        "",
+        "| target | measured | result |",
+        "|---|---:|---|",
+        *(_target_row(v) for v in targets.lm_verdicts(run)),
+    ]
+    if run.setup_failure is not None:
+        lines += ["", f"Nothing measured: {run.setup_failure}"]
+        return "\n".join(lines) + "\n"
+    sequential = run.transformers.result if run.transformers else None
+    genai = run.genai.result if run.genai else None
+    reference = (
+        sequential.tokens_per_s if sequential else 0.0,
+        genai.tokens_per_s if genai else 0.0,
+    )
+    lines += [
+        "",
+        f"### Tokens/s: {lm.PROMPT_TOKENS}-token prompts, exactly {lm.NEW_TOKENS} new tokens "
+        "each, greedy",
+        "",
+        "| engine | concurrent requests | tokens/s | requests | TTFT p50 ms | TTFT p99 ms "
+        "| inter-token p50 / p99 ms | sequences per decoding step (server) "
+        f"| vs transformers | of genai batch {lm.GENAI_BATCH} | server CPU µs/token "
+        "| client core busy |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [_baseline_row(b, reference) for b in (run.transformers, run.genai) if b]
+    lines += [_lm_server_row(r, reference) for r in run.servers]
+    lines += _lm_cost(run)
+    lines += ["", "### Time to first token with 7 long generations running", ""]
+    lines += _ttft_table(run)
+    failures = [f"{r.concurrency} streams: {r.failure}" for r in run.servers if r.failure]
+    failures += [
+        f"{b.label}: {b.failure}" for b in (run.transformers, run.genai) if b and b.failure
+    ]
+    if run.ttft_failure:
+        failures.append(f"TTFT test: {run.ttft_failure}")
+    if failures:
+        lines += ["", "Not measured:", ""]
+        lines += [f"- {text}" for text in failures]
+    lines += ["", _LM_READING.format(batch=lm.GENAI_BATCH, sequences=lm.MAX_SEQUENCES)]
+    return "\n".join(lines) + "\n"
+
+
+def _baseline_row(run: BaselineRun, reference: tuple[float, float]) -> str:
+    r = run.result
+    if r is None:
+        return f"| {run.label} | | failed: {(run.failure or '').replace('|', '/')} |" + " |" * 9
+    concurrent = "1 (one after another)" if r.batch == 1 else f"{r.batch} (one static batch)"
+    ttft = r.ttft_s
+    p50 = f"{lm_child.percentile_ms(ttft, 50):.1f}" if ttft else "n/a"
+    p99 = f"{lm_child.percentile_ms(ttft, 99):.1f}" if ttft else "n/a"
+    return (
+        f"| {run.label} | {concurrent} | {r.tokens_per_s:,.0f} | {r.requests:,} | {p50} | {p99} "
+        f"| n/a | {r.batch} | {_times(r.tokens_per_s, reference[0])} "
+        f"| {_share(r.tokens_per_s, reference[1])} | n/a | n/a |"
+    )
+
+
+def _lm_server_row(run: ServerRun, reference: tuple[float, float]) -> str:
+    head = f"| rlserve serve | {run.concurrency} stream{'s' if run.concurrency > 1 else ''} "
+    r = run.result
+    if r is None:
+        return f"{head}| failed: {(run.failure or '').replace('|', '/')} |" + " |" * 9
+    errors = f" ({r.errors} errors)" if r.errors else ""
+    return (
+        f"{head}| {r.tokens_per_s:,.0f} | {r.requests:,}{errors} | {r.ttft_p50_ms:.1f} "
+        f"| {r.ttft_p99_ms:.1f} | {r.inter_token_p50_ms:.2f} / {r.inter_token_p99_ms:.1f} "
+        f"| {r.step_sequences_mean:.1f} | {_times(r.tokens_per_s, reference[0])} "
+        f"| {_share(r.tokens_per_s, reference[1])} | {_maybe(run.cpu_us_per_token, '{:,.0f}')} "
+        f"| {r.client_busy:.0%} |"
+    )
+
+
+def _lm_cost(run: LmRun) -> list[str]:
+    """The server's CPU per token at the target concurrency against the genai batch's."""
+    server = run.server(lm.TARGET_CONCURRENCY)
+    genai = run.genai.result if run.genai else None
+    mine = server.cpu_us_per_token if server else None
+    if mine is None or genai is None or not genai.tokens_per_s:
+        return []
+    theirs = 1e6 / genai.tokens_per_s
+    return [
+        "",
+        f"At {lm.TARGET_CONCURRENCY} streams the server spent {mine:,.0f} µs of CPU per "
+        f"streamed token (decoding, scheduling, HTTP and one server-sent event per token on "
+        f"one core); onnxruntime-genai's static batch of {genai.batch} spends {theirs:,.0f} "
+        "µs of its core per token (10⁶ ÷ its tokens/s).",
+    ]
+
+
+def _ttft_table(run: LmRun) -> list[str]:
+    t = run.ttft
+    if t is None:
+        return [f"Not measured: {run.ttft_failure or 'not run'}."]
+
+    def row(label: str, values: list[float]) -> str:
+        if not values:
+            return f"| {label} | 0 | n/a | n/a | n/a | |"
+        shown = ", ".join(f"{v:.1f}" for v in values)
+        return (
+            f"| {label} | {len(values)} | {statistics.median(values):.1f} "
+            f"| {min(values):.1f} | {max(values):.1f} | {shown} |"
+        )
+
+    running = sum(t.still_running)
+    return [
+        f"A request for {t.probe_tokens} new tokens (the same prompt every time), sent alone "
+        f"to the idle server, then while {t.running} generations of {t.long_tokens} new "
+        f"tokens decode (sent together; the probe goes once each has streamed "
+        f"{lm_child.STARTED_TOKENS} tokens). The {t.running} were still decoding when the "
+        f"probe's first token came in {running} of {len(t.still_running)} trials; errors: "
+        f"{t.errors}.",
+        "",
+        "| probe arrives | trials | TTFT median ms | min ms | max ms | every trial, ms |",
+        "|---|---:|---:|---:|---:|---|",
+        row("idle server", t.idle_ms),
+        row(f"{t.running} generations running", t.loaded_ms),
+        "",
+        f"Ratio of the medians: **{t.ratio:.1f}x** (target < {lm.MAX_TTFT_RATIO:g}x).",
+    ]
+
+
+def _times(rate: float, reference: float) -> str:
+    return f"{rate / reference:.1f}x" if reference else "n/a"
+
+
+_LM_METHOD = """\
+Measured on {when} in {took} (the scenario `lm`: `python -m bench --only lm`, or part of a
+full run), on {machine}; load average {load} before, {load_after} after. The model is the
+tiny DPO policy of `examples/lm/tiny_policy.py` (`llama_dpo`: {model}; a genuine
+`trl.DPOTrainer` run, full weights), exported with `rlserve export lm` in {export} s, its
+parity gate included. {prompts} prompts of exactly {prompt_tokens} tokens (BOS included)
+from the recipe's synthetic language; every engine decodes greedily and exactly
+{new_tokens} new tokens per request (the server with `"ignore_eos": true`, the baselines
+with `min_new_tokens` / `min_length`): the policy would stop after a few tokens otherwise.
+
+- **transformers.generate, sequential**: the source directory in transformers, one
+  request after another, one torch thread, alone on core 0 (`bench/lm_baselines.py`).
+  Its TTFT is `generate` of one new token (prefill and first choice, in process).
+- **onnxruntime-genai, static batch of {batch}**: onnxruntime-genai's model builder
+  exports the same directory (fp32, CPU: its GroupQueryAttention graph) and its own
+  generator runs static batches of {batch} prompts, one intra-op thread, alone on core 0:
+  the in-process ceiling, with no server, no HTTP and nobody joining or leaving mid-batch.
+- **rlserve serve**: one process on core 0 (one intra-op thread, the default), the
+  model's `config.yaml` raising `default_deadline_ms` to {deadline} and `max_sequences`
+  to {sequences}. The client (`bench/lm_child.py`: asyncio, httptools parsing) on core 1 keeps
+  {levels} streaming requests (`"stream": true`, server-sent events) in a closed loop:
+  {warmup} s of warm-up, then {seconds} s measured. Tokens/s counts the tokens that
+  reached the client in the window; TTFT and inter-token gaps are the client's, for the
+  requests sent in it; the server's `rlserve_lm_step_sequences` histogram, read at both
+  ends of the window, gives the mean sequences per decoding step. Then the TTFT test on
+  the same server (below).
+
+Every engine measured for {seconds} s (one call at least), one after another."""
+
+_LM_READING = """\
+**How to read it.** All three engines share one core (core 0), so tokens/s compare what a
+core gives each. A stream's tokens come in network reads; the tokens of one read share its
+arrival time (a gap of 0 between them), so a p50 near 0 would mean tokens arrive in
+bunches; the p99 is the longest wait between two reads: a decoding step with every
+running sequence, prefills of newcomers, and the event loop's own turn. *Sequences per
+decoding step* is the server's mean batch occupancy over the window (at most
+`max_sequences`, {sequences}): below the number of streams, part of the streams were
+waiting outside the batch (in the queue, being prefilled, or between a finished answer and
+the next request's arrival). *Server CPU µs/token* is the CPU time of
+the server process over the client's whole run (warm-up included) divided by the tokens
+it streamed; with decoding, HTTP and server-sent events on one core, it bounds tokens/s
+at 10⁶ ÷ µs/token. *Client core busy* is the client's CPU time over the window as a share
+of core 1: near 100% the client, not the server, would set the pace. onnxruntime-genai's
+static batch of {batch} is a ceiling, not a peer: equal-length prompts, no server, no
+per-token events, no joining or leaving mid-batch."""

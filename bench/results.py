@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bench.actor import ActorResult
+from bench.lm import LmRun
 from bench.load import LoadResult
 from bench.loop import LoopRun
 from bench.oip import OipRun
@@ -73,6 +74,7 @@ class Results:
     overload: OverloadRun | None = None
     oip: OipRun | None = None
     loop: LoopRun | None = None
+    lm: LmRun | None = None
 
     def find(self, scenario: str, setup_key: str) -> LoadRun | None:
         for run in self.load:

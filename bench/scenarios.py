@@ -4,9 +4,10 @@ Scenario names are what ``python -m bench --only`` accepts. The wrk scenarios po
 observation per request (seeded, so every run sends the same bytes) to every server setup;
 ``raw`` times onnxruntime alone, ``actor`` runs the CartPole actor (see bench/actor.py),
 ``overload`` measures goodput at saturation and at 10x (see bench/overload.py), ``oip``
-the Open Inference Protocol under Triton's perf_analyzer (see bench/oip.py) and ``loop``
+the Open Inference Protocol under Triton's perf_analyzer (see bench/oip.py), ``loop``
 the inference side of RL training: rollout workers and experience buffers (see
-bench/loop.py).
+bench/loop.py), and ``lm`` language-model generation with continuous batching against
+transformers and onnxruntime-genai (see bench/lm.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ ACTOR = "actor"
 OVERLOAD = "overload"
 OIP = "oip"
 LOOP = "loop"
+LM = "lm"
 STOCHASTIC_OUTPUTS = ("actions", "log_probs", "values")
 
 
@@ -46,8 +48,8 @@ WRK = (
     Scenario("cnn-64", "cnn", "cnn", 64),
     Scenario("cartpole-64", "cartpole", "cartpole", 64),
 )
-NAMES = (*(s.name for s in WRK), RAW, ACTOR, OVERLOAD, OIP, LOOP)
-SPLICED = (OIP, LOOP)  # alone into an existing document: replace only their own section
+NAMES = (*(s.name for s in WRK), RAW, ACTOR, OVERLOAD, OIP, LOOP, LM)
+SPLICED = (OIP, LOOP, LM)  # alone into an existing document: replace only their own section
 MODELS = ("cartpole", "mlp", "cnn")  # every model of the repository, in document order
 
 

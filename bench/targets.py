@@ -1,5 +1,5 @@
-"""The targets of issues #8, #9 and #11, and of the Open Inference Protocol, judged on the
-numbers of one run: met, missed or not measured.
+"""The targets of issues #8, #9, #11 and #12, and of the Open Inference Protocol, judged on
+the numbers of one run: met, missed or not measured.
 
 "rlserve" in a target means ``rlserve serve`` (one process, pinned like the baseline).
 A run with errors, or with no request completed, misses its target whatever its numbers:
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench import loop, models, oip, overload, servers
+from bench import lm, loop, models, oip, overload, servers
 from bench.actor import Client
+from bench.lm import LmRun, ServerRun
 from bench.loop import LoopRun
 from bench.oip import OipRun
 from bench.overload import OverloadRun
@@ -45,6 +46,7 @@ def judge(results: Results) -> list[Verdict]:
         overload_verdict(results.overload),
         *oip_verdicts(results.oip),
         *loop_verdicts(results.loop),
+        *lm_verdicts(results.lm),
     ]
 
 
@@ -312,3 +314,87 @@ def _loop_frames(run: LoopRun | None) -> Verdict:
     parts = [f"{loop.envs(w.num_envs)}: {w.result.steps_per_s:,.0f}" for w in done if w.result]
     rate = best.result.steps_per_s if best.result else 0.0
     return Verdict(target, f"{rate:,.0f} frames/s ({'; '.join(parts)})", rate > minimum)
+
+
+LM_PREFIX = "lm: "  # every lm target starts so (a subset run replaces those rows)
+
+
+def lm_verdicts(run: LmRun | None) -> list[Verdict]:
+    """Issue #12: throughput at 8 concurrent streams against transformers run sequentially
+    and against onnxruntime-genai's static batch, and TTFT under running generations."""
+    return [_lm_sequential(run), _lm_genai(run), _lm_ttft(run)]
+
+
+def _lm_at_target(run: LmRun | None) -> tuple[ServerRun | None, str | None]:
+    """The server's run at lm.TARGET_CONCURRENCY, or why it cannot be judged."""
+    if run is None:
+        return None, "not run"
+    if run.setup_failure is not None:
+        return None, f"setup failed: {run.setup_failure[:200]}"
+    server = run.server(lm.TARGET_CONCURRENCY)
+    if server is None or server.result is None:
+        return None, f"failed: {server.failure if server else 'not run'}"
+    if server.result.errors or not server.result.requests:
+        r = server.result
+        return None, f"{r.requests} requests, {r.errors} errors: {r.error_sample[:150]}"
+    return server, None
+
+
+def _lm_sequential(run: LmRun | None) -> Verdict:
+    target = (
+        f"{LM_PREFIX}rlserve serve at {lm.TARGET_CONCURRENCY} concurrent streams ≥ "
+        f"{lm.MIN_SEQUENTIAL_RATIO:g}x the tokens/s of transformers.generate run sequentially"
+    )
+    return _lm_ratio(run, target, run.transformers if run else None, lm.MIN_SEQUENTIAL_RATIO)
+
+
+def _lm_genai(run: LmRun | None) -> Verdict:
+    target = (
+        f"{LM_PREFIX}rlserve serve at {lm.TARGET_CONCURRENCY} concurrent streams ≥ "
+        f"{lm.MIN_GENAI_SHARE:.0%} of the tokens/s of onnxruntime-genai's static batch of "
+        f"{lm.GENAI_BATCH}"
+    )
+    return _lm_ratio(run, target, run.genai if run else None, lm.MIN_GENAI_SHARE, share=True)
+
+
+def _lm_ratio(
+    run: LmRun | None,
+    target: str,
+    baseline: lm.BaselineRun | None,
+    minimum: float,
+    *,
+    share: bool = False,
+) -> Verdict:
+    server, why = _lm_at_target(run)
+    if server is None or server.result is None:
+        return Verdict(target, why or "not run", None if why == "not run" else False)
+    if baseline is None or baseline.result is None or not baseline.result.tokens_per_s:
+        reason = baseline.failure if baseline else "not run"
+        return Verdict(target, f"baseline not measured: {reason}", None)
+    mine, theirs = server.result.tokens_per_s, baseline.result.tokens_per_s
+    ratio = mine / theirs
+    shown = f"{ratio:.0%}" if share else f"{ratio:.1f}x"
+    return Verdict(target, f"{shown}: {mine:,.0f} against {theirs:,.0f} tokens/s", ratio >= minimum)
+
+
+def _lm_ttft(run: LmRun | None) -> Verdict:
+    target = (
+        f"{LM_PREFIX}time-to-first-token of a request arriving while 7 long generations run "
+        f"< {lm.MAX_TTFT_RATIO:g}x its time-to-first-token on an idle server (medians)"
+    )
+    if run is None:
+        return Verdict(target, "not run", None)
+    if run.setup_failure is not None:
+        return Verdict(target, f"setup failed: {run.setup_failure[:200]}", False)
+    t = run.ttft
+    if t is None:
+        return Verdict(target, f"failed: {run.ttft_failure}", False)
+    measured = (
+        f"{t.ratio:.1f}x: {t.loaded_p50_ms:.1f} ms against {t.idle_p50_ms:.1f} ms "
+        f"(loaded worst {max(t.loaded_ms, default=0.0):.1f} ms)"
+    )
+    if t.errors or not t.loaded_ms or not t.idle_ms:
+        return Verdict(target, f"{measured}; {t.errors} errors: {t.error_sample[:150]}", False)
+    if not all(t.still_running):
+        return Verdict(target, f"{measured}; the long generations ended first", False)
+    return Verdict(target, measured, t.ratio < lm.MAX_TTFT_RATIO)

@@ -51,6 +51,10 @@ _BOUNDS_HELP = (
 )
 
 _SEQUENCES_HELP = "language models: sequences decoded together, at most"
+_GENERATION_DEADLINE_HELP = (
+    "language models: per-request deadline of generate, score and the OpenAI routes "
+    "(a generation takes many decoding steps; default_deadline_ms is for one forward pass)"
+)
 _BATCH_TOKENS_HELP = (
     "language models: key/value-cache tokens the decoding sequences may hold together, each "
     "counted at its prompt plus max_new_tokens (a request larger than this runs alone)"
@@ -91,6 +95,7 @@ class ModelSettings(BaseModel):
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
     observation_bounds: ObservationBounds = Field(ObservationBounds.ALLOW, description=_BOUNDS_HELP)
     # Language models (continuous batching; max_queue_rows counts waiting requests there).
+    generation_deadline_ms: float = Field(60000.0, gt=0, description=_GENERATION_DEADLINE_HELP)
     max_sequences: PositiveInt = Field(16, description=_SEQUENCES_HELP)
     max_batch_tokens: PositiveInt = Field(16384, description=_BATCH_TOKENS_HELP)
     max_prefill_tokens: PositiveInt = Field(2048, description=_PREFILL_HELP)
@@ -126,6 +131,7 @@ class Settings(BaseSettings):
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
     observation_bounds: ObservationBounds = Field(ObservationBounds.ALLOW, description=_BOUNDS_HELP)
     max_body_bytes: PositiveInt = Field(4 * 1024 * 1024, description="larger bodies get 413")
+    generation_deadline_ms: float = Field(60000.0, gt=0, description=_GENERATION_DEADLINE_HELP)
     max_sequences: PositiveInt = Field(16, description=_SEQUENCES_HELP)
     max_batch_tokens: PositiveInt = Field(16384, description=_BATCH_TOKENS_HELP)
     max_prefill_tokens: PositiveInt = Field(2048, description=_PREFILL_HELP)

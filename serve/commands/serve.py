@@ -53,6 +53,10 @@ class ServeArgs:
     default_deadline_ms: float | None = field(
         default=None, metadata=arg("per-request deadline; " + _FROM_CONFIG + "1000")
     )
+    generation_deadline_ms: float | None = field(
+        default=None,
+        metadata=arg("language models: per-request deadline; " + _FROM_CONFIG + "60000"),
+    )
     providers: list[str] | None = field(
         default=None,
         metadata=arg("onnxruntime execution provider, repeat in order (default: auto)"),

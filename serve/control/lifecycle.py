@@ -189,6 +189,7 @@ class ModelLifeCycle:
                 "max_wait_ms": s.max_wait_ms,
                 "max_queue_rows": s.max_queue_rows,
                 "default_deadline_ms": s.default_deadline_ms,
+                "generation_deadline_ms": s.generation_deadline_ms,
                 "inline_max_ms": s.inline_max_ms,
             },
             "observation_bounds": s.observation_bounds.value,

@@ -177,7 +177,7 @@ class ModelRepositoryManager:
                 lifecycle.scheduler,
                 chosen,
                 version,
-                lifecycle.settings.default_deadline_ms,
+                _default_deadline_ms(lifecycle),
             )
         state = lifecycle.state if version is None else lifecycle.version_state(version)
         if state is ReadyState.LOADING:
@@ -240,6 +240,14 @@ class ModelRepositoryManager:
 
     async def stop(self) -> None:
         await asyncio.gather(*(m.scheduler.stop() for m in self.models.values()))
+
+
+def _default_deadline_ms(lifecycle: ModelLifeCycle) -> float:
+    """A call's deadline when it names none: one forward pass, or a whole generation."""
+    settings = lifecycle.settings
+    if isinstance(lifecycle.scheduler, ContinuousBatchScheduler):
+        return settings.generation_deadline_ms
+    return settings.default_deadline_ms
 
 
 def _kind_mismatch(lifecycle: ModelLifeCycle, model: object) -> str | None:

@@ -50,6 +50,7 @@ class GenerationSpec:
     request_id: str
     received_at: float  # monotonic seconds
     deadline: float  # monotonic seconds
+    ignore_eos: bool = False  # run exactly max_new_tokens: EOS is a token like any other
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ __all__ = ["GENERATE_FIELDS", "SCORE_FIELDS", "generation_spec", "score_spec"]
 
 GENERATE_FIELDS = (
     "prompt", "messages", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+    "ignore_eos",
 )  # fmt: skip
 SCORE_FIELDS = ("prompt", "messages", "completions")
 MAX_STOP_STRINGS = 16
@@ -41,6 +42,7 @@ def generation_spec(
         request_id,
         received_at,
         deadline,
+        ignore_eos=_flag(payload, "ignore_eos"),
     )
 
 
@@ -133,6 +135,13 @@ def _number(payload: dict[str, Any], field: str, valid: str, check: Any) -> floa
     if not number or not math.isfinite(value) or not check(value):
         raise InvalidInput(f"{field}: expected {valid}, got {_shown(value)}")
     return float(value)
+
+
+def _flag(payload: dict[str, Any], field: str) -> bool:
+    value = payload.get(field, False)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{field}: expected true or false, got {_shown(value)}")
+    return value
 
 
 def _stop(value: Any) -> tuple[str, ...]:

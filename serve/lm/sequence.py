@@ -1,7 +1,8 @@
 """One generation while it is decoded: its tokens, its text, and when it ends.
 
 A sequence ends (``finish`` is set) when it chooses one of the version's EOS tokens (kept
-in its ids, as ``transformers.generate`` keeps it), when its text contains one of the
+in its ids, as ``transformers.generate`` keeps it; unless the caller asked ``ignore_eos``,
+as benchmarks do to run exactly ``max_new_tokens``), when its text contains one of the
 caller's stop strings (the text is cut before it), or after ``max_new_tokens``. Text is
 handed out token by token, never past a possible stop string, when it is ``incremental``
 (someone streams it, or stop strings must be looked for); otherwise the text is decoded
@@ -23,6 +24,7 @@ class DecodingSequence:
     __slots__ = (
         "_codec",
         "_detokenizer",
+        "_eos",
         "_given",
         "_incremental",
         "_sampler",
@@ -38,6 +40,7 @@ class DecodingSequence:
     def __init__(self, generation: Generation, codec: TextCodec, *, incremental: bool) -> None:
         self.generation = generation
         self._codec = codec
+        self._eos = frozenset() if generation.spec.ignore_eos else generation.eos
         self._sampler = Sampler(generation.sampling)
         self._detokenizer = Detokenizer(codec)
         self._stops = StopStrings(generation.spec.stop)
@@ -69,7 +72,7 @@ class DecodingSequence:
         if not self._incremental:
             return self._quietly(index, token, log_prob)
         self._text += self._detokenizer.push(token)
-        if token in self.generation.eos:
+        if token in self._eos:
             self.finish = FinishReason.STOP
         elif self._stops and (cut := self._stops.find(self._text)) is not None:
             self._text = self._text[:cut]
@@ -81,7 +84,7 @@ class DecodingSequence:
 
     def _quietly(self, index: int, token: int, log_prob: float) -> TokenEvent:
         """Accept a token of a sequence nobody reads piece by piece: its text at the end."""
-        if token in self.generation.eos:
+        if token in self._eos:
             self.finish = FinishReason.STOP
         elif len(self.token_ids) >= self.generation.max_new_tokens:
             self.finish = FinishReason.LENGTH

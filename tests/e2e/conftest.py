@@ -77,7 +77,9 @@ def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 LM_MODEL = "llama"
-LM_CONFIG = "default_deadline_ms: 30000\n"  # generations take longer than a policy's step
+# A generation's deadline is generation_deadline_ms; default_deadline_ms (one forward pass)
+# is set short so that an LM route using it would fail its long generations.
+LM_CONFIG = "default_deadline_ms: 200\ngeneration_deadline_ms: 30000\n"
 
 
 @dataclass(frozen=True)

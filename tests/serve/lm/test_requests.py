@@ -21,6 +21,8 @@ def test_a_full_body_is_read():
     )  # fmt: skip
     assert got.stop == ("w9",)
     assert spec(prompt="w1", stop="w2").stop == ("w2",)
+    assert not got.ignore_eos
+    assert spec(prompt="w1", ignore_eos=True).ignore_eos
 
 
 @pytest.mark.parametrize(
@@ -50,7 +52,9 @@ def test_a_full_body_is_read():
         ({"prompt": "w1", "seed": -5}, "seed: expected an integer in"),
         ({"prompt": "w1", "stop": [""]}, "stop: expected a non-empty string"),
         ({"prompt": "w1", "stop": ["a"] * 17}, "stop: 17 strings given; send at most 16"),
+        ({"prompt": "w1", "ignore_eos": 1}, "ignore_eos: expected true or false, got int 1"),
         ({"prompt": "w1", "logits": True}, r"unknown field\(s\) \['logits'\]"),
+        ({"prompt": "w1", "logits": True}, "'ignore_eos'"),  # the error lists what is valid
     ],
 )
 def test_a_wrong_field_is_named(payload, message):

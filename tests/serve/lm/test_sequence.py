@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
 from serve.lm.messages import FinishReason, Generation, GenerationSpec
 from serve.lm.model import LanguageModel
 from serve.lm.sampling import SamplingParams
@@ -11,9 +13,17 @@ from tests.serve.lm import fakes
 
 
 def generation(
-    model: LanguageModel, prompt_ids: Sequence[int], max_new_tokens: int, stop: tuple[str, ...] = ()
+    model: LanguageModel,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    stop: tuple[str, ...] = (),
+    *,
+    ignore_eos: bool = False,
 ) -> Generation:
-    spec = GenerationSpec("x", None, max_new_tokens, None, None, None, None, stop, "id", 0.0, 1e9)
+    spec = GenerationSpec(
+        "x", None, max_new_tokens, None, None, None, None, stop, "id", 0.0, 1e9,
+        ignore_eos=ignore_eos,
+    )  # fmt: skip
     return Generation(
         spec, model.version, tuple(prompt_ids), max_new_tokens,
         SamplingParams(0.0, 1.0, 0, None), model.eos,
@@ -45,6 +55,21 @@ def test_max_new_tokens_ends_it_with_length():
     sequence, _ = feed(fakes.language_model(), [fakes.word("w1")] * 10, budget=3)
     assert sequence.finish is FinishReason.LENGTH
     assert len(sequence.token_ids) == 3
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_ignore_eos_runs_exactly_max_new_tokens_with_eos_kept_as_a_token(streamed):
+    model = fakes.language_model()
+    tokens = [fakes.word("w1"), fakes.EOS, fakes.word("w2"), fakes.EOS, fakes.word("w3")]
+    sequence = model.sequence(generation(model, [0, 3], 4, ignore_eos=True), streamed=streamed)
+    for token in tokens:
+        assert sequence.finish is None  # neither EOS ended it
+        sequence.accept(token, -1.0)
+        if sequence.finish is not None:
+            break
+    assert sequence.finish is FinishReason.LENGTH
+    assert sequence.token_ids == tokens[:4]
+    assert sequence.text == "w1 w2"  # special tokens stay out of the text
 
 
 def test_a_stop_string_ends_it_and_the_text_stops_before_it():
