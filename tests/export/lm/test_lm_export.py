@@ -195,6 +195,7 @@ def test_parity_covered_every_prompt_and_a_left_padded_batch(
     assert len(set(report.batch.lengths)) == len(report.batch.lengths) == 3
 
 
+@pytest.mark.slow  # a second whole export; the CLI path runs in CI in test_lm_refusals.py
 def test_qwen2_exports_through_the_cli(qwen2_cli_export: CliRun) -> None:
     done = qwen2_cli_export.done
     assert done.returncode == 0, done.stderr
