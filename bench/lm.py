@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import cpu, servers
+from bench import children, cpu, servers
 from bench.lm_baselines import Throughput
 from bench.lm_child import LoadResult, TtftResult
 
@@ -114,7 +114,7 @@ class LmRun:
 def run(workdir: Path, seconds: int, warmup: int) -> LmRun:
     started = time.monotonic()
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    load_before = _loadavg()
+    load_before = cpu.loadavg()
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
 
     def finish(**parts: Any) -> LmRun:
@@ -124,7 +124,7 @@ def run(workdir: Path, seconds: int, warmup: int) -> LmRun:
         }  # fmt: skip
         return LmRun(
             when, time.monotonic() - started, float(seconds), float(warmup), machine,
-            load_before, _loadavg(), **{**defaults, **parts},
+            load_before, cpu.loadavg(), **{**defaults, **parts},
         )  # fmt: skip
 
     try:
@@ -230,7 +230,7 @@ def _baseline(
         "--prompts", str(prompts), "--new-tokens", str(NEW_TOKENS), "--seconds", str(seconds),
         *extra,
     ]  # fmt: skip
-    output, failure = _child(command, cpu.SERVER_CORE)
+    output, failure = children.measure(command, cpu.SERVER_CORE, CHILD_TIMEOUT_S)
     if failure is not None:
         _say(f"lm: {engine} failed: {failure}")
         return BaselineRun(label, None, failure)
@@ -261,7 +261,9 @@ def _server(
             *common, "--long-tokens", str(LONG_TOKENS), "--probe-tokens", str(PROBE_TOKENS),
             "--trials", str(TRIALS),
         ]  # fmt: skip
-        output, failure = _child([*command[:3], "ttft", *command[3:]], cpu.LOAD_CORE)
+        output, failure = children.measure(
+            [*command[:3], "ttft", *command[3:]], cpu.LOAD_CORE, CHILD_TIMEOUT_S
+        )
     finally:
         server.stop()
     if failure is not None:
@@ -279,7 +281,7 @@ def _load(
         "--concurrency", str(concurrency), "--seconds", str(seconds), "--warmup", str(warmup),
     ]  # fmt: skip
     before = server.cpu_seconds()
-    output, failure = _child(command, cpu.LOAD_CORE)
+    output, failure = children.measure(command, cpu.LOAD_CORE, CHILD_TIMEOUT_S)
     spent = server.cpu_seconds() - before
     if failure is not None:
         _say(f"lm: load at {concurrency} failed: {failure}")
@@ -297,30 +299,6 @@ def _checked(command: list[str], timeout_s: float) -> None:
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
         raise RuntimeError(f"{' '.join(command[1:5])} exited {done.returncode}: {lines[-3:]}")
-
-
-def _child(command: list[str], core: int) -> tuple[dict[str, Any], str | None]:
-    """A measuring child pinned to ``core``: its JSON line, or why there is none."""
-    try:
-        done = subprocess.run(
-            cpu.pinned(command, core), capture_output=True, text=True, cwd=ROOT,
-            timeout=CHILD_TIMEOUT_S,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return {}, f"no answer within {CHILD_TIMEOUT_S:g} s"
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        errors = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        return {}, f"exited {done.returncode}: {(errors or ['no output'])[-1][:300]}"
-    output: dict[str, Any] = json.loads(lines[-1])
-    return output, None
-
-
-def _loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "unknown"
 
 
 def _say(message: str) -> None:

@@ -47,15 +47,13 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.children import percentile_ms
+
 RUNNING = 7  # long generations running while the TTFT probe arrives
 STARTED_TOKENS = 4  # every long generation has streamed this many before the probe goes
 TIMEOUT_S = 300.0
 PAUSE_S = 0.05  # between idle probes, and after a trial's long generations end
 _TOKEN, _RESULT, _ERROR = b"event: token", b"event: result", b"event: error"
-
-
-def percentile_ms(seconds: list[float], q: float) -> float:
-    return float(np.percentile(seconds, q) * 1e3) if seconds else 0.0
 
 
 @dataclass

@@ -39,9 +39,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
-from bench import brokers, cpu, loop_child, servers
+from bench import brokers, children, cpu, loop_child, servers
 from bench.brokers import Broker, Unavailable
 from bench.loop_child import BufferResult, WorkerResult
 
@@ -130,21 +130,14 @@ def run(model: Path, workdir: Path, seconds: int, warmup: int) -> LoopRun:
     """The scenario with the demo CartPole model folder ``model``."""
     started = time.monotonic()
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    load_before = _loadavg()
+    load_before = cpu.loadavg()
     workers = _workers(model, workdir, seconds, warmup)
     buffers = tuple(_buffer(b, workdir, seconds) for b in BACKENDS)
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     return LoopRun(
         when, time.monotonic() - started, float(seconds), float(warmup), machine, load_before,
-        _loadavg(), workers, buffers,
+        cpu.loadavg(), workers, buffers,
     )  # fmt: skip
-
-
-def _loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "unknown"
 
 
 # --- 1. env steps through the server ----------------------------------------------------
@@ -166,7 +159,7 @@ def _worker(server: servers.Server, num_envs: int, seconds: int, warmup: int) ->
         "--num-envs", str(num_envs), "--seconds", str(seconds), "--warmup", str(warmup),
     ]  # fmt: skip
     before = server.cpu_seconds()
-    output, failure = _child(command)
+    output, failure = children.measure(command, cpu.LOAD_CORE, CHILD_TIMEOUT_S)
     spent = server.cpu_seconds() - before
     if failure is not None:
         _say(f"loop: worker failed: {failure}")
@@ -204,7 +197,9 @@ def _buffer(backend: Backend, workdir: Path, seconds: int) -> BufferRun:
     ]  # fmt: skip
     try:
         if backend.key == "memory":  # in-process: producer and consumer are threads
-            output, failure = _child([*_CHILD, "buffer", *options])
+            output, failure = children.measure(
+                [*_CHILD, "buffer", *options], cpu.LOAD_CORE, CHILD_TIMEOUT_S
+            )
             measured = None if failure else BufferResult(**output)
         else:
             log = workdir / f"loop-{backend.key}-children.log"
@@ -279,22 +274,6 @@ def _read_line(stream: IO[str], timeout_s: float) -> str:
 
 
 # --- children ------------------------------------------------------------------------------
-
-
-def _child(command: list[str]) -> tuple[dict[str, Any], str | None]:
-    """Run a measuring child on the load core: its JSON line, or why there is none."""
-    try:
-        done = subprocess.run(
-            cpu.pinned(command, cpu.LOAD_CORE),
-            capture_output=True, text=True, cwd=ROOT, timeout=CHILD_TIMEOUT_S,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return {}, f"no answer within {CHILD_TIMEOUT_S:g} s"
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        errors = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        return {}, f"exited {done.returncode}: {(errors or ['no output'])[-1][:300]}"
-    return json.loads(lines[-1]), None
 
 
 def _say(message: str) -> None:

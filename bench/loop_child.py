@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from bench.children import percentile_ms
 from loop.buffers import open_consumer, open_producer
 from loop.buffers.base import Consumer, Producer
 from loop.collect import RolloutWorker
@@ -53,10 +54,6 @@ POLL_TIMEOUT_S = 1.0
 JOIN_TIMEOUT_S = 60.0
 DRAIN_TIMEOUT_S = 60.0
 EPISODE_STEPS = 200  # the buffer producer ends each synthetic episode after this many steps
-
-
-def percentile_ms(seconds: list[float], q: float) -> float:
-    return float(np.percentile(seconds, q) * 1e3) if seconds else 0.0
 
 
 # --- worker -------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import statistics
 
 import onnxruntime
 
-from bench import lm, lm_child, loop, oip, overload, scenarios, servers, targets
+from bench import children, lm, lm_child, loop, oip, overload, scenarios, servers, targets
 from bench.lm import BaselineRun, LmRun, ServerRun
 from bench.loop import BufferRun, LoopRun, WorkerRun
 from bench.oip import OipRun, PerfRun
@@ -819,8 +819,8 @@ def _baseline_row(run: BaselineRun, reference: tuple[float, float]) -> str:
         return f"| {run.label} | | failed: {(run.failure or '').replace('|', '/')} |" + " |" * 9
     concurrent = "1 (one after another)" if r.batch == 1 else f"{r.batch} (one static batch)"
     ttft = r.ttft_s
-    p50 = f"{lm_child.percentile_ms(ttft, 50):.1f}" if ttft else "n/a"
-    p99 = f"{lm_child.percentile_ms(ttft, 99):.1f}" if ttft else "n/a"
+    p50 = f"{children.percentile_ms(ttft, 50):.1f}" if ttft else "n/a"
+    p99 = f"{children.percentile_ms(ttft, 99):.1f}" if ttft else "n/a"
     return (
         f"| {run.label} | {concurrent} | {r.tokens_per_s:,.0f} | {r.requests:,} | {p50} | {p99} "
         f"| n/a | {r.batch} | {_times(r.tokens_per_s, reference[0])} "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+from dataclasses import dataclass
 
 from export.arguments import CommonArgs, LmArgs, Sb3Args, TorchArgs
 from serve.cli.arguments import add_arguments as add_dataclass_arguments
@@ -21,30 +22,12 @@ HELP = (
 )
 EXTRA = "export"
 
-_SOURCES: dict[str, tuple[type[CommonArgs], str, str]] = {
-    "sb3": (
-        Sb3Args,
-        "a Stable-Baselines3 PPO or A2C checkpoint (.zip)",
-        "rlserve export sb3 ppo_pendulum.zip --vecnormalize vecnormalize.pkl \\\n"
-        "    --name pendulum --model-repository models",
-    ),
-    "torch": (
-        TorchArgs,
-        "a CleanRL-style torch module returning (distribution, value)",
-        "rlserve export torch agent.py:make_agent --checkpoint agent.pt --env CartPole-v1 \\\n"
-        "    --name cartpole --model-repository models",
-    ),
-}
-_DESCRIPTION = (
+_ACTOR_CRITIC_DESCRIPTION = (
     "Export {what}. The graph maps raw observations to the deterministic action, the "
     "distribution's parameters and the value. Parity against the source runs before "
     "anything is written: on failure the table shows which output differs, the exit "
     "status is 1 and nothing is written."
 )
-
-
-_LM = "lm"
-_LM_HELP = "a causal language model as TRL's DPO or GRPO trainer wrote it (or a LoRA adapter)"
 _LM_DESCRIPTION = (
     "Export {what}: Llama or Qwen2 architecture, full weights or a PEFT LoRA adapter merged "
     "into its base in float32. The version directory holds model.onnx (a decoder with a "
@@ -56,32 +39,54 @@ _LM_DESCRIPTION = (
     "a left-padded batch must match single-sequence calls. On failure the table shows what "
     "differed, the exit status is 1 and nothing is written; bad input exits 2."
 )
-_LM_EXAMPLE = (
-    "rlserve export lm runs/dpo-qwen --name assistant --model-repository models\n"
-    "  rlserve export lm runs/grpo-lora --base models/qwen-base --algorithm grpo \\\n"
-    "      --name assistant --model-repository models"
-)
+
+
+@dataclass(frozen=True)
+class _Source:
+    args: type[CommonArgs] | type[LmArgs]
+    what: str  # the subcommand's help, and its description's subject
+    description: str  # a template of {what}
+    examples: str
+
+
+_LM = "lm"
+_SOURCES: dict[str, _Source] = {
+    "sb3": _Source(
+        Sb3Args,
+        "a Stable-Baselines3 PPO or A2C checkpoint (.zip)",
+        _ACTOR_CRITIC_DESCRIPTION,
+        "rlserve export sb3 ppo_pendulum.zip --vecnormalize vecnormalize.pkl \\\n"
+        "    --name pendulum --model-repository models",
+    ),
+    "torch": _Source(
+        TorchArgs,
+        "a CleanRL-style torch module returning (distribution, value)",
+        _ACTOR_CRITIC_DESCRIPTION,
+        "rlserve export torch agent.py:make_agent --checkpoint agent.pt --env CartPole-v1 \\\n"
+        "    --name cartpole --model-repository models",
+    ),
+    _LM: _Source(
+        LmArgs,
+        "a causal language model as TRL's DPO or GRPO trainer wrote it (or a LoRA adapter)",
+        _LM_DESCRIPTION,
+        "rlserve export lm runs/dpo-qwen --name assistant --model-repository models\n"
+        "  rlserve export lm runs/grpo-lora --base models/qwen-base --algorithm grpo \\\n"
+        "      --name assistant --model-repository models",
+    ),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sources = parser.add_subparsers(dest="source", required=True, metavar="SOURCE")
-    for name, (cls, what, example) in _SOURCES.items():
+    for name, source in _SOURCES.items():
         child = sources.add_parser(
             name,
-            help=what,
-            description=textwrap.fill(_DESCRIPTION.format(what=what), width=78),
-            epilog=f"example:\n  {example}",
+            help=source.what,
+            description=textwrap.fill(source.description.format(what=source.what), width=78),
+            epilog=f"example:\n  {source.examples}",
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        add_dataclass_arguments(child, cls)
-    child = sources.add_parser(
-        _LM,
-        help=_LM_HELP,
-        description=textwrap.fill(_LM_DESCRIPTION.format(what=_LM_HELP), width=78),
-        epilog=f"examples:\n  {_LM_EXAMPLE}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_dataclass_arguments(child, LmArgs)
+        add_dataclass_arguments(child, source.args)
 
 
 def run(namespace: argparse.Namespace) -> int:
@@ -90,8 +95,8 @@ def run(namespace: argparse.Namespace) -> int:
 
     if namespace.source == _LM:
         return _run_language_model(from_namespace(LmArgs, namespace))
-    cls, _, _ = _SOURCES[namespace.source]
-    args: CommonArgs = from_namespace(cls, namespace)
+    args = from_namespace(_SOURCES[namespace.source].args, namespace)
+    assert isinstance(args, CommonArgs)
     destination = writer.destination(args.model_repository, args.name, args.version)
     _progress(f"loading {namespace.source} policy")
     source = args.load_source()

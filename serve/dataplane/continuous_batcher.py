@@ -54,7 +54,7 @@ from serve.dataplane.generation_record import GenerationSink, StepRecord
 from serve.dataplane.generation_stream import GenerationStream
 from serve.dataplane.messages import InferenceResponse, Prepared
 from serve.dataplane.model import ServedModel, VersionSource
-from serve.dataplane.scheduler import Load
+from serve.dataplane.scheduler import NOT_RUN, Load
 from serve.errors import (
     DeadlineExceeded,
     InvalidInput,
@@ -77,7 +77,6 @@ from serve.lm.sequence import DecodingSequence
 
 log = logging.getLogger("rlserve.generation")
 
-NOT_RUN = "deadline passed while queued; the request was not run"
 # Steps that answer nobody (every sequence still decoding, none streaming) hand their
 # metrics to the event loop this often, not every step: the loop is woken only when needed.
 SEND_EVERY_S = 0.05

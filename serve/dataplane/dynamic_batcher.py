@@ -57,7 +57,7 @@ from serve.dataplane.batching import (
 from serve.dataplane.messages import InferenceResponse, Prepared
 from serve.dataplane.model import ServedModel, VersionSource
 from serve.dataplane.record import BatchRecord, RecordSink
-from serve.dataplane.scheduler import Load
+from serve.dataplane.scheduler import NOT_RUN, Load
 from serve.errors import (
     DeadlineExceeded,
     InvalidInput,
@@ -70,7 +70,6 @@ from serve.types import Outputs
 
 log = logging.getLogger("rlserve.scheduler")
 
-NOT_RUN = "deadline passed while queued; the request was not run"
 # Inline batches run back to back, without a turn of the event loop in between, for this
 # long while rows wait: under a backlog each turn of the loop serves several batches, so
 # the work of reading (and refusing) requests is shared by more answered rows.

@@ -14,6 +14,9 @@ from typing import Any, Protocol
 
 from serve.dataplane.messages import InferenceResponse, Prepared
 
+# Why a request whose deadline passed before it ran is answered 504, whichever scheduler.
+NOT_RUN = "deadline passed while queued; the request was not run"
+
 
 class Scheduler(Protocol):
     name: str
