@@ -7,87 +7,40 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
-import pytest
-import yaml
 from prometheus_client import CollectorRegistry
-from prometheus_client.metrics import MetricWrapperBase
 
 from loop.collect import Counters
 from loop.controller import LoopMetrics
 from loop.worker_metrics import WorkerCollector
 from serve.metrics import Metrics
+from tests.ops import promql
 from tests.ops.conftest import K8S, REPO, render_path
+from tests.ops.promql import Series, metric_names
 
 DASHBOARDS = K8S / "rl" / "dashboards"
 DASHBOARD = DASHBOARDS / "rl-loop.json"
 REFERENCE = "sum(rate(rl_inference_latency_seconds_bucket[5m])) by (le)"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
-# Words of PromQL the expressions may use that are not metric names.
-FUNCTIONS = {
-    "abs", "avg", "avg_over_time", "ceil", "changes", "clamp_max", "clamp_min", "count",
-    "delta", "deriv", "histogram_quantile", "idelta", "increase", "irate", "label_replace",
-    "max", "max_over_time", "min", "min_over_time", "quantile", "rate", "resets", "round",
-    "scalar", "sum", "time", "topk", "vector",
-}  # fmt: skip
-KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring"}
-GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
-SELECTOR = re.compile(r"(?<![\w:.])([A-Za-z_:][\w:]*)\s*\{([^}]*)\}")
-MATCHER = re.compile(r"([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)")
-WORD = re.compile(r"(?<![\w:.])([A-Za-z_:][\w:]*)")
-RATED = re.compile(r"\b(?:rate|irate|increase)\(\s*([A-Za-z_:][\w:]*)")
-
-
-@dataclass
-class Series:
-    """A series name as Prometheus stores it (``x_total``, ``x_bucket``, ``x``)."""
-
-    family: str
-    type: str  # counter, gauge, histogram
-    labels: set[str] = field(default_factory=set)
-
-
-def wrappers(owner: object) -> Iterator[MetricWrapperBase]:
-    return (v for v in vars(owner).values() if isinstance(v, MetricWrapperBase))
-
 
 @cache
 def exported() -> dict[str, Series]:
     """Every series name the server and the trainer export, from their registries'
-    families, with the label names their metrics declare."""
+    families, with the label names their metrics declare (the workers' collector: the
+    labels of its samples)."""
     server, trainer = Metrics(CollectorRegistry()), LoopMetrics(CollectorRegistry())
-    labels: dict[str, set[str]] = {}
-    for metric in [*wrappers(server), *wrappers(trainer)]:
-        labels.setdefault(metric._name, set()).update(metric._labelnames)
-    names: dict[str, Series] = {}
     worker = CollectorRegistry()
     worker.register(WorkerCollector(Counters(recent_returns=deque([1.0])), "w"))
-    for family in worker.collect():  # collected families: their samples carry the labels
-        labels.setdefault(family.name, set()).update(
-            k for sample in family.samples for k in sample.labels
-        )
-    for registry in (server.registry, trainer.registry, worker):
-        for family in registry.collect():
-            suffixes = {
-                "counter": ("_total",),
-                "gauge": ("",),
-                "histogram": ("_bucket", "_sum", "_count"),
-            }[family.type]
-            for suffix in suffixes:
-                series = names.setdefault(family.name + suffix, Series(family.name, family.type))
-                assert series.type == family.type, f"{family.name}: two types"
-                series.labels |= labels[family.name] | ({"le"} if suffix == "_bucket" else set())
-    return names
+    labels = promql.declared_labels([server, trainer])
+    for name, found in promql.collected_labels(worker).items():
+        labels.setdefault(name, set()).update(found)
+    return promql.exported([server.registry, trainer.registry, worker], labels)
 
 
 @cache
@@ -111,27 +64,7 @@ def graphs() -> list[dict[str, Any]]:
 
 def expressions() -> list[str]:
     """Every PromQL expression in the dashboard: targets, annotations, variables."""
-    return exprs_in(dashboard())
-
-
-def exprs_in(node: Any) -> list[str]:
-    if isinstance(node, dict):
-        found = [node["expr"]] if isinstance(node.get("expr"), str) else []
-        return found + [e for v in node.values() for e in exprs_in(v)]
-    if isinstance(node, list):
-        return [e for v in node for e in exprs_in(v)]
-    return []
-
-
-def metric_names(expr: str) -> set[str]:
-    """The metric names an expression reads: its words less PromQL's own, once strings,
-    label matchers, ranges and grouping clauses are taken out."""
-    bare = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
-    bare = re.sub(r"\{[^}]*\}", "", bare)
-    bare = re.sub(r"\[[^\]]*\]", "", bare)
-    bare = GROUPING.sub("", bare)
-    words = set(WORD.findall(bare))
-    return {w for w in words if w not in FUNCTIONS | KEYWORDS}
+    return promql.exprs_in(dashboard())
 
 
 # -- structure ------------------------------------------------------------------------------
@@ -207,7 +140,8 @@ def test_it_shows_the_reference_guides_query_and_the_loops_signals():
 
 def test_the_registries_export_what_the_loop_documents():
     names = exported()
-    assert names["rl_policy_version"].labels == {"model"}, "the server's; the trainer's: none"
+    # The server's (pid: one series per gunicorn worker); the trainer's has none.
+    assert names["rl_policy_version"].labels == {"model", "pid"}
     assert names["rl_experience_staleness_bucket"].type == "histogram"
     assert names["rlserve_requests_total"].labels == {"model", "version", "status"}
 
@@ -227,56 +161,22 @@ def test_env_steps_per_second_come_from_the_workers_own_counter():
 def test_label_matchers_and_groupings_name_labels_the_metrics_have():
     names = exported()
     for expr in expressions():
-        for name, matchers in SELECTOR.findall(expr):
-            for label in MATCHER.findall(matchers):
-                assert label in names[name].labels, f"{expr}: {name} has no label {label}"
-        read = set().union(*(names[n].labels for n in metric_names(expr)))
-        for clause, labels in GROUPING.findall(expr):
-            for label in filter(None, (s.strip() for s in labels.split(","))):
-                assert label in read, f"{expr}: {clause} ({label}) on no metric's label"
+        assert not promql.label_problems(expr, names), expr
 
 
 def test_rates_are_of_counters_and_quantiles_of_buckets_by_le():
     names = exported()
     for expr in expressions():
-        for name in RATED.findall(expr):
-            series = names[name]
-            assert series.type in ("counter", "histogram"), f"{expr}: rate of a {series.type}"
+        assert not promql.rate_problems(expr, names), expr
         if "_bucket" in expr:
             assert "by (le)" in expr, f"{expr}: buckets summed without keeping le"
-        if "histogram_quantile" in expr:
-            assert "_bucket" in expr, expr
 
 
 # -- PromQL parses --------------------------------------------------------------------------
 
 
 def test_every_expression_parses_with_promtool(tmp_path: Path):
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
-    rules = {
-        "groups": [
-            {
-                "name": "rl-loop-dashboard",
-                "rules": [
-                    {"record": f"rlserve_dashboard:expr_{i}", "expr": expr}
-                    for i, expr in enumerate(expressions())
-                ],
-            }
-        ]
-    }
-    path = tmp_path / "rules.yaml"
-    path.write_text(yaml.safe_dump(rules))
-    done = subprocess.run(
-        [promtool, "check", "rules", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"SUCCESS: {len(expressions())} rules found" in done.stdout
+    promql.check_exprs_parse(expressions(), tmp_path, "rl-loop-dashboard")
 
 
 # -- the ConfigMap --------------------------------------------------------------------------
