@@ -165,6 +165,12 @@ class Settings(BaseSettings):
     intra_op_threads: int = Field(1, ge=0, description="0 lets onnxruntime choose")
     inter_op_threads: int = Field(1, ge=0)
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
+    gpu_memory_limit_bytes: PositiveInt | None = Field(
+        None,
+        description="cap on the CUDA provider's memory arena (gpu_mem_limit, grown by what is "
+        "asked: kSameAsRequested) and on TensorRT's workspace, for servers sharing a GPU; "
+        "unset: onnxruntime's defaults (no arena limit)",
+    )
 
     # Shutdown: see serve/process/phases.py for the order.
     drain_delay_s: float = Field(

@@ -64,6 +64,13 @@ class ServeArgs:
     allow_cpu_fallback: bool = field(
         default=False, metadata=arg("stay ready when a requested GPU provider is not active")
     )
+    gpu_memory_limit_bytes: int | None = field(
+        default=None,
+        metadata=arg(
+            "cap on the CUDA provider's memory arena and TensorRT's workspace (GPUs shared by "
+            "several servers); " + _FROM_CONFIG + "onnxruntime's default, no cap"
+        ),
+    )
     poll_interval_s: float | None = field(
         default=None,
         metadata=arg(

@@ -5,13 +5,26 @@ CUDA), then CPU, and accepts whichever becomes active. An explicit list is a req
 when a GPU provider it names is not active in the built session (missing CUDA libraries,
 no device), the session is marked ``fallback`` and the server stays unready unless
 ``allow_cpu_fallback`` is set. onnxruntime itself would fall back silently.
+
+``gpu_memory_limit_bytes`` caps the CUDA provider's memory arena (``gpu_mem_limit``, grown
+only by what each allocation asks for: ``arena_extend_strategy: kSameAsRequested``) and
+TensorRT's workspace (``trt_max_workspace_size``), so that servers sharing one GPU cannot
+starve each other; unset, onnxruntime's defaults hold (no arena limit).
+
+A session runs its batches one of two ways, chosen once when it is built
+(:class:`Execution`): on the CPU provider ``session.run`` with numpy feeds; on CUDA or
+TensorRT through an I/O binding, with the inputs copied to the device and the outputs left
+there by the run and copied back to host memory once, together.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -21,7 +34,9 @@ from serve.errors import ModelLoadError, one_line
 
 log = logging.getLogger("rlserve.runtime")
 
-GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+TENSORRT = "TensorrtExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+GPU_PROVIDERS = (TENSORRT, CUDA)
 CPU = "CPUExecutionProvider"
 _OPTIMIZATION = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -42,18 +57,76 @@ class ProviderReport:
         return self.active[0] if self.active else CPU
 
 
+class Execution(Enum):
+    """How a session runs a batch."""
+
+    RUN = "run"  # session.run with numpy feeds: the CPU provider reads them where they are
+    BOUND = "bound"  # an I/O binding: inputs to the device, outputs back to the host once
+
+    @classmethod
+    def for_provider(cls, provider: str) -> Execution:
+        return cls.BOUND if provider in GPU_PROVIDERS else cls.RUN
+
+
+Executor = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
+
+
 class Session:
     """One inference session: named inputs in, named outputs out."""
 
-    def __init__(self, session: ort.InferenceSession, report: ProviderReport) -> None:
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        report: ProviderReport,
+        execution: Execution | None = None,
+    ) -> None:
         self._session = session
         self.report = report
         self.output_names = [o.name for o in session.get_outputs()]
         self.metadata: dict[str, str] = dict(session.get_modelmeta().custom_metadata_map)
+        self.execution = execution or Execution.for_provider(report.primary)
+        self._execute: Executor = (
+            _BoundRun(session, self.output_names, _device_of(report.primary))
+            if self.execution is Execution.BOUND
+            else _PlainRun(session, self.output_names)
+        )
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = self._session.run(self.output_names, feeds)
+        values = self._execute(feeds)
         return {name: _canonical(v) for name, v in zip(self.output_names, values, strict=True)}
+
+
+class _PlainRun:
+    def __init__(self, session: ort.InferenceSession, output_names: list[str]) -> None:
+        self._session, self._outputs = session, output_names
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        values: list[np.ndarray] = self._session.run(self._outputs, feeds)
+        return values
+
+
+class _BoundRun:
+    """A fresh binding per batch (batches of one session may run in several threads): the
+    inputs are bound from host memory and copied to ``device`` as the run starts, the
+    outputs are allocated on ``device`` by the run and copied to host memory in one go."""
+
+    def __init__(self, session: ort.InferenceSession, output_names: list[str], device: str) -> None:
+        self._session, self._outputs, self._device = session, output_names, device
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        binding = self._session.io_binding()
+        for name, array in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name in self._outputs:
+            binding.bind_output(name, self._device)
+        self._session.run_with_iobinding(binding)
+        values: list[np.ndarray] = binding.copy_outputs_to_cpu()
+        return values
+
+
+def _device_of(provider: str) -> str:
+    """The device an I/O binding puts outputs on (device 0: a pod sees the GPUs it got)."""
+    return "cuda" if provider in GPU_PROVIDERS else "cpu"
 
 
 def _canonical(array: np.ndarray) -> np.ndarray:
@@ -70,7 +143,38 @@ def requested_providers(settings: Settings) -> tuple[str, ...]:
     return tuple(settings.providers)
 
 
-def create_session(model: Path | bytes, settings: Settings, origin: str) -> Session:
+ProviderOptions = dict[str, str]
+
+
+def provider_options(settings: Settings) -> dict[str, ProviderOptions]:
+    """Options per execution provider, from the settings (onnxruntime takes them as strings)."""
+    limit = settings.gpu_memory_limit_bytes
+    if limit is None:
+        return {}
+    return {
+        CUDA: {"gpu_mem_limit": str(limit), "arena_extend_strategy": "kSameAsRequested"},
+        TENSORRT: {"trt_max_workspace_size": str(limit)},
+    }
+
+
+def session_providers(
+    requested: tuple[str, ...], settings: Settings
+) -> list[tuple[str, ProviderOptions]]:
+    """The ``providers`` argument of ``InferenceSession``: each requested provider, in order,
+    with its options."""
+    options = provider_options(settings)
+    return [(name, options.get(name, {})) for name in requested]
+
+
+def create_session(
+    model: Path | bytes,
+    settings: Settings,
+    origin: str,
+    *,
+    execution: Execution | None = None,
+) -> Session:
+    """A session on the requested providers; ``execution`` forces how batches run (default:
+    an I/O binding on a GPU provider, ``session.run`` on the CPU)."""
     requested = requested_providers(settings)
     unknown = [p for p in requested if p not in ort.get_all_providers()]
     if unknown:
@@ -80,7 +184,8 @@ def create_session(model: Path | bytes, settings: Settings, origin: str) -> Sess
         )
     source = model if isinstance(model, bytes) else str(model)
     try:
-        session = ort.InferenceSession(source, _options(settings), providers=list(requested))
+        providers: list[Any] = session_providers(requested, settings)
+        session = ort.InferenceSession(source, _options(settings), providers=providers)
     except Exception as exc:  # onnxruntime raises assorted types for unloadable models
         raise ModelLoadError(f"{origin}: onnxruntime cannot load it ({one_line(exc)})") from None
     active = tuple(session.get_providers())
@@ -94,7 +199,7 @@ def create_session(model: Path | bytes, settings: Settings, origin: str) -> Sess
             list(missing),
             list(active),
         )
-    return Session(session, ProviderReport(requested, active, missing))
+    return Session(session, ProviderReport(requested, active, missing), execution)
 
 
 def _options(settings: Settings) -> ort.SessionOptions:
