@@ -5,7 +5,8 @@ Sources, highest precedence first:
 1. command-line flags of ``rlserve serve`` (and keyword arguments to :func:`load`);
 2. environment variables ``RLSERVE_<FIELD>`` (e.g. ``RLSERVE_MAX_BATCH_SIZE=64``;
    lists as JSON, e.g. ``RLSERVE_PROVIDERS='["CUDAExecutionProvider"]'``);
-3. the YAML file named by ``--config`` / ``RLSERVE_CONFIG_FILE``;
+3. the YAML file named by ``--config`` / ``RLSERVE_CONFIG_FILE`` (settings by name, or the
+   service guide's ``service:``/``model:`` sections: see ``serve.config_file``);
 4. the defaults below.
 
 Per model, ``<model_repository>/<model>/config.yaml`` may override the fields of
@@ -35,9 +36,9 @@ from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    YamlConfigSettingsSource,
 )
 
+from serve.config_file import ConfigFileSource
 from serve.errors import ConfigError
 from serve.spaces import ObservationBounds
 
@@ -107,6 +108,11 @@ class Settings(BaseSettings):
     config_file: Path | None = Field(None, description="YAML file with any of these settings")
     model_repository: Path = Field(
         Path("model_repository"), description="<repo>/<model>/<N>/model.onnx"
+    )
+    model_file: Path | None = Field(
+        None,
+        description="serve this one exported ONNX file instead of model_repository "
+        "(read-only: no live updates); the service guide's model.path",
     )
     default_model: str | None = Field(
         None, description="served at POST /predict; default: the only model"
@@ -230,7 +236,7 @@ class Settings(BaseSettings):
         sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
         config_file = _config_file_from(init_settings)
         if config_file is not None:
-            sources += (YamlConfigSettingsSource(settings_cls, yaml_file=config_file),)
+            sources += (ConfigFileSource(settings_cls, config_file),)
         return sources
 
     def for_model(self, overrides: dict[str, Any]) -> ModelSettings:

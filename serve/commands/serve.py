@@ -24,6 +24,15 @@ _FROM_CONFIG = "default: RLSERVE_* env, then --config, then "
 
 @dataclass
 class ServeArgs:
+    model_file: Path | None = field(
+        default=None,
+        metadata=arg(
+            "one exported model.onnx to serve alone, read-only, instead of a repository",
+            positional=True,
+            nargs="?",
+            metavar="MODEL_FILE",
+        ),
+    )
     model_repository: Path | None = field(
         default=None, metadata=arg("folder laid out as <model>/<version>/model.onnx")
     )
@@ -32,6 +41,13 @@ class ServeArgs:
     )
     host: str | None = field(default=None, metadata=arg(_FROM_CONFIG + "127.0.0.1"))
     port: int | None = field(default=None, metadata=arg(_FROM_CONFIG + "8000"))
+    workers: int | None = field(
+        default=None,
+        metadata=arg(
+            "worker processes; more than 1 runs the production server (gunicorn with "
+            "serve/gunicorn.conf.py, these settings passed on); " + _FROM_CONFIG + "one process"
+        ),
+    )
     grpc_port: int | None = field(
         default=None,
         metadata=arg(
@@ -109,8 +125,8 @@ def run(namespace: argparse.Namespace) -> int:
     import uvicorn
 
     from serve import config
-    from serve.control import repository
-    from serve.process import logs
+    from serve.control import repository, single_file
+    from serve.process import logs, production
     from serve.process.app import create_app
     from serve.process.server import DrainingServer
 
@@ -119,8 +135,11 @@ def run(namespace: argparse.Namespace) -> int:
     overrides["allow_cpu_fallback"] = True if args.allow_cpu_fallback else None
     settings = config.load(**overrides)
     logs.configure(settings.log_level)
-    repository.discover(settings.model_repository)  # fail fast on a wrong path
-    app = create_app(settings)
+    served = single_file.as_repository(settings)
+    repository.discover(served.model_repository)  # fail fast on a wrong path
+    if settings.workers > 1 and "workers" in settings.model_fields_set:
+        return production.run_gunicorn(overrides, settings.workers)
+    app = create_app(served)
     uv_config = uvicorn.Config(
         app,
         host=settings.host,
@@ -134,7 +153,7 @@ def run(namespace: argparse.Namespace) -> int:
     )
     logging.getLogger("rlserve").info(
         "serving %s on http://%s:%d (docs at /docs)%s",
-        settings.model_repository,
+        settings.model_file or settings.model_repository,
         settings.host,
         settings.port,
         "" if settings.grpc_port is None else f", gRPC on {settings.host}:{settings.grpc_port}",

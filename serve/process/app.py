@@ -36,6 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serve import __version__, config
 from serve.access import AccessMiddleware
+from serve.control import single_file
 from serve.control.admin import AdminEndpoints
 from serve.control.api import ModelEndpoints
 from serve.control.manager import ModelRepositoryManager
@@ -156,7 +157,7 @@ def create_app(
     settings: config.Settings | None = None, sinks: Sequence[RecordSink] = ()
 ) -> RLServeApp:
     """The application; ``sinks`` receive every executed batch (``serve.dataplane.record``)."""
-    settings = settings or config.load()
+    settings = single_file.as_repository(settings or config.load())
     metrics = Metrics()
     manager = ModelRepositoryManager(settings, metrics, sinks)
     registry = WorkerRegistry(manager, stale_after_s=max(3 * settings.sync_interval_s, 5.0))
