@@ -30,7 +30,7 @@ $(VENV)/.serve-installed: pyproject.toml | $(BIN)/python
 $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
 	command -v redis-server >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[export,loop,load,test]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[export,loop,cache,load,test]"
 	touch $@ $(VENV)/.serve-installed
 
 serve: $(VENV)/.serve-installed

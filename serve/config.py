@@ -10,20 +10,22 @@ Sources, highest precedence first:
 4. the defaults below.
 
 Per model, ``<model_repository>/<model>/config.yaml`` may override the fields of
-:class:`ModelSettings` (batching, deadline, version policy, observation bounds) for that
-model alone.
+:class:`ModelSettings` (batching, deadline, version policy, observation bounds, result
+cache) for that model alone.
 
 Nothing is read at import time: settings exist once :func:`load` is called.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -64,6 +66,32 @@ _PREFILL_HELP = (
     "language models: prompt tokens prefilled at one step boundary, which the running "
     "sequences wait for (the first newcomer of a boundary is always prefilled)"
 )
+_RESULT_CACHE_HELP = (
+    "serve repeated deterministic predict answers from this Redis (redis://host:port/db, "
+    "rediss://, unix://; needs pip install 'rlserve[cache]'), keyed by model, version, "
+    "sha256, the validated observations and the requested outputs; sampled or seeded "
+    "requests always run the model. Unset: no cache (docs/serving.md, Result cache)"
+)
+_RESULT_CACHE_TTL_HELP = "result cache: a stored answer expires this long after it was stored"
+_RESULT_CACHE_ENTRY_HELP = "result cache: answers longer than this (encoded JSON) are not stored"
+_RESULT_CACHE_TIMEOUT_HELP = (
+    "result cache: a lookup unanswered after this runs the model instead (counted as an error)"
+)
+
+
+def _result_cache_url(url: str) -> str:
+    scheme, sep, _ = url.partition("://")
+    if not sep or scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(
+            "expected a Redis URL: redis://host:port/db, rediss://host:port/db or "
+            "unix:///path/to/redis.sock"
+        )
+    if importlib.util.find_spec("redis") is None:
+        raise ValueError("the result cache needs the Redis client: pip install 'rlserve[cache]'")
+    return url
+
+
+ResultCacheUrl = Annotated[str, AfterValidator(_result_cache_url)]
 
 
 class VersionPolicy(BaseModel):
@@ -100,6 +128,11 @@ class ModelSettings(BaseModel):
     max_sequences: PositiveInt = Field(16, description=_SEQUENCES_HELP)
     max_batch_tokens: PositiveInt = Field(16384, description=_BATCH_TOKENS_HELP)
     max_prefill_tokens: PositiveInt = Field(2048, description=_PREFILL_HELP)
+    # The result cache (serve.dataplane.result_cache): off unless result_cache is set.
+    result_cache: ResultCacheUrl | None = Field(None, description=_RESULT_CACHE_HELP)
+    result_cache_ttl_s: float = Field(60.0, gt=0, description=_RESULT_CACHE_TTL_HELP)
+    result_cache_max_entry_bytes: PositiveInt = Field(65536, description=_RESULT_CACHE_ENTRY_HELP)
+    result_cache_timeout_ms: float = Field(5.0, gt=0, description=_RESULT_CACHE_TIMEOUT_HELP)
 
 
 class Settings(BaseSettings):
@@ -141,6 +174,10 @@ class Settings(BaseSettings):
     max_sequences: PositiveInt = Field(16, description=_SEQUENCES_HELP)
     max_batch_tokens: PositiveInt = Field(16384, description=_BATCH_TOKENS_HELP)
     max_prefill_tokens: PositiveInt = Field(2048, description=_PREFILL_HELP)
+    result_cache: ResultCacheUrl | None = Field(None, description=_RESULT_CACHE_HELP)
+    result_cache_ttl_s: float = Field(60.0, gt=0, description=_RESULT_CACHE_TTL_HELP)
+    result_cache_max_entry_bytes: PositiveInt = Field(65536, description=_RESULT_CACHE_ENTRY_HELP)
+    result_cache_timeout_ms: float = Field(5.0, gt=0, description=_RESULT_CACHE_TIMEOUT_HELP)
 
     # Live policy updates (see docs/updates.md).
     admin_token: SecretStr | None = Field(
@@ -242,7 +279,10 @@ class Settings(BaseSettings):
     def for_model(self, overrides: dict[str, Any]) -> ModelSettings:
         """This server's defaults, with a model's own config.yaml on top."""
         base = {name: getattr(self, name) for name in ModelSettings.model_fields}
-        return ModelSettings.model_validate({**base, **overrides})
+        try:
+            return ModelSettings.model_validate({**base, **overrides})
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc)) from None
 
 
 def _config_file_from(init_settings: PydanticBaseSettingsSource) -> Path | None:

@@ -153,12 +153,26 @@ class Metrics:
             "rlserve_lm_kv_cache_bytes", "Key/value cache held by the decoding sequences",
             ["model"], multiprocess_mode="livesum", registry=r,
         )  # fmt: skip
+        # The result cache (serve.dataplane.result_cache), tallied like refusals.
+        self.result_cache_lookups = Counter(
+            "rlserve_result_cache_lookups",
+            "Result-cache lookups by result: hit, miss, error (Redis failed or timed out: "
+            "the model answered), unavailable (not asked: it failed within the last second)",
+            ["model", "result"], registry=r,
+        )  # fmt: skip
+        self.result_cache_writes = Counter(
+            "rlserve_result_cache_writes",
+            "Answers handed to the result cache, by result: stored, too_large, dropped "
+            "(too many writes in flight, or Redis failed lately), error",
+            ["model", "result"], registry=r,
+        )  # fmt: skip
         self.sink = MetricsSink(self)
         self.generation = GenerationMetrics(self)
         self._children: dict[tuple[Any, ...], Any] = {}
         self._refusals: dict[tuple[str, str, int, str], int] = {}  # not yet counted
         self._refusal_latency: dict[str, Tally] = {}
         self._load: dict[str, Load] = {}  # as last sampled, by model
+        self._cache_counts: dict[tuple[Any, str, str], int] = {}  # result cache: not yet counted
 
     def child(self, metric: Any, *labels: str) -> Any:
         """A metric's label child, looked up once."""
@@ -190,11 +204,29 @@ class Metrics:
             self.child(self.rejections, model, reason).inc(count)
         for tally in self._refusal_latency.values():
             tally.flush()
+        counts, self._cache_counts = self._cache_counts, {}
+        for (metric, model, result), count in counts.items():
+            self.child(metric, model, result).inc(count)
 
     def refused_out_of_bounds(self, model: str, rows: int) -> None:
         """Count the rows of a request refused for its bounds (``observation_bounds:
         reject``); those of served requests are counted from their batches."""
         self.child(self.out_of_bounds, model).inc(rows)
+
+    def result_cache_lookup(self, model: str, result: str) -> None:
+        """Count a result-cache lookup (``serve.dataplane.result_cache.Lookup``)."""
+        key = (self.result_cache_lookups, model, result)
+        self._cache_counts[key] = self._cache_counts.get(key, 0) + 1
+
+    def result_cache_write(self, model: str, result: str) -> None:
+        """Count an answer handed to the result cache (``result_cache.Write``)."""
+        key = (self.result_cache_writes, model, result)
+        self._cache_counts[key] = self._cache_counts.get(key, 0) + 1
+
+    def answered_from_cache(self, model: str, version: int, seconds: float, rows_out: int) -> None:
+        """Count a request answered from the result cache as its batch would have counted
+        it (answered, its latency, its observations outside the bounds), with no batch."""
+        self.sink.answered_alone(model, version, seconds, rows_out)
 
     def sample_load(self, loads: dict[str, Load]) -> None:
         """Set the load gauges from the schedulers' current loads, by model, and move what
@@ -273,6 +305,16 @@ class MetricsSink:
         tally.inference_latency.add(record.run_s)
         tally.batch_rows.add(record.rows)
         tally.batch_fill.add(record.rows / record.max_rows)
+
+    def answered_alone(self, model: str, version: int, seconds: float, rows_out: int) -> None:
+        """A request answered without running a batch (a result-cache hit)."""
+        key = (model, version)
+        tally = self._versions.get(key)
+        if tally is None:
+            tally = self._versions[key] = _VersionTally.of(self._metrics, *key)
+        tally.answered += 1
+        tally.out_of_bounds += rows_out
+        tally.request_latency.add(seconds)
 
     def flush(self) -> None:
         for tally in self._versions.values():

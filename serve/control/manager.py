@@ -25,6 +25,7 @@ from serve.control.lifecycle import ModelLifeCycle, ReadyState
 from serve.dataplane.continuous_batcher import ContinuousBatchScheduler
 from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
 from serve.dataplane.record import RecordSink
+from serve.dataplane.result_cache import CacheSettings
 from serve.dataplane.routing import Route
 from serve.dataplane.scheduler import Scheduler
 from serve.errors import NotFound, RLServeError, ServiceUnavailable
@@ -45,6 +46,7 @@ class ModelRepositoryManager:
         self.fatal: str | None = None  # why the repository itself could not be loaded
         self.skipped: set[Path] = set()  # directories that are not versions, as loading found
         self.states: dict[str, store.ServingState] = {}  # serving states found at start-up
+        self.result_caches: dict[str, CacheSettings | None] = {}  # by model, from its settings
 
     # ------------------------------------------------------------------ loading
 
@@ -111,6 +113,7 @@ class ModelRepositoryManager:
     ) -> tuple[ModelLifeCycle, list[repository.VersionDir]]:
         overrides = load_model_overrides(self.settings.model_repository / name / "config.yaml")
         settings = self.settings.for_model(overrides)
+        self.result_caches[name] = CacheSettings.of(settings)
         selected = repository.select(versions, settings.version_policy)
         state = self.states.get(name)
         pinned = [v for v in versions if state is not None and v.version == state.active]
@@ -178,6 +181,7 @@ class ModelRepositoryManager:
                 chosen,
                 version,
                 _default_deadline_ms(lifecycle),
+                self.result_caches.get(name),
             )
         state = lifecycle.state if version is None else lifecycle.version_state(version)
         if state is ReadyState.LOADING:

@@ -10,6 +10,10 @@ validated by the version it is routed to, submitted to the model's scheduler, an
 version that computed it (body, X-Policy-Version, X-Policy-SHA256). Errors are
 ``{"error": {"code", "message"}}`` with the status ``serve.status`` maps their code to.
 
+A model with a result cache (``serve.dataplane.result_cache``) has its repeated
+deterministic requests answered from Redis between validation and submission, with the
+bytes the model's answer was encoded to; ``X-Result-Cache`` says hit, miss or bypass.
+
 Nothing stands in front of this path but uvicorn: no framework routing, no dependency
 solving, no middleware stack. The request id, the access-log line and ``Connection:
 close`` while draining are added here directly; ``serve.process.openapi`` documents the
@@ -39,6 +43,7 @@ from serve.dataplane.exchange import (
 )
 from serve.dataplane.json_body import PredictBodyDecoder
 from serve.dataplane.messages import InferenceRequest, InferenceResponse, Prepared
+from serve.dataplane.result_cache import CacheSettings, ResultCache, cache_key
 from serve.dataplane.routing import Route, Router
 from serve.dataplane.scheduler import Scheduler
 from serve.dataplane.wire import JSON_OPTIONS, deadline_ms
@@ -65,6 +70,9 @@ FIELDS = (*INPUTS, *PARAMETERS)
 _NO_PARAMETERS: dict[str, Any] = {}
 _JSON_HEADER = (b"content-type", b"application/json")
 _CLOSE_HEADER = (b"connection", b"close")
+_CACHE_HIT = (b"x-result-cache", b"hit")
+_CACHE_MISS = (b"x-result-cache", b"miss")  # looked up (not found, or Redis failed): run
+_CACHE_BYPASS = (b"x-result-cache", b"bypass")  # sampled or seeded, or the model is held
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +113,7 @@ class PredictFrontend:
         self.draining = draining
         self.access_log = access_log
         self.bodies = PredictBodyDecoder(frozenset(PARAMETERS))
+        self.results = ResultCache(metrics)  # models with a result_cache
         # How long a turn of the event loop takes now (measured by the process): the time
         # a request spends where the server cannot see it (unread, then its handler
         # scheduled; its answer written) is counted in turns (LAG_TURNS).
@@ -120,8 +129,7 @@ class PredictFrontend:
                 raise MethodNotAllowed(
                     f"{scope['method']} {scope['path']}: predict routes accept POST only"
                 )
-            response = await self._predict(call, receive, path)
-            status, body, headers = 200, _encode(response), _stamp(response)
+            status, (body, headers) = 200, await self._predict(call, receive, path)
         except RLServeError as exc:
             status, body, headers = self._refuse(call, exc)
         except Disconnected:
@@ -142,7 +150,10 @@ class PredictFrontend:
         if self.access_log:
             log_exchange(scope, call.request_id, status, time.monotonic() - call.received_at)
 
-    async def _predict(self, call: Call, receive: Receive, path: PredictPath) -> InferenceResponse:
+    async def _predict(
+        self, call: Call, receive: Receive, path: PredictPath
+    ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        """The answer's body and headers."""
         version = None if path.version is None else path_version(path.version)
         route = self.router.resolve(path.model, version)
         call.model, call.version = route.model, route.version.version
@@ -151,13 +162,32 @@ class PredictFrontend:
         body = await read_body(receive, call.declared_length, self.max_body_bytes)
         _check_deadline(deadline, budget_ms, "reading the body")
         route.scheduler.admit(1, deadline)  # overloaded: refuse before decoding
+        cache = None if route.scheduler.held else route.result_cache  # held: answers wait
         if len(body) <= INLINE_BODY_BYTES:
-            prepared = _prepare(route, body, call, deadline, self.bodies)
+            prepared, key = _prepare(route, body, call, deadline, self.bodies, cache)
         else:  # work in proportion to the body: off the event loop, with a parser of its own
             fresh = PredictBodyDecoder(frozenset(PARAMETERS))
-            prepared = await asyncio.to_thread(_prepare, route, body, call, deadline, fresh)
+            prepared, key = await asyncio.to_thread(
+                _prepare, route, body, call, deadline, fresh, cache
+            )
+        if key is not None and cache is not None:
+            cached = await self.results.lookup(route.model, cache, key)
+            if cached is not None:
+                seconds = time.monotonic() - call.received_at
+                self.metrics.answered_from_cache(
+                    route.model, route.version.version, seconds, prepared.out_of_bounds
+                )
+                return cached, [*_stamp_version(route), _CACHE_HIT]
         _check_deadline(deadline, budget_ms, "validating it")  # never queue it then
-        return await route.scheduler.submit(prepared, route.pinned)
+        response = await route.scheduler.submit(prepared, route.pinned)
+        answer, headers = _encode(response), _stamp(response)
+        if key is not None and cache is not None:
+            if (response.version, response.sha256) == (route.version.version, route.version.sha256):
+                self.results.store(route.model, cache, key, answer)  # not awaited
+            headers.append(_CACHE_MISS)
+        elif route.result_cache is not None:
+            headers.append(_CACHE_BYPASS)
+        return answer, headers
 
     def refuse_early(
         self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]
@@ -285,10 +315,20 @@ def _check_deadline(deadline: float, budget_ms: float, spent_on: str) -> None:
 
 
 def _prepare(
-    route: Route, body: bytes, call: Call, deadline: float, bodies: PredictBodyDecoder
-) -> Prepared:
-    """Decode and validate a body; only the prepared arrays outlive this call."""
-    return route.version.prepare(_request(bodies.decode(body), call, deadline))
+    route: Route,
+    body: bytes,
+    call: Call,
+    deadline: float,
+    bodies: PredictBodyDecoder,
+    cache: CacheSettings | None,
+) -> tuple[Prepared, bytes | None]:
+    """Decode and validate a body (only the prepared arrays outlive this call), and name
+    its answer in the result cache when the model has one and the answer may come from it."""
+    prepared = route.version.prepare(_request(bodies.decode(body), call, deadline))
+    if cache is None:
+        return prepared, None
+    version = route.version
+    return prepared, cache_key(route.model, version.version, version.sha256, prepared)
 
 
 def _request(payload: dict[str, Any], call: Call, deadline: float) -> InferenceRequest:
@@ -326,6 +366,14 @@ def _stamp(response: InferenceResponse) -> list[tuple[bytes, bytes]]:
     return [
         (b"x-policy-version", str(response.version).encode()),
         (b"x-policy-sha256", response.sha256.encode()),
+    ]
+
+
+def _stamp_version(route: Route) -> list[tuple[bytes, bytes]]:
+    """The stamps of an answer the routed version computed earlier (a result-cache hit)."""
+    return [
+        (b"x-policy-version", str(route.version.version).encode()),
+        (b"x-policy-sha256", route.version.sha256.encode()),
     ]
 
 

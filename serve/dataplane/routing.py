@@ -4,22 +4,27 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from serve.dataplane.model import ServedModel
 from serve.dataplane.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from serve.dataplane.result_cache import CacheSettings
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
     """A model's scheduler, the version that validates the request, the version it is
-    pinned to (None: whichever is active when its batch forms), and its default deadline."""
+    pinned to (None: whichever is active when its batch forms), its default deadline, and
+    its result cache (None: it has none; ``serve.dataplane.result_cache``)."""
 
     model: str
     scheduler: Scheduler
     version: ServedModel
     pinned: int | None
     default_deadline_ms: float
+    result_cache: CacheSettings | None = None
 
 
 class Router(Protocol):

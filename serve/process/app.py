@@ -147,6 +147,7 @@ class RLServeApp:
         if self.grpc is not None:  # no new gRPC calls; those in flight finish
             await self.grpc.stop(self.state.settings.graceful_timeout_s)
         await self.state.manager.stop()
+        await self.frontend.results.close()  # the result cache's writes in flight finish
         self.state.manager.sample_load()
         await asyncio.to_thread(self.state.updater.registry.withdraw)
         log.info("stopped")

@@ -3,7 +3,7 @@ restart a consumer, restart Redis (with persistence on), swap versions every sec
 
 The layout of tests/loop/test_learning.py (a real ``rlserve serve``, ``rlserve collect``
 workers, ``examples/ppo_trainer.py``), over a ``redis://`` buffer: a real ``redis-server``
-with ``appendonly yes`` and ``appendfsync always`` (tests/loop/buffers/redis_server.py), so a
+with ``appendonly yes`` and ``appendfsync always`` (tests/redis_server.py), so a
 SIGKILLed Redis restarted on the same directory has every write it acknowledged. The trainer
 pushes a new version about every 1.3 s. While it learns:
 
@@ -42,7 +42,7 @@ import redis
 from loop.buffers import open_consumer
 from serve.client import PolicyClient
 from tests.e2e.server import Server, free_port
-from tests.loop.buffers.redis_server import RedisServer
+from tests.redis_server import RedisServer
 from tests.loop.test_learning import (
     BATCH,
     ENVS_PER_WORKER,

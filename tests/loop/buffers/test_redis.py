@@ -32,7 +32,7 @@ from tests.loop.buffers.contract import (
     episode,
     keys,
 )
-from tests.loop.buffers.redis_server import RedisServer, running_redis
+from tests.redis_server import RedisServer, running_redis
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,12 @@
 """A real ``redis-server`` (Debian package ``redis-server``; ``make test`` installs it) on a
-free loopback port with its own directory, for the Redis Streams buffer's tests.
+free loopback port with its own directory, for the tests of what talks to Redis: the Redis
+Streams experience buffer (``tests/loop``) and the result cache (``tests/e2e``,
+``tests/serve/dataplane``).
 
-Persistence is on (``appendonly yes``, ``appendfsync always``, no RDB snapshots), so a
-server stopped, even with SIGKILL, and started again on the same directory has every write
-it acknowledged.
+Persistence is on by default (``appendonly yes``, ``appendfsync always``, no RDB snapshots),
+so a server stopped, even with SIGKILL, and started again on the same directory has every
+write it acknowledged; ``persistent=False`` keeps everything in memory (a cache). ``options``
+are more ``redis-server`` arguments (``["--maxmemory", "1mb"]``).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,7 +27,14 @@ class RedisServer:
     """``redis-server`` in the foreground on 127.0.0.1; ``start``, ``stop``, ``kill`` and
     ``restart`` keep the port and the directory."""
 
-    def __init__(self, directory: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        port: int | None = None,
+        *,
+        persistent: bool = True,
+        options: Sequence[str] = (),
+    ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError(
@@ -34,12 +44,18 @@ class RedisServer:
         self.binary = binary
         self.directory = directory
         self.port = port or free_port()
+        self.persistent = persistent
+        self.options = list(options)
         self.log = directory / "redis.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     def url(self, stream: str, **parameters: object) -> str:
         query = "&".join(f"{k}={v}" for k, v in {"stream": stream, **parameters}.items())
         return f"redis://127.0.0.1:{self.port}/0?{query}"
+
+    def address(self, db: int = 0) -> str:
+        """``redis://127.0.0.1:<port>/<db>``."""
+        return f"redis://127.0.0.1:{self.port}/{db}"
 
     def start(self, timeout_s: float = 20.0) -> None:
         """Start the server and wait until it answers PING (after loading its AOF)."""
@@ -54,16 +70,14 @@ class RedisServer:
             "127.0.0.1",
             "--dir",
             str(self.directory),
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
+            *(["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else []),
             "--save",
             "",
             "--daemonize",
             "no",
             "--logfile",
             "",
+            *self.options,
         ]
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
@@ -118,9 +132,11 @@ class RedisServer:
 
 
 @contextmanager
-def running_redis(directory: Path) -> Iterator[RedisServer]:
+def running_redis(
+    directory: Path, *, persistent: bool = True, options: Sequence[str] = ()
+) -> Iterator[RedisServer]:
     """A started :class:`RedisServer`, stopped on exit."""
-    server = RedisServer(directory)
+    server = RedisServer(directory, persistent=persistent, options=options)
     server.start()
     try:
         yield server
