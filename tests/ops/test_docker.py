@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from tests.ops.conftest import OVERLAYS, REPO, render
 from tests.ops.ops_manifests import of_kind, port_named, server
@@ -147,15 +148,51 @@ def replay(stage: Stage, root: Path) -> Path:
     return venv
 
 
+CONSTRAINTS = DOCKER / "constraints.txt"
+
+
+def pins() -> dict[str, str]:
+    """docker/constraints.txt as {package: version} (every line an exact pin)."""
+    found = {}
+    for line in CONSTRAINTS.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            requirement = Requirement(line)
+            (specifier,) = requirement.specifier
+            assert specifier.operator == "==", f"{line}: pin an exact version"
+            found[requirement.name] = specifier.version
+    return found
+
+
+def test_the_cpu_and_gpu_onnxruntime_pins_are_one_version():
+    found = pins()
+    assert found.keys() == {"onnxruntime", "onnxruntime-gpu"}
+    assert found["onnxruntime"] == found["onnxruntime-gpu"]
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_every_pip_install_of_the_image_takes_the_constraints_file(name):
+    build = stages(DOCKER / name)["build"]
+    assert any("docker/constraints.txt" in c[:-1] and c[-1] == "/app/" for c in build.copies), (
+        "the build stage copies docker/constraints.txt to /app/"
+    )
+    installs = [step for run in build.runs for step in run.split("&&") if "pip install" in step]
+    assert installs
+    for step in installs:
+        assert "--constraint /app/constraints.txt" in step, step
+    assert "ONNXRUNTIME_GPU_VERSION" not in (DOCKER / name).read_text()
+
+
 def test_the_cpu_image_installs_the_serving_stack_without_torch(tmp_path):
     venv = replay(stages(DOCKER / "Dockerfile")["build"], tmp_path)
     probe = (
         "import serve, onnxruntime, fastapi, uvicorn, gunicorn, importlib.util as u; "
-        "print(u.find_spec('torch'))"
+        "print(u.find_spec('torch'), onnxruntime.__version__)"
     )
     done = subprocess.run([venv / "bin" / "python", "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "None", "torch must not be in the serving image"
+    torch, version = done.stdout.split()
+    assert torch == "None", "torch must not be in the serving image"
+    assert version == pins()["onnxruntime"]
 
 
 def test_the_gpu_image_repeats_the_cpu_steps_then_swaps_onnxruntime():
@@ -164,23 +201,23 @@ def test_the_gpu_image_repeats_the_cpu_steps_then_swaps_onnxruntime():
     (swap,) = gpu.runs[len(cpu.runs) :]
     uninstall, install = swap.split("&&")
     assert "pip uninstall --yes onnxruntime" in uninstall
-    assert "onnxruntime-gpu[cuda,cudnn]==${ONNXRUNTIME_GPU_VERSION}" in install
-    assert re.fullmatch(r"\d+\.\d+\.\d+", gpu.args["ONNXRUNTIME_GPU_VERSION"])
+    assert 'pip install --constraint /app/constraints.txt "onnxruntime-gpu[cuda,cudnn]"' in install
 
 
 def test_the_gpu_pin_resolves_to_cuda_13_wheels_and_no_torch(tmp_path):
-    gpu = stages(DOCKER / "Dockerfile.gpu")["build"]
-    requirement = f"onnxruntime-gpu[cuda,cudnn]=={gpu.args['ONNXRUNTIME_GPU_VERSION']}"
     report = tmp_path / "report.json"
     command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed"]
     done = subprocess.run(
-        [*command, "--quiet", "--report", str(report), requirement], capture_output=True, text=True
-    )
+        [*command, "--quiet", "--report", str(report), "--constraint", str(CONSTRAINTS),
+         "onnxruntime-gpu[cuda,cudnn]"],
+        capture_output=True, text=True,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     resolved = {
         i["metadata"]["name"]: i["metadata"]["version"]
         for i in json.loads(report.read_text())["install"]
     }
+    assert resolved["onnxruntime-gpu"] == pins()["onnxruntime-gpu"]
     assert resolved["nvidia-cuda-runtime"].startswith("13.")
     assert "nvidia-cudnn-cu13" in resolved
     assert "torch" not in resolved
