@@ -25,8 +25,8 @@ WITH_INGRESS = [o for o in OVERLAYS if of_kind(render(o), "Ingress")]
 with_ingress = pytest.mark.parametrize("overlay", WITH_INGRESS)
 
 
-def test_production_has_the_ingresses():
-    assert "production" in WITH_INGRESS
+def test_production_and_the_overlays_built_on_it_have_the_ingresses():
+    assert {"production", "gpu-shared"} <= set(WITH_INGRESS)
 
 
 def ingresses(overlay: str) -> dict[str, Doc]:

@@ -257,20 +257,28 @@ def test_every_container_requests_resources(overlay):
             assert {"cpu", "memory"} <= set(container["resources"]["requests"])
 
 
+# Whole GPUs, and replicas of shared ones (k8s/overlays/gpu-shared).
+GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
+
+
 @overlays
 def test_the_gpu_quota_fits_both_colors_at_full_size(overlay):
     docs = render(overlay)
     (quota,) = of_kind(docs, "ResourceQuota")
-    allowed = int(quota["spec"]["hard"]["requests.nvidia.com/gpu"])
-    per_pod = {
-        c: int(server(d)["resources"]["limits"].get("nvidia.com/gpu", 0))
-        for c, d in deployments(overlay).items()
-    }
-    needed = sum(
-        named(docs, "HorizontalPodAutoscaler", f"rlserve-{c}")["spec"]["maxReplicas"] * per_pod[c]
-        for c in COLORS
-    )
-    assert needed <= allowed
+    hard = quota["spec"]["hard"]
+    assert "requests.nvidia.com/gpu" in hard
+    for resource in GPU_RESOURCES:
+        per_pod = {
+            c: int(server(d)["resources"]["limits"].get(resource, 0))
+            for c, d in deployments(overlay).items()
+        }
+        needed = sum(
+            named(docs, "HorizontalPodAutoscaler", f"rlserve-{c}")["spec"]["maxReplicas"]
+            * per_pod[c]
+            for c in COLORS
+        )
+        if needed:
+            assert needed <= int(hard[f"requests.{resource}"]), f"{resource} is not quota'd"
 
 
 @overlays
