@@ -1,0 +1,202 @@
+"""bench/gpu.sh and python -m bench.gpu, on a machine without a GPU.
+
+The script must refuse at once, saying why, before it installs anything. The Python module
+is run for real against rlserve serve on the CPU provider (``--allow-cpu``): the fallback
+check, the answer check and the load all run as on a GPU machine; only the provider differs.
+Its pure parts (the answer comparison, the section-only rewrite) are checked on their own.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import gpu, gpu_report
+from tests.ops.conftest import REPO
+
+NO_GPU = "no NVIDIA GPU"
+CUDA_PATH = "this script measures the CUDA path; run it on a GPU machine"
+
+
+def run_script(tmp_path: Path, path: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    env = {**os.environ, "PATH": path, "GPU_VENV": str(tmp_path / "venv")}
+    started = time.monotonic()
+    done = subprocess.run(
+        ["bash", str(REPO / "bench" / "gpu.sh")], env=env, capture_output=True, text=True,
+        timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    return done, time.monotonic() - started
+
+
+def test_the_script_refuses_at_once_where_there_is_no_nvidia_smi(tmp_path):
+    path = "/usr/bin:/bin"
+    if any(Path(p, "nvidia-smi").exists() for p in path.split(":")):
+        pytest.skip("this machine has nvidia-smi")
+    done, seconds = run_script(tmp_path, path)
+    assert done.returncode == 2, done.stderr
+    assert NO_GPU in done.stderr
+    assert CUDA_PATH in done.stderr
+    assert seconds < 10
+    assert not (tmp_path / "venv").exists(), "nothing is installed without a GPU"
+
+
+def test_the_script_refuses_when_nvidia_smi_lists_no_gpu(tmp_path):
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    fake = tools / "nvidia-smi"  # what nvidia-smi says on a machine whose driver is not loaded
+    fake.write_text(
+        "#!/bin/sh\necho 'NVIDIA-SMI has failed because it couldn'\"'\"'t communicate with the "
+        "NVIDIA driver.'\nexit 9\n"
+    )
+    fake.chmod(0o755)
+    done, seconds = run_script(tmp_path, f"{tools}:/usr/bin:/bin")
+    assert done.returncode == 2, done.stderr
+    assert NO_GPU in done.stderr
+    assert CUDA_PATH in done.stderr
+    assert seconds < 10
+    assert not (tmp_path / "venv").exists()
+
+
+def test_the_module_refuses_without_a_gpu_unless_allowed(tmp_path):
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has nvidia-smi")
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.gpu", "--output", str(tmp_path / "out.md")],
+        capture_output=True, text=True, cwd=REPO, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert NO_GPU in done.stderr
+    assert "--allow-cpu" in done.stderr
+    assert not (tmp_path / "out.md").exists()
+
+
+def test_the_module_measures_the_cpu_provider_end_to_end(tmp_path):
+    """Every step of a GPU run, on the CPU provider: a few seconds of real load."""
+    document = tmp_path / "benchmarks.md"
+    shutil.copy(REPO / "docs" / "benchmarks.md", document)
+    before = document.read_text()
+    command = [
+        sys.executable, "-m", "bench.gpu", "--provider", "CPUExecutionProvider", "--allow-cpu",
+        "--model", "mlp", "--batch", "1", "--batch", "8", "--seconds", "1", "--warmup", "0.5",
+        "--output", str(document),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    after = document.read_text()
+    section = after[after.index(gpu_report.HEADING) :].split("\n## ", 1)[0]
+    assert section.strip() in done.stdout  # printed as written
+    lines = section.splitlines()
+    fallback = [line for line in lines if line.startswith(("| false |", "| true |"))]
+    assert len(fallback) == 2
+    assert all(line.endswith("| pass |") for line in fallback)
+    assert "is not running on requested ['CUDAExecutionProvider']" in fallback[0]
+    assert "| CPUExecutionProvider | mlp: CPUExecutionProvider | yes |" in lines
+    parity = [line for line in lines if line.startswith("| mlp | CPU | 16 |")]
+    assert len(parity) == 1
+    assert parity[0].endswith("| pass |")
+    load = [
+        line.split(" | ")
+        for line in lines
+        if line.startswith("| mlp | CPU | ") and line not in parity
+    ]
+    assert [row[2] for row in load] == ["1", "8"]
+    for row in load:
+        requests_per_s, rows_per_s, errors = (float(row[i].replace(",", "")) for i in (4, 5, 8))
+        assert requests_per_s > 0
+        assert errors == 0
+        assert rows_per_s == pytest.approx(requests_per_s * int(row[2]), rel=0.05)
+    # Only the GPU section changed.
+    assert _without_gpu_section(after) == _without_gpu_section(before)
+
+
+def _without_gpu_section(document: str) -> str:
+    start = document.find(gpu_report.HEADING)
+    if start < 0:
+        return document
+    end = document.find("\n## ", start + 1)
+    return document[:start] + (document[end + 1 :] if end >= 0 else "")
+
+
+# ---------------------------------------------------------------------------- pure parts
+
+
+def outputs(rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((rows, 6)).astype(np.float32)
+    values = rng.standard_normal(rows).astype(np.float32)
+    return {"action": logits.argmax(axis=1), "logits": logits, "value": values}
+
+
+def served_from(expected: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {
+        "actions": expected["action"].copy(),
+        "logits": expected["logits"].copy(),
+        "values": expected["value"].copy(),
+    }
+
+
+def test_identical_answers_pass():
+    expected = outputs(8)
+    parity = gpu.compare("cnn", "CUDA", expected, served_from(expected), atol=1e-4)
+    assert parity.passed, parity.problems
+    assert parity.max_abs == {"logits": 0.0, "values": 0.0}
+    assert (parity.discrete, parity.action_mismatches, parity.near_ties) == (True, 0, 0)
+
+
+def test_a_value_further_off_than_the_tolerance_fails_and_is_named():
+    expected = outputs(8)
+    served = served_from(expected)
+    served["values"][3] += 3e-4
+    parity = gpu.compare("cnn", "CUDA", expected, served, atol=1e-4)
+    assert not parity.passed
+    assert parity.problems == ["values: differs from the CPU by 0.0003 (> 0.0001)"]
+    assert parity.max_abs["values"] == pytest.approx(3e-4, rel=1e-2)
+
+
+def test_a_different_action_counts_only_where_the_logits_decide():
+    expected = outputs(8)
+    expected["logits"][0, :2] = [2.0, 2.0 - 5e-5]  # a near tie: either action is right
+    expected["logits"][0, 2:] = -1.0
+    expected["action"][0] = 0
+    served = served_from(expected)
+    served["actions"][0] = 1
+    tie = gpu.compare("cnn", "CUDA", expected, served, atol=1e-4)
+    assert tie.passed
+    assert (tie.action_mismatches, tie.near_ties) == (0, 1)
+    served["actions"][5] = (expected["action"][5] + 1) % 6  # a clear winner missed
+    clear = gpu.compare("cnn", "CUDA", expected, served, atol=1e-4)
+    assert not clear.passed
+    assert clear.action_mismatches == 1
+    assert "actions: 1 of 8 differ" in clear.problems[0]
+
+
+def test_a_shape_mismatch_fails():
+    expected = outputs(8)
+    served = served_from(expected)
+    served["values"] = served["values"][:4]
+    parity = gpu.compare("cnn", "CUDA", expected, served, atol=1e-4)
+    assert parity.problems == ["values: shape (4,), CPU (8,)"]
+
+
+def test_the_section_replaces_its_own_only():
+    document = "# Benchmarks\n\n## A\n\na\n\n## Reading the numbers\n\nr\n"
+    first = gpu_report.splice(document, f"{gpu_report.HEADING}\n\none\n")
+    heading = gpu_report.HEADING
+    assert (
+        first == f"# Benchmarks\n\n## A\n\na\n\n{heading}\n\none\n\n## Reading the numbers\n\nr\n"
+    )
+    second = gpu_report.splice(first, f"{gpu_report.HEADING}\n\ntwo\n")
+    assert second == first.replace("one", "two")
+    alone = gpu_report.splice("# Benchmarks\n", f"{gpu_report.HEADING}\n\nx\n")
+    assert alone == f"# Benchmarks\n\n{gpu_report.HEADING}\n\nx\n"
+
+
+def test_connections_fill_a_batch_of_64_rows():
+    assert [gpu.connections_for(rows) for rows in gpu.BATCHES] == [128, 16, 4, 4]
