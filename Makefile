@@ -15,7 +15,7 @@ GRPC_PORT ?= 8001
 DEMO_REPOSITORY ?= examples/model_repository
 PYTEST_ARGS ?=
 
-.PHONY: serve test lint typecheck unit e2e bench demo clean chaos proto
+.PHONY: serve test lint typecheck unit e2e bench bench-gpu demo clean chaos proto
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,12 @@ test: lint typecheck
 
 bench: $(VENV)/.test-installed
 	$(BIN)/python -m bench
+
+# The GPU path measured (docs/benchmarks.md): on a machine with an NVIDIA GPU, in a venv of
+# its own (.cache/gpu-venv, onnxruntime-gpu as docker/Dockerfile.gpu installs it); exit 2
+# without a GPU.
+bench-gpu:
+	bash bench/gpu.sh
 
 # The chaos suite's full form (docs/chaos.md): gunicorn with 2 workers on a copy of the demo
 # repository, 60 s of locust load while every fault is injected; exits 1 when a gate fails.
