@@ -110,6 +110,12 @@ class Metrics:
             "rlserve_model_info", "Loaded model versions and where they run",
             [*mv, "provider", "sha256"], multiprocess_mode="livemax", registry=r,
         )  # fmt: skip
+        self.provider_fallback = Gauge(
+            "rlserve_provider_fallback",
+            "1 when a GPU provider the settings name explicitly is not active for this "
+            "version (onnxruntime fell back to another provider), else 0",
+            mv, multiprocess_mode="livemax", registry=r,
+        )  # fmt: skip
 
         self.policy_version = Gauge(
             "rl_policy_version", "The active policy version per model (one series per worker)",
@@ -239,8 +245,13 @@ class Metrics:
         self.pending_rows.set(sum(load.pending_rows for load in loads.values()))
         self.inflight.set(sum(load.requests for load in loads.values()))
 
-    def version_loaded(self, model: str, version: int, provider: str, sha256: str) -> None:
+    def version_loaded(
+        self, model: str, version: int, provider: str, sha256: str, *, fallback: bool = False
+    ) -> None:
+        """A version loaded; ``fallback``: a requested GPU provider is not active for it
+        (its session's ``ProviderReport.missing``)."""
         self.model_info.labels(model, str(version), provider, sha256).set(1)
+        self.provider_fallback.labels(model, str(version)).set(1 if fallback else 0)
 
     def version_unloaded(self, model: str, version: int, provider: str, sha256: str) -> None:
         """Retire an unloaded version's series, so they do not pile up as versions come and
@@ -248,6 +259,7 @@ class Metrics:
         history up to now)."""
         self.sink.forget(model, version)
         self.model_info.remove(model, str(version), provider, sha256)
+        self.provider_fallback.remove(model, str(version))
         label = str(version)
         for key in [k for k in self._children if k[1:3] == (model, label)]:
             metric = key[0]

@@ -157,7 +157,13 @@ class Updater:
         )
         self.metrics.update_load.labels(entry.name).observe(load_s)
         entry.loaded(model)
-        self.metrics.version_loaded(entry.name, model.version, model.provider, model.sha256)
+        self.metrics.version_loaded(
+            entry.name,
+            model.version,
+            model.provider,
+            model.sha256,
+            fallback=bool(model.provider_report.missing),
+        )
         if not push.activate:
             return UpdateReport(
                 entry.name,
@@ -288,7 +294,13 @@ class Updater:
             entry.failed(version, exc.message)
             raise
         entry.loaded(model)
-        self.metrics.version_loaded(entry.name, model.version, model.provider, model.sha256)
+        self.metrics.version_loaded(
+            entry.name,
+            model.version,
+            model.provider,
+            model.sha256,
+            fallback=bool(model.provider_report.missing),
+        )
 
     # ------------------------------------------------------------------ steps
 
