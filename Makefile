@@ -25,10 +25,13 @@ $(VENV)/.serve-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
 	touch $@
 
-# Everything: the export extra (torch pinned first), load tests and test tools, and
-# redis-server (Debian package; the Redis buffer's tests start their own) when missing.
+# Everything: the export extra (torch pinned first), load tests and test tools, and, when
+# missing, redis-server (Debian package; the Redis buffer's tests start their own) and
+# promtool (Debian's prometheus package, without its recommended exporters, for the tests of
+# k8s/monitoring and k8s/rl/dashboards; on a systemd host the service it starts is stopped).
 $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
 	command -v redis-server >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+	command -v promtool >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus && { systemctl disable --now prometheus 2>/dev/null || true; }; }
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[export,loop,cache,load,test]"
 	touch $@ $(VENV)/.serve-installed

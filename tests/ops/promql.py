@@ -28,9 +28,9 @@ from prometheus_client.metrics import MetricWrapperBase
 # Words of PromQL the expressions may use that are not metric names.
 FUNCTIONS = {
     "abs", "absent", "avg", "avg_over_time", "ceil", "changes", "clamp_max", "clamp_min",
-    "count", "delta", "deriv", "group", "histogram_quantile", "idelta", "increase", "irate",
-    "label_replace", "max", "max_over_time", "min", "min_over_time", "quantile", "rate",
-    "resets", "round", "scalar", "sum", "time", "topk", "vector",
+    "count", "count_values", "delta", "deriv", "group", "histogram_quantile", "idelta",
+    "increase", "irate", "label_replace", "max", "max_over_time", "min", "min_over_time",
+    "quantile", "rate", "resets", "round", "scalar", "sum", "time", "topk", "vector",
 }  # fmt: skip
 KEYWORDS = {
     "and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring",
