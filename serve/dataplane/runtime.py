@@ -9,7 +9,10 @@ no device), the session is marked ``fallback`` and the server stays unready unle
 ``gpu_memory_limit_bytes`` caps the CUDA provider's memory arena (``gpu_mem_limit``, grown
 only by what each allocation asks for: ``arena_extend_strategy: kSameAsRequested``) and
 TensorRT's workspace (``trt_max_workspace_size``), so that servers sharing one GPU cannot
-starve each other; unset, onnxruntime's defaults hold (no arena limit).
+starve each other; unset, onnxruntime's defaults hold (no arena limit). When onnxruntime's
+own fallback rebuilds a session without its options (TensorRT failing to load, CUDA taking
+over), they are set again. Its run-time fallback (a provider failing during a run moves the
+session to the CPU for good) is turned off: that batch fails, and the next runs as before.
 
 A session runs its batches one of two ways, chosen once when it is built
 (:class:`Execution`): on the CPU provider ``session.run`` with numpy feeds; on CUDA or
@@ -186,6 +189,10 @@ def create_session(
     try:
         providers: list[Any] = session_providers(requested, settings)
         session = ort.InferenceSession(source, _options(settings), providers=providers)
+        # onnxruntime moves a session whose provider fails during a run to the CPU for good,
+        # unseen; a failing batch should fail instead (and the next one run where it should).
+        session.disable_fallback()
+        _restore_options(session, settings, origin)
     except Exception as exc:  # onnxruntime raises assorted types for unloadable models
         raise ModelLoadError(f"{origin}: onnxruntime cannot load it ({one_line(exc)})") from None
     active = tuple(session.get_providers())
@@ -200,6 +207,42 @@ def create_session(
             list(active),
         )
     return Session(session, ProviderReport(requested, active, missing), execution)
+
+
+_LIMITS = ("gpu_mem_limit", "trt_max_workspace_size")
+
+
+def lost_options(
+    active: list[str],
+    registered: dict[str, dict[str, str]],
+    wanted: dict[str, ProviderOptions],
+) -> list[str]:
+    """The active providers missing a limit the settings give them. onnxruntime's own
+    fallback (TensorRT failing as the session is built, e.g. without its libraries) rebuilds
+    the session on CUDA and the CPU without any provider options."""
+    return [
+        provider
+        for provider in active
+        if any(
+            registered.get(provider, {}).get(key) != value
+            for key, value in wanted.get(provider, {}).items()
+            if key in _LIMITS
+        )
+    ]
+
+
+def _restore_options(session: ort.InferenceSession, settings: Settings, origin: str) -> None:
+    wanted = provider_options(settings)
+    active = list(session.get_providers())
+    lost = lost_options(active, session.get_provider_options(), wanted)
+    if lost:
+        log.warning(
+            "%s: onnxruntime fell back to %s without their options; setting %s again",
+            origin,
+            active,
+            {p: wanted[p] for p in lost},
+        )
+        session.set_providers(active, [wanted.get(p, {}) for p in active])
 
 
 def _options(settings: Settings) -> ort.SessionOptions:

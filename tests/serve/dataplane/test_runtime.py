@@ -56,6 +56,20 @@ def test_a_cuda_request_with_a_limit_builds_and_reports_the_fallback_honestly():
     assert session.execution is Execution.RUN  # batches run where the session runs
 
 
+def test_a_limit_lost_in_onnxruntimes_own_fallback_is_noticed():
+    """TensorRT failing as a session is built: onnxruntime rebuilds it on CUDA and the CPU
+    with no options at all (what get_provider_options then reports is CUDA's defaults)."""
+    settings = config.load(providers=[TENSORRT, CUDA, CPU], gpu_memory_limit_bytes=1 << 30)
+    wanted = runtime.provider_options(settings)
+    defaults = {"gpu_mem_limit": "18446744073709551615", "arena_extend_strategy": "kNextPowerOfTwo"}
+    kept = {"gpu_mem_limit": "1073741824", "arena_extend_strategy": "kSameAsRequested"}
+    active = [CUDA, CPU]
+    assert runtime.lost_options(active, {CUDA: defaults, CPU: {}}, wanted) == [CUDA]
+    assert runtime.lost_options(active, {CUDA: kept, CPU: {}}, wanted) == []
+    assert runtime.lost_options([CPU], {CPU: {}}, wanted) == []
+    assert runtime.lost_options(active, {CUDA: defaults, CPU: {}}, {}) == []  # no limit set
+
+
 def test_gpu_providers_run_through_a_binding_and_the_cpu_through_session_run():
     assert Execution.for_provider(CUDA) is Execution.BOUND
     assert Execution.for_provider(TENSORRT) is Execution.BOUND
