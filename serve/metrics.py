@@ -259,6 +259,8 @@ class Metrics:
         history up to now)."""
         self.sink.forget(model, version)
         self.model_info.remove(model, str(version), provider, sha256)
+        # Under gunicorn a removed series stays in the worker's file: leave it at 0 there.
+        self.provider_fallback.labels(model, str(version)).set(0)
         self.provider_fallback.remove(model, str(version))
         label = str(version)
         for key in [k for k in self._children if k[1:3] == (model, label)]:

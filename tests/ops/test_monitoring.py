@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -511,3 +513,28 @@ def test_a_server_missing_a_requested_gpu_provider_reports_the_fallback(
         server.stop()
     assert (fallback, provider) == (expected, "CPUExecutionProvider")
     assert (ready.status_code == 503) == bool(expected), ready.text  # unready on fallback
+
+
+RETIRED = """
+from serve.metrics import Metrics
+metrics = Metrics()
+metrics.version_loaded("m", 3, "CUDAExecutionProvider", "0" * 64, fallback=True)
+print(metrics.exposition()[0].decode())
+print("--- unloaded ---")
+metrics.version_unloaded("m", 3, "CUDAExecutionProvider", "0" * 64)
+print(metrics.exposition()[0].decode())
+"""
+
+
+def test_under_gunicorn_a_retired_versions_fallback_reads_0_not_1(tmp_path: Path):
+    """prometheus_client cannot remove a series in multiprocess mode (it stays in the
+    worker's file): an unloaded version must not keep the alert firing."""
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", RETIRED],
+        capture_output=True, text=True, check=True, cwd=REPO, env=env, timeout=60,
+    )  # fmt: skip
+    loaded, retired = done.stdout.split("--- unloaded ---")
+    series = re.compile(r'^rlserve_provider_fallback\{model="m",version="3"\} (\S+)$', re.M)
+    assert series.findall(loaded) == ["1.0"]
+    assert series.findall(retired) == ["0.0"]
