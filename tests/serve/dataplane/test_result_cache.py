@@ -22,8 +22,8 @@ from serve.dataplane.json_body import PredictBodyDecoder
 from serve.dataplane.messages import InferenceRequest, Prepared
 from serve.dataplane.model import ServedModel
 from serve.dataplane.result_cache import (
+    FAILURES_TO_BACK_OFF,
     KEY_PREFIX,
-    RETRY_AFTER_S,
     CacheSettings,
     ResultCache,
     cache_key,
@@ -203,10 +203,20 @@ def writes(metrics: Metrics, result: str) -> float:
     return counted(metrics, "rlserve_result_cache_writes_total", model="m", result=result)
 
 
-async def settled(cache: ResultCache) -> None:
-    """Until the background writes are done (the request path never waits for them)."""
-    while cache._writes:
-        await asyncio.sleep(0.001)
+async def connected(cache: ResultCache, settings: CacheSettings) -> None:
+    """Until the cache's link is connected (the first lookup makes it connect: not asked)."""
+    assert await cache.lookup("warm-up", settings, b"rlserve:result:warm-up") is None
+    deadline = time.monotonic() + 5
+    while not cache.connected(settings.url):
+        assert time.monotonic() < deadline, "the result cache did not connect in 5 s"
+        await asyncio.sleep(0.005)
+
+
+async def until(check: Any, what: str) -> None:
+    deadline = time.monotonic() + 5
+    while not check():
+        assert time.monotonic() < deadline, f"not {what} after 5 s"
+        await asyncio.sleep(0.005)
 
 
 async def test_an_answer_stored_is_found_byte_for_byte_until_it_expires(
@@ -215,20 +225,35 @@ async def test_an_answer_stored_is_found_byte_for_byte_until_it_expires(
     metrics = Metrics()
     cache = ResultCache(metrics)
     settings = CacheSettings(store.address(), 300, 1024, 0.5)
+    await connected(cache, settings)
     answer = b'{"model":"m","model_version":1,"model_sha256":"ab","actions":1}'
     assert await cache.lookup("m", settings, b"rlserve:result:t1") is None
     cache.store("m", settings, b"rlserve:result:t1", answer)
-    await settled(cache)
+    await until(lambda: writes(metrics, "stored") == 1, "stored")
     assert await cache.lookup("m", settings, b"rlserve:result:t1") == answer
     ttl_ms = redis.Redis(port=store.port).pttl(b"rlserve:result:t1")
     assert 0 < ttl_ms <= 300
     await asyncio.sleep(0.4)
     assert await cache.lookup("m", settings, b"rlserve:result:t1") is None
-    assert (lookups(metrics, "hit"), lookups(metrics, "miss"), writes(metrics, "stored")) == (
-        1,
-        2,
-        1,
-    )
+    assert (lookups(metrics, "hit"), lookups(metrics, "miss")) == (1, 2)
+    await cache.close()
+
+
+async def test_concurrent_lookups_share_round_trips(store: RedisServer) -> None:
+    metrics = Metrics()
+    cache = ResultCache(metrics)
+    settings = CacheSettings(store.address(), 60000, 1024, 0.5)
+    await connected(cache, settings)
+    keys = [b"rlserve:result:many-%d" % i for i in range(200)]
+    for key in keys[::2]:
+        cache.store("m", settings, key, b"answer " + key)
+    await until(lambda: writes(metrics, "stored") == 100, "stored")
+    with redis.Redis(port=store.port) as raw:
+        before = raw.info("stats")["total_commands_processed"]
+        found = await asyncio.gather(*(cache.lookup("m", settings, key) for key in keys))
+        commands = raw.info("stats")["total_commands_processed"] - before - 1  # this INFO
+    assert found == [b"answer " + k if i % 2 == 0 else None for i, k in enumerate(keys)]
+    assert commands < 10  # 200 lookups in a few MGETs
     await cache.close()
 
 
@@ -236,14 +261,16 @@ async def test_an_answer_over_the_entry_bound_is_not_stored(store: RedisServer) 
     metrics = Metrics()
     cache = ResultCache(metrics)
     settings = CacheSettings(store.address(), 60000, 10, 0.5)
+    await connected(cache, settings)
     cache.store("m", settings, b"rlserve:result:t2", b"x" * 11)
-    await settled(cache)
+    cache.store("m", settings, b"rlserve:result:t2-small", b"x" * 10)
+    await until(lambda: writes(metrics, "stored") == 1, "stored")
     assert redis.Redis(port=store.port).exists(b"rlserve:result:t2") == 0
     assert writes(metrics, "too_large") == 1
     await cache.close()
 
 
-async def test_redis_gone_is_a_counted_error_then_left_alone_then_asked_again(
+async def test_redis_gone_is_counted_then_left_alone_then_connected_again(
     tmp_path: Path,
 ) -> None:
     server = RedisServer(tmp_path, persistent=False)
@@ -251,39 +278,67 @@ async def test_redis_gone_is_a_counted_error_then_left_alone_then_asked_again(
     metrics = Metrics()
     cache = ResultCache(metrics)
     settings = CacheSettings(server.address(), 60000, 1024, 0.05)
-    assert await cache.lookup("m", settings, b"rlserve:result:t3") is None  # connected, a miss
+    await connected(cache, settings)
     server.kill()
     started = time.monotonic()
-    assert await cache.lookup("m", settings, b"rlserve:result:t3") is None
-    assert await cache.lookup("m", settings, b"rlserve:result:t3") is None
+    for _ in range(3):
+        assert await cache.lookup("m", settings, b"rlserve:result:t3") is None
     cache.store("m", settings, b"rlserve:result:t3", b"answer")
-    assert time.monotonic() - started < 0.5  # one failed connect, no retries, no waiting
-    assert (lookups(metrics, "error"), lookups(metrics, "unavailable")) == (1, 1)
+    assert time.monotonic() - started < 0.2  # a refused round trip: no retries, no waiting
+    assert (lookups(metrics, "error"), lookups(metrics, "unavailable")) == (1, 2)
     assert writes(metrics, "dropped") == 1
+    assert not cache.connected(settings.url)
     server.start()
-    await asyncio.sleep(RETRY_AFTER_S)
+    await until(lambda: cache.connected(settings.url), "connected again")
     assert await cache.lookup("m", settings, b"rlserve:result:t3") is None
-    assert lookups(metrics, "miss") == 2  # asked again once RETRY_AFTER_S passed
+    assert lookups(metrics, "miss") == 1
     await cache.close()
     server.stop()
 
 
-async def test_a_lookup_slower_than_its_timeout_is_an_error(tmp_path: Path) -> None:
+async def test_lookups_slower_than_their_timeout_are_errors_then_left_alone(
+    tmp_path: Path,
+) -> None:
     server = RedisServer(tmp_path, persistent=False)
     server.start()
     metrics = Metrics()
     cache = ResultCache(metrics)
     settings = CacheSettings(server.address(), 60000, 1024, 0.02)
-    assert await cache.lookup("m", settings, b"rlserve:result:t4") is None  # connected
+    await connected(cache, settings)
     assert server.process is not None
-    server.process.send_signal(signal.SIGSTOP)
+    server.process.send_signal(signal.SIGSTOP)  # accepts nothing, answers nothing
     try:
         started = time.monotonic()
         assert await cache.lookup("m", settings, b"rlserve:result:t4") is None
         waited = time.monotonic() - started
+        for _ in range(FAILURES_TO_BACK_OFF):  # the first FAILURES_TO_BACK_OFF time out
+            assert await cache.lookup("m", settings, b"rlserve:result:t4") is None
     finally:
         server.process.send_signal(signal.SIGCONT)
     assert 0.02 <= waited < 0.2
-    assert lookups(metrics, "error") == 1
+    assert (lookups(metrics, "error"), lookups(metrics, "unavailable")) == (
+        FAILURES_TO_BACK_OFF,
+        1,  # the one after the back-off began
+    )
+    await cache.close()
+    server.stop()
+
+
+async def test_one_slow_answer_is_no_outage(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path, persistent=False)
+    server.start()
+    metrics = Metrics()
+    cache = ResultCache(metrics)
+    settings = CacheSettings(server.address(), 60000, 1024, 0.02)
+    await connected(cache, settings)
+    assert server.process is not None
+    server.process.send_signal(signal.SIGSTOP)
+    try:
+        assert await cache.lookup("m", settings, b"rlserve:result:t5") is None
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+    await asyncio.sleep(0.05)  # the stopped round trip is answered once Redis runs again
+    assert await cache.lookup("m", settings, b"rlserve:result:t5") is None  # asked at once
+    assert (lookups(metrics, "error"), lookups(metrics, "miss")) == (1, 1)
     await cache.close()
     server.stop()
