@@ -13,9 +13,15 @@ model's limits in tokens and sequences, and then:
    finished leave at once.
 
 So a request that arrives while others decode joins at the next step, without waiting for
-them to finish. Tokens are handed to the event loop once per step (thread-safe), where each
-request's :class:`~serve.dataplane.generation_stream.GenerationStream` gets them; a step's
-:class:`~serve.dataplane.generation_record.StepRecord` goes to the metrics.
+them to finish. A step's tokens, every sequence's together, are handed to the event loop
+in one piece, where each request's
+:class:`~serve.dataplane.generation_stream.GenerationStream` gets them. The loop is woken
+once for whatever is waiting: steps that end while it is still busy with earlier ones
+join the same hand-over (and a stream then writes their tokens together), so the decoding
+thread never waits for the loop, and the loop is never woken more often than it can
+answer. The metrics get a :class:`~serve.dataplane.generation_record.StepRecord` of the
+steps since the last one with a hand-over that answers a request, and at least every
+SEND_EVERY_S while decoding.
 
 Versions: a request runs on the version it names (pinned), else on the version that is
 active when it joins the batch (it is tokenized again if another version prepared it). A
@@ -77,8 +83,8 @@ from serve.lm.sequence import DecodingSequence
 
 log = logging.getLogger("rlserve.generation")
 
-# Steps that answer nobody (every sequence still decoding, none streaming) hand their
-# metrics to the event loop this often, not every step: the loop is woken only when needed.
+# Steps that answer nobody hand their metrics to the event loop this often, not every step
+# (their tokens, if streamed, go at once): the loop counts a step's work only when needed.
 SEND_EVERY_S = 0.05
 
 
@@ -98,6 +104,7 @@ class _Ticket:
     future: asyncio.Future[ScoreResult] | None  # a scoring's
     done: bool = False  # answered (set on the loop; the thread drops it at a step boundary)
     started: bool = False  # it left the queue to run (set by the thread)
+    streamed: bool = False  # its token events are wanted (set with its stream)
     last_token_at: float = 0.0  # thread only
     received_at: float = field(init=False)
     deadline: float = field(init=False)
@@ -159,6 +166,8 @@ class ContinuousBatchScheduler:
         self._outcomes: list[tuple[_Ticket, _Outcome]] = []  # not yet handed over (thread)
         self._tally = _StepTally()  # thread only
         self._sent_at = 0.0
+        self._handed: list[_Handover] = []  # handed over, not yet taken by the loop
+        self._handed_lock = threading.Lock()
 
     # ------------------------------------------------------------------ admission
 
@@ -184,6 +193,7 @@ class ContinuousBatchScheduler:
         assert self._loop is not None
         ticket = _Ticket(generation, version, time.monotonic(), None, None)
         ticket.stream = GenerationStream(self._loop, lambda: self._cancel(ticket), tokens=tokens)
+        ticket.streamed = tokens
         self._enqueue(ticket)
         return ticket.stream
 
@@ -276,6 +286,8 @@ class ContinuousBatchScheduler:
 
     def _plan(self) -> tuple[list[_Ticket], list[_Ticket]]:
         """Pop what joins now and what expired (under the lock)."""
+        if not self._queue:
+            return [], []
         live = [t for t in self._queue if not t.done]
         decision = plan_step(
             [t.waiting() for t in live],
@@ -318,24 +330,34 @@ class ContinuousBatchScheduler:
         self._send(force=True)
 
     def _send(self, *, force: bool) -> None:
-        """Hand what the steps produced to the event loop: at once when a request is
-        waiting for it, else (metrics only) every SEND_EVERY_S or before the thread idles."""
+        """Hand what the steps produced to the event loop: outcomes at once; the metrics
+        with an answer, every SEND_EVERY_S, or before the thread idles (``force``)."""
         outcomes, tally = self._outcomes, self._tally
         now = time.monotonic()
-        if not outcomes and (tally.empty or (not force and now - self._sent_at < SEND_EVERY_S)):
-            return
-        record = StepRecord(
-            self.name,
-            tuple(tally.step_sequences),
-            sum(b.batch.nbytes for b in self._batches.values()),
-            tally.new_tokens,
-            tally.prompt_tokens,
-            tuple(tally.first_token_s),
-            tuple(tally.inter_token_s),
-            tuple(tally.answered),
+        due = not tally.empty and (
+            force or bool(tally.answered) or now - self._sent_at >= SEND_EVERY_S
         )
-        self._outcomes, self._tally, self._sent_at = [], _StepTally(), now
-        self._post(lambda: self._deliver(outcomes, record))
+        if not outcomes and not due:
+            return
+        record = None
+        if due:
+            record = StepRecord(
+                self.name,
+                tuple(tally.step_sequences),
+                sum(b.batch.nbytes for b in self._batches.values()),
+                tally.new_tokens,
+                tally.prompt_tokens,
+                tuple(tally.first_token_s),
+                tuple(tally.inter_token_s),
+                tuple(tally.answered),
+            )
+            self._tally, self._sent_at = _StepTally(), now
+        self._outcomes = []
+        with self._handed_lock:
+            wake = not self._handed  # else the loop is already woken for the earlier ones
+            self._handed.append(_Handover(outcomes, record))
+        if wake:
+            self._post(self._take_handed)
 
     def _join(
         self, ticket: _Ticket, outcomes: list[tuple[_Ticket, _Outcome]], tally: _StepTally
@@ -351,8 +373,7 @@ class ContinuousBatchScheduler:
                 tally.answered.append((model.version, time.monotonic() - ticket.received_at))
                 outcomes.append((ticket, result))
                 return
-            streamed = ticket.stream is not None and ticket.stream.tokens
-            sequence = model.sequence(work, streamed=streamed)
+            sequence = model.sequence(work, streamed=ticket.streamed)
             running = self._batches.get(model.version)
             if running is None:
                 running = _VersionBatch(model, DecodeBatch(model.decoder))
@@ -370,7 +391,7 @@ class ContinuousBatchScheduler:
         tally.prompt_tokens += len(work.prompt_ids)
         tally.new_tokens += 1
         tally.first_token_s.append(now - ticket.received_at)
-        if ticket.stream is not None and ticket.stream.tokens:
+        if ticket.streamed:
             outcomes += [(ticket, _Started(model.version, model.sha256)), (ticket, event)]
         if sequence.finish is not None:
             outcomes.append((ticket, self._result(model, sequence)))
@@ -403,7 +424,7 @@ class ContinuousBatchScheduler:
     ) -> int:
         """One step of a version's batch; returns the sequences it decoded."""
         model, batch = running.model, running.batch
-        owners = batch.owners
+        decoded = len(batch)
         try:
             emitted = batch.step()
         except Exception as exc:
@@ -413,17 +434,18 @@ class ContinuousBatchScheduler:
                 self._left(owner)
             return 0
         now = time.monotonic()
+        tally.new_tokens += len(emitted)
+        gaps = tally.inter_token_s
         for ticket, sequence, event in emitted:
-            tally.new_tokens += 1
-            tally.inter_token_s.append(now - ticket.last_token_at)
+            gaps.append(now - ticket.last_token_at)
             ticket.last_token_at = now
-            if ticket.stream is not None and ticket.stream.tokens:
+            if ticket.streamed:
                 outcomes.append((ticket, event))
             if sequence.finish is not None:
                 outcomes.append((ticket, self._result(model, sequence)))
                 tally.answered.append((model.version, now - ticket.received_at))
                 self._left(ticket)
-        return len(owners)
+        return decoded
 
     def _left(self, ticket: _Ticket) -> None:
         self._running -= 1
@@ -453,7 +475,13 @@ class ContinuousBatchScheduler:
 
     # ------------------------------------------------------------------ on the event loop
 
-    def _deliver(self, outcomes: list[tuple[_Ticket, _Outcome]], record: StepRecord) -> None:
+    def _take_handed(self) -> None:
+        with self._handed_lock:
+            handed, self._handed = self._handed, []
+        for handover in handed:
+            self._deliver(handover.outcomes, handover.record)
+
+    def _deliver(self, outcomes: list[tuple[_Ticket, _Outcome]], record: StepRecord | None) -> None:
         for ticket, outcome in outcomes:
             if isinstance(outcome, TokenEvent):
                 if ticket.stream is not None and not ticket.done:
@@ -463,6 +491,8 @@ class ContinuousBatchScheduler:
                     ticket.stream.started(outcome.version, outcome.sha256)
             else:
                 self._settle(ticket, outcome)
+        if record is None:
+            return
         if record.answered:
             now = time.monotonic()
             if self._last_answer_at is not None and self._running:
@@ -561,6 +591,15 @@ class ContinuousBatchScheduler:
         await asyncio.to_thread(thread.join)
         if self._sweep is not None:
             self._sweep.cancel()
+
+
+@dataclass(frozen=True, slots=True)
+class _Handover:
+    """What the decoding thread hands the event loop at once: outcomes of steps, and the
+    metrics of the steps since the last record (None: they go with a later one)."""
+
+    outcomes: list[tuple[_Ticket, _Outcome]]
+    record: StepRecord | None
 
 
 @dataclass(frozen=True, slots=True)

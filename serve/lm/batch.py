@@ -18,7 +18,7 @@ import numpy as np
 from serve.lm.cache import KVCache, merge
 from serve.lm.decoder import Decoder
 from serve.lm.messages import TokenEvent
-from serve.lm.sampling import choose_rows, chosen_log_probs
+from serve.lm.sampling import Sampler, choose_rows, chosen_log_probs
 from serve.lm.sequence import DecodingSequence
 
 __all__ = ["DecodeBatch"]
@@ -34,6 +34,8 @@ class DecodeBatch(Generic[Owner]):
         self._cache: KVCache | None = None
         self._owners: list[Owner] = []
         self._sequences: list[DecodingSequence] = []
+        self._samplers: list[Sampler] = []  # the running rows'
+        self._greedy = True  # every running row chooses greedily: one argmax for the batch
         self._joining: list[tuple[Owner, DecodingSequence, KVCache]] = []
 
     def __len__(self) -> int:
@@ -66,17 +68,20 @@ class DecodeBatch(Generic[Owner]):
         self._join()
         if self._cache is None:
             return []
-        tokens = np.fromiter((s.last_token for s in self._sequences), np.int64)
+        sequences = self._sequences
+        tokens = np.fromiter((s.last_token for s in sequences), np.int64, len(sequences))
         logits, self._cache = self.decoder.step(self._cache, tokens)
-        chosen = choose_rows(logits, [s.sampler for s in self._sequences])
+        greedy = self._greedy  # then one argmax for the whole batch
+        chosen = np.argmax(logits, axis=-1) if greedy else choose_rows(logits, self._samplers)
         log_probs = chosen_log_probs(logits, chosen)
         emitted = [
-            (owner, sequence, sequence.accept(int(token), float(log_prob)))
+            (owner, sequence, sequence.accept(token, log_prob))
             for owner, sequence, token, log_prob in zip(
-                self._owners, self._sequences, chosen, log_probs, strict=True
+                self._owners, sequences, chosen.tolist(), log_probs.tolist(), strict=True
             )
         ]
-        self._keep([row for row, s in enumerate(self._sequences) if s.finish is None])
+        if any(s.finish is not None for s in sequences):
+            self._keep([row for row, s in enumerate(sequences) if s.finish is None])
         return emitted
 
     def drop(self, gone: Callable[[Owner], bool]) -> list[Owner]:
@@ -97,6 +102,7 @@ class DecodeBatch(Generic[Owner]):
         self._owners += [owner for owner, _, _ in self._joining]
         self._sequences += [sequence for _, sequence, _ in self._joining]
         self._joining = []
+        self._rows_changed()
 
     def _keep(self, rows: list[int]) -> None:
         if len(rows) == len(self._sequences):
@@ -104,3 +110,8 @@ class DecodeBatch(Generic[Owner]):
         self._owners = [self._owners[r] for r in rows]
         self._sequences = [self._sequences[r] for r in rows]
         self._cache = None if not rows or self._cache is None else self._cache.select(rows)
+        self._rows_changed()
+
+    def _rows_changed(self) -> None:
+        self._samplers = [s.sampler for s in self._sequences]
+        self._greedy = all(s.params.greedy for s in self._samplers)

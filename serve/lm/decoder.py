@@ -65,9 +65,9 @@ class GraphDecoder:
 
     def step(self, cache: KVCache, tokens: np.ndarray) -> tuple[np.ndarray, KVCache]:
         mask, positions = cache.step_inputs()
-        outputs = self._call(tokens.astype(np.int64)[:, None], mask, positions, cache)
+        outputs = self._call(np.asarray(tokens, np.int64).reshape(-1, 1), mask, positions, cache)
         keys, values = self._cache_of(outputs)
-        return outputs[self._tensors.logits][:, -1], cache.grown(keys, values)
+        return outputs[self._tensors.logits][:, -1], cache.grown(keys, values, mask)
 
     def forward(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
         longest = max(len(r) for r in rows)

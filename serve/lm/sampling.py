@@ -117,7 +117,9 @@ def _draw(tokens: np.ndarray, scaled: np.ndarray, rng: np.random.Generator) -> i
 def chosen_log_probs(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     """log p(tokens[i] | row i) for logits ``[rows, vocab]``: float64, temperature 1."""
     wide = logits.astype(np.float64)
+    chosen = wide[np.arange(len(tokens)), tokens]
     top = wide.max(axis=-1)
-    normaliser = top + np.log(np.exp(wide - top[:, None]).sum(axis=-1))
-    result: np.ndarray = wide[np.arange(len(tokens)), tokens] - normaliser
+    wide -= top[:, None]
+    np.exp(wide, out=wide)
+    result: np.ndarray = chosen - top - np.log(wide.sum(axis=-1))
     return result

@@ -28,6 +28,7 @@ class DecodingSequence:
         "_given",
         "_incremental",
         "_sampler",
+        "_stopping",
         "_stops",
         "_text",
         "finish",
@@ -44,7 +45,8 @@ class DecodingSequence:
         self._sampler = Sampler(generation.sampling)
         self._detokenizer = Detokenizer(codec)
         self._stops = StopStrings(generation.spec.stop)
-        self._incremental = incremental or bool(self._stops)
+        self._stopping = bool(self._stops)  # stop strings to look for
+        self._incremental = incremental or self._stopping
         self.token_ids: list[int] = []
         self.log_probs: list[float] = []
         self._text = ""  # the text of the tokens so far
@@ -71,16 +73,25 @@ class DecodingSequence:
         self.log_probs.append(log_prob)
         if not self._incremental:
             return self._quietly(index, token, log_prob)
-        self._text += self._detokenizer.push(token)
+        piece = self._detokenizer.push(token)
         if token in self._eos:
             self.finish = FinishReason.STOP
-        elif self._stops and (cut := self._stops.find(self._text)) is not None:
-            self._text = self._text[:cut]
-            self.finish = FinishReason.STOP
-            return self._event(index, token, log_prob, final=True, flush=False)
-        elif len(self.token_ids) >= self.generation.max_new_tokens:
+        elif self._stopping:
+            self._text += piece
+            if (cut := self._stops.find(self._text)) is not None:
+                self._text = self._text[:cut]
+                self.finish = FinishReason.STOP
+                return self._event(index, token, log_prob, final=True, flush=False)
+            if index + 1 >= self.generation.max_new_tokens:
+                self.finish = FinishReason.LENGTH
+            return self._event(index, token, log_prob, final=self.finish is not None, flush=True)
+        elif index + 1 >= self.generation.max_new_tokens:
             self.finish = FinishReason.LENGTH
-        return self._event(index, token, log_prob, final=self.finish is not None, flush=True)
+        self._text += piece
+        if self.finish is not None:
+            return self._event(index, token, log_prob, final=True, flush=True)
+        self._given += len(piece)  # no stop string to hold text back for: all of it goes
+        return TokenEvent(index, token, log_prob, piece)
 
     def _quietly(self, index: int, token: int, log_prob: float) -> TokenEvent:
         """Accept a token of a sequence nobody reads piece by piece: its text at the end."""

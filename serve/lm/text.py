@@ -25,6 +25,7 @@ from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 from serve.errors import InvalidInput, ModelLoadError, one_line
 from serve.lm.contract import LanguageModelContract, PromptEncoding
@@ -32,8 +33,6 @@ from serve.lm.contract import LanguageModelContract, PromptEncoding
 __all__ = ["ChatMessage", "Detokenizer", "StopStrings", "TextCodec"]
 
 ChatMessage = dict[str, Any]  # {"role": ..., "content": ...}, as the request gave it
-REPLACEMENT = "\ufffd"  # what a decoder gives for bytes that are not (yet) a character
-_PREFIX_TOKENS = 6  # tokens decoded before the new ones, so spacing rules see their context
 
 
 class TextCodec:
@@ -124,26 +123,24 @@ class TextCodec:
 class Detokenizer:
     """Text of a growing list of ids, piece by piece: each piece is what the ids added since
     the last one spell, once they spell whole characters. The pieces add up to
-    ``codec.decode(ids)`` (``flush`` gives what remains)."""
+    ``codec.decode(ids)`` (``flush`` gives what remains).
 
-    __slots__ = ("_codec", "_given", "_ids", "_prefix", "_read")
+    The work is the ``tokenizers`` library's own incremental decoder (``DecodeStream``: one
+    call into Rust per token, holding back bytes of an unfinished character)."""
+
+    __slots__ = ("_codec", "_given", "_ids", "_stream")
 
     def __init__(self, codec: TextCodec) -> None:
         self._codec = codec
+        self._stream = DecodeStream(skip_special_tokens=True)
         self._ids: list[int] = []
-        self._prefix = 0  # ids before this only give context
-        self._read = 0  # ids before this were turned into text
         self._given = 0  # characters handed out
 
     def push(self, token: int) -> str:
         self._ids.append(token)
-        before = self._codec.decode(self._ids[self._prefix : self._read])
-        after = self._codec.decode(self._ids[self._prefix :])
-        if len(after) <= len(before) or after.endswith(REPLACEMENT):
+        piece: str | None = self._stream.step(self._codec.tokenizer, token)
+        if not piece:
             return ""  # nothing new, or bytes of a character still to come
-        piece = after[len(before) :]
-        self._read = len(self._ids)
-        self._prefix = max(0, self._read - _PREFIX_TOKENS)
         self._given += len(piece)
         return piece
 

@@ -346,3 +346,23 @@ async def test_a_draining_swap_keeps_queued_requests_on_the_old_version():
     first, second = await asyncio.gather(queued.result(), later.result())
     await cycle.scheduler.stop()
     assert (first.version, second.version) == (1, 2)
+
+
+async def test_steps_that_end_while_the_loop_is_busy_reach_the_stream_together():
+    decoder = fakes.FakeDecoder(step_s=0.001)
+    steps = Steps()
+    cycle = lifecycle(fakes.language_model(decoder=decoder, context_length=400), sink=steps)
+    stream = generate(cycle, "w1 w2 w3", 200, tokens=True)
+    first = await anext(stream)
+    time.sleep(0.05)  # the event loop is busy: about 50 steps end meanwhile
+    behind = stream.drain()
+    await asyncio.sleep(0)  # the hand-over of those steps runs
+    together = stream.drain()
+    rest = [event async for event in stream]
+    result = await stream.result()
+    await cycle.scheduler.stop()
+    events = [first, *behind, *together, *rest]
+    assert len(together) > 10  # many steps' tokens, handed over at once
+    assert [e.index for e in events] == list(range(200))
+    assert tuple(e.token_id for e in events) == result.token_ids
+    assert sum(r.new_tokens for r in steps.records) == 200  # the metrics miss none of them

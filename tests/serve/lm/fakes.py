@@ -133,7 +133,7 @@ class FakeDecoder:
                 for r, t in enumerate(tokens)
             ]
         )
-        return logits, cache.grown([keys], [np.zeros_like(keys)])
+        return logits, cache.grown([keys], [np.zeros_like(keys)], mask)
 
     def forward(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
         self._called("forward", len(rows))

@@ -108,3 +108,26 @@ def test_a_sequence_that_ends_in_its_prefill_never_joins():
     assert event.index == 0
     assert len(batch) == 0
     assert batch.step() == []
+
+
+def lengths_mask(cache: KVCache) -> list[list[int]]:
+    """The step mask every row's length implies: its last lengths[row] columns and the new one."""
+    total = cache.columns + 1
+    return [[int(c >= total - (n + 1)) for c in range(total)] for n in cache.lengths.tolist()]
+
+
+def test_the_kept_mask_follows_rows_through_steps_merges_and_drops():
+    cache = rows_of(4, 1)
+    for new_rows in ([6], [], [2, 3], []):
+        key = np.zeros((cache.rows, 1, cache.columns + 1, 1), np.float32)
+        mask, positions = cache.step_inputs()
+        assert mask.tolist() == lengths_mask(cache)
+        assert positions[:, 0].tolist() == cache.lengths.tolist()
+        cache = cache.grown([key], [key], mask)
+        if new_rows:
+            cache = merge([cache, rows_of(*new_rows)])
+        else:
+            cache = cache.select([r for r in range(cache.rows) if r != 1])
+        assert cache.mask.shape == (cache.rows, cache.columns)
+        assert cache.step_inputs()[0].tolist() == lengths_mask(cache)
+    assert cache.lengths.tolist() == [8, 3, 4]
