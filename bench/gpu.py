@@ -27,7 +27,8 @@ needs no torch: the mlp and cnn benchmark policies are built by ``bench/gpu_mode
 
 Prints a Markdown section and writes it into ``--output`` (docs/benchmarks.md) under the
 heading "GPU path", replacing only that section. Exits 2 without a GPU (unless
-``--allow-cpu``), 1 when the fallback check or an answer check fails.
+``--allow-cpu``), 1 when the fallback check or an answer check fails or a run without
+TensorRT did not load (a skipped run reports the libraries onnxruntime could not load).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -63,6 +65,9 @@ CPU = "CPUExecutionProvider"
 BATCHES = (1, 8, 32, 64)
 MAX_BATCH_SIZE = 64
 PARITY_ROWS = 16
+# Loading both models, warm-up included; TensorRT builds an engine per warmed batch size, and
+# a run that has not loaded by then is reported as skipped (the script's budget is 8 minutes).
+READY_TIMEOUT_S = 150
 NO_GPU = (
     "no NVIDIA GPU: nvidia-smi is missing or lists no GPU; this script measures the CUDA "
     "path; run it on a GPU machine"
@@ -167,6 +172,7 @@ class ProviderRun:
     requested: list[str]
     active: dict[str, str] = field(default_factory=dict)  # model -> provider it runs on
     skipped: str | None = None  # why it was not measured
+    load_errors: list[str] = field(default_factory=list)  # libraries onnxruntime could not load
     parity: list[Parity] = field(default_factory=list)
     load: list[LoadPoint] = field(default_factory=list)
 
@@ -181,13 +187,18 @@ class GpuResults:
     seconds: float
     warmup: float
     atol: float
+    models: list[str] = field(default_factory=list)
     fallback: list[FallbackCheck] = field(default_factory=list)
     runs: list[ProviderRun] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return all(f.passed for f in self.fallback) and all(
-            p.passed for r in self.runs for p in r.parity
+        """The fallback refused, every answer right, and every run measured but TensorRT's
+        (whose libraries are not part of the install)."""
+        return (
+            all(f.passed for f in self.fallback)
+            and all(p.passed for r in self.runs for p in r.parity)
+            and all(r.skipped is None for r in self.runs if TENSORRT not in r.requested)
         )
 
 
@@ -244,6 +255,12 @@ def _discrete(
     close = (ordered[..., -1] - ordered[..., -2]) <= atol
     differ = got != want
     return int(np.sum(differ & ~close)), int(np.sum(close))
+
+
+def load_errors(log: str) -> list[str]:
+    """The libraries onnxruntime says it could not load, in a server's log, each once."""
+    found = re.findall(r"Failed to load library \S*?([^/\s]+\.so) with error: ([^\n\x1b]+)", log)
+    return list(dict.fromkeys(f"{library}: {error.strip()}" for library, error in found))
 
 
 def connections_for(rows: int) -> int:
@@ -323,8 +340,13 @@ def provider_run(
     _say(f"{label}: starting rlserve serve")
     server = _server(repository, workdir, label, {"RLSERVE_PROVIDERS": json.dumps(providers)})
     try:
-        # TensorRT builds an engine per warmed shape: give it longer than CUDA.
-        ready = _wait_settled(server, 300 if TENSORRT in providers else 150)
+        try:
+            ready = _wait_settled(server, READY_TIMEOUT_S)
+        except (TimeoutError, RuntimeError) as exc:  # too slow to load, or exited: stopped
+            run.skipped = str(exc).splitlines()[0]
+            run.load_errors = load_errors(server.log.read_text())
+            _say(f"{label}: skipped: {run.skipped}")
+            return run
         metrics = httpx.get(f"{server.url}/metrics", timeout=5).text
         run.active = {
             labels["model"]: labels["provider"]
@@ -334,6 +356,7 @@ def provider_run(
             run.skipped = (
                 "; ".join(ready.json().get("reasons", [])) or f"/ready {ready.status_code}"
             )
+            run.load_errors = load_errors(server.log.read_text())
             _say(f"{label}: not ready, skipped: {run.skipped}")
             return run
         for model in models:
@@ -428,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds=args.seconds,
         warmup=args.warmup,
         atol=args.atol,
+        models=[m.name for m in chosen],
     )
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         workdir = Path(tmp)
@@ -440,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu_report.write(args.output, section)
     _say(f"wrote the GPU path section of {args.output}")
     if not results.passed:
-        _say("FAILED: see the fallback and answer checks above")
+        _say("FAILED: see the fallback check, the providers and the answers above")
         return 1
     return 0
 

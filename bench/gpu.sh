@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&
 python=""
 for candidate in "${PYTHON:-}" python3.12 python3.13 python3.11 python3; do
     if [ -n "$candidate" ] && command -v "$candidate" >/dev/null 2>&1 \
-        && "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+        && "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
         python="$candidate"
         break
     fi

@@ -31,9 +31,9 @@ def render(results: GpuResults) -> str:
         "",
         f"- GPU: **{device.name}**{driver}{count}; {results.onnxruntime}, Python "
         f"{results.python}, {results.cpus} CPUs.",
-        "- Models: `mlp` and `cnn` of `bench/gpu_models.py` (the shapes of `bench/models.py`, "
-        "built without torch), one `rlserve serve` process per provider run, "
-        "`max_batch_size` 64.",
+        f"- Models: {' and '.join(f'`{m}`' for m in results.models)} of "
+        "`bench/gpu_models.py` (the shapes of `bench/models.py`, built without torch), one "
+        "`rlserve serve` process per provider run, `max_batch_size` 64.",
         f"- Load: `POST /v2/models/{{model}}/infer` with binary tensors, closed loop, "
         f"{results.warmup:g} s of warm-up then {results.seconds:g} s measured per point; "
         "latency at the client; GPU utilisation scraped twice a second while it ran.",
@@ -84,6 +84,8 @@ def _fallback_row(check: FallbackCheck) -> str:
 def _provider_row(run: ProviderRun) -> str:
     active = ", ".join(f"{m}: {p}" for m, p in sorted(run.active.items())) or "none loaded"
     measured = "yes" if run.skipped is None else f"skipped: {_cell(run.skipped)}"
+    if run.load_errors:
+        measured += f" (onnxruntime could not load {_cell('; '.join(run.load_errors))})"
     return f"| {', '.join(run.requested)} | {active} | {measured} |"
 
 

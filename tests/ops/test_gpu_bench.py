@@ -200,3 +200,34 @@ def test_the_section_replaces_its_own_only():
 
 def test_connections_fill_a_batch_of_64_rows():
     assert [gpu.connections_for(rows) for rows in gpu.BATCHES] == [128, 16, 4, 4]
+
+
+# What onnxruntime-gpu 1.31.1 logs on a machine without the driver or TensorRT (ANSI colours
+# and all), as the server's log holds it.
+ORT_LOG = (
+    "\x1b[1;31m2026-12-01 22:11:28.18 [E:onnxruntime:Default, provider_bridge_ort.cc:2430 "
+    "operator()] [ONNXRuntimeError] : 1 : FAIL : Failed to load library /venv/lib/python3.11/"
+    "site-packages/onnxruntime/capi/libonnxruntime_providers_tensorrt.so with error: "
+    "libnvinfer.so.10: cannot open shared object file: No such file or directory\n\x1b[m\n"
+    "Falling back to ['CUDAExecutionProvider', 'CPUExecutionProvider'] and retrying.\n"
+    "\x1b[1;31m2026-12-01 22:11:28.19 [E:onnxruntime:Default] FAIL : Failed to load library "
+    "/venv/onnxruntime/capi/libonnxruntime_providers_cuda.so with error: libcuda.so.1: cannot "
+    "open shared object file: No such file or directory\n\x1b[m\n"
+)
+
+
+def test_the_libraries_onnxruntime_could_not_load_are_read_from_the_log():
+    assert gpu.load_errors(ORT_LOG + ORT_LOG) == [
+        "libonnxruntime_providers_tensorrt.so: libnvinfer.so.10: cannot open shared object "
+        "file: No such file or directory",
+        "libonnxruntime_providers_cuda.so: libcuda.so.1: cannot open shared object file: No "
+        "such file or directory",
+    ]
+
+
+def test_a_cuda_run_that_did_not_load_fails_the_run_and_tensorrts_does_not():
+    results = gpu.GpuResults("now", gpu.Device("GPU", None, 1), "ort", "3.12", 16, 4, 1, 1e-4)
+    results.runs = [gpu.ProviderRun([gpu.TENSORRT, gpu.CUDA], skipped="no libnvinfer")]
+    assert results.passed
+    results.runs.append(gpu.ProviderRun([gpu.CUDA], skipped="not running on CUDA"))
+    assert not results.passed
