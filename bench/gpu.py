@@ -14,6 +14,10 @@ needs no torch: the mlp and cnn benchmark policies are built by ``bench/gpu_mode
    before CUDA when this onnxruntime offers it, skipped with the server's reason when it
    does not load): one ``rlserve serve`` with both models, ``max_batch_size`` 64; the
    provider each version runs on, from ``rlserve_model_info``.
+   **Memory limit**: in this process, ``serve.dataplane.runtime`` builds the mlp's session
+   on the same providers with ``gpu_memory_limit_bytes`` (256 MiB): the CUDA provider must
+   report ``gpu_mem_limit`` at that figure and ``kSameAsRequested`` (also after TensorRT's
+   fallback to CUDA, where TensorRT does not load).
 3. **Answers**: 16 seeded observations per model through ``/v2/models/{m}/infer`` against
    onnxruntime on the CPU on the same file: values, logits, means (and Box actions) within
    ``--atol`` (absolute); discrete actions identical wherever the CPU's two best logits
@@ -56,7 +60,9 @@ from bench import gpu_client, gpu_models, gpu_report
 from bench.gpu_client import GpuSamples, LoadResult
 from bench.gpu_models import GpuBenchModel
 from bench.servers import Server
+from serve import config
 from serve.cli.arguments import add_arguments, arg, from_namespace
+from serve.dataplane import runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA = "CUDAExecutionProvider"
@@ -65,6 +71,7 @@ CPU = "CPUExecutionProvider"
 BATCHES = (1, 8, 32, 64)
 MAX_BATCH_SIZE = 64
 PARITY_ROWS = 16
+LIMIT = 256 << 20  # gpu_memory_limit_bytes of the limit check
 # Loading both models, warm-up included; TensorRT builds an engine per warmed batch size, and
 # a run that has not loaded by then is reported as skipped (the script's budget is 8 minutes).
 READY_TIMEOUT_S = 150
@@ -137,6 +144,26 @@ class FallbackCheck:
 
 
 @dataclass(frozen=True)
+class LimitCheck:
+    requested: list[str]
+    limit: int
+    active: list[str]
+    registered: dict[str, str]  # the options the CUDA provider reports
+
+    @property
+    def applies(self) -> bool:
+        return CUDA in self.active
+
+    @property
+    def passed(self) -> bool:
+        strategy = self.registered.get("arena_extend_strategy")
+        return not self.applies or (
+            self.registered.get("gpu_mem_limit") == str(self.limit)
+            and strategy in ("kSameAsRequested", "1")
+        )
+
+
+@dataclass(frozen=True)
 class Parity:
     model: str
     provider: str
@@ -173,6 +200,7 @@ class ProviderRun:
     active: dict[str, str] = field(default_factory=dict)  # model -> provider it runs on
     skipped: str | None = None  # why it was not measured
     load_errors: list[str] = field(default_factory=list)  # libraries onnxruntime could not load
+    limit: LimitCheck | None = None
     parity: list[Parity] = field(default_factory=list)
     load: list[LoadPoint] = field(default_factory=list)
 
@@ -198,6 +226,7 @@ class GpuResults:
         return (
             all(f.passed for f in self.fallback)
             and all(p.passed for r in self.runs for p in r.parity)
+            and all(r.limit.passed for r in self.runs if r.limit is not None)
             and all(r.skipped is None for r in self.runs if TENSORRT not in r.requested)
         )
 
@@ -359,6 +388,7 @@ def provider_run(
             run.load_errors = load_errors(server.log.read_text())
             _say(f"{label}: not ready, skipped: {run.skipped}")
             return run
+        run.limit = limit_check(providers, repository / models[0].name / "1" / "model.onnx", LIMIT)
         for model in models:
             run.parity.append(_parity(server.url, repository, model, label, args.atol))
             for rows in args.batch or BATCHES:
@@ -366,6 +396,21 @@ def provider_run(
     finally:
         server.stop()
     return run
+
+
+def limit_check(providers: list[str], model: Path, limit: int) -> LimitCheck:
+    """The memory limit as the CUDA provider registered it, for a session built by the server's
+    own code on ``providers``."""
+    settings = config.load(providers=providers, gpu_memory_limit_bytes=limit)
+    session = runtime.create_session(model, settings, f"{model.parent.parent.name} (limit check)")
+    registered = session.provider_options().get(CUDA, {})
+    keys = ("gpu_mem_limit", "arena_extend_strategy")
+    return LimitCheck(
+        providers,
+        limit,
+        list(session.report.active),
+        {k: registered[k] for k in keys if k in registered},
+    )
 
 
 def _parity(url: str, repository: Path, model: GpuBenchModel, label: str, atol: float) -> Parity:

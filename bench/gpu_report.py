@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from bench.gpu_client import GpuSamples
 
 if TYPE_CHECKING:
-    from bench.gpu import FallbackCheck, GpuResults, LoadPoint, Parity, ProviderRun
+    from bench.gpu import FallbackCheck, GpuResults, LimitCheck, LoadPoint, Parity, ProviderRun
 
 HEADING = "## GPU path (bench/gpu.sh)"
 _LOAD_COLUMNS = (
@@ -52,6 +52,15 @@ def render(results: GpuResults) -> str:
         "|---|---|---|",
         *(_provider_row(run) for run in results.runs),
         "",
+        "### The memory limit reaches the CUDA arena",
+        "",
+        "A session built by `serve.dataplane.runtime` with `gpu_memory_limit_bytes`, in the "
+        "benchmark's process: the options the CUDA provider reports.",
+        "",
+        "| requested | active | gpu_mem_limit | arena_extend_strategy | result |",
+        "|---|---|---:|---|---|",
+        *(_limit_row(run.limit) for run in results.runs if run.limit is not None),
+        "",
         "### Answers against onnxruntime on the CPU",
         "",
         f"16 seeded observations per model; floats within {results.atol:g} (absolute); "
@@ -87,6 +96,19 @@ def _provider_row(run: ProviderRun) -> str:
     if run.load_errors:
         measured += f" (onnxruntime could not load {_cell('; '.join(run.load_errors))})"
     return f"| {', '.join(run.requested)} | {active} | {measured} |"
+
+
+def _limit_row(check: LimitCheck) -> str:
+    registered = check.registered
+    if not check.applies:
+        verdict = "n/a (CUDA not active)"
+    else:
+        verdict = "pass" if check.passed else f"**FAIL** (asked for {check.limit})"
+    return (
+        f"| {', '.join(check.requested)} | {', '.join(check.active)} "
+        f"| {registered.get('gpu_mem_limit', 'n/a')} "
+        f"| {registered.get('arena_extend_strategy', 'n/a')} | {verdict} |"
+    )
 
 
 def _parity_row(parity: Parity) -> str:

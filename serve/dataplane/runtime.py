@@ -94,6 +94,11 @@ class Session:
             else _PlainRun(session, self.output_names)
         )
 
+    def provider_options(self) -> dict[str, dict[str, str]]:
+        """The options each active provider was registered with, as onnxruntime reports them."""
+        registered: dict[str, dict[str, str]] = self._session.get_provider_options()
+        return registered
+
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         values = self._execute(feeds)
         return {name: _canonical(v) for name, v in zip(self.output_names, values, strict=True)}

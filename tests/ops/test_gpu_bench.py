@@ -231,3 +231,14 @@ def test_a_cuda_run_that_did_not_load_fails_the_run_and_tensorrts_does_not():
     assert results.passed
     results.runs.append(gpu.ProviderRun([gpu.CUDA], skipped="not running on CUDA"))
     assert not results.passed
+
+
+def test_the_limit_check_wants_the_limit_and_the_strategy_where_cuda_runs():
+    kept = {"gpu_mem_limit": str(256 << 20), "arena_extend_strategy": "kSameAsRequested"}
+    defaults = {"gpu_mem_limit": "18446744073709551615", "arena_extend_strategy": "kNextPowerOfTwo"}
+    on_cuda = [gpu.CUDA, gpu.CPU]
+    assert gpu.LimitCheck([gpu.CUDA], 256 << 20, on_cuda, kept).passed
+    assert not gpu.LimitCheck([gpu.CUDA], 256 << 20, on_cuda, defaults).passed
+    cpu_only = gpu.LimitCheck([gpu.CUDA], 256 << 20, [gpu.CPU], {})
+    assert cpu_only.passed
+    assert not cpu_only.applies  # no CUDA here: reported as n/a, the CUDA run fails instead

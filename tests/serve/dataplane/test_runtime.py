@@ -70,6 +70,7 @@ def test_a_cuda_request_with_a_limit_builds_and_reports_the_fallback_honestly():
     assert session.report.active == (CPU,)  # no CUDA on this machine
     assert session.report.missing == (CUDA,)
     assert session.execution is Execution.RUN  # batches run where the session runs
+    assert list(session.provider_options()) == [CPU]
 
 
 def test_a_limit_lost_in_onnxruntimes_own_fallback_is_noticed():
