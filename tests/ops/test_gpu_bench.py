@@ -64,6 +64,54 @@ def test_the_script_refuses_when_nvidia_smi_lists_no_gpu(tmp_path):
     assert not (tmp_path / "venv").exists()
 
 
+STAND_IN = """#!/bin/sh
+# nvidia-smi of a GPU machine, without the driver behind it
+case "$*" in
+  *--list-gpus*) echo "GPU 0: Stand-in GPU (UUID: GPU-00000000-0000-0000-0000-000000000000)";;
+  *--query-gpu=*) echo "Stand-in GPU, 0.0, 0 MiB";;
+esac
+"""
+
+
+@pytest.mark.slow
+def test_the_script_installs_the_gpu_wheel_and_fails_without_the_driver(tmp_path):
+    """The install of a GPU machine, on this one (about 2.7 GB from PyPI, or pip's cache):
+    behind a stand-in nvidia-smi the script installs onnxruntime-gpu as the image does, and
+    the run fails because CUDA cannot load (no libcuda.so.1), saying so."""
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has nvidia-smi: run bench/gpu.sh itself")
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text(STAND_IN)
+    (tools / "nvidia-smi").chmod(0o755)
+    output = tmp_path / "gpu.md"
+    env = {
+        **os.environ,
+        "PATH": f"{tools}:{os.environ['PATH']}",
+        "GPU_VENV": str(tmp_path / "venv"),
+    }
+    done = subprocess.run(
+        ["bash", str(REPO / "bench" / "gpu.sh"), "--model", "mlp", "--batch", "1",
+         "--seconds", "1", "--warmup", "0.5", "--output", str(output)],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    pin = next(
+        line.split("==")[1]
+        for line in (REPO / "docker" / "constraints.txt").read_text().splitlines()
+        if line.startswith("onnxruntime-gpu==")
+    )
+    assert f"bench/gpu.sh: onnxruntime {pin} " in done.stderr
+    assert "'CUDAExecutionProvider'" in done.stderr
+    section = output.read_text()
+    assert "**Stand-in GPU**" in section
+    assert "libcuda.so.1: cannot open shared object file" in section
+    assert section.count("| pass |") == 2  # the fallback check, both ways
+    venv_pip = [str(tmp_path / "venv" / "bin" / "python"), "-m", "pip", "show"]
+    assert subprocess.run([*venv_pip, "onnxruntime"], capture_output=True).returncode != 0
+    assert subprocess.run([*venv_pip, "onnxruntime-gpu"], capture_output=True).returncode == 0
+
+
 def test_the_module_refuses_without_a_gpu_unless_allowed(tmp_path):
     if shutil.which("nvidia-smi"):
         pytest.skip("this machine has nvidia-smi")
