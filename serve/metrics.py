@@ -27,7 +27,7 @@ import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -44,6 +44,9 @@ from serve.dataplane.generation_record import StepRecord
 from serve.dataplane.record import BatchRecord
 from serve.dataplane.scheduler import Load
 from serve.gpu import gpu_collector
+
+if TYPE_CHECKING:
+    from serve.dataplane.model import ServedModel
 
 # Seconds, with the resolution that matters for millisecond-scale policies.
 LATENCY_BUCKETS = (
@@ -245,13 +248,14 @@ class Metrics:
         self.pending_rows.set(sum(load.pending_rows for load in loads.values()))
         self.inflight.set(sum(load.requests for load in loads.values()))
 
-    def version_loaded(
-        self, model: str, version: int, provider: str, sha256: str, *, fallback: bool = False
-    ) -> None:
-        """A version loaded; ``fallback``: a requested GPU provider is not active for it
-        (its session's ``ProviderReport.missing``)."""
-        self.model_info.labels(model, str(version), provider, sha256).set(1)
-        self.provider_fallback.labels(model, str(version)).set(1 if fallback else 0)
+    def version_loaded(self, model: str, loaded: ServedModel) -> None:
+        """A version of ``model`` loaded: where it runs, and whether a GPU provider the
+        settings name is not active for it (its session's ``ProviderReport.missing``)."""
+        version = str(loaded.version)
+        self.model_info.labels(model, version, loaded.provider, loaded.sha256).set(1)
+        self.provider_fallback.labels(model, version).set(
+            1 if loaded.provider_report.missing else 0
+        )
 
     def version_unloaded(self, model: str, version: int, provider: str, sha256: str) -> None:
         """Retire an unloaded version's series, so they do not pile up as versions come and

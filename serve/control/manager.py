@@ -151,13 +151,7 @@ class ModelRepositoryManager:
             lifecycle.failed(where.version, mismatch)
             return
         lifecycle.loaded(model)
-        self.metrics.version_loaded(
-            model.name,
-            model.version,
-            model.provider,
-            model.sha256,
-            fallback=bool(model.provider_report.missing),
-        )
+        self.metrics.version_loaded(model.name, model)
 
     # ------------------------------------------------------------------ lookup
 

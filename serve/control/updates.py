@@ -157,13 +157,7 @@ class Updater:
         )
         self.metrics.update_load.labels(entry.name).observe(load_s)
         entry.loaded(model)
-        self.metrics.version_loaded(
-            entry.name,
-            model.version,
-            model.provider,
-            model.sha256,
-            fallback=bool(model.provider_report.missing),
-        )
+        self.metrics.version_loaded(entry.name, model)
         if not push.activate:
             return UpdateReport(
                 entry.name,
@@ -294,13 +288,7 @@ class Updater:
             entry.failed(version, exc.message)
             raise
         entry.loaded(model)
-        self.metrics.version_loaded(
-            entry.name,
-            model.version,
-            model.provider,
-            model.sha256,
-            fallback=bool(model.provider_report.missing),
-        )
+        self.metrics.version_loaded(entry.name, model)
 
     # ------------------------------------------------------------------ steps
 

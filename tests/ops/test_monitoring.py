@@ -516,12 +516,18 @@ def test_a_server_missing_a_requested_gpu_provider_reports_the_fallback(
 
 
 RETIRED = """
+import sys
+from serve import config
+from serve.control import repository
 from serve.metrics import Metrics
+settings = config.load(providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+loaded = repository.load_file("m", 3, sys.argv[1], settings, settings.for_model({}))
+assert loaded.provider_report.missing == ("CUDAExecutionProvider",)  # a CPU onnxruntime
 metrics = Metrics()
-metrics.version_loaded("m", 3, "CUDAExecutionProvider", "0" * 64, fallback=True)
+metrics.version_loaded("m", loaded)
 print(metrics.exposition()[0].decode())
 print("--- unloaded ---")
-metrics.version_unloaded("m", 3, "CUDAExecutionProvider", "0" * 64)
+metrics.version_unloaded("m", 3, loaded.provider, loaded.sha256)
 print(metrics.exposition()[0].decode())
 """
 
@@ -531,7 +537,7 @@ def test_under_gunicorn_a_retired_versions_fallback_reads_0_not_1(tmp_path: Path
     worker's file): an unloaded version must not keep the alert firing."""
     env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", RETIRED],
+        [sys.executable, "-W", "ignore", "-c", RETIRED, str(DEMO / "cartpole/1/model.onnx")],
         capture_output=True, text=True, check=True, cwd=REPO, env=env, timeout=60,
     )  # fmt: skip
     loaded, retired = done.stdout.split("--- unloaded ---")

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from prometheus_client import CollectorRegistry, Histogram
 
+from serve import config
+from serve.control import repository
 from serve.dataplane.messages import Prepared
+from serve.dataplane.model import ServedModel
 from serve.dataplane.record import BatchRecord
 from serve.dataplane.scheduler import Load
 from serve.metrics import LATENCY_BUCKETS, Metrics, Tally
@@ -105,16 +110,26 @@ def test_load_gauges_sum_the_models() -> None:
     assert sample(metrics, "rlserve_pending_rows") == 1
 
 
+DEMO = Path(__file__).resolve().parents[2] / "examples/model_repository/cartpole/1/model.onnx"
+
+
+def demo_version(version: int) -> ServedModel:
+    """The bundled demo policy, loaded as version ``version`` of model m."""
+    settings = config.load(providers=["CPUExecutionProvider"])
+    return repository.load_file("m", version, DEMO, settings, settings.for_model({}))
+
+
 def test_an_unloaded_versions_series_are_retired_but_its_answers_are_kept() -> None:
     metrics = Metrics()
-    metrics.version_loaded("m", 3, "CPUExecutionProvider", "0" * 64)
+    loaded = demo_version(3)
+    metrics.version_loaded("m", loaded)
     metrics.sink.accept(record([2]))
-    metrics.version_unloaded("m", 3, "CPUExecutionProvider", "0" * 64)
+    metrics.version_unloaded("m", 3, loaded.provider, loaded.sha256)
     text = metrics.exposition()[0].decode()
     assert 'rlserve_requests_total{model="m",status="200",version="3"} 1.0' in text
     assert 'rlserve_batch_rows_count{model="m",version="3"}' not in text
     assert 'rlserve_model_info{model="m"' not in text
-    metrics.version_loaded("m", 3, "CPUExecutionProvider", "0" * 64)  # loaded again: fine
+    metrics.version_loaded("m", loaded)  # loaded again: fine
     metrics.sink.accept(record([1]))
     metrics.sink.flush()
     assert sample(metrics, "rlserve_batch_rows_count", model="m", version="3") == 1
