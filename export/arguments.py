@@ -11,6 +11,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from export.lm.graph_kind import GraphKind
 from export.sb3.layout import ImageLayout
 from serve.cli.arguments import arg
 from serve.contract import Algorithm
@@ -269,6 +270,14 @@ class LmArgs(DestinationArgs):
             "parity prompts kept as golden prompts in the contract (the server decodes them "
             "again when it loads the version)",
             metavar="N",
+        ),
+    )
+    graph: GraphKind = field(
+        default=GraphKind.GQA,
+        metadata=arg(
+            "the decoder graph: gqa, onnxruntime-genai's model builder (GroupQueryAttention, "
+            "the faster); torch, torch.onnx with the attention spelled out (no "
+            "onnxruntime-genai needed)"
         ),
     )
 

@@ -36,7 +36,7 @@ _LM_DESCRIPTION = (
     "generation configs. Parity runs before anything is written: greedy decoding on "
     "onnxruntime must give exactly the tokens transformers.generate gives on every prompt, "
     "log-probs of the greedy tokens and of given completions must agree within --atol, and "
-    "a left-padded batch must match single-sequence calls. On failure the table shows what "
+    "a padded batch must match single-sequence calls. On failure the table shows what "
     "differed, the exit status is 1 and nothing is written; bad input exits 2."
 )
 
@@ -123,7 +123,7 @@ def _run_language_model(args: LmArgs) -> int:
         f"loaded {source.provenance.architecture} from {source.checkpoint.model.path}{merged}; "
         f"algorithm {algorithm} ({source.algorithm_evidence})"
     )
-    outcome = pipeline.export_language_model(source, settings, destination, _progress)
+    outcome = pipeline.export_language_model(source, settings, destination, _progress, args.graph)
     print(outcome.report.table())
     if outcome.path is None:
         _progress("parity failed: nothing was written")

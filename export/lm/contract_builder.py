@@ -13,10 +13,24 @@ from export.lm.graph import CacheShape
 from export.lm.source import CausalLM
 from serve import __version__
 from serve.contract import Exporter
-from serve.lm.contract import SCHEMA, DecoderTensors, GoldenPrompt, LanguageModelContract
+from serve.lm.contract import (
+    SCHEMA,
+    CacheLayout,
+    DecoderTensors,
+    GoldenPrompt,
+    LanguageModelContract,
+)
 
 
-def draft(source: CausalLM, *, version: int, opset: int, atol: float) -> LanguageModelContract:
+def draft(
+    source: CausalLM,
+    *,
+    version: int,
+    opset: int,
+    atol: float,
+    tensors: DecoderTensors,
+    cache_layout: CacheLayout,
+) -> LanguageModelContract:
     config = source.config
     tokenizer = source.tokenizer
     vocab_size = int(source.model.get_output_embeddings().weight.shape[0])
@@ -30,7 +44,8 @@ def draft(source: CausalLM, *, version: int, opset: int, atol: float) -> Languag
         num_layers=shape.num_layers,
         num_kv_heads=shape.num_kv_heads,
         head_dim=shape.head_dim,
-        tensors=DecoderTensors(),
+        tensors=tensors,
+        cache_layout=cache_layout,
         prompt_encoding=vocabulary.prompt_encoding(tokenizer),
         bos_token_id=_first(tokenizer.bos_token_id, config.bos_token_id),
         pad_token_id=_first(

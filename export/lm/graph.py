@@ -85,7 +85,8 @@ def input_names(tensors: DecoderTensors, num_layers: int) -> list[str]:
         for i in range(num_layers)
         for name in (tensors.past_key, tensors.past_value)
     ]
-    return [tensors.input_ids, tensors.attention_mask, tensors.position_ids, *cache]
+    positions = tensors.position_ids or "position_ids"  # this graph always takes them
+    return [tensors.input_ids, tensors.attention_mask, positions, *cache]
 
 
 def output_names(tensors: DecoderTensors, num_layers: int) -> list[str]:

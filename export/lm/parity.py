@@ -5,9 +5,10 @@ server re-runs at load) must give exactly the tokens ``transformers.generate`` g
 log-probs of those tokens, and of a given completion scored in one pass, must agree within
 ``atol`` (absolute, natural log); and the ``tokenizers`` library alone, reading the
 ``tokenizer.json`` that will be written, must encode the prompt and completion to the ids
-transformers gave. A left-padded batch of prompts of different lengths (the way the server
-decodes) must give every row the next-token log-probs and argmax of its single-sequence
-calls, at the prefill and at one decode step after it.
+transformers gave. A padded batch of prompts of different lengths (the way the server
+decodes: left-padded, or right-padded for a graph whose cache layout is
+``sequence_lengths``) must give every row the next-token log-probs and argmax of its
+single-sequence calls, at the prefill and at one decode step after it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from export.lm.golden import Prompt, PromptKind, Reference
 from serve.lm import greedy
-from serve.lm.contract import LanguageModelContract
+from serve.lm.contract import CacheLayout, LanguageModelContract
 from serve.lm.greedy import Runner, empty_cache, forward, log_softmax
 
 _BATCH_ROWS = 3
@@ -40,6 +41,7 @@ class PromptRow:
 
 @dataclass(frozen=True)
 class BatchRow:
+    layout: CacheLayout  # how the rows were padded
     lengths: list[int]  # the rows' prompt lengths
     prefill_diff: float  # max |log-prob difference| of the next token, over rows and vocabulary
     step_diff: float  # the same after one decode step with the batched cache
@@ -170,16 +172,24 @@ def _batch_row(
     ids = np.full((len(chosen), width), pad, np.int64)
     mask = np.zeros((len(chosen), width), np.int64)
     positions = np.zeros((len(chosen), width), np.int64)
+    step_mask = np.zeros((len(chosen), width + 1), np.int64)
+    right = contract.cache_layout is CacheLayout.SEQUENCE_LENGTHS  # a row's tokens come first
+    last = []  # each row's last prompt column
     for row, prompt in enumerate(chosen):
         n = len(prompt.ids)
-        ids[row, width - n :] = prompt.ids
-        mask[row, width - n :] = 1
-        positions[row, width - n :] = np.arange(n)
+        used = slice(0, n) if right else slice(width - n, width)
+        ids[row, used] = prompt.ids
+        mask[row, used] = 1
+        positions[row, used] = np.arange(n)
+        if right:
+            step_mask[row, : n + 1] = 1  # the new token goes just after the row's own
+        else:
+            step_mask[row, width - n :] = 1
+        last.append(n - 1 if right else width - 1)
     logits, cache = forward(run, contract, ids, positions, mask, empty_cache(contract, len(chosen)))
-    prefill = log_softmax(logits[:, -1])
+    prefill = log_softmax(logits[np.arange(len(chosen)), last])
     following = np.asarray([[s.next_token] for s in singles], np.int64)
     step_positions = np.asarray([[len(p.ids)] for p in chosen], np.int64)
-    step_mask = np.concatenate([mask, np.ones((len(chosen), 1), np.int64)], axis=1)
     step_logits, _ = forward(run, contract, following, step_positions, step_mask, cache)
     step = log_softmax(step_logits[:, -1])
     prefill_diff = _array_diff(prefill, np.stack([s.prefill for s in singles]))
@@ -189,7 +199,8 @@ def _batch_row(
         and np.array_equal(step.argmax(-1), [int(s.step.argmax()) for s in singles])
     )
     passed = same_argmax and prefill_diff <= atol and step_diff <= atol
-    return BatchRow([len(p.ids) for p in chosen], prefill_diff, step_diff, same_argmax, passed)
+    lengths = [len(p.ids) for p in chosen]
+    return BatchRow(contract.cache_layout, lengths, prefill_diff, step_diff, same_argmax, passed)
 
 
 @dataclass(frozen=True)
@@ -253,7 +264,8 @@ def _batch_line(row: BatchRow) -> str:
     lengths = ", ".join(map(str, row.lengths))
     argmax = "same argmax" if row.same_argmax else "ARGMAX DIFFERS"
     return (
-        f"left-padded batch of {len(row.lengths)} (prompt lengths {lengths}): next-token max "
+        f"padded batch of {len(row.lengths)} ({row.layout.value}, prompt lengths {lengths}): "
+        "next-token max "
         f"dlogp {row.prefill_diff:.2g} at prefill, {row.step_diff:.2g} after one decode step, "
         f"{argmax}: {'pass' if row.passed else 'FAIL'}"
     )

@@ -18,15 +18,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from export import writer
-from export.lm import contract_builder, golden, graph, parity, vocabulary
+from export.lm import contract_builder, golden, gqa, graph, parity, vocabulary
+from export.lm.graph_kind import GraphKind
 from export.lm.source import CausalLM, quiet_transformers
 from export.runner import runner
 from serve.contract import METADATA_KEY
 from serve.errors import ContractError, ExportError
 from serve.lm import greedy
-from serve.lm.contract import SIDE_FILES, TOKENIZER_FILE, LanguageModelContract, parse
+from serve.lm.contract import (
+    SIDE_FILES,
+    TOKENIZER_FILE,
+    CacheLayout,
+    DecoderTensors,
+    LanguageModelContract,
+    parse,
+)
 
 Progress = Callable[[str], None]
+Graph = graph.DecoderGraph | gqa.BuiltGraph
 
 
 @dataclass(frozen=True)
@@ -58,15 +67,31 @@ def export_language_model(
     settings: LmParitySettings,
     destination: writer.Destination,
     progress: Progress,
+    kind: GraphKind = GraphKind.GQA,
 ) -> LmExportOutcome:
+    if kind is GraphKind.GQA:
+        tensors, layout = gqa.TENSORS, CacheLayout.SEQUENCE_LENGTHS
+    else:
+        tensors, layout = DecoderTensors(), CacheLayout.LEFT_PADDED
     draft = contract_builder.draft(
-        source, version=destination.version, opset=graph.OPSET, atol=settings.atol
+        source,
+        version=destination.version,
+        opset=graph.OPSET,
+        atol=settings.atol,
+        tensors=tensors,
+        cache_layout=layout,
     )
     room = _check_settings(settings, draft.context_length)
     tokenizer_json = vocabulary.tokenizer_json(source.tokenizer, str(source.checkpoint.path))
-    progress(f"exporting the decoder to ONNX (torch.onnx, dynamo, opset {graph.OPSET})")
     clock = [time.perf_counter()]
-    decoder = graph.export(source.model, draft.tensors)
+    decoder: Graph
+    if kind is GraphKind.GQA:
+        progress("building the decoder with onnxruntime-genai (GroupQueryAttention, fp32)")
+        decoder = gqa.export(source.model, source.tokenizer)
+        draft = draft.model_copy(update={"opset": decoder.opset})
+    else:
+        progress(f"exporting the decoder to ONNX (torch.onnx, dynamo, opset {graph.OPSET})")
+        decoder = graph.export(source.model, draft.tensors)
     clock.append(time.perf_counter())
     progress(f"exported in {clock[-1] - clock[-2]:.1f} s")
     prompts, references = _references(source, draft, settings, room, progress)
@@ -116,7 +141,7 @@ def _references(
 
 
 def _parity(
-    decoder: graph.DecoderGraph,
+    decoder: Graph,
     draft: LanguageModelContract,
     prompts: list[golden.Prompt],
     references: list[golden.Reference],
@@ -138,9 +163,7 @@ def _parity(
         )
 
 
-def _filler(
-    decoder: graph.DecoderGraph, tokenizer_json: str, source: CausalLM
-) -> Callable[[Path], None]:
+def _filler(decoder: Graph, tokenizer_json: str, source: CausalLM) -> Callable[[Path], None]:
     """What goes into the version directory."""
 
     def fill(staging: Path) -> None:

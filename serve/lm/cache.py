@@ -1,20 +1,25 @@
 """The key/value cache of a batch of sequences decoded together, as plain numpy arrays.
 
-Each layer's keys and values are ``[rows, kv_heads, columns, head_dim]``. Rows are
-*left-padded*: a row's real tokens are its last ``lengths[row]`` columns, and the columns
-before them are zeros that the attention mask hides. So every row's next token goes in the
-same new column, and one graph call decodes rows of any lengths:
+Each layer's keys and values are ``[rows, kv_heads, columns, head_dim]``. Where a row's
+``lengths[row]`` real tokens sit is the graph's :class:`~serve.lm.contract.CacheLayout`:
 
-- ``attention_mask`` ``[rows, columns + 1]`` is 1 on a row's real columns and the new one;
-- ``position_ids`` ``[rows, 1]`` is the row's own length (its real tokens), never the
-  column index.
+- ``left_padded``: a row's real tokens are its *last* ``lengths[row]`` columns, and the
+  columns before them are zeros that the attention mask hides. Every row's next token goes
+  in the same new column: ``attention_mask`` ``[rows, columns + 1]`` is 1 on a row's real
+  columns and the new one, and ``position_ids`` ``[rows, 1]`` is the row's own length (its
+  real tokens), never the column index.
+- ``sequence_lengths``: a row's real tokens are its *first* ``lengths[row]`` columns (what
+  follows them is never read). The graph reads each row's count of ones in
+  ``attention_mask`` ``[rows, columns + 1]`` (its length and the new token) and writes the
+  new key and value at the row's own length; positions come from the same count.
 
 A sequence that joins is prefilled alone (its cache has no padding) and :func:`merge`\\ d
-at a step boundary: the shorter side is padded on the left. Rows that finish are dropped
-with :meth:`KVCache.select`, which also cuts the leading columns no remaining row uses.
-Both copy the cache; a step itself does not (the graph returns the grown cache). The mask
-of the real columns is kept with the cache, so a step's inputs cost one small copy
-(the mask with its new column), not a comparison of every column with every row's length.
+at a step boundary: the shorter rows are padded (on the left, or on the right). Rows that
+finish are dropped with :meth:`KVCache.select`, which also cuts the columns no remaining
+row uses. Both copy the cache; a step itself does not (the graph returns the grown cache).
+The mask of the real columns is kept with the cache, so a step's inputs cost one small
+copy (the mask with its new column), not a comparison of every column with every row's
+length.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from serve.lm.contract import CacheLayout
+
 __all__ = ["KVCache", "merge"]
 
 
@@ -31,11 +38,17 @@ __all__ = ["KVCache", "merge"]
 class KVCache:
     keys: tuple[np.ndarray, ...]  # per layer [rows, kv_heads, columns, head_dim]
     values: tuple[np.ndarray, ...]
-    lengths: np.ndarray  # [rows] int64: real tokens per row (the rest is left padding)
+    lengths: np.ndarray  # [rows] int64: real tokens per row (the rest is padding)
     mask: np.ndarray  # [rows, columns] int64: 1 on a row's real columns, 0 on its padding
+    layout: CacheLayout = CacheLayout.LEFT_PADDED
 
     @classmethod
-    def of_rows(cls, keys: Sequence[np.ndarray], values: Sequence[np.ndarray]) -> KVCache:
+    def of_rows(
+        cls,
+        keys: Sequence[np.ndarray],
+        values: Sequence[np.ndarray],
+        layout: CacheLayout = CacheLayout.LEFT_PADDED,
+    ) -> KVCache:
         """A cache whose rows have no padding (a prefill's)."""
         rows, columns = keys[0].shape[0], keys[0].shape[2]
         return cls(
@@ -43,6 +56,7 @@ class KVCache:
             tuple(values),
             np.full(rows, columns, np.int64),
             np.ones((rows, columns), np.int64),
+            layout,
         )
 
     @property
@@ -59,9 +73,14 @@ class KVCache:
 
     def step_inputs(self) -> tuple[np.ndarray, np.ndarray]:
         """``attention_mask`` ``[rows, columns + 1]`` and ``position_ids`` ``[rows, 1]`` for
-        one new token per row."""
-        new = np.ones((self.rows, 1), np.int64)
-        return np.concatenate((self.mask, new), axis=1), self.lengths[:, None]
+        one new token per row (the mask is also the grown cache's)."""
+        if self.layout is CacheLayout.LEFT_PADDED:
+            new = np.ones((self.rows, 1), np.int64)
+            return np.concatenate((self.mask, new), axis=1), self.lengths[:, None]
+        mask = np.zeros((self.rows, self.columns + 1), np.int64)
+        mask[:, :-1] = self.mask
+        mask[np.arange(self.rows), self.lengths] = 1  # the new token: just after the row's own
+        return mask, self.lengths[:, None]
 
     def grown(
         self,
@@ -73,50 +92,52 @@ class KVCache:
         the step's attention mask, when the caller has it; it is the grown cache's)."""
         if mask is None:
             mask = self.step_inputs()[0]
-        return KVCache(tuple(keys), tuple(values), self.lengths + 1, mask)
+        return KVCache(tuple(keys), tuple(values), self.lengths + 1, mask, self.layout)
 
     def select(self, rows: Sequence[int]) -> KVCache:
         """These rows only, in this order, without the columns none of them uses."""
         index = np.asarray(rows, np.int64)
         lengths = self.lengths[index]
-        start = self.columns - int(lengths.max()) if len(index) else self.columns
+        longest = int(lengths.max()) if len(index) else 0
+        if self.layout is CacheLayout.LEFT_PADDED:
+            used = slice(self.columns - longest, self.columns)
+        else:
+            used = slice(0, longest)
         return KVCache(
-            tuple(np.ascontiguousarray(k[index, :, start:]) for k in self.keys),
-            tuple(np.ascontiguousarray(v[index, :, start:]) for v in self.values),
+            tuple(np.ascontiguousarray(k[index, :, used]) for k in self.keys),
+            tuple(np.ascontiguousarray(v[index, :, used]) for v in self.values),
             lengths,
-            np.ascontiguousarray(self.mask[index, start:]),
+            np.ascontiguousarray(self.mask[index, used]),
+            self.layout,
         )
 
 
 def merge(caches: Sequence[KVCache]) -> KVCache:
-    """The rows of every cache, in order, right-aligned to the longest (zeros on the left)."""
+    """The rows of every cache, in order, aligned as their layout says (zeros as padding)."""
     if len(caches) == 1:
         return caches[0]
     columns = max(c.columns for c in caches)
     rows = sum(c.rows for c in caches)
     layers = len(caches[0].keys)
+    left = caches[0].layout is CacheLayout.LEFT_PADDED
     return KVCache(
-        tuple(_aligned([c.keys[i] for c in caches], rows, columns) for i in range(layers)),
-        tuple(_aligned([c.values[i] for c in caches], rows, columns) for i in range(layers)),
+        tuple(_aligned([c.keys[i] for c in caches], rows, columns, left) for i in range(layers)),
+        tuple(_aligned([c.values[i] for c in caches], rows, columns, left) for i in range(layers)),
         np.concatenate([c.lengths for c in caches]),
-        _aligned_mask([c.mask for c in caches], rows, columns),
+        _aligned([c.mask[:, None, :, None] for c in caches], rows, columns, left)[:, 0, :, 0],
+        caches[0].layout,
     )
 
 
-def _aligned(parts: Sequence[np.ndarray], rows: int, columns: int) -> np.ndarray:
+def _aligned(parts: Sequence[np.ndarray], rows: int, columns: int, left: bool) -> np.ndarray:
+    """``parts`` ``[rows_i, heads, columns_i, dim]`` stacked on rows, each padded with zeros
+    to ``columns``: before its own (``left``) or after them."""
     first = parts[0]
     out = np.zeros((rows, first.shape[1], columns, first.shape[3]), first.dtype)
     row = 0
     for part in parts:
-        out[row : row + part.shape[0], :, columns - part.shape[2] :] = part
-        row += part.shape[0]
-    return out
-
-
-def _aligned_mask(parts: Sequence[np.ndarray], rows: int, columns: int) -> np.ndarray:
-    out = np.zeros((rows, columns), np.int64)
-    row = 0
-    for part in parts:
-        out[row : row + part.shape[0], columns - part.shape[1] :] = part
+        width = part.shape[2]
+        used = slice(columns - width, columns) if left else slice(0, width)
+        out[row : row + part.shape[0], :, used] = part
         row += part.shape[0]
     return out

@@ -14,9 +14,18 @@ The graph is a decoder with a key/value cache, one step at a time for any batch:
     outputs  logits           float32 [batch, sequence, vocab]
              present.{i}.key / .value           float32 [batch, kv_heads, total, head_dim]
 
-``past`` may be 0 (a prefill). Rows may be left-padded: ``attention_mask`` hides the
-padding and each row's ``position_ids`` count its real tokens only. The names are in
-:class:`DecoderTensors` (the ``{i}`` is the layer index).
+``past`` may be 0 (a prefill). The names are in :class:`DecoderTensors` (the ``{i}`` is
+the layer index). How rows of different lengths share a batch is the contract's
+:class:`CacheLayout`:
+
+- ``left_padded`` (the ``torch.onnx`` export, eager attention): a row's tokens are its last
+  columns; ``attention_mask`` hides the padding before them and each row's
+  ``position_ids`` count its real tokens only.
+- ``sequence_lengths`` (onnxruntime's ``GroupQueryAttention`` graph, from
+  onnxruntime-genai's model builder): a row's tokens are its *first* ``sum(mask)`` columns
+  (right padding); the graph reads only each row's count of ones and the mask's width, and
+  computes positions from them, so it has no ``position_ids`` input. A step writes each
+  row's new key and value at its own length.
 
 A version directory holds, beside ``model.onnx``, the tokenizer (:data:`TOKENIZER_FILE`,
 loadable by ``tokenizers.Tokenizer.from_file``) and the source's ``tokenizer_config.json``
@@ -41,6 +50,7 @@ __all__ = [
     "SCHEMA",
     "TOKENIZER_FILE",
     "Adapter",
+    "CacheLayout",
     "DecoderTensors",
     "GenerationDefaults",
     "GoldenPrompt",
@@ -80,12 +90,19 @@ class LanguageModelSource(_Model):
     trainer: str | None = None  # e.g. "trl 1.16.0", when the directory says so
 
 
+class CacheLayout(StrEnum):
+    """Where a row's tokens sit in a batch's key/value cache (see the module docstring)."""
+
+    LEFT_PADDED = "left_padded"
+    SEQUENCE_LENGTHS = "sequence_lengths"
+
+
 class DecoderTensors(_Model):
     """Graph tensor names; ``{i}`` in the cache names is the layer index."""
 
     input_ids: str = "input_ids"
     attention_mask: str = "attention_mask"
-    position_ids: str = "position_ids"
+    position_ids: str | None = "position_ids"  # None: the graph computes positions
     logits: str = "logits"
     past_key: str = "past_key_values.{i}.key"
     past_value: str = "past_key_values.{i}.value"
@@ -142,6 +159,7 @@ class LanguageModelContract(_Model):
     head_dim: int
     dtype: Literal["float32"] = "float32"
     tensors: DecoderTensors = Field(default_factory=DecoderTensors)
+    cache_layout: CacheLayout = CacheLayout.LEFT_PADDED
     tokenizer_file: str = TOKENIZER_FILE
     prompt_encoding: PromptEncoding
     completion_encoding: PromptEncoding = PromptEncoding.PLAIN  # score: completions' ids

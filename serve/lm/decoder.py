@@ -49,6 +49,7 @@ class GraphDecoder:
         self._past = [contract.cache_names(i)[:2] for i in range(contract.num_layers)]
         self._present = [contract.cache_names(i)[2:] for i in range(contract.num_layers)]
         self._pad = contract.pad_token_id or 0
+        self._layout = contract.cache_layout
 
     @property
     def vocab_size(self) -> int:
@@ -61,7 +62,7 @@ class GraphDecoder:
             tokens, np.ones((1, count), np.int64), np.arange(count, dtype=np.int64)[None, :], None
         )
         keys, values = self._cache_of(outputs)
-        return outputs[self._tensors.logits][0, -1], KVCache.of_rows(keys, values)
+        return outputs[self._tensors.logits][0, -1], KVCache.of_rows(keys, values, self._layout)
 
     def step(self, cache: KVCache, tokens: np.ndarray) -> tuple[np.ndarray, KVCache]:
         mask, positions = cache.step_inputs()
@@ -88,7 +89,9 @@ class GraphDecoder:
         cache: KVCache | None,
     ) -> dict[str, np.ndarray]:
         t = self._tensors
-        feeds = {t.input_ids: tokens, t.attention_mask: mask, t.position_ids: positions}
+        feeds = {t.input_ids: tokens, t.attention_mask: mask}
+        if t.position_ids is not None:  # else the graph computes them from the mask
+            feeds[t.position_ids] = positions
         if cache is None:
             c = self._contract
             empty = np.zeros((tokens.shape[0], c.num_kv_heads, 0, c.head_dim), np.float32)

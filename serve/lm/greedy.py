@@ -57,9 +57,10 @@ def forward(
     feeds = {
         t.input_ids: ids.astype(np.int64),
         t.attention_mask: attention_mask.astype(np.int64),
-        t.position_ids: positions.astype(np.int64),
         **cache,
     }
+    if t.position_ids is not None:  # else the graph computes them from the mask
+        feeds[t.position_ids] = positions.astype(np.int64)
     outputs = run(feeds)
     present: Cache = {}
     for layer in range(contract.num_layers):

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from tests.e2e.conftest import DEMO, LM_CONFIG, LM_MODEL, Exported, lm_repository
+from tests.e2e.lm_busy import busy_decoding
 from tests.e2e.server import Server
 
 MODEL = LM_MODEL
@@ -269,9 +270,10 @@ def test_predict_on_a_language_model_generates(server: Server) -> None:
 
 
 def test_a_tight_deadline_is_answered_504(server: Server) -> None:
-    answer = generate(
-        server.url, {"prompt": "The cat", **LONG, "seed": 1}, **{"X-Request-Timeout-Ms": "15"}
-    )
+    with busy_decoding(server.url, MODEL):  # so it cannot finish within 15 ms
+        answer = generate(
+            server.url, {"prompt": "The cat", **LONG, "seed": 1}, **{"X-Request-Timeout-Ms": "15"}
+        )
     assert answer.status_code == 504
     assert answer.json()["error"]["code"] == "deadline_exceeded"
     assert generate(server.url, {"prompt": "The cat", "max_new_tokens": 3}).status_code == 200
@@ -302,7 +304,7 @@ def test_bad_requests_are_told_what_is_wrong(server, path, body, status, words) 
 
 
 def test_a_deadline_that_passes_mid_stream_ends_it_with_an_error_event(server: Server) -> None:
-    with httpx.stream(
+    with busy_decoding(server.url, MODEL), httpx.stream(  # it cannot finish within 60 ms
         "POST", f"{server.url}/v1/models/{MODEL}/generate",
         json={"prompt": "The", **LONG, "max_new_tokens": 250, "seed": 3, "stream": True},
         headers={"X-Request-Timeout-Ms": "60"}, timeout=30,

@@ -16,6 +16,7 @@ from openai import OpenAI
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from tests.e2e.conftest import LM_MODEL, Exported, lm_repository
+from tests.e2e.lm_busy import busy_decoding
 from tests.e2e.server import Server
 
 MODEL = LM_MODEL
@@ -282,37 +283,41 @@ def test_an_unknown_model_is_not_found(client: OpenAI) -> None:
     assert MODEL in error["message"]  # it names the models there are
 
 
-def test_a_tight_deadline_is_504(client: OpenAI) -> None:
-    with pytest.raises(openai.InternalServerError) as caught:
-        client.completions.create(
+def test_a_tight_deadline_is_504(server: Server, client: OpenAI) -> None:
+    with busy_decoding(server.url, MODEL), pytest.raises(openai.InternalServerError) as caught:
+        client.completions.create(  # beside the busy ones it cannot finish within 15 ms
             model=MODEL,
             prompt="The cat",
             max_tokens=LONG_TOKENS,
             temperature=HOT,
+            seed=1,
             extra_headers={"X-Request-Timeout-Ms": "15"},
         )
     assert caught.value.status_code == 504
     assert error_body(caught.value)["code"] == "deadline_exceeded"
 
 
-def test_a_deadline_that_passes_mid_stream_is_an_error_event(client: OpenAI) -> None:
-    stream = client.completions.create(
-        model=MODEL,
-        prompt="The",
-        max_tokens=LONG_TOKENS,
-        temperature=HOT,
-        seed=3,
-        stream=True,
-        extra_headers={"X-Request-Timeout-Ms": "60"},
-    )
+def test_a_deadline_that_passes_mid_stream_is_an_error_event(
+    server: Server, client: OpenAI
+) -> None:
     received: list[Any] = []
+    with busy_decoding(server.url, MODEL):  # beside the busy ones it cannot finish in 60 ms
+        stream = client.completions.create(
+            model=MODEL,
+            prompt="The",
+            max_tokens=LONG_TOKENS,
+            temperature=HOT,
+            seed=3,
+            stream=True,
+            extra_headers={"X-Request-Timeout-Ms": "60"},
+        )
 
-    def read() -> None:
-        for chunk in stream:
-            received.append(chunk)
+        def read() -> None:
+            for chunk in stream:
+                received.append(chunk)
 
-    with pytest.raises(openai.APIError) as caught:
-        read()
+        with pytest.raises(openai.APIError) as caught:
+            read()
     assert received  # it started in time
     assert isinstance(caught.value.body, dict)
     assert caught.value.body["code"] == "deadline_exceeded"

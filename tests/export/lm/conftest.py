@@ -18,6 +18,7 @@ import pytest
 
 from export import writer
 from export.lm import pipeline, source
+from export.lm.graph_kind import GraphKind
 from tests.export.lm import tiny_models
 
 if TYPE_CHECKING:
@@ -62,10 +63,16 @@ def lora_export(tiny_policies: TinyPolicies, lm_repository: Path) -> pipeline.Lm
 def qwen2_grpo_export(
     tiny_policies: TinyPolicies, lm_repository: Path
 ) -> tuple[source.CausalLM, pipeline.LmExportOutcome]:
+    """Exported with the torch.onnx graph (the others: GroupQueryAttention), so both graphs'
+    exports are tested."""
     loaded = source.load(source.LoadOptions(checkpoint=tiny_policies.qwen2_grpo))
     destination = writer.destination(lm_repository, "qwen2-grpo", None)
     outcome = pipeline.export_language_model(
-        loaded, pipeline.LmParitySettings(prompts=8), destination, progress=lambda _: None
+        loaded,
+        pipeline.LmParitySettings(prompts=8),
+        destination,
+        progress=lambda _: None,
+        kind=GraphKind.TORCH,
     )
     return loaded, outcome
 

@@ -16,7 +16,7 @@ import pytest
 from export.lm import contract_builder, golden, pipeline, source
 from export.lm.golden import PromptKind
 from serve.lm import greedy
-from serve.lm.contract import LanguageModelContract, PromptEncoding
+from serve.lm.contract import CacheLayout, DecoderTensors, LanguageModelContract, PromptEncoding
 from tests.export.lm.conftest import CliRun
 from tests.export.lm.tiny_models import TinyModels
 
@@ -81,10 +81,9 @@ def test_the_graph_has_exactly_the_contract_tensors(
     past = ("tensor(float)", ["batch", kv_heads, "past", head_dim])
     present = ("tensor(float)", ["batch", kv_heads, "total", head_dim])
     kinds = ("key", "value")
-    assert inputs == {
+    assert inputs == {  # the GroupQueryAttention graph: positions come from the mask
         "input_ids": ("tensor(int64)", ["batch", "sequence"]),
         "attention_mask": ("tensor(int64)", ["batch", "total"]),
-        "position_ids": ("tensor(int64)", ["batch", "sequence"]),
         **{f"past_key_values.{i}.{kv}": past for i in range(layers) for kv in kinds},
     }
     assert outputs == {
@@ -92,6 +91,8 @@ def test_the_graph_has_exactly_the_contract_tensors(
         **{f"present.{i}.{kv}": present for i in range(layers) for kv in kinds},
     }
     contract = llama_export.contract
+    assert contract.cache_layout is CacheLayout.SEQUENCE_LENGTHS
+    assert contract.tensors.position_ids is None
     assert (contract.num_layers, contract.num_kv_heads, contract.head_dim) == (
         layers,
         kv_heads,
@@ -135,7 +136,14 @@ def test_the_contract_records_the_policy(
 def test_eos_drift_is_resolved_into_the_union(lm_models: TinyModels) -> None:
     """config.json says </s>, generation_config.json <|im_end|>, the tokenizer <|eot|>."""
     loaded = source.load(source.LoadOptions(checkpoint=lm_models.llama))
-    contract = contract_builder.draft(loaded, version=1, opset=18, atol=1e-4)
+    contract = contract_builder.draft(
+        loaded,
+        version=1,
+        opset=18,
+        atol=1e-4,
+        tensors=DecoderTensors(),
+        cache_layout=CacheLayout.LEFT_PADDED,
+    )
     names = ("</s>", "<|im_end|>", "<|eot|>")
     assert contract.eos_token_ids == sorted(_token(lm_models.llama, n) for n in names)
     assert contract.special_tokens["eos_token"] == "<|eot|>"
@@ -181,7 +189,7 @@ def test_prompts_and_completions_are_cut_to_fit_the_context(
     assert len({len(p.ids) for p in full}) >= 8  # uneven lengths
 
 
-def test_parity_covered_every_prompt_and_a_left_padded_batch(
+def test_parity_covered_every_prompt_and_a_padded_batch(
     llama_export: pipeline.LmExportOutcome,
 ) -> None:
     report = llama_export.report
@@ -192,6 +200,7 @@ def test_parity_covered_every_prompt_and_a_left_padded_batch(
     assert report.max_completion_diff <= 1e-4
     assert report.batch is not None
     assert report.batch.passed
+    assert report.batch.layout is CacheLayout.SEQUENCE_LENGTHS  # right-padded rows
     assert len(set(report.batch.lengths)) == len(report.batch.lengths) == 3
 
 
@@ -239,6 +248,14 @@ def test_a_qwen2_grpo_run_exports_with_its_full_weights(
     assert contract.eos_token_ids == [_token(directory, "</s>")]
     assert all(row.first_mismatch is None for row in outcome.report.prompts)
     assert greedy.check_golden(contract, _run(outcome.path / "model.onnx")) == []
+    # The torch.onnx graph: positions as an input, rows left-padded, and so checked.
+    assert contract.cache_layout is CacheLayout.LEFT_PADDED
+    assert contract.tensors.position_ids == "position_ids"
+    session = ort.InferenceSession(str(outcome.path / "model.onnx"))
+    assert "position_ids" in {i.name for i in session.get_inputs()}
+    assert outcome.report.batch is not None
+    assert outcome.report.batch.layout is CacheLayout.LEFT_PADDED
+    assert outcome.report.batch.passed
 
 
 @pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")

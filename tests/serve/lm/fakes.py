@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
 from serve.dataplane.runtime import ProviderReport
 from serve.lm.cache import KVCache
-from serve.lm.contract import LanguageModelContract
+from serve.lm.contract import CacheLayout, LanguageModelContract
 from serve.lm.model import LanguageModel
 from serve.lm.text import TextCodec
 
@@ -93,12 +93,15 @@ def next_token_logits(total: int, position: int, attended: int, token: int) -> n
 
 class FakeDecoder:
     """A :class:`serve.lm.decoder.Decoder` whose keys hold the token ids it has seen.
-    ``step_s`` slows every call down; ``calls`` records (kind, rows) per call."""
+    ``step_s`` slows every call down; ``calls`` records (kind, rows) per call. ``layout``:
+    where a step puts each row's new token, as a graph of that cache layout does (after the
+    last column, or just after the row's own tokens)."""
 
     vocab_size = VOCAB
 
-    def __init__(self, step_s: float = 0.0) -> None:
+    def __init__(self, step_s: float = 0.0, layout: CacheLayout = CacheLayout.LEFT_PADDED) -> None:
         self.step_s = step_s
+        self.layout = layout
         self.calls: list[tuple[str, int]] = []
         self.threads: set[int] = set()
         self.fail_on: int | None = None  # a token that breaks a step
@@ -112,7 +115,7 @@ class FakeDecoder:
     def prefill(self, ids: Sequence[int]) -> tuple[np.ndarray, KVCache]:
         self._called("prefill", 1)
         keys = np.asarray(ids, np.float32).reshape(1, 1, -1, 1)
-        cache = KVCache.of_rows([keys], [np.zeros_like(keys)])
+        cache = KVCache.of_rows([keys], [np.zeros_like(keys)], self.layout)
         count = len(ids)
         return next_token_logits(int(sum(ids)), count - 1, count, ids[-1]), cache
 
@@ -123,7 +126,13 @@ class FakeDecoder:
         mask, positions = cache.step_inputs()
         assert mask.shape == (cache.rows, cache.columns + 1)
         assert positions.shape == (cache.rows, 1)
-        keys = np.concatenate([cache.keys[0], tokens.astype(np.float32).reshape(-1, 1, 1, 1)], 2)
+        keys = np.zeros((cache.rows, 1, cache.columns + 1, 1), np.float32)
+        keys[:, :, : cache.columns] = cache.keys[0]
+        if self.layout is CacheLayout.LEFT_PADDED:
+            keys[:, 0, -1, 0] = tokens
+        else:  # each row's new token just after its own (what follows them is never read)
+            keys[np.arange(cache.rows), 0, cache.lengths, 0] = tokens
+            keys[:, 0, :, 0][mask == 0] = 99.0  # garbage: a wrong mask would count it
         seen = keys[:, 0, :, 0] * mask
         logits = np.stack(
             [

@@ -8,17 +8,18 @@ import pytest
 
 from serve.lm.batch import DecodeBatch
 from serve.lm.cache import KVCache, merge
+from serve.lm.contract import CacheLayout
 from serve.lm.messages import FinishReason
 from tests.serve.lm import fakes
 from tests.serve.lm.test_sequence import generation
 
 
-def rows_of(*lengths: int) -> KVCache:
+def rows_of(*lengths: int, layout: CacheLayout = CacheLayout.LEFT_PADDED) -> KVCache:
     """One cache per length, its keys counting 1..length (so columns can be told apart)."""
     caches = []
     for length in lengths:
         keys = np.arange(1, length + 1, dtype=np.float32).reshape(1, 1, length, 1)
-        caches.append(KVCache.of_rows([keys], [-keys]))
+        caches.append(KVCache.of_rows([keys], [-keys], layout))
     return merge(caches)
 
 
@@ -55,10 +56,11 @@ def test_a_grown_cache_counts_the_new_column():
     assert grown.nbytes == 2 * key.nbytes
 
 
+@pytest.mark.parametrize("layout", list(CacheLayout))
 @pytest.mark.parametrize("seed", range(6))
-def test_uneven_sequences_joining_and_leaving_decode_as_they_would_alone(seed):
+def test_uneven_sequences_joining_and_leaving_decode_as_they_would_alone(seed, layout):
     rng = np.random.default_rng(seed)
-    model = fakes.language_model()
+    model = fakes.language_model(decoder=fakes.FakeDecoder(layout=layout))
     batch: DecodeBatch[int] = DecodeBatch(model.decoder)
     arrivals = sorted(int(v) for v in rng.integers(0, 12, size=7))
     prompts = {
@@ -111,13 +113,28 @@ def test_a_sequence_that_ends_in_its_prefill_never_joins():
 
 
 def lengths_mask(cache: KVCache) -> list[list[int]]:
-    """The step mask every row's length implies: its last lengths[row] columns and the new one."""
+    """The step mask every row's length implies: its lengths[row] columns and the new one,
+    last (left-padded) or first (sequence lengths)."""
     total = cache.columns + 1
-    return [[int(c >= total - (n + 1)) for c in range(total)] for n in cache.lengths.tolist()]
+    if cache.layout is CacheLayout.LEFT_PADDED:
+        return [[int(c >= total - (n + 1)) for c in range(total)] for n in cache.lengths.tolist()]
+    return [[int(c <= n) for c in range(total)] for n in cache.lengths.tolist()]
 
 
-def test_the_kept_mask_follows_rows_through_steps_merges_and_drops():
-    cache = rows_of(4, 1)
+def test_rows_of_the_sequence_lengths_layout_come_first_and_pad_on_the_right():
+    cache = rows_of(3, 1, 2, layout=CacheLayout.SEQUENCE_LENGTHS)
+    assert cache.keys[0][:, 0, :, 0].tolist() == [[1, 2, 3], [1, 0, 0], [1, 2, 0]]
+    mask, positions = cache.step_inputs()
+    assert mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]]
+    assert positions.tolist() == [[3], [1], [2]]
+    kept = cache.select([2, 1])
+    assert kept.keys[0][:, 0, :, 0].tolist() == [[1, 2], [1, 0]]
+    assert kept.mask.tolist() == [[1, 1], [1, 0]]
+
+
+@pytest.mark.parametrize("layout", list(CacheLayout))
+def test_the_kept_mask_follows_rows_through_steps_merges_and_drops(layout):
+    cache = rows_of(4, 1, layout=layout)
     for new_rows in ([6], [], [2, 3], []):
         key = np.zeros((cache.rows, 1, cache.columns + 1, 1), np.float32)
         mask, positions = cache.step_inputs()
@@ -125,7 +142,7 @@ def test_the_kept_mask_follows_rows_through_steps_merges_and_drops():
         assert positions[:, 0].tolist() == cache.lengths.tolist()
         cache = cache.grown([key], [key], mask)
         if new_rows:
-            cache = merge([cache, rows_of(*new_rows)])
+            cache = merge([cache, rows_of(*new_rows, layout=layout)])
         else:
             cache = cache.select([r for r in range(cache.rows) if r != 1])
         assert cache.mask.shape == (cache.rows, cache.columns)
