@@ -1,7 +1,8 @@
 """Side by side in one run: rlserve, a plain FastAPI app and raw onnxruntime (issue #8),
 rlserve under overload (issue #9), rlserve's Open Inference Protocol under perf_analyzer,
-the inference side of RL training: rollout workers and experience buffers (issue #11), and
-language-model generation with continuous batching (issue #12).
+the inference side of RL training: rollout workers and experience buffers (issue #11),
+language-model generation with continuous batching (issue #12), and the result cache's hit
+and miss paths against a model run (issue #13).
 
     python -m bench [--seconds 8] [--only mlp-64 --only actor] [--output docs/benchmarks.md]
 
@@ -25,6 +26,8 @@ Scenarios (all by default):
   lm                                   generation from a DPO policy: rlserve serve at 1, 8
                                        and 32 streams against transformers and
                                        onnxruntime-genai (issue #12), see below
+  cache                                the result cache (mlp, cnn): a hit and a miss
+                                       against a model run (issue #13), see below
 
 overload: one rlserve serve process (mlp). Saturation: wrk at 8, 16, 32 and 64
 connections; goodput = 2xx answers/s, its peak is reached at C* connections. Overload:
@@ -74,12 +77,21 @@ sequential and >= 40% of the genai batch of 8; TTFT under 7 running generations 
 idle TTFT. `--only lm --seconds 8` takes about two minutes (the first run builds the
 policies: half a minute more).
 
+cache (bench/cache.py): one redis-server (in memory, maxmemory 256mb, allkeys-lru) on core
+0; for mlp and cnn, rlserve serve on core 0 without a cache and with result_cache set, wrk
+on core 1 at 1 and 64 connections: the model run (no cache, one fixed observation), the
+cache hit (the same observation: every answer from Redis) and the cache miss (a new
+observation every request: lookup, model run, write). Targets: cnn's hit p50 at one
+connection <= half its model run's, and the hit rows' lookups >= 99% hits. `--only cache
+--seconds 8` takes about two minutes, plus exporting the models.
+
 Needs wrk and taskset on PATH, two CPU cores, and the test install (torch and
 stable-baselines3 build the mlp and cnn models; transformers, trl, peft and
-onnxruntime-genai the lm scenario). Writes docs/benchmarks.md unless told otherwise; a
-document from a subset says which scenarios it holds, except `--only oip`, `--only loop`
-or `--only lm` alone into an existing benchmarks document: that replaces only its own
-section and its rows of the Targets table, keeping the rest of the document.
+onnxruntime-genai the lm scenario; redis-server the cache scenario). Writes
+docs/benchmarks.md unless told otherwise; a document from a subset says which scenarios it
+holds, except `--only oip`, `--only loop`, `--only lm` or `--only cache` alone into an
+existing benchmarks document: that replaces only its own section and its rows of the
+Targets table, keeping the rest of the document.
 """
 
 from __future__ import annotations
@@ -96,6 +108,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import (
+    cache,
     cpu,
     lm,
     load,
@@ -199,12 +212,15 @@ def main() -> None:
         if scenarios.LM in chosen:
             _say("llama_dpo: language-model generation (continuous batching)")
             results.lm = lm.run(workdir, args.seconds, args.warmup)
+        if scenarios.CACHE in chosen:
+            _say("mlp, cnn: the result cache against a model run")
+            results.cache = cache.run(repository, workdir, args.seconds, args.warmup)
     _write(args.output, results, chosen)
 
 
 def _write(output: Path, results: Results, chosen: tuple[str, ...]) -> None:
-    """The document; ``--only oip``, ``--only loop`` or ``--only lm`` alone replaces that
-    scenario's section of an existing one."""
+    """The document; ``--only oip``, ``--only loop``, ``--only lm`` or ``--only cache``
+    alone replaces that scenario's section of an existing one."""
     verdicts = targets.judge(results)
     if len(chosen) == 1 and chosen[0] in scenarios.SPLICED and output.is_file():
         spliced = None
@@ -214,6 +230,8 @@ def _write(output: Path, results: Results, chosen: tuple[str, ...]) -> None:
             spliced = report.splice_loop(output.read_text(), results.loop, verdicts)
         elif results.lm is not None:
             spliced = report.splice_lm(output.read_text(), results.lm, verdicts)
+        elif results.cache is not None:
+            spliced = report.splice_cache(output.read_text(), results.cache, verdicts)
         if spliced is not None:
             output.write_text(spliced)
             _say(f"replaced the {chosen[0]} section of {output}")

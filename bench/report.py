@@ -8,7 +8,8 @@ import statistics
 
 import onnxruntime
 
-from bench import children, lm, lm_child, loop, oip, overload, scenarios, servers, targets
+from bench import cache, children, lm, lm_child, loop, oip, overload, scenarios, servers, targets
+from bench.cache import CacheRow, CacheRun, Path_
 from bench.lm import BaselineRun, LmRun, ServerRun
 from bench.loop import BufferRun, LoopRun, WorkerRun
 from bench.oip import OipRun, PerfRun
@@ -58,6 +59,8 @@ def render(results: Results, verdicts: list[Verdict]) -> str:
         parts.append(_loop_section(results.loop))
     if results.lm is not None:
         parts.append(_lm_section(results.lm))
+    if results.cache is not None:
+        parts.append(_cache_section(results.cache))
     parts.append(_READING)
     return "\n".join(parts)
 
@@ -87,6 +90,8 @@ def _header(c: Conditions) -> str:
             " (the lm scenario: each engine and each concurrency measured as long, the "
             "server's after its own warm-up)"
         )
+    if scenarios.CACHE in c.scenarios:
+        own_runs += " (the cache scenario: each path and connection count measured as long)"
     return (
         "# Benchmarks\n\n"
         f"Written by `python -m bench` on {c.when}.\n\n"
@@ -337,6 +342,12 @@ def splice_lm(document: str, run: LmRun, verdicts: list[Verdict]) -> str | None:
     """``document`` with its lm section and the lm rows of its Targets table replaced by
     this run's; None when it is no benchmarks document."""
     return _splice(document, LM_HEADING, _lm_section(run), verdicts, targets.LM_PREFIX)
+
+
+def splice_cache(document: str, run: CacheRun, verdicts: list[Verdict]) -> str | None:
+    """``document`` with its cache section and the cache rows of its Targets table replaced
+    by this run's; None when it is no benchmarks document."""
+    return _splice(document, CACHE_HEADING, _cache_section(run), verdicts, targets.CACHE_PREFIX)
 
 
 def _splice(
@@ -941,3 +952,88 @@ at 10⁶ ÷ µs/token. *Client core busy* is the client's CPU time over the wind
 of core 1: near 100% the client, not the server, would set the pace. onnxruntime-genai's
 static batch of {batch} is a ceiling, not a peer: equal-length prompts, no server, no
 per-token events, no joining or leaving mid-batch."""
+
+
+CACHE_HEADING = "## Result cache (issue #13)"
+
+
+def _cache_section(run: CacheRun) -> str:
+    lines = [
+        CACHE_HEADING,
+        "",
+        _CACHE_METHOD.format(
+            when=run.when,
+            took=_duration(run.seconds),
+            machine=run.machine,
+            load=run.load_before,
+            load_after=run.load_after,
+            redis=run.redis or "redis-server",
+            warmup=f"{run.warmup_s:g}",
+            seconds=f"{run.measured_s:g}",
+            connections=" and ".join(map(str, cache.CONNECTIONS)),
+        ),
+        "",
+        "| target | measured | result |",
+        "|---|---:|---|",
+        *(_target_row(v) for v in targets.cache_verdicts(run)),
+        "",
+    ]
+    if run.failure is not None:
+        return "\n".join([*lines, f"Not measured: {run.failure}", ""])
+    lines += [
+        "| model | path | connections | requests/s | p50 ms | p99 ms | errors "
+        "| lookups hit / miss / error / unavailable | server CPU µs/request "
+        "| Redis CPU µs/request | p50 against the model run |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        *(_cache_row(run, row) for row in run.rows),
+        "",
+        _CACHE_READING,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _cache_row(run: CacheRun, row: CacheRow) -> str:
+    head = f"| {row.model} | {row.path.value} | {row.connections} "
+    r = row.load
+    if r is None:
+        return f"{head}| failed: {(row.failure or '').replace('|', '/')} | | | | | | | |"
+    lookups = " / ".join(f"{row.lookups.get(k, 0):,.0f}" for k in cache.RESULTS)
+    model = run.row(row.model, Path_.MODEL, row.connections)
+    versus = ""
+    if model is not None and model.load is not None and row.path is not Path_.MODEL:
+        versus = f"{r.p50_ms / model.load.p50_ms:.0%}"
+    return (
+        f"{head}| {r.requests_per_s:,.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.errors} "
+        f"| {lookups if row.path is not Path_.MODEL else '(no cache)'} "
+        f"| {_maybe(row.server_us_per_request, '{:,.0f}')} "
+        f"| {_maybe(row.redis_us_per_request, '{:,.0f}')} | {versus} |"
+    )
+
+
+_CACHE_METHOD = """\
+Measured {when} ({took}) on {machine}; load average {load} before, {load_after} after.
+{redis} in memory (no AOF, no snapshots, `maxmemory 256mb`, `allkeys-lru`) on core 1
+with wrk (a Redis on its own host takes nothing from the server's core); `rlserve serve`
+(one process, core 0) serving the model alone, without a cache and then with
+`result_cache` set (the default 5 ms timeout; TTL 1 h: nothing expires during the run);
+wrk on core 1 at {connections} connections, {warmup} s of warm-up then {seconds} s
+measured per row. The *model run* rows post one fixed observation to the server without
+a cache; the *cache hit* rows post the same observation to the server with one, so every
+answer after the first comes from Redis; the *cache miss* rows post a new observation
+every request (wrk's Lua script counts up its first three values), so every request
+looks up, misses, runs the model and queues its answer to be written. The lookups are
+the server's own counts (`rlserve_result_cache_lookups_total`) over the measured run;
+CPU is the server's and Redis's process time over it, per request."""
+
+_CACHE_READING = """\
+How to read it: a hit still costs the server the request's HTTP and JSON work and the
+observation's validation and hashing (for the cnn, decoding 100 KB of JSON is most of a
+request), plus its share of one `MGET` round trip on the cache's lookup thread
+(concurrent lookups share one) and the hand-offs to and from that thread; it saves the
+model run. A miss costs the lookup, the run and the write. So the cache pays where the
+model run is a large part of a request (the cnn; a GPU model waiting its turn in a busy
+batch), and costs where it is not (the mlp's run is a few tens of microseconds): turn it
+on per model. Errors in the lookups columns are round trips Redis did not answer within
+the timeout on this 2-core machine, where Redis shares its core with wrk: those requests
+ran the model, and none failed. Redis's CPU per request is what a deployment adds on the
+Redis side."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bench.actor import ActorResult
+from bench.cache import CacheRun
 from bench.lm import LmRun
 from bench.load import LoadResult
 from bench.loop import LoopRun
@@ -75,6 +76,7 @@ class Results:
     oip: OipRun | None = None
     loop: LoopRun | None = None
     lm: LmRun | None = None
+    cache: CacheRun | None = None
 
     def find(self, scenario: str, setup_key: str) -> LoadRun | None:
         for run in self.load:

@@ -6,8 +6,9 @@ observation per request (seeded, so every run sends the same bytes) to every ser
 ``overload`` measures goodput at saturation and at 10x (see bench/overload.py), ``oip``
 the Open Inference Protocol under Triton's perf_analyzer (see bench/oip.py), ``loop``
 the inference side of RL training: rollout workers and experience buffers (see
-bench/loop.py), and ``lm`` language-model generation with continuous batching against
-transformers and onnxruntime-genai (see bench/lm.py).
+bench/loop.py), ``lm`` language-model generation with continuous batching against
+transformers and onnxruntime-genai (see bench/lm.py), and ``cache`` the result cache's hit
+and miss paths against a model run (see bench/cache.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ OVERLOAD = "overload"
 OIP = "oip"
 LOOP = "loop"
 LM = "lm"
+CACHE = "cache"
 STOCHASTIC_OUTPUTS = ("actions", "log_probs", "values")
 
 
@@ -48,8 +50,8 @@ WRK = (
     Scenario("cnn-64", "cnn", "cnn", 64),
     Scenario("cartpole-64", "cartpole", "cartpole", 64),
 )
-NAMES = (*(s.name for s in WRK), RAW, ACTOR, OVERLOAD, OIP, LOOP, LM)
-SPLICED = (OIP, LOOP, LM)  # alone into an existing document: replace only their own section
+NAMES = (*(s.name for s in WRK), RAW, ACTOR, OVERLOAD, OIP, LOOP, LM, CACHE)
+SPLICED = (OIP, LOOP, LM, CACHE)  # alone into an existing document: replace only their own section
 MODELS = ("cartpole", "mlp", "cnn")  # every model of the repository, in document order
 
 
@@ -91,6 +93,6 @@ def bench_models(names: list[str]) -> tuple[models.BenchModel, ...]:
         needed |= set(MODELS)
     if OVERLOAD in names:
         needed.add(models.MLP.name)
-    if OIP in names:
+    if OIP in names or CACHE in names:
         needed |= {models.MLP.name, models.CNN.name}
     return tuple(m for m in (models.MLP, models.CNN) if m.name in needed)

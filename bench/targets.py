@@ -1,5 +1,5 @@
-"""The targets of issues #8, #9, #11 and #12, and of the Open Inference Protocol, judged on
-the numbers of one run: met, missed or not measured.
+"""The targets of issues #8, #9, #11, #12 and #13, and of the Open Inference Protocol,
+judged on the numbers of one run: met, missed or not measured.
 
 "rlserve" in a target means ``rlserve serve`` (one process, pinned like the baseline).
 A run with errors, or with no request completed, misses its target whatever its numbers:
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench import lm, loop, models, oip, overload, servers
+from bench import cache, lm, loop, models, oip, overload, servers
 from bench.actor import Client
+from bench.cache import CacheRun, Path_
 from bench.lm import LmRun, ServerRun
 from bench.loop import LoopRun
 from bench.oip import OipRun
@@ -47,6 +48,7 @@ def judge(results: Results) -> list[Verdict]:
         *oip_verdicts(results.oip),
         *loop_verdicts(results.loop),
         *lm_verdicts(results.lm),
+        *cache_verdicts(results.cache),
     ]
 
 
@@ -398,3 +400,50 @@ def _lm_ttft(run: LmRun | None) -> Verdict:
     if not all(t.still_running):
         return Verdict(target, f"{measured}; the long generations ended first", False)
     return Verdict(target, measured, t.ratio < lm.MAX_TTFT_RATIO)
+
+
+CACHE_PREFIX = "cache: "  # every cache target starts so (a subset run replaces those rows)
+
+
+def cache_verdicts(run: CacheRun | None) -> list[Verdict]:
+    """Issue #13: a hit pays where a model run is expensive (cnn), and the hit rows hit."""
+    return [_cache_cnn_hit(run), _cache_hits(run)]
+
+
+def _cache_cnn_hit(run: CacheRun | None) -> Verdict:
+    target = (
+        f"{CACHE_PREFIX}cnn: a cache hit's p50 at 1 connection < "
+        f"{cache.MAX_CNN_HIT_SHARE:.0%} of a model run's"
+    )
+    if run is None or run.failure is not None:
+        return Verdict(target, "not run" if run is None else f"not run: {run.failure}", None)
+    hit = run.row(models.CNN.name, Path_.HIT, 1)
+    model = run.row(models.CNN.name, Path_.MODEL, 1)
+    if hit is None or model is None or hit.load is None or model.load is None:
+        return Verdict(target, "not measured", None)
+    share = hit.load.p50_ms / model.load.p50_ms
+    measured = f"{hit.load.p50_ms:.2f} ms vs {model.load.p50_ms:.2f} ms ({share:.0%})"
+    errors = hit.load.errors + model.load.errors
+    if errors:
+        return Verdict(target, f"{measured} ({errors} errors)", False)
+    return Verdict(target, measured, share < cache.MAX_CNN_HIT_SHARE)
+
+
+def _cache_hits(run: CacheRun | None) -> Verdict:
+    target = (
+        f"{CACHE_PREFIX}the hit rows (mlp, cnn; 1 and 64 connections): no lookup a miss, "
+        f"≥ {cache.MIN_HIT_RATIO:.0%} hits (the rest Redis timeouts, counted), no failed request"
+    )
+    if run is None or run.failure is not None:
+        return Verdict(target, "not run" if run is None else f"not run: {run.failure}", None)
+    rows = [r for r in run.rows if r.path is Path_.HIT]
+    ratios = [r.hit_ratio for r in rows]
+    if not rows or any(r.load is None for r in rows) or None in ratios:
+        return Verdict(target, "not measured", None)
+    lowest = min(r for r in ratios if r is not None)
+    errors = sum(r.load.errors for r in rows if r.load is not None)
+    misses = sum(r.lookups.get("miss", 0.0) for r in rows)
+    measured = f"lowest {lowest:.2%} hits, {misses:,.0f} misses" + (
+        f" ({errors} failed requests)" if errors else ""
+    )
+    return Verdict(target, measured, lowest >= cache.MIN_HIT_RATIO and not misses and not errors)

@@ -12,36 +12,36 @@ which never knows it exists:
    clipping: their dtype, shape and bytes, so two JSON spellings of one observation share a
    key), actions given to score, the requested outputs, and whether the answer has a batch
    axis;
-2. :meth:`ResultCache.lookup` asks Redis within ``result_cache_timeout_ms``; a hit is the
-   encoded answer itself, returned as the model's answer was;
-3. on a miss the model runs and :meth:`ResultCache.store` hands the encoded answer to a task
-   that writes it with the TTL (fire-and-forget: the request never waits for it). Only
-   answers computed by the version the key names are stored, and never errors.
+2. :meth:`ResultCache.lookup` asks Redis, which must answer within
+   ``result_cache_timeout_ms``; a hit is the encoded answer itself, returned as the
+   model's answer was;
+3. on a miss the model runs and :meth:`ResultCache.store` queues the encoded answer to be
+   written with the TTL (fire-and-forget: the request never waits for it). Only answers
+   computed by the version the key names are stored, and never errors.
 
-The request path never talks to Redis itself. Each Redis URL has a :class:`_Link`: two
-connections of its own, opened and re-opened in the background, and two tasks that send
-what requests queued: the keys asked for since the last round trip as one ``MGET``, the
-answers to store as one pipeline of ``SET ... PX``. Under load a round trip serves many
-requests, and no request ever waits for a connection to open.
+Redis is spoken to off the event loop. Each Redis URL (and timeout) has a :class:`_Link`:
+two threads with a connection each, one sending the keys queued since its last round trip
+as one ``MGET``, the other the answers queued as one pipeline of ``SET ... PX``. Under
+load a round trip serves many requests; no request waits for a connection to open; and
+the timeout is Redis's own time on the socket (a lookup's wait on a busy event loop is the
+loop's queueing, which every request pays, not Redis being slow).
 
-Redis down or slow never fails a request: while a link is not connected its lookups are
-not asked (``unavailable``) and its writes are dropped; a lookup unanswered within
-``result_cache_timeout_ms`` counts an error and the model runs; after
-``FAILURES_TO_BACK_OFF`` such errors in a row the cache is left alone for ``RETRY_AFTER_S``
-(so a slow Redis costs a timeout a second, not one per request; one slow answer on a busy
-host costs its own request alone). A round trip that fails or takes longer than
-``ROUND_TRIP_S`` closes the link's connections; it connects again every ``RETRY_AFTER_S``.
-The client (``redis.asyncio``, the ``cache`` extra) is imported when a model with a cache
-first asks: a server without one never imports it.
+Redis down or slow never fails a request: a round trip that fails or outlasts its timeout
+answers its lookups ``error`` (the model runs) and takes the link down; while it is down,
+lookups are not asked (``unavailable``) and writes are dropped, and the thread connects
+again at once (``QUICK_TRIES`` times, ``QUICK_RETRY_S`` apart: one slow answer is no
+outage), then every ``RETRY_AFTER_S``. The client (redis-py, the ``cache`` extra) is
+imported when a model with a cache first asks: a server without one never imports it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
-import time
-from collections import deque
+import queue
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -54,7 +54,7 @@ from serve.dataplane.messages import Prepared
 from serve.metrics import Metrics
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
+    from redis import Redis
 
 _FAILED = object()  # a lookup's result when its round trip failed
 
@@ -62,11 +62,13 @@ log = logging.getLogger("rlserve.result_cache")
 
 KEY_PREFIX = b"rlserve:result:"
 DIGEST_BYTES = 16  # BLAKE2b-128: 2^-64 odds of a collision among 2^32 cached answers
-FAILURES_TO_BACK_OFF = 3  # lookups timed out in a row before the cache is left alone
-RETRY_AFTER_S = 1.0  # for this long; a link not connected tries again this often
-ROUND_TRIP_S = 1.0  # a link's MGET or SET pipeline (or connecting) may take this long
+QUICK_TRIES, QUICK_RETRY_S = 5, 0.01  # a link that is down connects again at once, so often
+RETRY_AFTER_S = 1.0  # and then this often
+ROUND_TRIP_S = 1.0  # connecting, and a write pipeline, may take this long
+WAIT_S = 2.0  # a lookup waits this long at most for its thread's answer (a backstop)
 MAX_PENDING_WRITES = 1024  # answers waiting to be written, per link; more are dropped
 MAX_BATCH = 512  # keys in one MGET, answers in one pipeline
+_STOP = object()  # tells a link's threads to end
 
 
 class Lookup(StrEnum):
@@ -75,7 +77,7 @@ class Lookup(StrEnum):
     HIT = "hit"
     MISS = "miss"
     ERROR = "error"  # Redis failed or did not answer within result_cache_timeout_ms
-    UNAVAILABLE = "unavailable"  # not asked: not connected, or kept timing out just now
+    UNAVAILABLE = "unavailable"  # not asked: the link is down (or not connected yet)
 
 
 class Write(StrEnum):
@@ -136,15 +138,15 @@ def _digest_array(digest: Any, name: bytes, array: np.ndarray) -> None:
 
 class ResultCache:
     """The result caches of one process's predict frontend: a :class:`_Link` per Redis URL
-    (made when a model first asks, on the running event loop)."""
+    and timeout (made when a model first asks, on the running event loop)."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
-        self._links: dict[str, _Link] = {}
+        self._links: dict[tuple[str, float], _Link] = {}
 
     async def lookup(self, model: str, settings: CacheSettings, key: bytes) -> bytes | None:
         """The cached answer, or None (the model must run): never raises."""
-        result, found = await self._link(settings.url).lookup(key, settings.timeout_s)
+        result, found = await self._link(settings).lookup(key)
         self._metrics.result_cache_lookup(model, result.value)
         return found
 
@@ -153,79 +155,68 @@ class ResultCache:
         if len(answer) > settings.max_entry_bytes:
             self._metrics.result_cache_write(model, Write.TOO_LARGE.value)
             return
-        if not self._link(settings.url).store(model, key, answer, settings.ttl_ms):
+        if not self._link(settings).store(model, key, answer, settings.ttl_ms):
             self._metrics.result_cache_write(model, Write.DROPPED.value)
 
     def connected(self, url: str) -> bool:
         """Whether this process is connected to the cache at ``url`` (a link connects, in
         the background, when a model first asks: until then its requests run the model)."""
-        link = self._links.get(url)
-        return link is not None and link.connected
+        return any(link.connected for (where, _), link in self._links.items() if where == url)
 
     async def close(self) -> None:
         """Write what is queued (within ROUND_TRIP_S), then close every link."""
         links, self._links = list(self._links.values()), {}
-        await asyncio.gather(*(link.close() for link in links))
+        await asyncio.gather(*(asyncio.to_thread(link.close) for link in links))
 
-    def _link(self, url: str) -> _Link:
-        link = self._links.get(url)
+    def _link(self, settings: CacheSettings) -> _Link:
+        where = (settings.url, settings.timeout_s)
+        link = self._links.get(where)
         if link is None:
-            link = self._links[url] = _Link(url, self._metrics)
+            link = self._links[where] = _Link(*where, self._metrics)
         return link
 
 
 class _Link:
-    """One Redis, as one process uses it: a connection for lookups and one for writes,
-    each with the task that sends what requests queued, and a task that (re)connects."""
+    """One Redis as one process uses it: a thread and connection for lookups, a thread and
+    connection for writes. The event loop only queues work and reads ``connected``; the
+    threads answer through ``call_soon_threadsafe``."""
 
-    def __init__(self, url: str, metrics: Metrics) -> None:
+    def __init__(self, url: str, timeout_s: float, metrics: Metrics) -> None:
         self.url = url
+        self.timeout_s = timeout_s
         self._metrics = metrics
-        self._reads: Redis | None = None  # set while connected
+        self._loop = asyncio.get_running_loop()
+        self.connected = False  # both connections answer (set by the threads)
+        self._asked: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._to_write: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._writes_waiting = 0  # queued, not yet sent (changed on the event loop only)
+        self._closing = threading.Event()
+        self._down = threading.Event()  # a round trip failed: connect again
+        self._reads: Redis | None = None
         self._writes: Redis | None = None
-        self._asked: list[tuple[bytes, asyncio.Future[object]]] = []
-        self._to_write: deque[tuple[str, bytes, bytes, int]] = deque()  # model, key, answer, ms
-        self._asking = asyncio.Event()
-        self._writing = asyncio.Event()
-        self._timeouts = 0  # lookups timed out in a row
-        self._left_alone_until = 0.0  # monotonic seconds
-        self._broken = asyncio.Event()
-        self._tasks = [
-            asyncio.get_running_loop().create_task(coroutine, name=f"rlserve-cache-{name}")
-            for name, coroutine in [
-                ("connect", self._connect()),
-                ("lookups", self._send_lookups()),
-                ("writes", self._send_writes()),
+        self._threads = {
+            name: threading.Thread(target=run, name=f"rlserve-cache-{name}", daemon=True)
+            for name, run in [
+                ("link", self._run),
+                ("lookups", self._send_lookups),
+                ("writes", self._send_writes),
             ]
-        ]
+        }
+        for thread in self._threads.values():
+            thread.start()
 
-    @property
-    def connected(self) -> bool:
-        return self._reads is not None
+    # ------------------------------------------------------------ on the event loop
 
-    async def lookup(self, key: bytes, timeout_s: float) -> tuple[Lookup, bytes | None]:
-        if not self.connected or time.monotonic() < self._left_alone_until:
+    async def lookup(self, key: bytes) -> tuple[Lookup, bytes | None]:
+        if not self.connected:
             return Lookup.UNAVAILABLE, None
-        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        self._asked.append((key, future))
-        self._asking.set()
+        future: asyncio.Future[object] = self._loop.create_future()
+        self._asked.put((key, future))
         try:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(WAIT_S):
                 found = await future
         except TimeoutError:
-            self._timeouts += 1
-            if self._timeouts >= FAILURES_TO_BACK_OFF:
-                self._timeouts = 0
-                self._left_alone_until = time.monotonic() + RETRY_AFTER_S
-                log.warning(
-                    "result cache %s: %d lookups in a row unanswered within their timeout; "
-                    "left alone for %g s",
-                    _shown(self.url),
-                    FAILURES_TO_BACK_OFF,
-                    RETRY_AFTER_S,
-                )
             return Lookup.ERROR, None
-        self._timeouts = 0
         if found is _FAILED:
             return Lookup.ERROR, None
         if not isinstance(found, bytes):  # None: not there (or expired)
@@ -233,140 +224,159 @@ class _Link:
         return Lookup.HIT, found
 
     def store(self, model: str, key: bytes, answer: bytes, ttl_ms: int) -> bool:
-        """Queue a write; False (dropped) while not connected or when too many wait."""
-        if not self.connected or len(self._to_write) >= MAX_PENDING_WRITES:
+        """Queue a write; False (dropped) while down or when too many wait."""
+        if not self.connected or self._writes_waiting >= MAX_PENDING_WRITES:
             return False
-        self._to_write.append((model, key, answer, ttl_ms))
-        self._writing.set()
+        self._writes_waiting += 1
+        self._to_write.put((model, key, answer, ttl_ms))
         return True
 
-    async def _connect(self) -> None:
-        """Connect; once connected, wait until a round trip fails, and connect again."""
-        while True:
-            reads, writes = _client(self.url), _client(self.url)
+    def _written(self, models: list[str], result: Write) -> None:
+        self._writes_waiting -= len(models)
+        for model in models:
+            self._metrics.result_cache_write(model, result.value)
+
+    # ------------------------------------------------------------ on the link's threads
+
+    def _run(self) -> None:
+        """Connect; once connected, wait until a round trip fails, and connect again: at
+        once, QUICK_TRIES times (one slow answer is no outage), then every RETRY_AFTER_S."""
+        failures, ever = 0, False
+        while not self._closing.is_set():
+            reads = writes = None
             try:
-                async with asyncio.timeout(ROUND_TRIP_S):
-                    await asyncio.gather(reads.ping(), writes.ping())
+                reads = _client(self.url, self.timeout_s)
+                writes = _client(self.url, ROUND_TRIP_S)
+                writes.ping()
+                reads.ping()
             except Exception as exc:
-                await _close(reads, writes)
-                self._log_failure("connecting", exc)
-                await asyncio.sleep(RETRY_AFTER_S)
+                _close(*(c for c in (reads, writes) if c is not None))
+                failures += 1
+                if failures == QUICK_TRIES:
+                    self._log_failure("connecting", exc)
+                self._closing.wait(QUICK_RETRY_S if failures < QUICK_TRIES else RETRY_AFTER_S)
                 continue
-            self._broken.clear()
+            if failures >= QUICK_TRIES or not ever:
+                log.info("result cache %s: connected", _shown(self.url))
+            failures, ever = 0, True
             self._reads, self._writes = reads, writes
-            log.info("result cache %s: connected", _shown(self.url))
-            await self._broken.wait()
+            self._down.clear()
+            self.connected = True
+            while not self._closing.is_set() and not self._down.wait(0.1):
+                pass
+            self.connected = False
             self._reads = self._writes = None
-            await _close(reads, writes)
-            await asyncio.sleep(RETRY_AFTER_S)
+            _close(reads, writes)
 
-    async def _send_lookups(self) -> None:
+    def _send_lookups(self) -> None:
         while True:
-            await self._asking.wait()
-            self._asking.clear()
-            asked, self._asked = self._asked[:MAX_BATCH], self._asked[MAX_BATCH:]
-            if self._asked:
-                self._asking.set()
-            waiting = [(key, future) for key, future in asked if not future.done()]
+            batch = _take(self._asked)
+            if batch is None:
+                return
             client = self._reads
-            if not waiting:
-                continue
             if client is None:
-                _settle(waiting, [_FAILED] * len(waiting))
-                continue
-            try:
-                async with asyncio.timeout(ROUND_TRIP_S):
-                    found = await client.mget([key for key, _ in waiting])
-            except Exception as exc:
-                _settle(waiting, [_FAILED] * len(waiting))
-                self._round_trip_failed("lookup", exc)
-                continue
-            _settle(waiting, found)
-
-    async def _send_writes(self) -> None:
-        while True:
-            await self._writing.wait()
-            self._writing.clear()
-            batch = [self._to_write.popleft() for _ in range(min(MAX_BATCH, len(self._to_write)))]
-            if self._to_write:
-                self._writing.set()
-            client = self._writes
-            if not batch:
-                continue
-            result = Write.ERROR
-            if client is not None:
-                pipeline = client.pipeline(transaction=False)
-                for _, key, answer, ttl_ms in batch:
-                    pipeline.set(key, answer, px=ttl_ms)
+                found: Sequence[object] = [_FAILED] * len(batch)
+            else:
                 try:
-                    async with asyncio.timeout(ROUND_TRIP_S):
-                        await pipeline.execute()
+                    found = client.mget([key for key, _ in batch])
+                except Exception as exc:
+                    found = [_FAILED] * len(batch)
+                    self._failed("lookup", exc)
+            self._answer(_settle, batch, found)
+
+    def _send_writes(self) -> None:
+        while True:
+            batch = _take(self._to_write)
+            if batch is None:
+                return
+            client, result = self._writes, Write.ERROR
+            if client is not None:
+                try:
+                    pipeline = client.pipeline(transaction=False)
+                    for _, key, answer, ttl_ms in batch:
+                        pipeline.set(key, answer, px=ttl_ms)
+                    pipeline.execute()
                     result = Write.STORED
                 except Exception as exc:
-                    self._round_trip_failed("write", exc)
-            for model, *_ in batch:
-                self._metrics.result_cache_write(model, result.value)
+                    self._failed("write", exc)
+            models = [model for model, *_ in batch]
+            self._answer(self._written, models, result)
 
-    def _round_trip_failed(self, doing: str, exc: Exception) -> None:
+    def _answer(self, callback: Any, *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the event loop closed: the process ends
+            self._loop.call_soon_threadsafe(callback, *args)
+
+    def _failed(self, doing: str, exc: Exception) -> None:
         if self.connected:
+            self.connected = False  # lookups unavailable and writes dropped, at once
             self._log_failure(doing, exc)
-            self._reads = self._writes = None  # lookups unavailable, writes dropped, at once
-            self._broken.set()
+            self._down.set()
 
     def _log_failure(self, doing: str, exc: Exception) -> None:
-        reason = "no answer in time" if isinstance(exc, TimeoutError) else repr(exc)
+        reason = "no answer in time" if "Timeout" in type(exc).__name__ else repr(exc)
         log.warning(
-            "result cache %s: %s failed (%s); the model answers meanwhile, and the cache "
-            "connects again in %g s",
+            "result cache %s: %s failed (%s); the model answers until it is connected "
+            "again (tried at once, then every %g s)",
             _shown(self.url),
             doing,
             reason,
             RETRY_AFTER_S,
         )
 
-    async def close(self) -> None:
-        if self._to_write and self._writes is not None:
-            try:
-                async with asyncio.timeout(ROUND_TRIP_S):
-                    while self._to_write:
-                        await asyncio.sleep(0.001)
-                    await asyncio.sleep(0.001)  # the last pipeline's answer
-            except TimeoutError:
-                pass
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        clients = [c for c in (self._reads, self._writes) if c is not None]
-        self._reads = self._writes = None
-        await _close(*clients)
+    def close(self) -> None:
+        """(On a thread.) Let the writes queued go out, then stop the threads."""
+        self._to_write.put(_STOP)
+        self._threads["writes"].join(ROUND_TRIP_S + 1)
+        self._closing.set()
+        self._asked.put(_STOP)
+        for thread in self._threads.values():
+            thread.join(ROUND_TRIP_S + 1)
 
 
-def _settle(waiting: list[tuple[bytes, asyncio.Future[object]]], found: Sequence[object]) -> None:
-    for (_, future), value in zip(waiting, found, strict=True):
-        if not future.done():  # its request may have stopped waiting (its timeout)
+def _take(waiting: queue.SimpleQueue[Any]) -> list[Any] | None:
+    """What waits in ``waiting`` (blocking for the first; MAX_BATCH at most); None: stop."""
+    first = waiting.get()
+    if first is _STOP:
+        return None
+    batch = [first]
+    while len(batch) < MAX_BATCH:
+        try:
+            item = waiting.get_nowait()
+        except queue.Empty:
+            break
+        if item is _STOP:
+            waiting.put(_STOP)  # end after this batch
+            break
+        batch.append(item)
+    return batch
+
+
+def _settle(batch: list[tuple[bytes, asyncio.Future[object]]], found: Sequence[object]) -> None:
+    for (_, future), value in zip(batch, found, strict=True):
+        if not future.done():  # its request may have stopped waiting
             future.set_result(value)
 
 
-def _client(url: str) -> Redis:
-    """A client for ``url`` holding one connection, with no retries (a failed round trip
-    reconnects the link)."""
-    from redis.asyncio import Redis
-    from redis.asyncio.retry import Retry
+def _client(url: str, timeout_s: float) -> Redis:
+    """A client for ``url`` with one connection, no retries (a failed round trip takes the
+    link down, and it connects again), answering within ``timeout_s``."""
+    from redis import Redis
     from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
     return Redis.from_url(
         url,
         retry=Retry(NoBackoff(), 0),
-        socket_timeout=ROUND_TRIP_S,
+        socket_timeout=timeout_s,
         socket_connect_timeout=ROUND_TRIP_S,
-        max_connections=1,
+        single_connection_client=True,
     )
 
 
-async def _close(*clients: Redis) -> None:
+def _close(*clients: Redis) -> None:
     for client in clients:
         try:
-            await client.aclose()
+            client.close()
         except Exception as exc:
             log.debug("result cache: closing a client: %r", exc)
 
