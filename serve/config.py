@@ -59,8 +59,9 @@ _GENERATION_DEADLINE_HELP = (
     "(a generation takes many decoding steps; default_deadline_ms is for one forward pass)"
 )
 _BATCH_TOKENS_HELP = (
-    "language models: key/value-cache tokens the decoding sequences may hold together, each "
-    "counted at its prompt plus max_new_tokens (a request larger than this runs alone)"
+    "language models: key/value-cache tokens a decoding batch may come to hold, padded: its "
+    "sequences times the longest prompt plus max_new_tokens among them (every row of the "
+    "cache is as long as the longest; a request larger than this runs alone)"
 )
 _PREFILL_HELP = (
     "language models: prompt tokens prefilled at one step boundary, which the running "

@@ -44,7 +44,7 @@ import logging
 import math
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -151,7 +151,7 @@ class ContinuousBatchScheduler:
         self._work = threading.Condition(self._lock)
         self._batches: dict[int, _VersionBatch] = {}  # by version; thread only
         self._running = 0  # sequences in the batches (written by the thread)
-        self._reserved = 0  # their reserved cache tokens (thread only)
+        self._reserves: Counter[int] = Counter()  # their reserve_tokens (thread only)
         self._running_versions: frozenset[int] = frozenset()  # written by the thread
         self._step_since: float | None = None  # a step is running since then
         self._seconds_per_request = 0.0  # measured: time between answers while busy
@@ -291,7 +291,7 @@ class ContinuousBatchScheduler:
         live = [t for t in self._queue if not t.done]
         decision = plan_step(
             [t.waiting() for t in live],
-            Occupancy(self._running, self._reserved),
+            Occupancy(self._running, max(self._reserves, default=0)),
             time.monotonic(),
             self.limits,
         )
@@ -323,7 +323,7 @@ class ContinuousBatchScheduler:
         """Answer ``error`` to these and to every running sequence, and start afresh."""
         for running in self._batches.values():
             tickets += running.batch.drop(lambda t: True)
-        self._batches, self._running, self._reserved = {}, 0, 0
+        self._batches, self._running, self._reserves = {}, 0, Counter()
         self._running_versions = frozenset()
         self._step_since = None
         self._outcomes += [(ticket, error) for ticket in tickets]
@@ -398,7 +398,7 @@ class ContinuousBatchScheduler:
             tally.answered.append((model.version, now - ticket.received_at))
         else:
             self._running += 1
-            self._reserved += ticket.waiting().reserve_tokens
+            self._reserves[ticket.waiting().reserve_tokens] += 1
 
     def _version_for(self, ticket: _Ticket) -> tuple[LanguageModel, Generation | Scoring]:
         """The version a request runs on, and the request as that version prepared it."""
@@ -449,7 +449,10 @@ class ContinuousBatchScheduler:
 
     def _left(self, ticket: _Ticket) -> None:
         self._running -= 1
-        self._reserved -= ticket.waiting().reserve_tokens
+        reserve = ticket.waiting().reserve_tokens
+        self._reserves[reserve] -= 1
+        if not self._reserves[reserve]:
+            del self._reserves[reserve]
 
     def _result(self, model: LanguageModel, sequence: DecodingSequence) -> GenerationResult:
         assert sequence.finish is not None

@@ -13,9 +13,11 @@ The rules, in order:
 
    - ``max_sequences``: sequences decoding at once (a scoring request holds none: it is
      one forward pass and leaves at the same boundary);
-   - ``max_batch_tokens``: the key/value cache the running sequences may come to hold,
-     each counted at its prompt plus its ``max_new_tokens`` (what it reserves, so a batch
-     admitted never outgrows the budget);
+   - ``max_batch_tokens``: the key/value cache the batch may come to hold, *padded*: a
+     batch's cache is one row per sequence, every row as long as its longest, so it is
+     counted as the sequences times the longest reservation among them (a sequence
+     reserves its prompt plus its ``max_new_tokens``). A batch admitted never outgrows the
+     budget, however its rows grow;
    - ``max_prefill_tokens``: tokens prefilled at one boundary, which is how long the
      running sequences wait for their next token while newcomers join.
 
@@ -37,7 +39,7 @@ class Waiting:
     """What the rules need to know about one queued request."""
 
     prefill_tokens: int  # tokens its first graph call processes
-    reserve_tokens: int  # cache tokens it may hold while decoding (0: it never stays)
+    reserve_tokens: int  # its cache row's longest length while decoding (0: it never stays)
     sequences: int  # sequences it adds to the batch (1 to generate, 0 to score)
     deadline: float  # monotonic seconds
 
@@ -47,7 +49,12 @@ class Occupancy:
     """The running batch (every version's together)."""
 
     sequences: int
-    reserved_tokens: int
+    longest_reserve: int  # the largest reserve_tokens among them (0: none running)
+
+    @property
+    def padded_tokens(self) -> int:
+        """The cache the batch may come to hold: every row as long as the longest."""
+        return self.sequences * self.longest_reserve
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,20 +75,23 @@ def plan_step(
 ) -> StepPlan:
     expired = tuple(i for i, w in enumerate(queue) if w.deadline <= now)
     join: list[int] = []
-    sequences, reserved, prefill = running.sequences, running.reserved_tokens, 0
+    sequences, longest, prefill = running.sequences, running.longest_reserve, 0
     for index, waiting in enumerate(queue):
         if waiting.deadline <= now:
             continue
         alone = not join and sequences == 0
+        after = Occupancy(
+            sequences + waiting.sequences, max(longest, waiting.reserve_tokens)
+        )  # the batch with it (a scoring adds no row)
         fits = (
-            sequences + waiting.sequences <= limits.max_sequences
-            and reserved + waiting.reserve_tokens <= limits.max_batch_tokens
+            after.sequences <= limits.max_sequences
+            and (not waiting.sequences or after.padded_tokens <= limits.max_batch_tokens)
             and (not join or prefill + waiting.prefill_tokens <= limits.max_prefill_tokens)
         )
         if not (fits or alone):
             break
         join.append(index)
-        sequences += waiting.sequences
-        reserved += waiting.reserve_tokens
+        if waiting.sequences:
+            sequences, longest = after.sequences, after.longest_reserve
         prefill += waiting.prefill_tokens
     return StepPlan(expired, tuple(join))

@@ -43,16 +43,26 @@ def test_sequences_are_capped_but_scorings_hold_no_sequence():
     assert plan_step([score(), generate()], full, 0.0, LIMITS).join == (0,)
 
 
-def test_the_cache_budget_counts_each_sequences_prompt_and_max_new_tokens():
-    running = Occupancy(1, 800)
-    assert plan_step([generate(10, 190)], running, 0.0, LIMITS).join == (0,)  # 800 + 200
-    assert plan_step([generate(10, 191)], running, 0.0, LIMITS).join == ()
+def test_the_cache_budget_counts_the_padded_rows_the_batch_may_come_to_hold():
+    running = Occupancy(2, 300)  # two rows that may grow to 300 tokens each
+    assert running.padded_tokens == 600
+    assert plan_step([generate(10, 290)], running, 0.0, LIMITS).join == (0,)  # 3 x 300 = 900
+    assert plan_step([generate(10, 324)], running, 0.0, LIMITS).join == ()  # 3 x 334 > 1000
+    # A long newcomer pads every short row to its length: 4 x 300 = 1200, though the
+    # reservations add up to 3 x 100 + 300 = 600.
+    assert plan_step([generate(10, 290)], Occupancy(3, 100), 0.0, LIMITS).join == ()
+    shorts = [generate(5, 95), generate(5, 95), generate(5, 255)]
+    assert plan_step(shorts, Occupancy(1, 100), 0.0, LIMITS).join == (0, 1)  # 4 x 260 > 1000
+
+
+def test_a_scoring_holds_no_cache_row():
+    assert plan_step([score(900)], Occupancy(3, 300), 0.0, LIMITS).join == (0,)
 
 
 def test_prefill_tokens_per_boundary_are_capped_after_the_first_newcomer():
     queue = [generate(250, 10), generate(100, 10), generate(20, 10)]
     assert plan_step(queue, Occupancy(1, 50), 0.0, LIMITS).join == (0,)
-    huge = [generate(900, 10), generate(5, 5)]  # over the prefill cap alone: still joins
+    huge = [generate(400, 10), generate(5, 5)]  # over the prefill cap alone: still joins
     assert plan_step(huge, Occupancy(1, 50), 0.0, LIMITS).join == (0,)
 
 
