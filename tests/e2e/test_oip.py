@@ -404,6 +404,13 @@ def test_a_language_model_is_refused_on_both_transports_saying_where_it_is_serve
             ]
             assert not h.is_model_ready(LM_MODEL)
             assert not g.is_model_ready(LM_MODEL)
+            indexed = [
+                *h.get_model_repository_index(),
+                *(
+                    {"name": m.name, "state": m.state, "reason": m.reason}
+                    for m in g.get_model_repository_index().models
+                ),
+            ]
         with server.client() as client:  # it is served where the refusal says
             generated = client.post(where, json={"prompt": "The cat", "max_new_tokens": 3})
     finally:
@@ -414,3 +421,8 @@ def test_a_language_model_is_refused_on_both_transports_saying_where_it_is_serve
         assert where in refused.message()
         assert "/v1/chat/completions" in refused.message()
     assert generated.status_code == 200
+    assert len(indexed) == 2  # one version, listed by each transport as not served here
+    for entry in indexed:
+        assert entry["name"] == LM_MODEL
+        assert entry["state"] == "UNAVAILABLE"
+        assert where in entry["reason"]

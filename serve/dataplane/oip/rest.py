@@ -56,6 +56,7 @@ from serve.errors import (
     RLServeError,
     ServiceUnavailable,
 )
+from serve.lm.model import LanguageModel
 from serve.status import http_headers, http_status
 
 log = logging.getLogger("rlserve.oip")
@@ -77,6 +78,37 @@ class Catalog(Router, Protocol):
     def versions(self, model: str) -> list[int]:
         """The versions loaded and able to serve (NotFound for an unknown model)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """One model version in the repository index (both transports)."""
+
+    name: str
+    version: str
+    state: str  # READY; UNAVAILABLE for a language model: this protocol does not serve it
+    reason: str  # why it is not READY ("" when it is)
+
+
+def repository_index(catalog: Catalog) -> list[IndexEntry]:
+    """Every loaded version; a language model's marked UNAVAILABLE here, with where it is
+    served (its calls are text, not tensors)."""
+    index = []
+    for name in catalog.model_names():
+        for version in catalog.versions(name):
+            try:
+                language = isinstance(catalog.resolve(name, version).version, LanguageModel)
+            except RLServeError:  # unloaded meanwhile: listed as the catalog has it
+                language = False
+            if language:
+                reason = (
+                    "a language model: not served by the Open Inference Protocol; POST "
+                    f"/v1/models/{name}/generate (or .../score), or /v1/chat/completions"
+                )
+                index.append(IndexEntry(name, str(version), "UNAVAILABLE", reason))
+            else:
+                index.append(IndexEntry(name, str(version), "READY", ""))
+    return index
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,11 +269,11 @@ class OipRestFrontend:
         }
 
     def _index(self) -> list[dict[str, Any]]:
-        index = []
-        for name in self.catalog.model_names():
-            for version in self.catalog.versions(name):
-                index.append({"name": name, "version": str(version), "state": "READY"})
-        return index
+        return [
+            {"name": e.name, "version": e.version, "state": e.state}
+            | ({"reason": e.reason} if e.reason else {})
+            for e in repository_index(self.catalog)
+        ]
 
     # ------------------------------------------------------------------ infer
 

@@ -37,7 +37,7 @@ from serve.dataplane.oip.infer import InferAnswer, Inference, budget_ms
 from serve.dataplane.oip.proto import inference_pb2 as pb
 from serve.dataplane.oip.proto import inference_pb2_grpc as pb_grpc
 from serve.dataplane.oip.proto import model_config_pb2 as config_pb
-from serve.dataplane.oip.rest import EXTENSIONS, PLATFORM, Catalog
+from serve.dataplane.oip.rest import EXTENSIONS, PLATFORM, Catalog, repository_index
 from serve.dataplane.oip.signature import InferCall, RequestedOutput, config_dims
 from serve.dataplane.routing import Route
 from serve.errors import ConfigError, DeadlineExceeded, InvalidInput, RLServeError
@@ -141,9 +141,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         index = pb.RepositoryIndexResponse.ModelIndex
         return pb.RepositoryIndexResponse(
             models=[
-                index(name=name, version=str(version), state="READY")
-                for name in self.catalog.model_names()
-                for version in self.catalog.versions(name)
+                index(name=e.name, version=e.version, state=e.state, reason=e.reason)
+                for e in repository_index(self.catalog)
             ]
         )
 
