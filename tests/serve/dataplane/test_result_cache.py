@@ -323,3 +323,17 @@ async def test_a_lookup_slower_than_its_timeout_is_an_error_and_the_link_reconne
     assert lookups(metrics, "miss") == 1
     await cache.close()
     server.stop()
+
+
+async def test_answers_queued_at_close_are_written_before_it_returns(store: RedisServer) -> None:
+    metrics = Metrics()
+    cache = ResultCache(metrics)
+    settings = CacheSettings(store.address(), 60000, 1024, 0.5)
+    await connected(cache, settings)
+    keys = [b"rlserve:result:closing-%d" % i for i in range(50)]
+    for key in keys:
+        cache.store("m", settings, key, b"answer")
+    await cache.close()  # what a server's shutdown awaits
+    with redis.Redis(port=store.port) as raw:
+        assert raw.exists(*keys) == len(keys)
+    assert writes(metrics, "stored") == len(keys)
