@@ -334,4 +334,5 @@ def _describe(exc: ValidationError) -> str:
     return "invalid configuration: " + "; ".join(parts)
 
 
-_SECRETS = {"admin_token"}  # never echoed in an error message
+# Never echoed in an error message (a Redis URL may hold a password).
+_SECRETS = {"admin_token", "result_cache"}

@@ -382,7 +382,8 @@ def _close(*clients: Redis) -> None:
 
 
 def _shown(url: str) -> str:
-    """The URL without a password, for the log."""
+    """The URL without its credentials or query (a password may be in either), for the log."""
     scheme, sep, rest = url.partition("://")
-    credentials, at, where = rest.rpartition("@")
-    return f"{scheme}{sep}{'***@' if at else ''}{where}" if credentials or at else url
+    rest = rest.partition("?")[0]
+    _, at, where = rest.rpartition("@")
+    return f"{scheme}{sep}{'***@' if at else ''}{where}"

@@ -29,6 +29,7 @@ from serve.dataplane.result_cache import (
 )
 from serve.errors import ConfigError
 from serve.metrics import Metrics
+from tests.e2e.server import free_port
 from tests.redis_server import RedisServer, running_redis
 from tests.serve.inprocess import REPOSITORY
 
@@ -151,8 +152,9 @@ def test_the_cache_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_a_cache_that_is_not_a_redis_url_is_refused_naming_it(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"result_cache: .*expected a Redis URL.*'http://x'"):
-        config.load(result_cache="http://x")
+    with pytest.raises(ConfigError, match=r"result_cache: .*expected a Redis URL") as refused:
+        config.load(result_cache="http://user:hunter2@cache:6379")
+    assert "hunter2" not in str(refused.value)  # a URL may hold a password: never echoed
     with pytest.raises(ConfigError, match="result_cache_ttl_s: Input should be greater than 0"):
         config.load(result_cache_ttl_s=0)
     with pytest.raises(ConfigError, match=r"result_cache: .*expected a Redis URL"):
@@ -337,3 +339,22 @@ async def test_answers_queued_at_close_are_written_before_it_returns(store: Redi
     with redis.Redis(port=store.port) as raw:
         assert raw.exists(*keys) == len(keys)
     assert writes(metrics, "stored") == len(keys)
+
+
+async def test_a_cache_that_cannot_connect_is_logged_without_its_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    metrics = Metrics()
+    cache = ResultCache(metrics)
+    port = free_port()  # nothing listens there
+    url = f"redis://:hunter2@127.0.0.1:{port}/0"
+    settings = CacheSettings(url, 60000, 1024, 0.5)
+    with caplog.at_level("WARNING", logger="rlserve.result_cache"):
+        assert await cache.lookup("m", settings, b"rlserve:result:t6") is None
+        await until(lambda: "connecting failed" in caplog.text, "logged")
+        assert await cache.lookup("m", settings, b"rlserve:result:t6") is None
+    assert not cache.connected(url)
+    assert lookups(metrics, "unavailable") == 2
+    assert "hunter2" not in caplog.text
+    assert f"redis://***@127.0.0.1:{port}/0" in caplog.text
+    await cache.close()
