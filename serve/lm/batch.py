@@ -35,6 +35,7 @@ class DecodeBatch(Generic[Owner]):
         self._owners: list[Owner] = []
         self._sequences: list[DecodingSequence] = []
         self._samplers: list[Sampler] = []  # the running rows'
+        self._tokens = np.empty(0, np.int64)  # the running rows' last tokens: the next input
         self._greedy = True  # every running row chooses greedily: one argmax for the batch
         self._joining: list[tuple[Owner, DecodingSequence, KVCache]] = []
 
@@ -69,11 +70,11 @@ class DecodeBatch(Generic[Owner]):
         if self._cache is None:
             return []
         sequences = self._sequences
-        tokens = np.fromiter((s.last_token for s in sequences), np.int64, len(sequences))
-        logits, self._cache = self.decoder.step(self._cache, tokens)
+        logits, self._cache = self.decoder.step(self._cache, self._tokens)
         greedy = self._greedy  # then one argmax for the whole batch
         chosen = np.argmax(logits, axis=-1) if greedy else choose_rows(logits, self._samplers)
         log_probs = chosen_log_probs(logits, chosen)
+        self._tokens = chosen
         emitted = [
             (owner, sequence, sequence.accept(token, log_prob))
             for owner, sequence, token, log_prob in zip(
@@ -100,7 +101,9 @@ class DecodeBatch(Generic[Owner]):
         caches = [cache for _, _, cache in self._joining]
         self._cache = merge(caches if self._cache is None else [self._cache, *caches])
         self._owners += [owner for owner, _, _ in self._joining]
+        joined = [sequence.last_token for _, sequence, _ in self._joining]
         self._sequences += [sequence for _, sequence, _ in self._joining]
+        self._tokens = np.concatenate((self._tokens, np.asarray(joined, np.int64)))
         self._joining = []
         self._rows_changed()
 
@@ -109,6 +112,7 @@ class DecodeBatch(Generic[Owner]):
             return
         self._owners = [self._owners[r] for r in rows]
         self._sequences = [self._sequences[r] for r in rows]
+        self._tokens = self._tokens[rows]
         self._cache = None if not rows or self._cache is None else self._cache.select(rows)
         self._rows_changed()
 
