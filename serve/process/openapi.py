@@ -104,7 +104,11 @@ class ChatCompletionRequest(_OpenAIRequest):
 
 
 _RESPONSES = {
-    "200": {"description": "model, model_version and the requested outputs"},
+    "200": {
+        "description": "model, model_version, model_sha256 and the requested outputs "
+        "(X-Policy-Version and X-Policy-SHA256 name the version; a model with a result cache "
+        "adds X-Result-Cache: hit, miss or bypass)"
+    },
     "400": {"description": "malformed JSON or header"},
     "404": {"description": "unknown model or version"},
     "413": {"description": "body larger than max_body_bytes"},
