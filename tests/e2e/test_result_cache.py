@@ -172,6 +172,17 @@ def test_a_model_whose_cache_is_off_answers_without_one(server: Server, store: R
     assert cached_keys(store, "uncached") == set()
 
 
+def test_the_open_inference_protocol_is_not_cached(server: Server) -> None:
+    body = {"inputs": [{"name": "obs", "datatype": "FP32", "shape": [1, 4], "data": [0.2] * 4}]}
+    with server.client() as client:
+        before = lookups(server, client, "swap")
+        answers = [client.post("/v2/models/swap/infer", json=body) for _ in range(2)]
+        after = lookups(server, client, "swap")
+    assert [a.status_code for a in answers] == [200, 200]
+    assert all("X-Result-Cache" not in a.headers for a in answers)
+    assert after == before
+
+
 def test_sampled_and_seeded_requests_always_run_the_model(
     server: Server, store: RedisServer
 ) -> None:
