@@ -18,7 +18,7 @@ import numpy as np
 from serve.lm.cache import KVCache, merge
 from serve.lm.decoder import Decoder
 from serve.lm.messages import TokenEvent
-from serve.lm.sampling import Sampler, choose_rows, chosen_log_probs
+from serve.lm.sampling import Sampler, choose_rows, chosen_log_probs, greedy_rows
 from serve.lm.sequence import DecodingSequence
 
 __all__ = ["DecodeBatch"]
@@ -71,9 +71,11 @@ class DecodeBatch(Generic[Owner]):
             return []
         sequences = self._sequences
         logits, self._cache = self.decoder.step(self._cache, self._tokens)
-        greedy = self._greedy  # then one argmax for the whole batch
-        chosen = np.argmax(logits, axis=-1) if greedy else choose_rows(logits, self._samplers)
-        log_probs = chosen_log_probs(logits, chosen)
+        if self._greedy:  # one argmax for the whole batch
+            chosen, log_probs = greedy_rows(logits)
+        else:
+            chosen = choose_rows(logits, self._samplers)
+            log_probs = chosen_log_probs(logits, chosen)
         self._tokens = chosen
         emitted = [
             (owner, sequence, sequence.accept(token, log_prob))

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from serve.lm.greedy import log_softmax
-from serve.lm.sampling import Sampler, SamplingParams, choose_rows, chosen_log_probs
+from serve.lm.sampling import (
+    Sampler,
+    SamplingParams,
+    choose_rows,
+    chosen_log_probs,
+    greedy_rows,
+)
 
 LOGITS = np.log(np.asarray([0.05, 0.4, 0.1, 0.3, 0.15], np.float32))
 
@@ -81,3 +87,15 @@ def test_rows_chosen_together_are_the_tokens_each_would_get_alone():
 def test_a_vanishing_temperature_is_greedy():
     assert SamplingParams(1e-9, 1.0, 0, 3).greedy
     assert draws(SamplingParams(1e-300, 1.0, 0, 3), 5) == [1] * 5
+
+
+def test_greedy_rows_are_the_argmax_and_its_log_prob_of_every_row():
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(6, 80)).astype(np.float32) * 8
+    tokens, log_probs = greedy_rows(logits)
+    greedy = Sampler(SamplingParams(0.0, 1.0, 0, None))
+    assert tokens.tolist() == [greedy.choose(row) for row in logits]
+    assert tokens.tolist() == choose_rows(logits, [greedy] * 6).tolist()
+    assert log_probs.dtype == np.float64
+    expected = log_softmax(logits)[np.arange(6), tokens]
+    assert np.abs(log_probs - expected).max() < 1e-12
