@@ -42,7 +42,6 @@ import redis
 from loop.buffers import open_consumer
 from serve.client import PolicyClient
 from tests.e2e.server import Server, free_port
-from tests.redis_server import RedisServer
 from tests.loop.test_learning import (
     BATCH,
     ENVS_PER_WORKER,
@@ -55,6 +54,7 @@ from tests.loop.test_learning import (
     drain,
     trainer,
 )
+from tests.redis_server import RedisServer
 
 FAULT_BUDGET = 300_000  # steps taken from the buffer, both trainer runs together
 STREAM = "experience"
