@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
@@ -42,6 +43,9 @@ class Server:
         out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 - closed in stop()
         self._out = out
         self.process = subprocess.Popen(args, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+        # A test or fixture that fails before its stop() (a server never ready, say) must not
+        # leave the server running past the test session.
+        atexit.register(self._kill_if_running)
 
     @classmethod
     def rlserve(
@@ -94,6 +98,11 @@ class Server:
         if self._out is not subprocess.DEVNULL:
             self._out.close()  # type: ignore[union-attr]
         return code
+
+    def _kill_if_running(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
 
     def output(self, full: bool = False) -> str:
         """The server's log (its tail unless ``full``)."""
