@@ -912,7 +912,9 @@ Measured on {when} in {took} (the scenario `lm`: `python -m bench --only lm`, or
 full run), on {machine}; load average {load} before, {load_after} after. The model is the
 tiny DPO policy of `examples/lm/tiny_policy.py` (`llama_dpo`: {model}; a genuine
 `trl.DPOTrainer` run, full weights), exported with `rlserve export lm` in {export} s, its
-parity gate included. {prompts} prompts of exactly {prompt_tokens} tokens (BOS included)
+parity gate included (the default `--graph gqa`: onnxruntime-genai's model builder, so the
+server, on plain onnxruntime, and onnxruntime-genai run the same GroupQueryAttention graph).
+{prompts} prompts of exactly {prompt_tokens} tokens (BOS included)
 from the recipe's synthetic language; every engine decodes greedily and exactly
 {new_tokens} new tokens per request (the server with `"ignore_eos": true`, the baselines
 with `min_new_tokens` / `min_length`): the policy would stop after a few tokens otherwise.
