@@ -173,8 +173,9 @@ def language_model(
     )
 
 
-def reference(ids: Sequence[int], new_tokens: int) -> list[int]:
-    """Greedy decoding of one sequence, straight from the logits function."""
+def reference(ids: Sequence[int], new_tokens: int, *, stop_at_eos: bool = True) -> list[int]:
+    """Greedy decoding of one sequence, straight from the logits function (``stop_at_eos``
+    False: EOS is a token like any other, as with ``ignore_eos``)."""
     tokens = list(ids)
     out: list[int] = []
     for _ in range(new_tokens):
@@ -182,6 +183,6 @@ def reference(ids: Sequence[int], new_tokens: int) -> list[int]:
         token = int(np.argmax(next_token_logits(sum(tokens), position, len(tokens), tokens[-1])))
         out.append(token)
         tokens.append(token)
-        if token == EOS:
+        if token == EOS and stop_at_eos:
             break
     return out

@@ -148,3 +148,47 @@ def test_the_kept_mask_follows_rows_through_steps_merges_and_drops(layout):
         assert cache.mask.shape == (cache.rows, cache.columns)
         assert cache.step_inputs()[0].tolist() == lengths_mask(cache)
     assert cache.lengths.tolist() == [8, 3, 4]
+
+
+@pytest.mark.parametrize("layout", list(CacheLayout))
+def test_rows_finishing_together_while_others_join_and_one_is_dropped(layout):
+    """Uneven prompts; three rows end in one step, two newcomers join at that boundary and
+    an owner gives up on another: every row still gets exactly its own tokens."""
+    model = fakes.language_model(decoder=fakes.FakeDecoder(layout=layout), context_length=64)
+    batch: DecodeBatch[int] = DecodeBatch(model.decoder)
+    prompts = {
+        0: [fakes.BOS, 5, 9, 11, 30, 7, 7, 40],
+        1: [fakes.BOS, 12],
+        2: [fakes.BOS, 3, 3, 50, 22],
+        3: [fakes.BOS, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 61],
+        4: [fakes.BOS, 44, 2],
+        5: [fakes.BOS, 17, 18, 19],
+        6: [fakes.BOS, 60],
+    }
+    budgets = {0: 6, 1: 6, 2: 6, 3: 14, 4: 14, 5: 9, 6: 12}  # 0, 1, 2 end in one step
+    sequences = {i: model.sequence(generation(model, prompts[i], budgets[i], ignore_eos=True),
+                                   streamed=i % 2 == 1) for i in prompts}  # fmt: skip
+    for i in (0, 1, 2, 3, 4):
+        batch.prefill(i, sequences[i])
+    finished_together = []
+    gone: set[int] = set()
+    for step in range(20):
+        if step == 4:
+            gone.add(4)  # its owner went away
+            assert batch.drop(lambda owner: owner in gone) == [4]
+        emitted = batch.step()
+        ended = [owner for owner, sequence, _ in emitted if sequence.finish is not None]
+        if len(ended) > 1:
+            finished_together.append(sorted(ended))
+        if sorted(ended) == [0, 1, 2]:
+            for i in (5, 6):  # join at the boundary where three rows left
+                batch.prefill(i, sequences[i])
+    assert [0, 1, 2] in finished_together
+    assert len(batch) == 0
+    for i, sequence in sequences.items():
+        expected = fakes.reference(prompts[i], budgets[i], stop_at_eos=False)
+        if i == 4:
+            assert sequence.token_ids == expected[: len(sequence.token_ids)]
+            assert sequence.finish is None
+        else:
+            assert sequence.token_ids == expected, i
