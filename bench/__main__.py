@@ -111,6 +111,7 @@ from pathlib import Path
 from bench import (
     cache,
     cpu,
+    gpu_report,
     lm,
     load,
     loop,
@@ -237,8 +238,12 @@ def _write(output: Path, results: Results, chosen: tuple[str, ...]) -> None:
             output.write_text(spliced)
             _say(f"replaced the {chosen[0]} section of {output}")
             return
-    output.write_text(report.render(results, verdicts))
-    _say(f"wrote {output}")
+    document = report.render(results, verdicts)
+    kept = gpu_report.section_of(output.read_text()) if output.is_file() else None
+    if kept is not None:  # measured by bench/gpu.sh on a GPU machine, not by this run
+        document = gpu_report.splice(document, kept)
+    output.write_text(document)
+    _say(f"wrote {output}" + ("" if kept is None else ", keeping its GPU path section"))
 
 
 def _conditions(args: BenchArgs, chosen: tuple[str, ...]) -> Conditions:

@@ -151,13 +151,22 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+_SECTION = re.compile(rf"(?ms)^{re.escape(HEADING)}\n.*?(?=^## |\Z)")
+
+
+def section_of(document: str) -> str | None:
+    """``document``'s GPU path section (up to the next ``## ``), if it has one: what a run of
+    ``python -m bench``, which cannot measure it, carries over into the document it writes."""
+    found = _SECTION.search(document)
+    return None if found is None else found.group(0)
+
+
 def splice(document: str, section: str) -> str:
     """``document`` with its GPU path section (up to the next ``## ``) replaced by
     ``section``; added before "Reading the numbers" (else at the end) when it has none."""
     section = section.rstrip("\n") + "\n\n"
-    pattern = re.compile(rf"(?ms)^{re.escape(HEADING)}\n.*?(?=^## |\Z)")
-    if pattern.search(document):
-        return pattern.sub(lambda _: section, document, count=1).rstrip("\n") + "\n"
+    if _SECTION.search(document):
+        return _SECTION.sub(lambda _: section, document, count=1).rstrip("\n") + "\n"
     if "\n## Reading the numbers" in document:
         return document.replace("\n## Reading the numbers", f"\n{section}## Reading the numbers", 1)
     return document.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"

@@ -246,6 +246,19 @@ def test_the_section_replaces_its_own_only():
     assert alone == f"# Benchmarks\n\n{gpu_report.HEADING}\n\nx\n"
 
 
+def test_a_document_written_without_a_gpu_keeps_the_gpu_section_it_had():
+    measured = f"{gpu_report.HEADING}\n\nmeasured on a GPU\n\n"
+    old = f"# Benchmarks\n\n## A\n\nold\n\n{measured}## Reading the numbers\n\nr\n"
+    assert gpu_report.section_of(old) == measured
+    assert gpu_report.section_of("# Benchmarks\n\n## A\n") is None
+    new = gpu_report.splice(
+        "# Benchmarks\n\n## A\n\nnew\n\n## Reading the numbers\n\nr\n", measured
+    )
+    assert gpu_report.section_of(new) == measured
+    assert "new" in new
+    assert "old" not in new
+
+
 def test_connections_fill_a_batch_of_64_rows():
     assert [gpu.connections_for(rows) for rows in gpu.BATCHES] == [128, 16, 4, 4]
 
