@@ -10,7 +10,6 @@ The fallback alert's signal is checked on a real server asked for a GPU provider
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -30,8 +29,9 @@ from serve.gpu import NvmlCollector
 from serve.metrics import Metrics
 from serve.status import HTTP_STATUS
 from tests.e2e.server import Server
-from tests.ops import promql
+from tests.ops import grafana, promql
 from tests.ops.conftest import K8S, REPO, render_path
+from tests.ops.grafana import DATASOURCE
 from tests.ops.promql import Series, metric_names
 
 MONITORING = K8S / "monitoring"
@@ -40,7 +40,6 @@ ALERTS = MONITORING / "alerts.yaml"
 ALERTS_TEST = MONITORING / "alerts-test.yaml"
 DOCS = REPO / "docs" / "alerts.md"
 DEMO = REPO / "examples" / "model_repository"
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 SEVERITIES = {"critical", "warning"}
 LABEL_VALUES = re.compile(r"^label_values\((.+),\s*(\w+)\)$")
 
@@ -123,32 +122,14 @@ def known() -> dict[str, Series]:
     return names
 
 
-@cache
-def dashboard() -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(DASHBOARD.read_text())
-    return loaded
-
-
-def panels() -> list[dict[str, Any]]:
-    found = []
-    for panel in dashboard()["panels"]:
-        found.append(panel)
-        found += panel.get("panels", [])
-    return found
-
-
-def graphs() -> list[dict[str, Any]]:
-    return [p for p in panels() if p["type"] != "row"]
-
-
-def variables() -> dict[str, dict[str, Any]]:
-    return {v["name"]: v for v in dashboard()["templating"]["list"]}
+def dashboard() -> grafana.Board:
+    return grafana.load(DASHBOARD)
 
 
 def variable_queries() -> list[tuple[str, str]]:
     """(selector, label) of every ``label_values(selector, label)`` variable."""
     found = []
-    for variable in variables().values():
+    for variable in grafana.variables(dashboard()).values():
         if variable["type"] == "query":
             match = LABEL_VALUES.match(variable["query"]["query"])
             assert match, f"${variable['name']}: not a label_values query"
@@ -187,14 +168,8 @@ def all_exprs() -> list[str]:
 
 
 def test_the_dashboard_is_grafana_json_with_datasource_namespace_and_model_variables():
-    board = dashboard()
-    assert 36 <= board["schemaVersion"] <= 41
-    assert board["uid"] == "rlserve-serving"
-    assert board["title"]
-    assert board["id"] is None, "a provisioned dashboard carries no database id"
-    found = variables()
-    assert found["datasource"]["type"] == "datasource"
-    assert found["datasource"]["query"] == "prometheus"
+    grafana.check_provisioned(dashboard(), "rlserve-serving")
+    found = grafana.variables(dashboard())
     for name in ("namespace", "model"):
         variable = found[name]
         assert variable["type"] == "query"
@@ -206,40 +181,11 @@ def test_the_dashboard_is_grafana_json_with_datasource_namespace_and_model_varia
 
 
 def test_panel_ids_are_unique_and_every_graph_queries_the_variable_datasource():
-    ids = [p["id"] for p in panels()]
-    assert len(ids) == len(set(ids))
-    assert all(isinstance(i, int) for i in ids)
-    assert len(graphs()) >= 15
-    for panel in graphs():
-        assert panel["title"], panel["id"]
-        assert panel["datasource"] == DATASOURCE, panel["title"]
-        targets = panel["targets"]
-        assert targets, f"{panel['title']}: no targets"
-        refs = [t["refId"] for t in targets]
-        assert len(refs) == len(set(refs)), panel["title"]
-        for target in targets:
-            assert target["datasource"] == DATASOURCE, panel["title"]
-            assert isinstance(target["expr"], str), panel["title"]
-            assert target["expr"].strip(), panel["title"]
+    grafana.check_panels(dashboard(), min_graphs=15)
 
 
 def test_panels_sit_on_the_24_column_grid_without_overlapping():
-    boxes = []
-    for panel in dashboard()["panels"]:
-        pos = panel["gridPos"]
-        assert 0 <= pos["x"] < pos["x"] + pos["w"] <= 24, panel["title"]
-        assert pos["h"] > 0, panel["title"]
-        assert pos["y"] >= 0, panel["title"]
-        boxes.append((panel["title"], pos))
-    for i, (title, a) in enumerate(boxes):
-        for other, b in boxes[i + 1 :]:
-            apart = (
-                a["x"] + a["w"] <= b["x"]
-                or b["x"] + b["w"] <= a["x"]
-                or a["y"] + a["h"] <= b["y"]
-                or b["y"] + b["h"] <= a["y"]
-            )
-            assert apart, f"{title!r} overlaps {other!r}"
+    grafana.check_grid(dashboard())
 
 
 def test_it_shows_what_the_issue_asks_for():
@@ -267,7 +213,7 @@ def test_it_shows_what_the_issue_asks_for():
             ), f"no p{quantile} of {metric}"
     statuses = {m for e in exprs for m in re.findall(r'status="(\d+)"', e)}
     assert {"429", "504"} <= statuses
-    heatmaps = [p for p in graphs() if p["type"] == "heatmap"]
+    heatmaps = [p for p in grafana.graphs(dashboard()) if p["type"] == "heatmap"]
     assert any("rlserve_batch_rows_bucket" in t["expr"] for p in heatmaps for t in p["targets"])
     assert all(t.get("format") == "heatmap" for p in heatmaps for t in p["targets"])
 

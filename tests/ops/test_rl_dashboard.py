@@ -5,12 +5,10 @@ it is installed: Debian's ``prometheus`` package; the parse test skips without i
 
 from __future__ import annotations
 
-import json
 import re
 from collections import deque
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import kubernetes_validate
 from prometheus_client import CollectorRegistry
@@ -19,14 +17,13 @@ from loop.collect import Counters
 from loop.controller import LoopMetrics
 from loop.worker_metrics import WorkerCollector
 from serve.metrics import Metrics
-from tests.ops import promql
+from tests.ops import grafana, promql
 from tests.ops.conftest import K8S, REPO, render_path
 from tests.ops.promql import Series, metric_names
 
 DASHBOARDS = K8S / "rl" / "dashboards"
 DASHBOARD = DASHBOARDS / "rl-loop.json"
 REFERENCE = "sum(rate(rl_inference_latency_seconds_bucket[5m])) by (le)"
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 
 @cache
@@ -43,23 +40,8 @@ def exported() -> dict[str, Series]:
     return promql.exported([server.registry, trainer.registry, worker], labels)
 
 
-@cache
-def dashboard() -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(DASHBOARD.read_text())
-    return loaded
-
-
-def panels() -> list[dict[str, Any]]:
-    """Every panel, those inside collapsed rows too."""
-    found = []
-    for panel in dashboard()["panels"]:
-        found.append(panel)
-        found += panel.get("panels", [])
-    return found
-
-
-def graphs() -> list[dict[str, Any]]:
-    return [p for p in panels() if p["type"] != "row"]
+def dashboard() -> grafana.Board:
+    return grafana.load(DASHBOARD)
 
 
 def expressions() -> list[str]:
@@ -71,46 +53,15 @@ def expressions() -> list[str]:
 
 
 def test_the_dashboard_is_grafana_json_with_a_prometheus_datasource_variable():
-    board = dashboard()
-    assert 36 <= board["schemaVersion"] <= 41
-    assert board["uid"] == "rlserve-rl-loop"
-    assert board["title"]
-    assert board["id"] is None, "a provisioned dashboard carries no database id"
-    (variable,) = [v for v in board["templating"]["list"] if v["type"] == "datasource"]
-    assert variable["name"] == "datasource"
-    assert variable["query"] == "prometheus"
+    grafana.check_provisioned(dashboard(), "rlserve-rl-loop")
 
 
 def test_panel_ids_are_unique_and_every_graph_queries_the_variable_datasource():
-    ids = [p["id"] for p in panels()]
-    assert len(ids) == len(set(ids))
-    assert len(graphs()) >= 10
-    for panel in graphs():
-        assert panel["datasource"] == DATASOURCE, panel["title"]
-        targets = panel["targets"]
-        assert targets, f"{panel['title']}: no targets"
-        refs = [t["refId"] for t in targets]
-        assert len(refs) == len(set(refs)), panel["title"]
-        for target in targets:
-            assert target["datasource"] == DATASOURCE, panel["title"]
-            assert target["expr"].strip(), panel["title"]
+    grafana.check_panels(dashboard(), min_graphs=10)
 
 
 def test_panels_sit_on_the_24_column_grid_without_overlapping():
-    boxes = []
-    for panel in dashboard()["panels"]:
-        pos = panel["gridPos"]
-        assert 0 <= pos["x"] < pos["x"] + pos["w"] <= 24, panel["title"]
-        boxes.append((panel["title"], pos))
-    for i, (title, a) in enumerate(boxes):
-        for other, b in boxes[i + 1 :]:
-            apart = (
-                a["x"] + a["w"] <= b["x"]
-                or b["x"] + b["w"] <= a["x"]
-                or a["y"] + a["h"] <= b["y"]
-                or b["y"] + b["h"] <= a["y"]
-            )
-            assert apart, f"{title!r} overlaps {other!r}"
+    grafana.check_grid(dashboard())
 
 
 def test_it_shows_the_reference_guides_query_and_the_loops_signals():
