@@ -67,8 +67,15 @@ class Broker:
         return " ".join(text.split()[-60:]) or "(no output)"
 
 
-def redis(directory: Path) -> Broker:
-    """``redis-server`` with AOF persistence, fsync every second, no RDB snapshots."""
+AOF_EVERY_SECOND = ("--appendonly", "yes", "--appendfsync", "everysec")
+
+
+def redis(
+    directory: Path, *, options: tuple[str, ...] = AOF_EVERY_SECOND, core: int | None = None
+) -> Broker:
+    """``redis-server`` on a free loopback port, no RDB snapshots, with ``options`` (by
+    default AOF persistence, fsync every second), on ``core`` when one is given (a Broker
+    otherwise runs on the server's core)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise Unavailable("redis-server is not on PATH (apt-get install redis-server; make test)")
@@ -76,10 +83,9 @@ def redis(directory: Path) -> Broker:
     port = servers._free_port()
     command = [
         binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
-        "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-        "--daemonize", "no", "--logfile", "",
+        *options, "--save", "", "--daemonize", "no", "--logfile", "",
     ]  # fmt: skip
-    broker = Broker("redis-server", command, port, directory / "redis.log")
+    broker = Broker("redis-server", cpu.pinned(command, core), port, directory / "redis.log")
     broker.wait(lambda: _redis_ping(port))
     return broker
 

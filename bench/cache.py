@@ -141,20 +141,8 @@ def run(repository: Path, workdir: Path, seconds: int, warmup: int) -> CacheRun:
 def _redis(directory: Path) -> Broker:
     """``redis-server`` on the load core (a Redis of its own host takes nothing from the
     server's core), in memory, bounded as docs/serving.md advises."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise Unavailable("redis-server is not on PATH (apt-get install redis-server; make test)")
-    directory.mkdir(parents=True, exist_ok=True)
-    port = servers._free_port()
-    command = [
-        binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
-        "--appendonly", "no", "--save", "", "--maxmemory", "256mb",
-        "--maxmemory-policy", "allkeys-lru", "--daemonize", "no", "--logfile", "",
-    ]  # fmt: skip
-    # Broker runs its command on the server core: this taskset moves redis-server on
-    broker = Broker("redis-server", cpu.pinned(command, cpu.LOAD_CORE), port, directory / "log")
-    broker.wait(lambda: brokers._redis_ping(port))
-    return broker
+    in_memory = ("--appendonly", "no", "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru")
+    return brokers.redis(directory, options=in_memory, core=cpu.LOAD_CORE)
 
 
 def _model_rows(
