@@ -424,23 +424,39 @@ def generate_pinned(url: str, index: int, version: int) -> list[int]:
 def test_generations_in_flight_are_finished_before_the_server_stops(
     exported: Exported, tmp_path: Path
 ) -> None:
+    """SIGINT while six generations decode (each has streamed its first token): every one
+    streams all its tokens and its result before the server exits."""
     server = Server.rlserve(lm_repository(exported, tmp_path, 1), log=tmp_path / "log")
     server.wait_ready()
-    results: list[httpx.Response] = []
+    decoding = [threading.Event() for _ in range(6)]
+    streamed: dict[int, tuple[int, int, str]] = {}  # seed: status, tokens, last event
 
     def ask(seed: int) -> None:
-        body = {"prompt": "The", "max_new_tokens": 250, "temperature": 25.0, "seed": seed}
-        results.append(generate(server.url, body))
+        body = {"prompt": "The", "max_new_tokens": 240, "temperature": 25.0, "seed": seed,
+                "ignore_eos": True, "stream": True}  # fmt: skip
+        tokens, last = 0, ""
+        path = f"{server.url}/v1/models/{MODEL}/generate"
+        try:
+            with httpx.stream("POST", path, json=body, timeout=60) as answer:
+                for line in answer.iter_lines():
+                    if line.startswith("event: "):
+                        last = line
+                    if line == "event: token":
+                        tokens += 1
+                        decoding[seed].set()
+            streamed[seed] = (answer.status_code, tokens, last)
+        finally:
+            decoding[seed].set()
 
     threads = [threading.Thread(target=ask, args=(seed,)) for seed in range(6)]
     for thread in threads:
         thread.start()
-    server.wait_until(lambda c: server.metric(c, "rlserve_inflight_requests") >= 3, 10, "decoding")
+    for event in decoding:
+        assert event.wait(30), "a generation never started"
     server.stop(timeout_s=60)  # SIGINT: stop accepting, finish what is in flight
     for thread in threads:
         thread.join()
-    assert [r.status_code for r in results] == [200] * 6
-    assert all(len(r.json()["token_ids"]) > 0 for r in results)
+    assert streamed == {seed: (200, 240, "event: result") for seed in range(6)}
 
 
 def test_a_version_of_the_other_kind_is_refused_and_the_model_still_serves(
