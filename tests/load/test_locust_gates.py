@@ -47,6 +47,8 @@ def test_429_queue_full_answers_are_failures_for_the_failure_gate(tmp_path: Path
         with PolicyClient(server.url, admin_token=TOKEN) as admin:
             admin.hold("cartpole", max_hold_s=60)
         run = run_locust(server.url, tmp_path, "--batch-rows", "3", "VectorEnvUser", seconds=2)
+        with PolicyClient(server.url, admin_token=TOKEN) as admin:
+            admin.resume("cartpole")  # the queued request runs: the stop need not wait for it
     finally:
         server.stop()
     assert run.code == 1
