@@ -5,7 +5,6 @@ tiny TRL policies (``exported``, ``lm_repository``)."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.e2e.server import RLSERVE, Server
+from serve import cli
+from tests.e2e.server import Server
 from tests.export.export_envs import DictEnv
 
 if TYPE_CHECKING:
@@ -35,11 +35,13 @@ def export_untrained(
     policy = "MultiInputPolicy" if isinstance(env, DictEnv) else "MlpPolicy"
     kwargs = {"net_arch": net_arch}
     PPO(policy, env, policy_kwargs=kwargs, seed=seed, device="cpu").save(checkpoint)
-    subprocess.run(
-        [*RLSERVE, "export", "sb3", str(checkpoint), "--name", name,
-         "--model-repository", str(repository), "--parity-samples", "32"],
-        check=True, capture_output=True,
+    # The CLI in this process (torch is imported already): tests/export/test_export_cli.py
+    # runs it as a command.
+    exported = cli.main(
+        ["export", "sb3", str(checkpoint), "--name", name,
+         "--model-repository", str(repository), "--parity-samples", "32"]
     )  # fmt: skip
+    assert exported == 0, f"rlserve export sb3 {name} exited {exported}"
 
 
 @pytest.fixture(scope="session")
@@ -94,12 +96,12 @@ def exported(tiny_policies: TinyPolicies, tmp_path_factory: pytest.TempPathFacto
     the CLI with a short parity gate."""
     staging = tmp_path_factory.mktemp("lm-exports")
     sources = {1: tiny_policies.llama_dpo, 2: tiny_policies.llama_base}
-    for version, source in sources.items():
-        subprocess.run(
-            [*RLSERVE, "export", "lm", str(source), "--name", LM_MODEL, "--model-repository",
-             str(staging), "--version", str(version), "--prompts", "4", "--new-tokens", "16"],
-            check=True, capture_output=True,
+    for version, source in sources.items():  # in this process, as export_untrained does
+        exported = cli.main(
+            ["export", "lm", str(source), "--name", LM_MODEL, "--model-repository",
+             str(staging), "--version", str(version), "--prompts", "4", "--new-tokens", "16"]
         )  # fmt: skip
+        assert exported == 0, f"rlserve export lm {source} exited {exported}"
     return Exported(staging, sources)
 
 
