@@ -45,6 +45,7 @@ from serve.errors import ConfigError
 from serve.spaces import ObservationBounds
 
 ENV_PREFIX = "RLSERVE_"
+ADMIN_TOKEN_MIN_CHARS = 16  # a bearer token short enough to guess is refused at start
 PositiveInt = Annotated[int, Field(gt=0)]
 _BOUNDS_HELP = (
     "an observation value outside its Box's declared bounds: allow (serve it as given), "
@@ -183,9 +184,8 @@ class Settings(BaseSettings):
     # Live policy updates (see docs/updates.md).
     admin_token: SecretStr | None = Field(
         None,
-        min_length=16,
-        description="bearer token for push/activate/rollback/hold (16 characters or more, "
-        "no whitespace); unset disables them",
+        description=f"bearer token for push/activate/rollback/hold ({ADMIN_TOKEN_MIN_CHARS} "
+        "characters or more, no whitespace); unset disables them",
     )
     poll_interval_s: float | None = Field(
         None, gt=0, description="watch the repository for new versions this often (pull mode)"
@@ -257,9 +257,18 @@ class Settings(BaseSettings):
 
     @field_validator("admin_token")
     @classmethod
-    def _no_whitespace(cls, token: SecretStr | None) -> SecretStr | None:
-        if token is not None and any(c.isspace() for c in token.get_secret_value()):
+    def _one_long_word(cls, token: SecretStr | None) -> SecretStr | None:
+        """Never echoes the token: the message says what is wrong and what would do."""
+        if token is None:
+            return None
+        secret = token.get_secret_value()
+        if any(c.isspace() for c in secret):
             raise ValueError("must not contain whitespace (a bearer token is one word)")
+        if len(secret) < ADMIN_TOKEN_MIN_CHARS:
+            raise ValueError(
+                f"must be {ADMIN_TOKEN_MIN_CHARS} characters or more, this one has "
+                f"{len(secret)}; `openssl rand -hex 16` makes one of 32"
+            )
         return token
 
     @classmethod

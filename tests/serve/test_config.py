@@ -67,6 +67,17 @@ def test_an_admin_token_that_could_be_guessed_or_sent_empty_is_refused(token: st
     assert token.strip() == "" or token not in refused.value.message  # never echoed
 
 
+def test_a_short_admin_token_is_refused_in_characters_with_what_would_do() -> None:
+    with pytest.raises(ConfigError) as refused:
+        config.load(admin_token="secret")
+    message = refused.value.message
+    assert "16 characters or more" in message
+    assert "has 6" in message
+    assert "openssl rand -hex 16" in message
+    assert "items" not in message
+    assert config.load(admin_token="s" * 16).admin_token is not None  # 16 is enough
+
+
 def test_configuration_errors_never_echo_the_admin_token() -> None:
     with pytest.raises(ConfigError) as refused:
         config.load(admin_token="x" * 10, max_batch_size=0)
