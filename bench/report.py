@@ -196,7 +196,7 @@ def _overload_section(run: OverloadRun) -> str:
     admitted = probe.admitted if probe else 0
     p99 = f"{run.admitted_p99_ms:,.1f} ms (of {admitted:,})" if admitted else "n/a (no 2xx)"
     lines = [
-        f"## overload: goodput at saturation and at {overload.FACTOR}x (issue #9)",
+        f"## overload: goodput at saturation and at {overload.FACTOR}x",
         "",
         _OVERLOAD_METHOD.format(
             sweep=", ".join(map(str, overload.SWEEP)),
@@ -586,7 +586,7 @@ answers over REST but not over gRPC, and MLServer's REST endpoint has no binary 
 data."""
 
 
-LOOP_HEADING = "## RL loop (issue #11)"
+LOOP_HEADING = "## RL loop"
 
 
 def _loop_section(run: LoopRun) -> str:
@@ -756,7 +756,7 @@ _READING = """## Reading the numbers
 """
 
 
-LM_HEADING = "## Language-model generation (issue #12)"
+LM_HEADING = "## Language-model generation"
 
 
 def _lm_section(run: LmRun) -> str:
@@ -956,7 +956,7 @@ static batch of {batch} is a ceiling, not a peer: equal-length prompts, no serve
 per-token events, no joining or leaving mid-batch."""
 
 
-CACHE_HEADING = "## Result cache (issue #13)"
+CACHE_HEADING = "## Result cache"
 
 
 def _cache_section(run: CacheRun) -> str:

@@ -4,13 +4,14 @@ Four commands, each its own process (docs/rl-loop.md, "Learning through the serv
 
     # 0. a fresh policy as version 1 of `cartpole`, and the checkpoint the trainer starts from
     python examples/ppo_trainer.py --init-repository models --model cartpole --seed 1
+    openssl rand -hex 16 > runs/admin_token   # the admin token: 16 characters or more
     # 1. the server; the admin token lets the trainer push versions
-    RLSERVE_ADMIN_TOKEN=secret rlserve serve --model-repository models
+    RLSERVE_ADMIN_TOKEN=$(cat runs/admin_token) rlserve serve --model-repository models
     # 2. rollout workers (collect.yaml: `data_buffer: {max_pending: 8192}`, back-pressure)
     rlserve collect --config collect.yaml --env CartPole-v1 --model cartpole \\
         --server http://127.0.0.1:8000 --buffer file:///tmp/experience --num-envs 16 --seed 1
     # 3. this trainer
-    RLSERVE_ADMIN_TOKEN=secret python examples/ppo_trainer.py --model cartpole \\
+    RLSERVE_ADMIN_TOKEN=$(cat runs/admin_token) python examples/ppo_trainer.py --model cartpole \\
         --server http://127.0.0.1:8000 --buffer file:///tmp/experience --max-staleness 2
 
 With ``--config FILE`` saying ``cluster_mode: co-located`` (the reference ``rl_config.yaml``)
