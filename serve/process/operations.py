@@ -39,9 +39,14 @@ class OperationsEndpoints:
         return router
 
     async def health(self) -> Response:
-        """Liveness: the process answers and no model's scheduler is stopped or stuck. It
-        also carries each model's active version and the GPUs' utilisation (null without a
-        GPU), as the deployment guides show them; neither makes it fail."""
+        """Liveness: the process answers and no model's scheduler is stopped or stuck.
+
+        The answer has the service guide's shape (``tests/serve/reference/health.json``):
+        ``"status": "healthy"`` (``"unhealthy"`` with its ``problems`` and 503),
+        ``model_version`` (the active version as a string, as the guide writes it: of the
+        one model served, null when there are several or none is active yet) and
+        ``gpu_utilization`` (0 to 1, null without a GPU); ``model_versions`` carries each
+        model's active version. None of those facts makes it fail."""
         now = time.monotonic()
         stopping = self.phases.stopping
         problems = []
@@ -51,13 +56,15 @@ class OperationsEndpoints:
                 problems.append(f"{lifecycle.name}: scheduler stopped")
             elif scheduler.stuck_for(now) > self.settings.stuck_batch_s:
                 problems.append(f"{lifecycle.name}: batch running for too long")
+        versions = {name: m.active for name, m in self.manager.models.items()}
         facts = {
-            "model_version": {name: m.active for name, m in self.manager.models.items()},
+            "model_version": _the_version(versions),
             "gpu_utilization": gpu_utilization(),
+            "model_versions": versions,
         }
         if problems:
             return json_response({"status": "unhealthy", "problems": problems, **facts}, 503)
-        return json_response({"status": "ok", **facts})
+        return json_response({"status": "healthy", **facts})
 
     async def ready(self) -> Response:
         """Readiness: models loaded, verified and warm, and the server is not draining."""
@@ -76,3 +83,12 @@ class OperationsEndpoints:
         # Rendering reads every worker's files: off the event loop, whatever their size.
         text, content_type = await asyncio.to_thread(self.metrics.exposition)
         return Response(text, media_type=content_type)
+
+
+def _the_version(versions: dict[str, int | None]) -> str | None:
+    """The guide's ``model_version``: the one model's active version, written as every
+    version is (``serve.versions``), or None when there are several models or it has none."""
+    if len(versions) != 1:
+        return None
+    (active,) = versions.values()
+    return None if active is None else str(active)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from pathlib import Path
 
@@ -11,6 +12,9 @@ import pytest
 from tests.serve.inprocess import REPOSITORY, serving
 
 pytestmark = pytest.mark.anyio
+
+# The service guide's /health answer, verbatim (tests/serve/test_config_file.py checks the copy).
+GUIDE_HEALTH = Path(__file__).parents[1] / "reference" / "health.json"
 
 
 @pytest.fixture
@@ -80,12 +84,27 @@ async def test_a_hold_with_max_hold_s_ends_by_itself() -> None:
     assert "max_hold_s" in bad.json()["error"]["message"]
 
 
-async def test_health_carries_each_models_version_and_the_gpu_utilisation() -> None:
+async def test_health_answers_in_the_service_guides_shape() -> None:
+    guide = json.loads(GUIDE_HEALTH.read_text())
     async with serving() as (_, client):
         health = await client.get("/health")
+    answer = health.json()
     assert health.status_code == 200
-    assert health.json() == {
-        "status": "ok",
-        "model_version": {"cartpole": 1},
-        "gpu_utilization": None,  # no GPU here; a number from NVML where there is one
+    assert answer["status"] == guide["status"] == "healthy"
+    assert isinstance(answer["model_version"], type(guide["model_version"]))  # a string
+    assert answer == {
+        "status": "healthy",
+        "model_version": "1",
+        "gpu_utilization": None,  # no GPU here; a number from 0 to 1 from NVML where there is one
+        "model_versions": {"cartpole": 1},
     }
+
+
+async def test_health_of_several_models_lists_each_ones_version(tmp_path: Path) -> None:
+    for name in ("cartpole", "second"):
+        shutil.copytree(REPOSITORY / "cartpole", tmp_path / name)
+    async with serving(model_repository=tmp_path) as (_, client):
+        health = (await client.get("/health")).json()
+    assert health["status"] == "healthy"
+    assert health["model_version"] is None  # not one model's: see model_versions
+    assert health["model_versions"] == {"cartpole": 1, "second": 1}
