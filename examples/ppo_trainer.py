@@ -87,6 +87,7 @@ from loop import config as loop_config
 from loop.buffers import open_consumer, open_producer
 from loop.controller import Fallback, LoopMetrics, SyncController
 from loop.experience import Deduplicator, Step
+from loop.group_names import group_name_problem
 from serve.cli.arguments import add_arguments, arg, from_namespace
 from serve.client import PolicyClient
 from serve.errors import ConfigError
@@ -440,6 +441,8 @@ if __name__ == "__main__":
     args = from_namespace(Args, parser.parse_args())
     if args.fallback == Fallback.OFFLINE and args.offline_buffer is None:
         parser.error("--fallback offline needs --offline-buffer URL (e.g. file:///tmp/offline)")
+    if (problem := group_name_problem(args.group)) is not None:  # before any buffer is opened
+        parser.error(f"--group: {problem}")
     checkpoint = args.checkpoint or Path("runs") / args.model / "agent.pt"
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.torch_threads)

@@ -55,6 +55,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from loop.group_names import group_name_problem
 from serve.errors import ConfigError, one_line
 
 if TYPE_CHECKING:
@@ -183,10 +184,18 @@ def _topic(value: str) -> str:
     return value
 
 
+def _group(value: str) -> str:
+    problem = group_name_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 GpuSet = Annotated[tuple[int, ...], BeforeValidator(parse_gpus)]
 Endpoint = Annotated[str, AfterValidator(_endpoint)]
 Topic = Annotated[str, AfterValidator(_topic)]
+GroupName = Annotated[str, AfterValidator(_group)]  # the buffers' one rule for group names
 
 
 # ---------------------------------------------------------------------- sections
@@ -263,7 +272,7 @@ class DataBuffer(_Section):
     url: str | None = Field(
         default=None, description="a whole buffer URL; replaces type, topic, partition, brokers..."
     )
-    group: Topic = Field(default="trainer", description="the trainer's consumer group")
+    group: GroupName = Field(default="trainer", description="the trainer's consumer group")
     consumer: Topic | None = Field(
         default=None, description="the trainer consumer's name (stable over restarts); <group>-0"
     )

@@ -16,6 +16,9 @@ contract tests in ``tests/loop/buffers/contract.py`` check against real servers)
   (``overflow: drop``). Nothing is dropped silently.
 - **Accounting**: ``published`` + ``dropped`` on the producer side, ``delivered`` and
   ``committed`` on the consumer side; published = committed + still buffered.
+- **One rule for group names** (``loop.group_names``): ``file://`` and Kafka take the same
+  ones as the loop config, and refuse others (:class:`~serve.errors.ConfigError`) before
+  any server is asked.
 """
 
 from __future__ import annotations

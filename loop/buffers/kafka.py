@@ -16,7 +16,9 @@ Query parameters of the URL:
   creates it (``AdminClient.create_topics``; a topic that exists, or that another client
   creates at the same time, is used as it is: a different partition count is logged);
 - ``group``: the consumer group(s) a *producer* measures back-pressure against (repeat it,
-  or separate names with commas); consumers are given their group by ``open_consumer``;
+  or separate names with commas); consumers are given their group by ``open_consumer``.
+  Group names follow the buffers' one rule (``loop.group_names``),
+  checked before the brokers are asked (librdkafka aborts the process on an empty one);
 - ``timeout_s`` (default 10): how long to wait for the brokers when opening, measuring and
   committing;
 - any parameter with a dot is a librdkafka property (``security.protocol=SASL_SSL``,
@@ -94,6 +96,7 @@ from loop.buffers.base import (
     overflow,
 )
 from loop.experience import Step, decode, encode
+from loop.group_names import check_group_name, group_name_problem
 from serve.errors import ConfigError
 
 log = logging.getLogger("rlserve.buffers.kafka")
@@ -170,7 +173,11 @@ def parse_url(url: str) -> KafkaTarget:
     consumer: dict[str, str] = {}
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
         if key == "group":
-            groups.extend(g for g in value.split(",") if g)
+            for group in filter(None, value.split(",")):
+                problem = group_name_problem(group)
+                if problem is not None:
+                    raise ConfigError(f"data_buffer {shown!r}: group: {problem}")
+                groups.append(group)
         elif key in _OUR_PARAMETERS:
             ours[key] = value
         elif key.startswith("producer."):
@@ -562,8 +569,8 @@ class KafkaConsumer:
     the module's docstring for what it guarantees. Use it from one thread."""
 
     def __init__(self, url: str, group: str, name: str, options: BufferOptions) -> None:
+        self.group = check_group_name(group)  # librdkafka aborts the process on ""
         self._topic = _Topic(url, options)
-        self.group = group
         self.name = name
         self.counts = ConsumerCounts()
         self._committed: dict[int, int] = {}  # partition -> next offset this consumer committed

@@ -41,7 +41,6 @@ import fcntl
 import itertools
 import logging
 import os
-import re
 import struct
 import threading
 import time
@@ -62,6 +61,7 @@ from loop.buffers.base import (
     overflow,
 )
 from loop.experience import Step, decode, encode
+from loop.group_names import check_group_name
 from serve.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,6 @@ SEGMENT_BYTES = 64 << 20
 READ_BYTES = 1 << 20  # one read of a consumer
 FULL_POLL_S = 0.005  # a full producer re-checks the groups' offsets this often
 POLL_MAX_S = 0.001  # a waiting consumer looks for new records this often (p99 ~1 ms late)
-GROUP_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
 class Position(NamedTuple):
@@ -304,8 +303,7 @@ def _fsync_dir(path: Path) -> None:
 
 class LogConsumer:
     def __init__(self, url: str, group: str, name: str, options: BufferOptions) -> None:
-        if not GROUP_NAME.fullmatch(group):
-            raise ConfigError(f"consumer group {group!r}: use letters, digits, '.', '_', '-'")
+        check_group_name(group)
         self.url = url
         self.group = group
         self.name = name

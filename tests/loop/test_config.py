@@ -424,6 +424,11 @@ def test_the_inference_endpoint_becomes_the_server_url(endpoint, url):
             ["data_buffer.topic", "'rl experience'", "letters, digits"],
         ),
         ({"data_buffer": {"brokers": "kafka"}}, ["data_buffer.brokers", "'kafka'", "HOST:PORT"]),
+        ({"data_buffer": {"group": ""}}, ["data_buffer.group", "consumer group empty", "1 to 200"]),
+        (
+            {"data_buffer": {"group": "g" * 201}},
+            ["data_buffer.group", "(201 characters)", "1 to 200 letters, digits"],
+        ),
         ({"data_buffer": {"directory": "relative/dir"}}, ["data_buffer.directory", "absolute"]),
         (
             {"data_buffer": {"url": "amqp://q"}},

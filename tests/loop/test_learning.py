@@ -253,6 +253,20 @@ def gae(rewards: list[float], values: list[float], next_value: float, gamma: flo
     return advantages
 
 
+@pytest.mark.parametrize(
+    ("group", "given"), [("", "empty"), ("g" * 300, f"{'g' * 20!r}... (300 characters)")]
+)
+def test_the_trainer_refuses_a_bad_group_before_it_starts(group: str, given: str) -> None:
+    # An empty --group reached a Kafka consumer, which aborted the process (SIGABRT).
+    run = subprocess.run(
+        [sys.executable, str(TRAINER), "--group", group, "--server", f"http://127.0.0.1:{free_port()}",
+         "--buffer", "kafka://127.0.0.1:9/rl_experience"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert f"--group: consumer group {given}: a group name is 1 to 200 letters" in run.stderr
+
+
 def test_trajectories_hold_an_unfinished_episodes_last_step_until_its_successor_comes() -> None:
     ppo = trainer_module()
     rewards, values = [1.0] * 10, [0.1 * t for t in range(10)]

@@ -161,6 +161,22 @@ def test_url_parameters() -> None:
             parse_url(bad)
 
 
+@pytest.mark.parametrize("group", ["", "g" * 201, "bad group"])
+def test_a_bad_group_name_is_refused_before_the_brokers_are_asked(
+    kafka_broker: KafkaBroker, topic: str, group: str
+) -> None:
+    # An empty group.id made librdkafka abort the whole process (SIGABRT), brokers up or
+    # down; the same rule as file:// and the loop config now refuses it first.
+    down = f"kafka://127.0.0.1:{free_port()}/t?timeout_s=5"
+    for url in (down, kafka_broker.url(topic)):
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match=r"consumer group .*1 to 200 letters, digits"):
+            open_consumer(url, group, "c1")
+        assert time.monotonic() - started < 1  # no broker was waited for
+    with pytest.raises(ConfigError, match=r"group: consumer group 'bad group'"):
+        open_producer(kafka_broker.url(topic, group="trainer,bad group"))
+
+
 def test_bad_librdkafka_property_names_it(kafka_broker: KafkaBroker, topic: str) -> None:
     with pytest.raises(ConfigError, match=r"no\.such\.property"):
         open_producer(kafka_broker.url(topic, **{"producer.no.such.property": "1"}))

@@ -222,9 +222,23 @@ def test_bad_urls_are_refused(bad):
         open_producer(bad)
 
 
-def test_bad_group_names_are_refused(log_dir):
-    with pytest.raises(ConfigError, match="consumer group"):
-        open_consumer(url_of(log_dir), "../escape", "c")
+@pytest.mark.parametrize("group", ["../escape", "", "g" * 201, "g" * 300])
+def test_bad_group_names_are_refused(log_dir, group):
+    # 300 characters made a file name too long: a raw OSError before the names were bounded.
+    with pytest.raises(ConfigError, match=r"consumer group .*1 to 200 letters, digits"):
+        open_consumer(url_of(log_dir), group, "c")
+    assert not list((log_dir / "groups").glob("*g*"))
+
+
+def test_the_longest_group_name_works(log_dir):
+    group = "g" * 200
+    producer = open_producer(url_of(log_dir))
+    producer.publish(episode("e", 2))
+    consumer = open_consumer(url_of(log_dir), group, "c")
+    consumer.commit(consumer.poll(10, 1.0))
+    assert consumer.counts.committed == 2
+    consumer.close()
+    producer.close()
 
 
 def test_header_is_the_documented_layout():
