@@ -38,7 +38,11 @@ class DestinationArgs:
     """Where the model goes: DIR/NAME/VERSION."""
 
     name: str = field(
-        metadata=arg("model name: the directory under --model-repository", metavar="NAME")
+        metadata=arg(
+            "model name: the directory under --model-repository (1 to 128 letters, digits, "
+            "'_', '-', '.')",
+            metavar="NAME",
+        )
     )
     model_repository: Path = field(
         metadata=arg(

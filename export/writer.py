@@ -19,7 +19,12 @@ from pathlib import Path
 from serve.errors import ExportError
 
 MODEL_FILE = "model.onnx"
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+MAX_NAME_CHARACTERS = 128  # a directory name (255 bytes at most), a URL path segment, a label
+_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_NAME_CHARACTERS - 1}}}")
+NAME_RULE = (
+    f"1 to {MAX_NAME_CHARACTERS} letters, digits, '_', '-' and '.', starting with a letter or "
+    "digit (it becomes a directory and a URL path segment)"
+)
 
 
 @dataclass(frozen=True)
@@ -40,10 +45,8 @@ class Destination:
 def destination(repository: Path, name: str, version: int | None) -> Destination:
     """Where the export goes: the given version, or the next free one."""
     if not _NAME.fullmatch(name):
-        raise ExportError(
-            f"--name {name!r}: use letters, digits, '_', '-' and '.', starting with a letter "
-            "or digit (it becomes a directory and a URL path segment)"
-        )
+        given = f"{name[:20]!r}... ({len(name)} characters)" if len(name) > 40 else repr(name)
+        raise ExportError(f"--name {given}: a model name is {NAME_RULE}")
     if repository.exists() and not repository.is_dir():
         raise ExportError(f"--model-repository {repository}: is a file; give a directory")
     taken = _versions(repository / name)

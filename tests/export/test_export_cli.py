@@ -86,6 +86,21 @@ def test_a_missing_checkpoint_exits_2_with_one_line_and_writes_nothing(tmp_path:
     assert not (tmp_path / "m").exists()
 
 
+def test_a_name_too_long_exits_2_with_what_a_name_may_be_before_loading(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It reached the writer, whose OSError (file name too long) left a traceback and exit 1.
+    repository = tmp_path / "m"
+    status = cli.main(
+        ["export", "sb3", str(tmp_path / "nothere.zip"), "--name", "n" * 300,
+         "--model-repository", str(repository)]
+    )  # fmt: skip
+    line = _error_line(capsys.readouterr().err)
+    assert status == 2
+    assert "--name 'nnnnnnnnnnnnnnnnnnnn'... (300 characters): a model name is 1 to 128" in line
+    assert not repository.exists()
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

@@ -28,10 +28,15 @@ def test_an_existing_version_is_never_overwritten(tmp_path: Path) -> None:
         writer.destination(tmp_path, "cartpole", 2)
 
 
-@pytest.mark.parametrize("name", ["", "../escape", ".hidden", "a/b", "with space"])
+@pytest.mark.parametrize("name", ["", "../escape", ".hidden", "a/b", "with space", "a" * 129])
 def test_names_that_are_not_one_safe_path_segment_are_refused(tmp_path: Path, name: str) -> None:
-    with pytest.raises(ExportError, match="--name"):
+    with pytest.raises(ExportError, match="--name .*: a model name is 1 to 128 letters, digits"):
         writer.destination(tmp_path, name, None)
+
+
+def test_the_longest_name_is_a_directory_that_can_be_written(tmp_path: Path) -> None:
+    dest = writer.destination(tmp_path, "a" * 128, None)
+    assert writer.write(dest, b"bytes", check=_accept).read_bytes() == b"bytes"
 
 
 def test_a_written_version_appears_whole_and_readable(tmp_path: Path) -> None:
