@@ -166,6 +166,7 @@ class ContinuousBatchScheduler:
         self._outcomes: list[tuple[_Ticket, _Outcome]] = []  # not yet handed over (thread)
         self._tally = _StepTally()  # thread only
         self._sent_at = 0.0
+        self._sent_cache_bytes = 0  # the key/value cache the last record said it held
         self._handed: list[_Handover] = []  # handed over, not yet taken by the loop
         self._handed_lock = threading.Lock()
 
@@ -331,12 +332,13 @@ class ContinuousBatchScheduler:
 
     def _send(self, *, force: bool) -> None:
         """Hand what the steps produced to the event loop: outcomes at once; the metrics
-        with an answer, every SEND_EVERY_S, or before the thread idles (``force``)."""
+        with an answer, every SEND_EVERY_S, or before the thread idles (``force``). A change
+        of the cache alone is news too (a step that only dropped a cancelled sequence)."""
         outcomes, tally = self._outcomes, self._tally
         now = time.monotonic()
-        due = not tally.empty and (
-            force or bool(tally.answered) or now - self._sent_at >= SEND_EVERY_S
-        )
+        cache_bytes = sum(b.batch.nbytes for b in self._batches.values())
+        news = not tally.empty or cache_bytes != self._sent_cache_bytes
+        due = news and (force or bool(tally.answered) or now - self._sent_at >= SEND_EVERY_S)
         if not outcomes and not due:
             return
         record = None
@@ -344,14 +346,14 @@ class ContinuousBatchScheduler:
             record = StepRecord(
                 self.name,
                 tuple(tally.step_sequences),
-                sum(b.batch.nbytes for b in self._batches.values()),
+                cache_bytes,
                 tally.new_tokens,
                 tally.prompt_tokens,
                 tuple(tally.first_token_s),
                 tuple(tally.inter_token_s),
                 tuple(tally.answered),
             )
-            self._tally, self._sent_at = _StepTally(), now
+            self._tally, self._sent_at, self._sent_cache_bytes = _StepTally(), now, cache_bytes
         self._outcomes = []
         with self._handed_lock:
             wake = not self._handed  # else the loop is already woken for the earlier ones

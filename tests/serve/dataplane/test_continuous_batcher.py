@@ -293,6 +293,25 @@ async def test_a_cancelled_generation_leaves_the_batch():
     await cycle.scheduler.stop()
 
 
+async def test_the_cache_bytes_fall_to_zero_when_a_held_sequence_is_cancelled():
+    # Resumed, the step only drops the cancelled sequence: nothing decoded, no token, but
+    # the cache it held is gone, and the last record must say so (the gauge kept it).
+    steps = Steps()
+    decoder = fakes.FakeDecoder(step_s=0.002)
+    cycle = lifecycle(fakes.language_model(decoder=decoder, context_length=400), sink=steps)
+    stream = generate(cycle, "w1 w2 w3", 300, tokens=True, temperature=5.0, seed=6)
+    await anext(stream)
+    cycle.hold()
+    await asyncio.sleep(0.05)  # the thread idles, held: its record has the cache held
+    held = steps.records[-1].cache_bytes
+    stream.cancel()  # the client leaves while held
+    cycle.resume()
+    await asyncio.sleep(0.05)
+    await cycle.scheduler.stop()
+    assert held > 0
+    assert steps.records[-1].cache_bytes == 0
+
+
 async def test_a_failing_step_fails_its_batch_and_the_scheduler_goes_on():
     decoder = fakes.FakeDecoder()
     decoder.fail_on = fakes.reference(ids("w1"), 1)[0]  # the first step feeds it: it fails
