@@ -134,6 +134,15 @@ class Sb3Args(CommonArgs):
             "them for its CNN; the graph does the same) or chw (already channels-first)"
         ),
     )
+    trust_checkpoint: bool = field(
+        default=False,
+        metadata=arg(
+            "unpickle the checkpoint's settings and the --vecnormalize file as "
+            "Stable-Baselines3 does, which runs any code they name; without it only what a "
+            "policy checkpoint needs (spaces, arrays, SB3's own classes) is read and anything "
+            "else is refused by name. Give it only for files you or your team saved"
+        ),
+    )
 
     def load_source(self) -> PolicySource:
         from export.sb3.source import Sb3Options, load_source
@@ -146,6 +155,7 @@ class Sb3Args(CommonArgs):
                 no_normalize=self.no_normalize,
                 algorithm=algorithm,
                 image_layout=self.image_layout,
+                trust_checkpoint=self.trust_checkpoint,
             )
         )
 

@@ -3,19 +3,29 @@
 The algorithm is read from the checkpoint's saved settings (PPO has ``clip_range``; A2C has
 ``n_steps`` but no ``clip_range``), or forced. Checkpoints this exporter cannot serve
 faithfully are refused with the reason and the fix.
+
+Nothing in the checkpoint runs: the zip is size-checked (:mod:`export.sb3.archive`), its
+pickled settings are read by :mod:`export.sb3.pickles` and handed to Stable-Baselines3 as
+``custom_objects``, and its state dicts are read with ``torch.load(weights_only=True)``.
+``trust_checkpoint`` lets Stable-Baselines3's own unpickling restore the settings instead.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from export.files import require_file
+from export.sb3 import archive, pickles
 from serve.contract import Algorithm
-from serve.errors import ExportError
+from serve.errors import ExportError, one_line
 
 _EXPORTABLE = "rlserve exports PPO and A2C actor-critic policies"
+_PICKLED = ":serialized:"  # how model.save() marks a cloudpickled setting in its JSON
+_POLICY_CLASS = "policy_class"
 
 
 @dataclass(frozen=True)
@@ -26,40 +36,82 @@ class Sb3Checkpoint:
     trained_under_vecnormalize: bool  # the saved data holds _last_original_obs
 
 
-def load(path: Path, algorithm: Algorithm | None) -> Sb3Checkpoint:
+def load(path: Path, algorithm: Algorithm | None, *, trust_checkpoint: bool) -> Sb3Checkpoint:
+    """The checkpoint's model; without ``trust_checkpoint`` no pickle in it runs code."""
     require_file(path, "checkpoint", "the .zip written by Stable-Baselines3's model.save()")
-    data = _saved_data(path)
-    _check_policy_class(data.get("policy_class"), path)
-    if data.get("use_sde"):
-        raise ExportError(
-            f"{path}: the policy uses gSDE (use_sde=True), whose noise depends on the "
-            "latent features; export a policy trained with use_sde=False"
-        )
-    chosen = algorithm or _detect_algorithm(data, path)
+    with path.open("rb") as file:
+        raw = archive.settings(file, path)
+        restored = _restored(raw, path, trust_checkpoint=trust_checkpoint)
+        data = {**raw, **restored}
+        _check_policy_class(data.get("policy_class"), path)
+        if data.get("use_sde"):
+            raise ExportError(
+                f"{path}: the policy uses gSDE (use_sde=True), whose noise depends on the "
+                "latent features; export a policy trained with use_sde=False"
+            )
+        chosen = algorithm or _detect_algorithm(data, path)
+        file.seek(0)
+        model = _load_model(chosen, file, path, restored)
     return Sb3Checkpoint(
         path=path,
         algorithm=chosen,
-        model=_load_model(chosen, path),
+        model=model,
         trained_under_vecnormalize=data.get("_last_original_obs") is not None,
     )
 
 
-def _saved_data(path: Path) -> dict[str, Any]:
-    from stable_baselines3.common.save_util import load_from_zip_file
+def _restored(raw: dict[str, Any], path: Path, *, trust_checkpoint: bool) -> dict[str, Any]:
+    """The settings ``model.save()`` pickled, unpickled: by :mod:`export.sb3.pickles`, or,
+    trusted, as Stable-Baselines3 does (a setting it cannot restore is left out, as it does).
+    The policy class comes first, so that an unsupported one is named as such.
+    """
+    pickled = {key: value for key, value in raw.items() if _is_pickled(value)}
+    if trust_checkpoint:
+        from stable_baselines3.common.save_util import json_to_data
 
+        return json_to_data(json.dumps(pickled))
+    keys = sorted(pickled, key=lambda key: key != _POLICY_CLASS)
+    return {key: _unpickled(key, pickled[key][_PICKLED], path) for key in keys}
+
+
+def _is_pickled(value: Any) -> bool:
+    return isinstance(value, dict) and _PICKLED in value
+
+
+def _unpickled(key: str, encoded: Any, path: Path) -> Any:
     try:
-        data, _, _ = load_from_zip_file(path, device="cpu", print_system_info=False)
-    except Exception as exc:  # corrupt zips raise ValueError, zipfile/torch errors and more
+        return pickles.loads(base64.b64decode(str(encoded).encode("ascii"), validate=True))
+    except pickles.UntrustedPickle as refused:
+        raise ExportError(_refusal(key, refused.name, path)) from None
+    except Exception as exc:  # pickle raises anything for a corrupt stream
         raise ExportError(
-            f"{path}: not a readable Stable-Baselines3 checkpoint ({_one_line(exc)}); "
-            "give the .zip written by model.save()"
+            f"{path}: data[{key!r}] is not a readable pickle ({type(exc).__name__}: "
+            f"{one_line(exc, 160)}); give the .zip written by model.save()"
         ) from None
-    if not data:
-        raise ExportError(
-            f"{path}: the zip has no Stable-Baselines3 'data' entry; "
-            "give the .zip written by model.save()"
+
+
+def _refusal(key: str, name: str, path: Path) -> str:
+    trust = (
+        "unpickling it could run any code, so it was not unpickled and nothing in it ran. "
+        "Export only checkpoints you trust: if you know where this file comes from (you or "
+        "your team saved it{why}), pass --trust-checkpoint to load it as Stable-Baselines3 "
+        "does"
+    )
+    if key == _POLICY_CLASS:
+        short = name.rsplit(".", 1)[-1]
+        return (
+            f"{path}: unsupported policy class {short}; {_EXPORTABLE} (MlpPolicy, CnnPolicy, "
+            f"MultiInputPolicy), not recurrent or off-policy ones. data['policy_class'] names "
+            f"{name}; " + trust.format(why=", and it is your own subclass of ActorCriticPolicy")
         )
-    return dict(data)
+    return (
+        f"{path}: data[{key!r}] is a pickle that names {name}, which a Stable-Baselines3 "
+        "policy checkpoint does not need; "
+        + trust.format(
+            why=", e.g. with a custom class, or an SB3 older than 2.6 whose "
+            "schedules are pickled functions"
+        )
+    )
 
 
 def _check_policy_class(policy_class: Any, path: Path) -> None:
@@ -89,7 +141,10 @@ def _detect_algorithm(data: dict[str, Any], path: Path) -> Algorithm:
     )
 
 
-def _load_model(algorithm: Algorithm, path: Path) -> Any:
+def _load_model(algorithm: Algorithm, file: IO[bytes], path: Path, restored: dict[str, Any]) -> Any:
+    """The model from the open checkpoint; ``restored`` stands in for every pickled setting,
+    so Stable-Baselines3 unpickles none of them itself (its state dicts are read with
+    ``torch.load(weights_only=True)``)."""
     from stable_baselines3 import A2C, PPO
 
     classes: dict[Algorithm, Any] = {Algorithm.PPO: PPO, Algorithm.A2C: A2C}
@@ -97,15 +152,12 @@ def _load_model(algorithm: Algorithm, path: Path) -> Any:
     if cls is None:
         raise ExportError(f"--algorithm {algorithm.value}: not exportable; {_EXPORTABLE}")
     try:
-        model = cls.load(path, device="cpu", print_system_info=False)
+        model = cls.load(file, device="cpu", custom_objects=restored, print_system_info=False)
     except Exception as exc:  # SB3 surfaces pickle, torch and key errors unchanged
         raise ExportError(
             f"{path}: Stable-Baselines3 could not load it as {algorithm.value.upper()} "
-            f"({_one_line(exc)}); check --algorithm, or re-save the model with this SB3 version"
+            f"({one_line(exc, 200) or type(exc).__name__}); check --algorithm, or re-save the "
+            "model with this SB3 version"
         ) from None
     model.policy.set_training_mode(False)
     return model
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200] or type(exc).__name__

@@ -30,12 +30,18 @@ class Sb3Options:
     no_normalize: bool = False
     algorithm: Algorithm | None = None
     image_layout: ImageLayout = ImageLayout.HWC
+    trust_checkpoint: bool = False  # unpickle the checkpoint and statistics as SB3 does
 
 
 def load_source(options: Sb3Options) -> PolicySource:
-    loaded = checkpoint.load(options.checkpoint, options.algorithm)
+    trust = options.trust_checkpoint
+    loaded = checkpoint.load(options.checkpoint, options.algorithm, trust_checkpoint=trust)
     _check_normalisation_known(loaded.trained_under_vecnormalize, options)
-    normalizer = vecnormalize.load(options.vecnormalize) if options.vecnormalize else None
+    normalizer = (
+        vecnormalize.load(options.vecnormalize, trust_checkpoint=trust)
+        if options.vecnormalize
+        else None
+    )
     norm = vecnormalize.stats(normalizer) if normalizer is not None else None
     policy = loaded.model.policy
     layout = observation_layout(policy, options.image_layout)
