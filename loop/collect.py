@@ -20,6 +20,8 @@ Guarantees:
   :class:`~loop.buffers.base.BufferFull` or :class:`~loop.buffers.base.BufferUnavailable`
   is retried with the *same* records for up to ``retry_for_s``; a record stored twice by a
   retry is harmless (consumers drop it by ``Step.key``, :class:`~loop.experience.Deduplicator`).
+  A permanent refusal, :class:`~loop.buffers.base.RecordTooLarge` (a record over the
+  buffer's size limit), is not retried: the worker stops at once with its message.
 - **Episodes are contiguous.** Each environment's episode has its own ``episode_id``
   (``{worker_id}-{run_id}-{env}-{n}``; ``run_id`` is new for every worker object, so a
   restarted worker never repeats an id that a consumer would drop as a duplicate) and its

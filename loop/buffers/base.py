@@ -14,6 +14,8 @@ contract tests in ``tests/loop/buffers/contract.py`` check against real servers)
   not yet committed: ``publish`` waits up to ``publish_timeout_s`` for room, then raises
   :class:`BufferFull` (``overflow: block``) or drops the steps and counts them
   (``overflow: drop``). Nothing is dropped silently.
+- **Transient or permanent**: :class:`BufferFull` and :class:`BufferUnavailable` may pass
+  (retry the same records); :class:`RecordTooLarge` never does (retrying cannot help).
 - **Accounting**: ``published`` + ``dropped`` on the producer side, ``delivered`` and
   ``committed`` on the consumer side; published = committed + still buffered.
 - **One rule for group names** (``loop.group_names``): ``file://`` and Kafka take the same
@@ -29,7 +31,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from loop.experience import Step
-from serve.errors import ConfigError, QueueFull, ServiceUnavailable
+from serve.errors import ConfigError, PayloadTooLarge, QueueFull, ServiceUnavailable
 
 
 class Overflow(StrEnum):
@@ -64,6 +66,12 @@ class BufferFull(QueueFull):
 
 class BufferUnavailable(ServiceUnavailable):
     """The buffer's server cannot be reached (or the local log cannot be written)."""
+
+
+class RecordTooLarge(PayloadTooLarge):
+    """The buffer refused records for their size (Kafka's ``MSG_SIZE_TOO_LARGE``): a
+    permanent refusal, unlike :class:`BufferFull` and :class:`BufferUnavailable`: publishing
+    the same records again can never succeed, so it is not retried."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,6 +93,7 @@ from loop.buffers.base import (
     ConsumerCounts,
     Delivery,
     ProducerCounts,
+    RecordTooLarge,
     overflow,
 )
 from loop.experience import Step, decode, encode
@@ -390,6 +391,28 @@ def _reason(error: object) -> str:
 
 # -- producing ---------------------------------------------------------------------------
 
+# A record the producer or the brokers refuse for its size: refused again on every try.
+_TOO_LARGE = (KafkaError.MSG_SIZE_TOO_LARGE,)
+_SIZE_ADVICE = (
+    "A record is one step: send smaller observations, set compression: zstd, or raise the "
+    "limits (the brokers' message.max.bytes or the topic's max.message.bytes, and "
+    "producer.message.max.bytes in the buffer URL)."
+)
+
+
+class _RefusedForSize(Exception):
+    """The client refused one record for its size (raised inside ``publish`` only)."""
+
+    def __init__(self, size: int, error: KafkaException) -> None:
+        super().__init__(size, error)
+        self.size = size
+        self.error = error
+
+
+def _code(error: KafkaException) -> object:
+    first = error.args[0] if error.args else None
+    return first.code() if isinstance(first, KafkaError) else None
+
 
 class KafkaProducer:
     """Publishes steps keyed by episode; back-pressure on consumer lag (module docstring).
@@ -403,6 +426,7 @@ class KafkaProducer:
         self.undelivered: list[Step] = []  # steps Kafka never stored: republish them
         self.failed = 0  # deliveries that failed, ever
         self._unreported: list[KafkaError] = []  # failures the caller has not been told of
+        self._refused: list[KafkaError] = []  # records refused for their size, not yet told
         self._brokers_down: KafkaError | None = None  # every broker down, said the client
         self._fatal: KafkaError | None = None  # the client cannot go on
         self._produced = 0  # records handed to the client, ever
@@ -425,7 +449,9 @@ class KafkaProducer:
         counts them (``overflow``). Should the client's own queue stay full mid-batch (its
         byte limit), the steps before are published and the rest raise or are dropped, the
         message saying how many. Raises :class:`BufferUnavailable` first when earlier steps
-        failed to be delivered (see :attr:`undelivered`)."""
+        failed to be delivered (see :attr:`undelivered`), :class:`RecordTooLarge` when a
+        record is over the producer's ``message.max.bytes`` or the brokers refused earlier
+        ones for their size: permanent, so not worth a retry."""
         self._report_failures()
         if self._fatal is not None:
             raise _fatal(self._fatal, "producer", self._topic.target.url)
@@ -436,7 +462,11 @@ class KafkaProducer:
             self._full(len(steps))
             return
         for done, step in enumerate(steps):
-            if not self._produce(step, deadline):  # the client's own queue stayed full
+            try:
+                produced = self._produce(step, deadline)
+            except _RefusedForSize as refused:
+                raise self._too_large_to_send(step, refused, done, len(steps)) from refused
+            if not produced:  # the client's own queue stayed full
                 self._full(len(steps) - done)
                 return
         self._producer.poll(0)
@@ -449,7 +479,8 @@ class KafkaProducer:
 
     def flush(self, timeout_s: float = 10.0) -> None:
         """Wait until the brokers acknowledged every step; :class:`BufferUnavailable` when
-        some are still unacknowledged after ``timeout_s`` or failed."""
+        some are still unacknowledged after ``timeout_s`` or failed, :class:`RecordTooLarge`
+        when the brokers refused some for their size (those are not republished)."""
         left = self._producer.flush(timeout_s)
         self._report_failures()
         if left:
@@ -489,6 +520,8 @@ class KafkaProducer:
                 self._producer.poll(min(WAIT_SLICE_S, remaining))
                 continue
             except KafkaException as error:  # fatal: e.g. idempotence the broker lacks
+                if _code(error) in _TOO_LARGE:
+                    raise _RefusedForSize(len(value), error) from error
                 raise self._topic.unavailable("publishing", error) from error
             self.counts.published += 1
             self._produced += 1
@@ -526,6 +559,18 @@ class KafkaProducer:
         self._last_pending = pending
         return pending
 
+    def _too_large_to_send(
+        self, step: Step, refused: _RefusedForSize, done: int, steps: int
+    ) -> RecordTooLarge:
+        config = {**self._topic.target.common, **self._topic.target.producer}
+        limit = config.get("message.max.bytes", "1000000")
+        return RecordTooLarge(
+            f"Kafka buffer {self._topic.target.url}: step {step.key}'s record is "
+            f"{refused.size:,} bytes, more than the producer's message.max.bytes ({limit}): "
+            f"{_reason(refused.error)}. The {done} steps before it in this publish were "
+            f"published, it and the {steps - done - 1} after it were not. {_SIZE_ADVICE}"
+        )
+
     def _full(self, steps: int) -> None:
         if self._brokers_down is not None:
             raise self._topic.unavailable("publishing", self._brokers_down)
@@ -538,8 +583,11 @@ class KafkaProducer:
             return
         self.counts.published -= 1
         self.failed += 1
-        self.undelivered.append(step)
-        self._unreported.append(error)
+        if error.code() in _TOO_LARGE:  # never stored, whatever is tried: not republished
+            self._refused.append(error)
+        else:
+            self.undelivered.append(step)
+            self._unreported.append(error)
         log.error("kafka: step %s was not delivered: %s", step.key, _reason(error))
 
     def _on_error(self, error: KafkaError) -> None:
@@ -550,6 +598,14 @@ class KafkaProducer:
             self._brokers_down = error
 
     def _report_failures(self) -> None:
+        if self._refused:  # permanent: before the transient ones, which wait their turn
+            refused, self._refused = self._refused, []
+            raise RecordTooLarge(
+                f"Kafka buffer {self._topic.target.url}: the brokers refused {len(refused)} "
+                f"published steps as too large ({_reason(refused[-1])}); they are lost (not "
+                f"counted as published, and not republished: they would be refused again). "
+                f"{_SIZE_ADVICE}"
+            )
         if not self._unreported:
             return
         failures, self._unreported = self._unreported, []

@@ -21,9 +21,10 @@ import gymnasium
 import numpy as np
 import onnxruntime as ort
 import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from loop.buffers import open_consumer
-from loop.buffers.base import BufferOptions
+from loop.buffers.base import BufferOptions, RecordTooLarge
 from loop.collect import Counters, GaveUp, RolloutWorker
 from loop.commands import CollectArgs
 from loop.experience import Deduplicator, Step
@@ -31,6 +32,7 @@ from serve.distributions import Categorical
 from serve.errors import ConfigError
 from tests.e2e.server import RLSERVE, Server, free_port
 from tests.loop.buffers.contract import wait_for
+from tests.loop.buffers.kafka_broker import running_broker
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "model_repository" / "cartpole"
@@ -278,6 +280,30 @@ def test_a_full_buffer_is_waited_out_with_the_same_records(server: Server) -> No
     assert not thread.is_alive()
     check_episodes(steps)
     assert len(steps) == worker.counters.env_steps == worker.counters.published >= 2000
+
+
+def test_records_the_buffer_refuses_as_too_large_stop_the_worker_without_retries(
+    server: Server, tmp_path: Path
+) -> None:
+    # Before, MSG_SIZE_TOO_LARGE came as the transient BufferUnavailable: retried for the
+    # whole retry_for_s (forever with a large one), though it can never succeed.
+    with running_broker(tmp_path / "kafka") as broker:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        created = admin.create_topics(
+            [NewTopic("tiny", 16, 1, config={"max.message.bytes": "100"})]
+        )
+        created["tiny"].result(10)
+        url = broker.url("tiny")
+        started = time.monotonic()
+        worker = RolloutWorker("CartPole-v1", server.url, url, num_envs=2, seed=1, retry_for_s=60)
+        # (the worker outside: closing flushes, and the last refusals may be told there)
+        with (
+            pytest.raises(RecordTooLarge, match=r"refused \d+ published steps as too large"),
+            worker,
+        ):
+            worker.run(max_steps=1000)
+    assert time.monotonic() - started < 30  # not retry_for_s
+    assert worker.counters.publish_retries == 0
 
 
 def test_a_stop_while_the_server_is_down_ends_at_once_with_nothing_stepped(

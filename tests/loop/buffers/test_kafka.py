@@ -13,15 +13,17 @@ import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from uuid import uuid4
 
+import numpy as np
 import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from loop.buffers import open_consumer, open_producer
-from loop.buffers.base import BufferOptions, BufferUnavailable, Delivery
+from loop.buffers.base import BufferOptions, BufferUnavailable, Delivery, RecordTooLarge
 from loop.buffers.kafka import (
     DEFAULT_PARTITIONS,
     DEFAULT_TOPIC,
@@ -175,6 +177,44 @@ def test_a_bad_group_name_is_refused_before_the_brokers_are_asked(
         assert time.monotonic() - started < 1  # no broker was waited for
     with pytest.raises(ConfigError, match=r"group: consumer group 'bad group'"):
         open_producer(kafka_broker.url(topic, group="trainer,bad group"))
+
+
+def test_a_record_the_producer_finds_too_large_is_refused_for_good(
+    kafka_broker: KafkaBroker, topic: str, opened: list
+) -> None:
+    producer = _producer(kafka_broker.url(topic, **{"producer.message.max.bytes": 1000}), opened)
+    small = episode("e", 2)
+    large = replace(small[1], observation=np.zeros(500, np.float64))  # 4 KB: over 1000 bytes
+    with pytest.raises(
+        RecordTooLarge,
+        match=r"step e:1's record is [\d,]+ bytes, more than the "
+        r"producer's message.max.bytes \(1000\).*The 1 steps before it",
+    ) as caught:
+        producer.publish([small[0], large])
+    assert not isinstance(caught.value, BufferUnavailable)  # not transient: never retried
+    producer.flush(TIMEOUT_S)
+    assert producer.counts.published == 1
+
+
+def test_records_the_brokers_refuse_as_too_large_are_refused_for_good(
+    kafka_broker: KafkaBroker, topic: str, admin: AdminClient, opened: list
+) -> None:
+    # The topic takes records of 100 bytes at most: the client sends them, the broker
+    # answers MSG_SIZE_TOO_LARGE. Republishing them could never succeed.
+    created = admin.create_topics([NewTopic(topic, 16, 1, config={"max.message.bytes": "100"})])
+    created[topic].result(TIMEOUT_S)
+    producer = _producer(kafka_broker.url(topic), opened)
+    producer.publish(episode("e", 3))
+    with pytest.raises(
+        RecordTooLarge,
+        match=r"the brokers refused 3 published steps as too "
+        r"large \(MSG_SIZE_TOO_LARGE.*they are lost.*max.message.bytes",
+    ):
+        producer.flush(TIMEOUT_S)
+    assert (producer.counts.published, producer.take_undelivered()) == (0, [])
+    producer.publish(episode("f", 1))  # told once: the producer goes on
+    with pytest.raises(RecordTooLarge, match="refused 1 published steps"):
+        producer.flush(TIMEOUT_S)
 
 
 def test_bad_librdkafka_property_names_it(kafka_broker: KafkaBroker, topic: str) -> None:
