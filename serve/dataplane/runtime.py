@@ -192,7 +192,11 @@ def create_session(
         )
     source = model if isinstance(model, bytes) else str(model)
     try:
-        providers: list[Any] = session_providers(requested, settings)
+        # Only the installed providers are asked for: onnxruntime would warn about the others
+        # and build on the rest anyway; the report below names what is missing.
+        available = set(ort.get_available_providers())
+        installed = tuple(p for p in requested if p in available) or (CPU,)
+        providers: list[Any] = session_providers(installed, settings)
         session = ort.InferenceSession(source, _options(settings), providers=providers)
         # onnxruntime moves a session whose provider fails during a run to the CPU for good,
         # unseen; a failing batch should fail instead (and the next one run where it should).
