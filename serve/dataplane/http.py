@@ -42,6 +42,7 @@ from serve.dataplane.exchange import (
     start_call,
 )
 from serve.dataplane.json_body import PredictBodyDecoder
+from serve.dataplane.json_keys import refuse_repeated_keys
 from serve.dataplane.messages import InferenceRequest, InferenceResponse, Prepared
 from serve.dataplane.result_cache import CacheSettings, ResultCache, cache_key
 from serve.dataplane.routing import Route, Router
@@ -324,7 +325,9 @@ def _prepare(
 ) -> tuple[Prepared, bytes | None]:
     """Decode and validate a body (only the prepared arrays outlive this call), and name
     its answer in the result cache when the model has one and the answer may come from it."""
-    prepared = route.version.prepare(_request(bodies.decode(body), call, deadline))
+    payload = bodies.decode(body)
+    refuse_repeated_keys(body)  # nested in an observation; the decoder refused top-level ones
+    prepared = route.version.prepare(_request(payload, call, deadline))
     if cache is None:
         return prepared, None
     version = route.version

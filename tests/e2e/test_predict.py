@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -122,6 +123,27 @@ def test_dict_observations_are_answered_as_onnxruntime_answers_them(
     action, value = session.run(["action", "value"], feeds)
     np.testing.assert_array_equal(np.asarray(answer.json()["actions"], np.float32), action)
     np.testing.assert_array_equal(np.asarray(answer.json()["values"], np.float32), value)
+
+
+def test_a_key_given_twice_inside_dict_observations_is_refused_naming_it(server: Server) -> None:
+    with server.client() as client:
+        contract = client.get("/v1/models/dict").json()["versions"][0]["contract"]
+        space = Dict.model_validate(contract["observation_space"])
+        row = {
+            key: sample(leaf, np.random.default_rng(4), 1)[0].tolist()
+            for key, leaf in space.spaces.items()
+        }
+        key = sorted(row)[0]
+        one = json.dumps(row)[:-1] + f", {json.dumps(key)}: {json.dumps(row[key])}}}"
+        answers = [
+            client.post("/v1/models/dict/predict", content=f'{{"observations": {body}}}',
+                        headers={"Content-Type": "application/json"})
+            for body in (one, f"[{json.dumps(row)}, {one}]")
+        ]  # fmt: skip
+    for answer, where in zip(answers, ["observations", "observations[1]"], strict=True):
+        assert answer.status_code == 422, answer.text
+        message = answer.json()["error"]["message"]
+        assert message.startswith(f"{where}: the key(s) {json.dumps(key)} appear more than once")
 
 
 def test_the_models_endpoint_shows_contract_versions_and_batching(server: Server) -> None:
