@@ -24,6 +24,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from serve.errors import InvalidInput
+from serve.json_shown import json_shown
 
 # A bound as stored in JSON: a number, "inf"/"-inf", or a nested list of those.
 JsonBound = float | int | str | list[Any]
@@ -425,7 +426,7 @@ def _as_numeric_array(value: Any, field: str) -> np.ndarray:
         raise InvalidInput(f"{field}: lists must be rectangular ({exc})") from None
     if array.dtype.kind not in _FLOAT_KINDS + _INT_KINDS:
         example = _first_non_number(value)
-        raise InvalidInput(f"{field}: expected numbers, got {example!r}")
+        raise InvalidInput(f"{field}: expected numbers, got {json_shown(example)}")
     return array
 
 

@@ -55,6 +55,7 @@ from serve.dataplane.lm_calls import (
 )
 from serve.dataplane.scheduler import Scheduler
 from serve.errors import InvalidInput, MethodNotAllowed, RLServeError
+from serve.json_shown import json_shown
 from serve.lm.messages import GenerationResult, ScoreResult, TokenEvent
 from serve.lm.requests import generation_spec, score_spec
 from serve.status import http_status
@@ -132,7 +133,7 @@ class LanguageModelFrontend:
         admitted, payload = await self._read(exchange, path)
         streaming = payload.pop("stream", False)
         if not isinstance(streaming, bool):
-            raise InvalidInput(f"stream: expected true or false, got {streaming!r}")
+            raise InvalidInput(f"stream: expected true or false, got {json_shown(streaming)}")
         spec = generation_spec(payload, call.request_id, call.received_at, admitted.deadline)
         stream = await self.calls.submit(exchange, admitted, spec, tokens=streaming)
         with CancelOnDisconnect(exchange.receive, stream) as watch:

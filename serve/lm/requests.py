@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from serve.errors import InvalidInput
+from serve.json_shown import json_shown
 from serve.lm.messages import GenerationSpec, ScoreSpec
 
 __all__ = ["GENERATE_FIELDS", "SCORE_FIELDS", "generation_spec", "score_spec"]
@@ -55,7 +56,7 @@ def score_spec(
     if not isinstance(completions, list) or not completions:
         raise InvalidInput(
             f"completions: expected a non-empty list of strings to score after the prompt, "
-            f"got {_shown(completions)}"
+            f"got {json_shown(completions)}"
         )
     if len(completions) > MAX_COMPLETIONS:
         raise InvalidInput(
@@ -64,7 +65,7 @@ def score_spec(
     for index, completion in enumerate(completions):
         if not isinstance(completion, str) or not completion:
             raise InvalidInput(
-                f"completions[{index}]: expected a non-empty string, got {_shown(completion)}"
+                f"completions[{index}]: expected a non-empty string, got {json_shown(completion)}"
             )
     return ScoreSpec(prompt, messages, tuple(completions), request_id, received_at, deadline)
 
@@ -85,7 +86,7 @@ def _prompt(payload: dict[str, Any]) -> tuple[str | None, tuple[dict[str, Any], 
     if messages is not None:
         return None, _messages(messages)
     if not isinstance(prompt, str):
-        raise InvalidInput(f"prompt: expected a string of text, got {_shown(prompt)}")
+        raise InvalidInput(f"prompt: expected a string of text, got {json_shown(prompt)}")
     if not prompt:
         raise InvalidInput("prompt: empty; give at least one character of text")
     return prompt, None
@@ -95,19 +96,19 @@ def _messages(value: Any) -> tuple[dict[str, Any], ...]:
     if not isinstance(value, list) or not value:
         raise InvalidInput(
             'messages: expected a non-empty list like [{"role": "user", "content": "..."}], '
-            f"got {_shown(value)}"
+            f"got {json_shown(value)}"
         )
     for index, message in enumerate(value):
         if not isinstance(message, dict):
             raise InvalidInput(
                 f"messages[{index}]: expected an object with role and content, "
-                f"got {_shown(message)}"
+                f"got {json_shown(message)}"
             )
         for field in ("role", "content"):
             if not isinstance(message.get(field), str):
                 raise InvalidInput(
                     f"messages[{index}].{field}: expected a string, "
-                    f"got {_shown(message.get(field))}"
+                    f"got {json_shown(message.get(field))}"
                 )
         if not message["role"]:
             raise InvalidInput(f"messages[{index}].role: empty; e.g. system, user or assistant")
@@ -123,7 +124,7 @@ def _integer(
     valid = isinstance(value, int) and not isinstance(value, bool)
     if not valid or value < minimum or (maximum is not None and value > maximum):
         bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise InvalidInput(f"{field}: expected an integer {bounds}, got {_shown(value)}")
+        raise InvalidInput(f"{field}: expected an integer {bounds}, got {json_shown(value)}")
     return int(value)
 
 
@@ -133,14 +134,14 @@ def _number(payload: dict[str, Any], field: str, valid: str, check: Any) -> floa
         return None
     number = isinstance(value, int | float) and not isinstance(value, bool)
     if not number or not math.isfinite(value) or not check(value):
-        raise InvalidInput(f"{field}: expected {valid}, got {_shown(value)}")
+        raise InvalidInput(f"{field}: expected {valid}, got {json_shown(value)}")
     return float(value)
 
 
 def _flag(payload: dict[str, Any], field: str) -> bool:
     value = payload.get(field, False)
     if not isinstance(value, bool):
-        raise InvalidInput(f"{field}: expected true or false, got {_shown(value)}")
+        raise InvalidInput(f"{field}: expected true or false, got {json_shown(value)}")
     return value
 
 
@@ -150,19 +151,8 @@ def _stop(value: Any) -> tuple[str, ...]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         raise InvalidInput(
-            f"stop: expected a non-empty string or a list of them, got {_shown(value)}"
+            f"stop: expected a non-empty string or a list of them, got {json_shown(value)}"
         )
     if len(stops) > MAX_STOP_STRINGS:
         raise InvalidInput(f"stop: {len(stops)} strings given; send at most {MAX_STOP_STRINGS}")
     return tuple(stops)
-
-
-def _shown(value: Any) -> str:
-    """A value as an error message shows it: its JSON type and, when short, itself."""
-    if value is None:
-        return "nothing (null or missing)"
-    text = repr(value)
-    kind = {dict: "object", list: "list", str: "string", bool: "boolean"}.get(
-        type(value), type(value).__name__
-    )
-    return f"{kind} {text}" if len(text) <= 60 else f"a {kind}"

@@ -31,6 +31,7 @@ import numpy as np
 
 from serve.contract import PolicyContract
 from serve.errors import InvalidInput
+from serve.json_shown import json_shown
 from serve.spaces import Box, Dict, ObservationBatch, ObservationBounds, parse_observations
 from serve.types import OutputKind, PredictOptions
 
@@ -229,10 +230,12 @@ def predict_options(parameters: Mapping[str, Any]) -> PredictOptions:
         return DEFAULT_OPTIONS
     deterministic = parameters.get("deterministic", True)
     if not isinstance(deterministic, bool):
-        raise InvalidInput(f"deterministic: expected true or false, got {deterministic!r}")
+        raise InvalidInput(
+            f"deterministic: expected true or false, got {json_shown(deterministic)}"
+        )
     seed = parameters.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise InvalidInput(f"seed: expected a non-negative integer, got {seed!r}")
+        raise InvalidInput(f"seed: expected a non-negative integer, got {json_shown(seed)}")
     outputs = _outputs(parameters.get("outputs"))
     if seed is not None:
         return PredictOptions(deterministic, seed, outputs)
@@ -252,7 +255,8 @@ def _outputs(given: Any) -> frozenset[OutputKind]:
         return known
     if not isinstance(given, list) or not given or any(o not in _OUTPUT_NAMES for o in given):
         raise InvalidInput(
-            f"outputs: expected a non-empty list drawn from {_OUTPUT_NAMES}, got {given!r}"
+            f"outputs: expected a non-empty list drawn from {_OUTPUT_NAMES}, got "
+            f"{json_shown(given)}"
         )
     chosen = frozenset(OutputKind(o) for o in given)
     if len(_OUTPUT_SETS) < 64:  # every valid combination fits; nothing else is stored

@@ -59,7 +59,7 @@ def test_a_list_of_observations_is_a_batch() -> None:
             "value 1.0 at index [0, 2] is outside the space's bounds [-0.418, 0.418]",
         ),
         ([0.0, 1e39, 0.0, 0.0], "value 1e+39 at index [0, 1] does not fit in float32"),
-        (["a", 0, 0, 0], "expected numbers, got 'a'"),
+        (["a", 0, 0, 0], 'expected numbers, got "a"'),
         ([[0.0] * 4, [0.0] * 3], "lists must be rectangular"),
         ([], "got (0,)"),
     ],

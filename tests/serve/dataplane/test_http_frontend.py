@@ -218,3 +218,16 @@ async def test_a_call_the_model_would_refuse_is_answered_from_its_headers() -> N
     assert b"\r\nx-request-id: early-1" in head
     assert f"content-length: {len(body)}".encode() in head
     assert b'"code":"queue_full"' in body
+
+
+async def test_refusals_quote_the_clients_values_as_json() -> None:
+    bodies = [
+        ({"observations": OBS, "seed": True}, "seed: expected a non-negative integer, got true"),
+        ({"observations": OBS, "deterministic": 0}, "deterministic: expected true or false, got 0"),
+        ({"observations": ["a", 0, 0, 0]}, 'expected numbers, got "a"'),
+    ]
+    async with serving() as (_, client):
+        answers = [await client.post("/predict", json=body) for body, _ in bodies]
+    for answer, (_, words) in zip(answers, bodies, strict=True):
+        assert answer.status_code == 422, answer.text
+        assert words in answer.json()["error"]["message"]

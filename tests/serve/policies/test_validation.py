@@ -134,12 +134,12 @@ def test_parameters_become_options() -> None:
 @pytest.mark.parametrize(
     ("parameters", "words"),
     [
-        ({"deterministic": "yes"}, "deterministic: expected true or false, got 'yes'"),
+        ({"deterministic": "yes"}, 'deterministic: expected true or false, got "yes"'),
         ({"seed": -1}, "seed: expected a non-negative integer, got -1"),
-        ({"seed": True}, "seed: expected a non-negative integer, got True"),
+        ({"seed": True}, "seed: expected a non-negative integer, got true"),
         ({"seed": 1.5}, "seed: expected a non-negative integer"),
         ({"outputs": []}, "outputs: expected a non-empty list drawn from"),
-        ({"outputs": ["actions", "everything"]}, "'everything'"),
+        ({"outputs": ["actions", "everything"]}, 'got ["actions", "everything"]'),
         ({"outputs": "actions"}, "outputs: expected a non-empty list"),
         ({"outputs": [["actions"]]}, "outputs: expected a non-empty list"),
     ],
