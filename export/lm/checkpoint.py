@@ -3,7 +3,9 @@
 A directory is either a full model (``config.json`` and weights) or a PEFT adapter
 (``adapter_config.json``), which is merged into its base: ``--base``, else the adapter
 config's ``base_model_name_or_path`` when that is a local directory. Architectures the
-exporter cannot handle, and adapters it cannot merge, are refused here by name.
+exporter cannot handle, and adapters it cannot merge, are refused here by name, and so is a
+directory with a link that leads out of it (``export.lm.confinement``), before anything in
+it is read.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from export.lm import confinement
 from serve.errors import ExportError
+from serve.lm.contract import SIDE_FILES
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 MERGEABLE_ADAPTERS = ("LORA",)
@@ -51,6 +55,14 @@ class AdapterDir:
 
 
 @dataclass(frozen=True)
+class SideFile:
+    """A file copied beside the exported model, as it was read."""
+
+    path: Path
+    data: bytes
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     """The directory as given, and where the model's config, weights and side files are."""
 
@@ -58,12 +70,17 @@ class Checkpoint:
     model: ModelDir  # the full model, or the adapter's base
     adapter: AdapterDir | None
 
-    def side_file(self, name: str) -> Path | None:
-        """A tokenizer or generation file: the given directory's, else the base's."""
-        for directory in (self.path, self.model.path):
-            if (directory / name).is_file():
-                return directory / name
-        return None
+    def side_files(self) -> dict[str, SideFile]:
+        """The tokenizer, generation and chat-template files (``SIDE_FILES``) there are, each
+        the given directory's, else the base's; read once, and only from inside them."""
+        found: dict[str, SideFile] = {}
+        for name in SIDE_FILES:
+            for directory, what in ((self.path, "CHECKPOINT_DIR"), (self.model.path, "base")):
+                if (directory / name).is_file():
+                    path = directory / name
+                    found[name] = SideFile(path, confinement.read_inside(path, directory, what))
+                    break
+        return found
 
 
 def inspect(path: Path, base: Path | None) -> Checkpoint:
@@ -75,6 +92,7 @@ def inspect(path: Path, base: Path | None) -> Checkpoint:
             "trainer saved (config.json and model.safetensors, or a PEFT adapter's "
             "adapter_config.json)"
         )
+    confinement.check_directory(path, "CHECKPOINT_DIR")
     if (path / ADAPTER_CONFIG_FILE).is_file():
         adapter = _adapter(path, base)
         return Checkpoint(path=path, model=adapter.base, adapter=adapter)
@@ -113,6 +131,7 @@ def _adapter(path: Path, base: Path | None) -> AdapterDir:
             f"merged by this exporter; supported: {', '.join(MERGEABLE_ADAPTERS)}"
         )
     base_dir = _base_dir(path, base, config.get("base_model_name_or_path"))
+    confinement.check_directory(base_dir, "--base" if base is not None else "the adapter's base")
     return AdapterDir(
         path=path,
         kind=kind.lower(),

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
+from export.lm.checkpoint import SideFile
 from serve.errors import ExportError
 from serve.lm.contract import GenerationDefaults
 
@@ -18,16 +18,16 @@ FILE = "generation_config.json"
 _KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "do_sample")
 
 
-def read(path: Path | None) -> dict[str, Any]:
+def read(file: SideFile | None) -> dict[str, Any]:
     """generation_config.json as a dict ({} when the directory has none)."""
-    if path is None:
+    if file is None:
         return {}
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ExportError(f"{path}: not readable JSON ({exc})") from None
+        raw = json.loads(file.data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ExportError(f"{file.path}: not readable JSON ({exc})") from None
     if not isinstance(raw, dict):
-        raise ExportError(f"{path}: expected a JSON object")
+        raise ExportError(f"{file.path}: expected a JSON object")
     return raw
 
 

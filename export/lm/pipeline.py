@@ -10,7 +10,6 @@ then renamed into the model repository.
 from __future__ import annotations
 
 import itertools
-import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -26,7 +25,6 @@ from serve.contract import METADATA_KEY
 from serve.errors import ContractError, ExportError
 from serve.lm import greedy
 from serve.lm.contract import (
-    SIDE_FILES,
     TOKENIZER_FILE,
     CacheLayout,
     DecoderTensors,
@@ -169,10 +167,8 @@ def _filler(decoder: Graph, tokenizer_json: str, source: CausalLM) -> Callable[[
     def fill(staging: Path) -> None:
         decoder.save(staging / writer.MODEL_FILE)
         (staging / TOKENIZER_FILE).write_text(tokenizer_json, encoding="utf-8")
-        for name in SIDE_FILES:
-            found = source.checkpoint.side_file(name)
-            if found is not None:
-                shutil.copyfile(found, staging / name)
+        for name, side in source.side_files.items():  # the bytes read at load, not re-read
+            (staging / name).write_bytes(side.data)
 
     return fill
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from export.lm import checkpoint, generation, training
-from export.lm.checkpoint import Checkpoint
+from export.lm.checkpoint import Checkpoint, SideFile
 from serve.contract import Algorithm
 from serve.errors import ExportError, one_line
 from serve.lm.contract import Adapter, LanguageModelSource
@@ -39,6 +39,7 @@ class CausalLM:
     model: Any  # a transformers PreTrainedModel (LlamaForCausalLM, ...), float32, eval
     tokenizer: Any  # a fast transformers tokenizer
     generation: dict[str, Any]  # generation_config.json as it was ({} without one)
+    side_files: dict[str, SideFile]  # copied beside model.onnx, as read at load
     algorithm: Algorithm | None
     algorithm_evidence: str  # why this algorithm, for the progress line
     provenance: LanguageModelSource
@@ -56,11 +57,13 @@ def load(options: LoadOptions) -> CausalLM:
         model = _model(found)
         tokenizer = _tokenizer(found)
     _check_vocabulary(model, tokenizer, found)
+    side_files = found.side_files()
     return CausalLM(
         checkpoint=found,
         model=model,
         tokenizer=tokenizer,
-        generation=generation.read(found.side_file(generation.FILE)),
+        generation=generation.read(side_files.get(generation.FILE)),
+        side_files=side_files,
         algorithm=algorithm,
         algorithm_evidence=evidence,
         provenance=_provenance(found, trained),

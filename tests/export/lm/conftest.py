@@ -8,13 +8,17 @@ adds what those do not show.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+import onnx
 import pytest
+from onnx import numpy_helper
 
 from export import writer
 from export.lm import pipeline, source
@@ -75,6 +79,56 @@ def qwen2_grpo_export(
         kind=GraphKind.TORCH,
     )
     return loaded, outcome
+
+
+@dataclass(frozen=True)
+class LinkedExport:
+    outcome: pipeline.LmExportOutcome
+    checkpoint: Path
+    template: str  # the chat template the directory held when it was loaded
+    outside: Path  # the file its link was pointed at after loading
+
+
+@pytest.fixture(scope="session")
+def linked_export(
+    lm_models: tiny_models.TinyModels,
+    lm_repository: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> LinkedExport:
+    """The tiny Llama from a directory whose ``chat_template.jinja`` is a link inside it (to
+    ``templates/chat.jinja``), exported with small settings. Once it is loaded, the link is
+    pointed at a file outside the directory: the version must hold what was read at load."""
+    root = tmp_path_factory.mktemp("linked")
+    checkpoint = Path(shutil.copytree(lm_models.llama, root / "llama-linked"))
+    link = checkpoint / "chat_template.jinja"
+    (checkpoint / "templates").mkdir()
+    link.rename(checkpoint / "templates" / "chat.jinja")
+    link.symlink_to(Path("templates") / "chat.jinja")
+    loaded = source.load(source.LoadOptions(checkpoint=checkpoint))
+    outside = root / "private.jinja"
+    outside.write_text("PRIVATE {{ messages }}", encoding="utf-8")
+    link.unlink()
+    link.symlink_to(outside)
+    destination = writer.destination(lm_repository, "llama-linked", None)
+    settings = pipeline.LmParitySettings(prompts=4, new_tokens=8, golden=2)
+    outcome = pipeline.export_language_model(loaded, settings, destination, lambda _: None)
+    template = (checkpoint / "templates" / "chat.jinja").read_text(encoding="utf-8")
+    return LinkedExport(outcome, checkpoint, template, outside)
+
+
+def corrupted(model: Path, out: Path, *, vocab_size: int, scale: float) -> Path:
+    """A copy of the graph whose output projection ([hidden, vocab], the untied head as the
+    exporter stores it) is scaled: a subtly wrong export."""
+    proto = onnx.load(str(model))
+    (head,) = [
+        t
+        for t in proto.graph.initializer
+        if len(t.dims) == 2 and t.dims[1] == vocab_size and t.dims[0] != vocab_size
+    ]
+    weights = numpy_helper.to_array(head) * scale
+    head.CopyFrom(numpy_helper.from_array(weights.astype(np.float32), head.name))
+    onnx.save(proto, str(out))
+    return out
 
 
 @dataclass(frozen=True)

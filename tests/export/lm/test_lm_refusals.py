@@ -6,35 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
-from onnx import numpy_helper
 
 from export.lm import golden, parity, pipeline, source, vocabulary
 from serve.errors import ExportError
 from serve.lm import greedy
-from tests.export.lm.conftest import rlserve
+from tests.export.lm.conftest import corrupted, rlserve
 from tests.export.lm.tiny_models import TinyModels, orphan_adapter
 
 if TYPE_CHECKING:
     from examples.lm.tiny_policy import TinyPolicies
-
-
-def _corrupted(model: Path, out: Path, *, vocab_size: int, scale: float) -> Path:
-    """A copy of the graph whose output projection ([hidden, vocab], the untied head as the
-    exporter stores it) is scaled: a subtly wrong export."""
-    proto = onnx.load(str(model))
-    (head,) = [
-        t
-        for t in proto.graph.initializer
-        if len(t.dims) == 2 and t.dims[1] == vocab_size and t.dims[0] != vocab_size
-    ]
-    weights = numpy_helper.to_array(head) * scale
-    head.CopyFrom(numpy_helper.from_array(weights.astype(np.float32), head.name))
-    onnx.save(proto, str(out))
-    return out
 
 
 def _run(path: Path) -> greedy.Runner:
@@ -48,7 +30,7 @@ def test_a_corrupted_graph_fails_parity_and_its_golden_prompts(
 ) -> None:
     assert llama_export.path is not None
     contract = llama_export.contract
-    bad = _corrupted(
+    bad = corrupted(
         llama_export.path / "model.onnx",
         tmp_path / "bad.onnx",
         vocab_size=contract.vocab_size,
