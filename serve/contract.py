@@ -199,6 +199,11 @@ def from_metadata(metadata: Mapping[str, str], origin: str) -> PolicyContract:
 
 def read(path: str | Path) -> PolicyContract:
     """The contract of an ONNX file on disk, read through onnxruntime."""
+    return from_metadata(read_metadata(path), str(path))
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """The metadata_props of an ONNX file on disk (any kind of contract), via onnxruntime."""
     import onnxruntime as ort
 
     path = Path(path)
@@ -208,7 +213,7 @@ def read(path: str | Path) -> PolicyContract:
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own assorted types for bad files
         raise ContractError(f"{path}: not a loadable ONNX model ({one_line(exc)})") from None
-    return from_metadata(session.get_modelmeta().custom_metadata_map, str(path))
+    return dict(session.get_modelmeta().custom_metadata_map)
 
 
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]

@@ -1,4 +1,10 @@
-"""``rlserve verify MODEL.onnx``: re-run the contract's golden vectors with onnxruntime."""
+"""``rlserve verify MODEL.onnx``: re-run the contract's golden checks with onnxruntime alone.
+
+An actor-critic's golden vectors are fed through the graph; a language model's golden
+prompts are decoded greedily (``serve.lm.greedy``, numpy) and must give the recorded tokens
+and log-probs, and its tokenizer beside ``model.onnx`` must load, as the server checks when
+it loads the version. Neither needs torch or transformers.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +17,13 @@ import numpy as np
 from serve import contract
 from serve.cli.arguments import add_arguments as add_dataclass_arguments
 from serve.cli.arguments import arg, from_namespace
+from serve.commands import inspect
+from serve.errors import ModelLoadError
+from serve.lm import contract as lm_contract
+from serve.lm import greedy
 
 NAME = "verify"
-HELP = "prove a model file intact: re-run its golden vectors with onnxruntime alone"
+HELP = "prove a model file intact: re-run its golden vectors (or prompts) with onnxruntime alone"
 EXTRA = None
 
 
@@ -27,21 +37,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(namespace: argparse.Namespace) -> int:
-    import onnxruntime as ort
-
     args = from_namespace(VerifyArgs, namespace)
-    policy = contract.read(args.model)
-    session = ort.InferenceSession(str(args.model), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-
-    def run_session(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(names, session.run(names, feeds), strict=True))
-
-    problems = contract.check_golden(policy, run_session)
+    policy = inspect.read(args.model)
+    run_session = _session(args.model)
+    if isinstance(policy, lm_contract.LanguageModelContract):
+        problems = _language_model_problems(args.model, policy, run_session)
+        checked = f"{len(policy.golden)} golden prompts"
+    else:
+        problems = contract.check_golden(policy, run_session)
+        checked = f"{len(policy.golden)} golden vectors"
     for problem in problems:
         print(f"FAIL {problem}")
     if problems:
         print(f"{args.model}: {len(problems)} golden check(s) failed; the file is not intact")
         return 1
-    print(f"{args.model}: OK, {len(policy.golden)} golden vectors reproduced")
+    print(f"{args.model}: OK, {checked} reproduced")
     return 0
+
+
+def _session(model: Path) -> contract.Runner:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+
+    def run_session(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(names, session.run(names, feeds), strict=True))
+
+    return run_session
+
+
+def _language_model_problems(
+    model: Path, policy: lm_contract.LanguageModelContract, run_session: contract.Runner
+) -> list[str]:
+    """What the server would refuse at load: a tokenizer that does not load, golden prompts
+    that do not reproduce."""
+    from serve.lm.text import TextCodec
+
+    problems = []
+    try:
+        TextCodec.load(model.parent, policy, str(model))
+    except ModelLoadError as exc:
+        problems.append(exc.message)
+    return problems + greedy.check_golden(policy, run_session)
