@@ -161,6 +161,13 @@ class Settings(BaseSettings):
         description="also serve the Open Inference Protocol over gRPC on this port, at host "
         "(Triton uses 8001); unset: no gRPC",
     )
+    grpc_stream_max_in_flight: PositiveInt = Field(
+        64,
+        description="calls of one gRPC ModelStreamInfer stream read but not yet answered, at "
+        "most (computed answers the client has not read count): at the bound the stream is "
+        "not read until an answer is written, so a client that writes without reading is "
+        "held back by gRPC's flow control",
+    )
     workers: PositiveInt = Field(2, description="gunicorn worker processes (production only)")
 
     # Batching and deadlines (defaults for every model; see ModelSettings).

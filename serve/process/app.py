@@ -182,7 +182,12 @@ def create_app(
     )
     grpc = None
     if settings.grpc_port is not None:
-        service = oip_rpc.InferenceService(manager, inference, state.unready_reasons)
+        service = oip_rpc.InferenceService(
+            manager,
+            inference,
+            state.unready_reasons,
+            stream_max_in_flight=settings.grpc_stream_max_in_flight,
+        )
         grpc = GrpcServer(
             service,
             oip_rpc.HealthService(state.unready_reasons),

@@ -7,13 +7,16 @@ batches with every other protocol. Tensors come in ``raw_input_contents`` (or ty
 ``contents``) and always go out in ``raw_output_contents``. A call's gRPC deadline is its
 request deadline (never more than the model's ``default_deadline_ms``); errors become the
 status ``serve.status.GRPC_STATUS`` maps their code to, with the code and ``retry-after``
-in the trailing metadata.
+in the trailing metadata, and their message cut to fit grpc's metadata limit
+(``status_message``).
 
 ``ModelStreamInfer`` keeps one stream open for many calls (an actor stepping its
 environments): each call on it is run as it arrives, answered when its batch is done (not
 necessarily in order: match answers by ``id``), and a call that fails is answered with its
-``error_message`` while the stream goes on. At shutdown a stream takes no new calls,
-answers those in flight and ends.
+``error_message`` while the stream goes on. A stream holds at most
+``grpc_stream_max_in_flight`` calls read and not yet answered (answers waiting for the
+client to read them count): at the bound it is not read, and grpc's flow control holds the
+client back. At shutdown a stream takes no new calls, answers those in flight and ends.
 
 ``grpc.health.v1.Health`` answers SERVING while the server is ready (Kubernetes' gRPC
 probe asks it).
@@ -45,6 +48,10 @@ from serve.status import grpc_status, grpc_trailers, http_status
 
 log = logging.getLogger("rlserve.grpc")
 
+# The longest error message a status carries, in bytes as grpc sends it: well inside the
+# 8 KiB of metadata grpc's clients take without refusing some answers.
+STATUS_MESSAGE_BYTES = 2048
+
 # Typed contents by datatype: the InferTensorContents field that carries it.
 _CONTENTS = {
     "BOOL": "bool_contents",
@@ -63,11 +70,17 @@ _CONTENTS = {
 
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(
-        self, catalog: Catalog, inference: Inference, unready: Callable[[], list[str]]
+        self,
+        catalog: Catalog,
+        inference: Inference,
+        unready: Callable[[], list[str]],
+        *,
+        stream_max_in_flight: int,
     ) -> None:
         self.catalog = catalog
         self.inference = inference
         self.unready = unready
+        self.stream_max_in_flight = stream_max_in_flight  # calls read but not yet answered
         self._readers: set[asyncio.Task[None]] = set()  # each open stream's reading task
 
     # ------------------------------------------------------------------ health, metadata
@@ -167,36 +180,33 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, requests: Any, context: Any
     ) -> None:
         """Read calls as they come and run each at once; answers are written as their
-        batches finish. At shutdown (``close_streams``) the reading stops: the calls in flight
-        are answered and the stream ends."""
+        batches finish. At most ``stream_max_in_flight`` calls are between being read and
+        their answer being written: at the bound the stream is not read (grpc's flow
+        control then holds the client's writes back) until an answer is written. At
+        shutdown (``close_streams``) the reading stops: the calls in flight are answered and
+        the stream ends."""
         writing = asyncio.Lock()
+        slots = asyncio.Semaphore(self.stream_max_in_flight)
         pending: set[asyncio.Task[None]] = set()
         remaining = context.time_remaining()
         stream_ends = None if remaining is None else time.monotonic() + remaining
 
         async def answer(request: Any, received_at: float) -> None:
-            left = None if stream_ends is None else stream_ends - received_at
             try:
-                reply = pb.ModelStreamInferResponse(
-                    infer_response=await self._infer(request, received_at, left)
-                )
-            except RLServeError as exc:  # the stream goes on; the reply names the call
-                reply = pb.ModelStreamInferResponse(
-                    error_message=f"[{exc.code.value}] {exc.message}",
-                    infer_response=pb.ModelInferResponse(
-                        model_name=request.model_name,
-                        model_version=request.model_version,
-                        id=request.id,
-                    ),
-                )
-            async with writing:
-                await context.write(reply)
+                left = None if stream_ends is None else stream_ends - received_at
+                reply = await self._stream_reply(request, received_at, left)
+                async with writing:
+                    await context.write(reply)  # waits while the client reads nothing
+            finally:
+                slots.release()  # an answer written (or abandoned) frees its call's slot
 
         async def read() -> None:
+            await slots.acquire()
             async for request in requests:
                 task = asyncio.create_task(answer(request, time.monotonic()))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
+                await slots.acquire()  # the next call is read once one is free
 
         reader = asyncio.create_task(read())
         self._readers.add(reader)
@@ -209,6 +219,24 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             reader.cancel()
             for task in pending:
                 task.cancel()
+
+    async def _stream_reply(
+        self, request: Any, received_at: float, remaining_s: float | None
+    ) -> Any:
+        """One stream call's answer: its response, or its error naming the call."""
+        try:
+            return pb.ModelStreamInferResponse(
+                infer_response=await self._infer(request, received_at, remaining_s)
+            )
+        except RLServeError as exc:  # the stream goes on; the reply names the call
+            return pb.ModelStreamInferResponse(
+                error_message=status_message(f"[{exc.code.value}] {exc.message}"),
+                infer_response=pb.ModelInferResponse(
+                    model_name=request.model_name,
+                    model_version=request.model_version,
+                    id=request.id,
+                ),
+            )
 
     def close_streams(self) -> None:
         """Shutdown: every stream stops reading, answers its calls in flight and ends."""
@@ -242,7 +270,38 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
 async def _abort(context: Any, error: RLServeError) -> None:
     context.set_trailing_metadata(grpc_trailers(error))
-    await context.abort(grpc_status(error), error.message)
+    await context.abort(grpc_status(error), status_message(error.message))
+
+
+def status_message(message: str) -> str:
+    """``message`` cut to fit the status it travels in: at most ``STATUS_MESSAGE_BYTES`` as
+    grpc sends it (percent-encoded in the ``grpc-message`` trailer, which grpc's clients
+    refuse beyond 8 to 16 KiB of metadata, answering ``RESOURCE_EXHAUSTED`` instead of the
+    error's own status), with a note of how much was cut."""
+    message = message.encode("utf-8", "replace").decode("utf-8")  # lone surrogates: '?'
+    if _wire_bytes(message) <= STATUS_MESSAGE_BYTES:
+        return message
+    kept: list[str] = []
+    used = 0
+    budget = STATUS_MESSAGE_BYTES - _wire_bytes(_cut_note(len(message), len(message)))
+    for character in message[:budget]:  # a character takes one byte on the wire, or more
+        used += _wire_bytes(character)
+        if used > budget:
+            break
+        kept.append(character)
+    return "".join(kept) + _cut_note(len(message) - len(kept), len(message))
+
+
+def _cut_note(cut: int, total: int) -> str:
+    return f"… ({cut:,} of its {total:,} characters cut)"
+
+
+def _wire_bytes(text: str) -> int:
+    """Bytes ``text`` takes in ``grpc-message``: printable ASCII but ``%`` as is, every other
+    byte of its UTF-8 as ``%XX``."""
+    encoded = text.encode("utf-8")
+    plain = sum(1 for byte in encoded if 0x20 <= byte <= 0x7E and byte != 0x25)
+    return plain + 3 * (len(encoded) - plain)
 
 
 # --------------------------------------------------------------------------- messages
@@ -274,9 +333,21 @@ def decode_infer(request: Any) -> InferCall:
         unknown = sorted(set(output.parameters) - {"binary_data"})
         if unknown:
             raise InvalidInput(f"outputs: {output.name!r} parameters {unknown} are not supported")
+        if "binary_data" in output.parameters:  # accepted, and changes nothing: answers go raw
+            binary = _parameter(output.parameters["binary_data"])
+            if binary is not None:
+                _boolean(f"outputs: {output.name!r} parameters.binary_data", binary)
         outputs.append(RequestedOutput(output.name))
     parameters = {key: _parameter(value) for key, value in request.parameters.items()}
+    if "binary_data_output" in parameters:  # as over REST, though answers here always go raw
+        _boolean("parameters.binary_data_output", parameters["binary_data_output"])
     return InferCall(arrays, parameters, outputs, request.id)
+
+
+def _boolean(field: str, value: Any) -> None:
+    """The binary data switches must be booleans, as over REST (which answers 422)."""
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{field}: expected true or false, got {value!r}")
 
 
 def _from_contents(given: Any, shape: list[int]) -> np.ndarray:

@@ -15,7 +15,12 @@ from tritonclient.grpc import service_pb2 as triton_pb
 from serve.dataplane.messages import InferenceResponse
 from serve.dataplane.oip.infer import InferAnswer
 from serve.dataplane.oip.proto import inference_pb2 as pb
-from serve.dataplane.oip.rpc import decode_infer, encode_infer
+from serve.dataplane.oip.rpc import (
+    STATUS_MESSAGE_BYTES,
+    decode_infer,
+    encode_infer,
+    status_message,
+)
 from serve.dataplane.oip.signature import InferCall, OutputTensor, RequestedOutput
 from serve.dataplane.oip.tensors import DTYPES
 from serve.errors import InvalidInput, MalformedRequest
@@ -192,6 +197,19 @@ def test_negative_dimensions_are_malformed() -> None:
         decode_infer(request)
 
 
+@pytest.mark.parametrize("shape", [[0, 2**63 - 1], [2**62, 0, 4]])
+def test_dimensions_past_what_any_request_carries_are_malformed(shape: list[int]) -> None:
+    """A zero makes the tensor empty, but no array has such dimensions: refused as REST
+    refuses them, raw or typed."""
+    match = r"input 'obs': shape .* non-zero dimensions hold more than 2,147,483,648"
+    for request in (
+        pb.ModelInferRequest(inputs=[tensor("obs", "FP32", shape)], raw_input_contents=[b""]),
+        pb.ModelInferRequest(inputs=[tensor("obs", "FP32", shape, fp32_contents=[])]),
+    ):
+        with pytest.raises(MalformedRequest, match=match):
+            decode_infer(request)
+
+
 def test_raw_and_typed_contents_together_are_refused() -> None:
     given = raw_request(("obs", "FP32", np.zeros((1, 4), np.float32)))
     given.inputs[0].contents.fp32_contents.extend([0.0] * 4)
@@ -255,6 +273,72 @@ def test_output_parameters_other_than_binary_data_are_refused() -> None:
         InvalidInput, match=r"outputs: 'logits' parameters \['classification'\] are not supported"
     ):
         decode_infer(request)
+
+
+@pytest.mark.parametrize(
+    "parameter",
+    [
+        pb.InferParameter(int64_param=1),
+        pb.InferParameter(string_param="true"),
+        pb.InferParameter(double_param=1.0),
+        pb.InferParameter(),  # no value chosen
+    ],
+)
+def test_a_non_boolean_binary_data_output_is_refused(parameter: Any) -> None:
+    request = raw_request(("obs", "FP32", OBS), parameters={"binary_data_output": parameter})
+    refusal = r"parameters\.binary_data_output: expected true or false"
+    with pytest.raises(InvalidInput, match=refusal):
+        decode_infer(request)
+
+
+def test_a_boolean_binary_data_output_is_taken() -> None:
+    for value in (True, False):
+        switch = pb.InferParameter(bool_param=value)
+        request = raw_request(("obs", "FP32", OBS), parameters={"binary_data_output": switch})
+        assert decode_infer(request).parameters == {"binary_data_output": value}
+
+
+def test_an_outputs_non_boolean_binary_data_is_refused() -> None:
+    request = raw_request(
+        ("obs", "FP32", OBS),
+        outputs=[
+            Output(name="actions", parameters={"binary_data": pb.InferParameter(int64_param=1)})
+        ],
+    )
+    with pytest.raises(
+        InvalidInput, match=r"outputs: 'actions' parameters\.binary_data: expected true or false"
+    ):
+        decode_infer(request)
+
+
+# --- status messages --------------------------------------------------------------------------
+
+
+def wire_bytes(text: str) -> int:
+    """Bytes of ``text`` in grpc-message: printable ASCII but '%' as is, other bytes %XX."""
+    return sum(1 if 0x20 <= b <= 0x7E and b != ord("%") else 3 for b in text.encode())
+
+
+def test_a_short_status_message_is_kept_whole() -> None:
+    message = "model 'nope': unknown model; this server has ['cartpole'] (100% sure)"
+    assert status_message(message) == message
+
+
+@pytest.mark.parametrize("character", ["m", "é", "%", "\n", "🤖"])
+def test_a_long_status_message_is_cut_to_fit_saying_how_much(character: str) -> None:
+    message = "model '" + character * 20_000 + "': unknown model"
+    fitted = status_message(message)
+    assert wire_bytes(fitted) <= STATUS_MESSAGE_BYTES
+    assert wire_bytes(fitted) > STATUS_MESSAGE_BYTES - 64  # as much as fits is kept
+    kept, note = fitted.split("… (")
+    assert message.startswith(kept)
+    assert note == f"{len(message) - len(kept):,} of its {len(message):,} characters cut)"
+
+
+def test_a_lone_surrogate_does_not_break_the_status() -> None:
+    fitted = status_message("input '\ud800' is unknown")
+    fitted.encode("utf-8")  # grpc sends the message as UTF-8
+    assert fitted == "input '?' is unknown"
 
 
 # --- encoding ---------------------------------------------------------------------------------
