@@ -46,19 +46,11 @@ class GrpcServer:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcServer]:
-    """The bundled cartpole policy, with gRPC on and the default stream bound; a queue long
-    enough for a stream's calls in flight of 1000 rows each (not refused as queue_full)."""
+    """The bundled cartpole policy, with gRPC on and the default stream bound."""
     tmp = tmp_path_factory.mktemp("grpc-limits")
     shutil.copytree(DEMO, tmp / "repository" / "cartpole")
     port = free_port()
-    server = Server.rlserve(
-        tmp / "repository",
-        "--grpc-port",
-        str(port),
-        "--max-queue-rows",
-        "100000",
-        log=tmp / "log",
-    )
+    server = Server.rlserve(tmp / "repository", "--grpc-port", str(port), log=tmp / "log")
     server.wait_ready()
     yield GrpcServer(server, f"127.0.0.1:{port}")
     server.stop()
