@@ -189,35 +189,46 @@ def main() -> None:
         load.require_wrk()
     results = Results(_conditions(args, chosen))
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        workdir = Path(tmp)
-        repository = models.build_repository(
-            workdir / "repository", scenarios.bench_models(list(chosen))
-        )
-        for model in scenarios.MODELS:
-            picked = [s for s in scenarios.WRK if s.model == model and s.name in chosen]
-            results.load += _load_runs(args, repository / model, picked, workdir)
-        if scenarios.RAW in chosen:
-            results.raw = [_raw(repository / m, min(args.seconds, 2)) for m in scenarios.MODELS]
-        if scenarios.ACTOR in chosen:
-            results.actor = _actor_runs(args, repository / "cartpole", workdir)
-        if scenarios.OVERLOAD in chosen:
-            _say(f"{overload.MODEL}: overload against rlserve serve")
-            results.overload = overload.run(
-                repository / overload.MODEL, workdir, args.seconds, args.warmup, args.deadline_ms
-            )
-        if scenarios.OIP in chosen:
-            _say("mlp, cnn: Open Inference Protocol (perf_analyzer)")
-            results.oip = oip.run(repository, workdir, args.seconds, args.warmup, args.mlserver)
-        if scenarios.LOOP in chosen:
-            _say("cartpole: RL loop (rollout workers, experience buffers)")
-            results.loop = loop.run(repository / "cartpole", workdir, args.seconds, args.warmup)
-        if scenarios.LM in chosen:
-            _say("llama_dpo: language-model generation (continuous batching)")
-            results.lm = lm.run(workdir, args.seconds, args.warmup)
-        if scenarios.CACHE in chosen:
-            _say("mlp, cnn: the result cache against a model run")
-            results.cache = cache.run(repository, workdir, args.seconds, args.warmup)
+        _run(args, chosen, results, Path(tmp))
     _write(args.output, results, chosen)
+
+
+def _run(args: BenchArgs, chosen: tuple[str, ...], results: Results, workdir: Path) -> None:
+    """Every chosen scenario, in the document's order, into ``results``."""
+    repository = models.build_repository(
+        workdir / "repository", scenarios.bench_models(list(chosen))
+    )
+    for model in scenarios.MODELS:
+        picked = [s for s in scenarios.WRK if s.model == model and s.name in chosen]
+        results.load += _load_runs(args, repository / model, picked, workdir)
+    if scenarios.RAW in chosen:
+        results.raw = [_raw(repository / m, min(args.seconds, 2)) for m in scenarios.MODELS]
+    if scenarios.ACTOR in chosen:
+        results.actor = _actor_runs(args, repository / "cartpole", workdir)
+    if scenarios.OVERLOAD in chosen:
+        _say(f"{overload.MODEL}: overload against rlserve serve")
+        results.overload = overload.run(
+            repository / overload.MODEL, workdir, args.seconds, args.warmup, args.deadline_ms
+        )
+    _run_peers(args, chosen, results, repository, workdir)
+
+
+def _run_peers(
+    args: BenchArgs, chosen: tuple[str, ...], results: Results, repository: Path, workdir: Path
+) -> None:
+    """The scenarios with sections of their own: OIP, the RL loop, LMs, the result cache."""
+    if scenarios.OIP in chosen:
+        _say("mlp, cnn: Open Inference Protocol (perf_analyzer)")
+        results.oip = oip.run(repository, workdir, args.seconds, args.warmup, args.mlserver)
+    if scenarios.LOOP in chosen:
+        _say("cartpole: RL loop (rollout workers, experience buffers)")
+        results.loop = loop.run(repository / "cartpole", workdir, args.seconds, args.warmup)
+    if scenarios.LM in chosen:
+        _say("llama_dpo: language-model generation (continuous batching)")
+        results.lm = lm.run(workdir, args.seconds, args.warmup)
+    if scenarios.CACHE in chosen:
+        _say("mlp, cnn: the result cache against a model run")
+        results.cache = cache.run(repository, workdir, args.seconds, args.warmup)
 
 
 def _write(output: Path, results: Results, chosen: tuple[str, ...]) -> None:

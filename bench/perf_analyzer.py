@@ -328,7 +328,7 @@ class PerfResult:
         return None if any(part is None for part in parts) else sum(p or 0 for p in parts)
 
 
-def run(
+def run(  # noqa: C901 (one branch per perf_analyzer option it translates)
     prefix: Sequence[str],
     *,
     model: str,

@@ -228,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def train(args: Args, config: loop_config.LoopConfig | None, environ: dict[str, str]) -> int:
+def train(  # noqa: C901 (CleanRL style: the training loop reads top to bottom, in one place)
+    args: Args, config: loop_config.LoopConfig | None, environ: dict[str, str]
+) -> int:
     global agent
     checkpoint = args.checkpoint or Path("runs") / args.model / "agent.pt"
     torch.manual_seed(args.seed)

@@ -167,44 +167,19 @@ def parse_url(url: str) -> KafkaTarget:
             f"data_buffer {shown!r}: topic {topic!r} is not a Kafka topic name; use letters, "
             "digits, '.', '_' and '-' (at most 249)"
         )
-    ours: dict[str, str] = {}
-    groups: list[str] = []
-    common: dict[str, str] = {}
-    producer: dict[str, str] = {}
-    consumer: dict[str, str] = {}
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        if key == "group":
-            for group in filter(None, value.split(",")):
-                problem = group_name_problem(group)
-                if problem is not None:
-                    raise ConfigError(f"data_buffer {shown!r}: group: {problem}")
-                groups.append(group)
-        elif key in _OUR_PARAMETERS:
-            ours[key] = value
-        elif key.startswith("producer."):
-            producer[key.removeprefix("producer.")] = value
-        elif key.startswith("consumer."):
-            consumer[key.removeprefix("consumer.")] = value
-        elif "." in key:
-            common[key] = value
-        else:
-            raise ConfigError(
-                f"data_buffer {shown!r}: unknown parameter {key!r}; use "
-                f"{', '.join(_OUR_PARAMETERS)}, or a librdkafka property (with a dot, "
-                "optionally prefixed producer. or consumer.)"
-            )
+    given = _parameters(parts.query, shown)
     try:
         target = KafkaTarget(
             url=shown,
             bootstrap=parts.netloc,
             topic=topic,
-            partitions=int(ours.get("partitions", DEFAULT_PARTITIONS)),
-            replicas=int(ours.get("replicas", -1)),
-            groups=tuple(dict.fromkeys(groups)),
-            timeout_s=float(ours.get("timeout_s", DEFAULT_TIMEOUT_S)),
-            common=common,
-            producer=producer,
-            consumer=consumer,
+            partitions=int(given.ours.get("partitions", DEFAULT_PARTITIONS)),
+            replicas=int(given.ours.get("replicas", -1)),
+            groups=tuple(dict.fromkeys(given.groups)),
+            timeout_s=float(given.ours.get("timeout_s", DEFAULT_TIMEOUT_S)),
+            common=given.common,
+            producer=given.producer,
+            consumer=given.consumer,
         )
     except ValueError as error:
         raise ConfigError(
@@ -219,6 +194,48 @@ def parse_url(url: str) -> KafkaTarget:
     if target.timeout_s <= 0:
         raise ConfigError(f"data_buffer {shown!r}: timeout_s must be positive")
     return target
+
+
+@dataclass
+class _Parameters:
+    """A Kafka URL's query, sorted: ours, consumer groups, and librdkafka's properties."""
+
+    ours: dict[str, str] = field(default_factory=dict)
+    groups: list[str] = field(default_factory=list)
+    common: dict[str, str] = field(default_factory=dict)
+    producer: dict[str, str] = field(default_factory=dict)
+    consumer: dict[str, str] = field(default_factory=dict)
+
+
+def _parameters(query: str, shown: str) -> _Parameters:
+    given = _Parameters()
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key == "group":
+            given.groups.extend(_groups(value, shown))
+        elif key in _OUR_PARAMETERS:
+            given.ours[key] = value
+        elif key.startswith("producer."):
+            given.producer[key.removeprefix("producer.")] = value
+        elif key.startswith("consumer."):
+            given.consumer[key.removeprefix("consumer.")] = value
+        elif "." in key:
+            given.common[key] = value
+        else:
+            raise ConfigError(
+                f"data_buffer {shown!r}: unknown parameter {key!r}; use "
+                f"{', '.join(_OUR_PARAMETERS)}, or a librdkafka property (with a dot, "
+                "optionally prefixed producer. or consumer.)"
+            )
+    return given
+
+
+def _groups(value: str, shown: str) -> list[str]:
+    groups = [group for group in value.split(",") if group]
+    for group in groups:
+        problem = group_name_problem(group)
+        if problem is not None:
+            raise ConfigError(f"data_buffer {shown!r}: group: {problem}")
+    return groups
 
 
 def _masked(url: str) -> str:

@@ -488,16 +488,21 @@ class ContinuousBatchScheduler:
 
     def _deliver(self, outcomes: list[tuple[_Ticket, _Outcome]], record: StepRecord | None) -> None:
         for ticket, outcome in outcomes:
-            if isinstance(outcome, TokenEvent):
-                if ticket.stream is not None and not ticket.done:
-                    ticket.stream.push(outcome)
-            elif isinstance(outcome, _Started):
-                if ticket.stream is not None:
-                    ticket.stream.started(outcome.version, outcome.sha256)
-            else:
-                self._settle(ticket, outcome)
-        if record is None:
-            return
+            self._deliver_one(ticket, outcome)
+        if record is not None:
+            self._record_step(record)
+
+    def _deliver_one(self, ticket: _Ticket, outcome: _Outcome) -> None:
+        if isinstance(outcome, TokenEvent):
+            if ticket.stream is not None and not ticket.done:
+                ticket.stream.push(outcome)
+        elif isinstance(outcome, _Started):
+            if ticket.stream is not None:
+                ticket.stream.started(outcome.version, outcome.sha256)
+        else:
+            self._settle(ticket, outcome)
+
+    def _record_step(self, record: StepRecord) -> None:
         if record.answered:
             now = time.monotonic()
             if self._last_answer_at is not None and self._running:

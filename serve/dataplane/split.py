@@ -44,33 +44,46 @@ def joined(
 ) -> asyncio.Future[InferenceResponse]:
     """One answer for the whole request, once every part has one."""
     whole: asyncio.Future[InferenceResponse] = loop.create_future()
-    remaining = len(parts)
-
-    def part_done(done: asyncio.Future[InferenceResponse]) -> None:
-        nonlocal remaining
-        remaining -= 1
-        if whole.done():
-            return
-        failure = None if done.cancelled() else done.exception()
-        if done.cancelled() or failure is not None:
-            for part in parts:
-                part.cancel()  # still queued: never runs
-            if failure is not None:
-                whole.set_exception(failure)
-            else:
-                whole.cancel()
-        elif remaining == 0:
-            whole.set_result(merge([p.result() for p in parts]))
-
-    def whole_done(done: asyncio.Future[InferenceResponse]) -> None:
-        if done.cancelled():  # the caller gave up: its parts need not run
-            for part in parts:
-                part.cancel()
-
+    join = _Join(parts, whole)
     for part in parts:
-        part.add_done_callback(part_done)
-    whole.add_done_callback(whole_done)
+        part.add_done_callback(join.part_done)
+    whole.add_done_callback(join.whole_done)
     return whole
+
+
+class _Join:
+    """Collects the parts' answers into ``whole``; a failed or cancelled part ends it, and
+    so does the caller giving up on ``whole`` (the parts still queued never run)."""
+
+    def __init__(
+        self,
+        parts: Sequence[asyncio.Future[InferenceResponse]],
+        whole: asyncio.Future[InferenceResponse],
+    ) -> None:
+        self.parts = parts
+        self.whole = whole
+        self.remaining = len(parts)
+
+    def part_done(self, done: asyncio.Future[InferenceResponse]) -> None:
+        self.remaining -= 1
+        if self.whole.done():
+            return
+        if done.cancelled():
+            self._cancel_parts()
+            self.whole.cancel()
+        elif (failure := done.exception()) is not None:
+            self._cancel_parts()
+            self.whole.set_exception(failure)
+        elif self.remaining == 0:
+            self.whole.set_result(merge([p.result() for p in self.parts]))
+
+    def whole_done(self, done: asyncio.Future[InferenceResponse]) -> None:
+        if done.cancelled():
+            self._cancel_parts()
+
+    def _cancel_parts(self) -> None:
+        for part in self.parts:
+            part.cancel()
 
 
 def merge(answers: Sequence[InferenceResponse]) -> InferenceResponse:
