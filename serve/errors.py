@@ -7,13 +7,23 @@ gRPC status) is decided in one place, ``serve.status``; an HTTP body is
 ``{"error": message, "code": code}``, as that protocol's clients read it. The CLI prints
 the message on one line and exits with status 2 (1 for a failed check).
 
-Messages name the field, the bad value and what would be valid.
+Messages name the field, the bad value and what would be valid, and quote a client's input
+only in part: names through :func:`quoted`, lists of names through :func:`listed`, values
+through ``serve.json_shown``; every message is capped at MESSAGE_CHARACTERS.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import ClassVar
+
+# What of a client's input a message quotes: a name is cut after NAME_CHARACTERS, a list
+# after LISTED_ITEMS (each with its count), and a whole message after MESSAGE_CHARACTERS, so
+# no error answer grows with what a client sent.
+NAME_CHARACTERS = 64
+LISTED_ITEMS = 3
+MESSAGE_CHARACTERS = 4096
 
 
 class ErrorCode(StrEnum):
@@ -46,6 +56,7 @@ class RLServeError(Exception):
     code: ClassVar[ErrorCode] = ErrorCode.INTERNAL
 
     def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
+        message = capped(message)
         super().__init__(message)
         self.message = message
         self.retry_after_s = retry_after_s  # when the same call may succeed if tried again
@@ -155,3 +166,28 @@ class KubectlError(RLServeError):
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """An exception's text on one line, for messages that quote a library's error."""
     return " ".join(str(exc).split())[:limit]
+
+
+def quoted(text: str, limit: int = NAME_CHARACTERS) -> str:
+    """A name a client gave, quoted for a message: whole when short, else its start and its
+    length (``'aaaa…' (20,000 characters)``)."""
+    if len(text) <= limit:
+        return repr(text)
+    start = repr(text[:limit])
+    return f"{start[:-1]}…{start[-1]} ({len(text):,} characters)"
+
+
+def listed(items: Sequence[str], limit: int = LISTED_ITEMS) -> str:
+    """Names a client gave, for a message, as a list: the first few quoted, and how many
+    more (``['a', 'b', 'c', … and 19,997 more]``)."""
+    shown = ", ".join(quoted(item) for item in items[:limit])
+    if len(items) <= limit:
+        return f"[{shown}]"
+    return f"[{shown}, … and {len(items) - limit:,} more]"
+
+
+def capped(message: str, limit: int = MESSAGE_CHARACTERS) -> str:
+    """A message no longer than ``limit`` characters (its start, and its length)."""
+    if len(message) <= limit:
+        return message
+    return f"{message[:limit]}… (the message was cut: {len(message):,} characters)"
