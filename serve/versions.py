@@ -7,7 +7,7 @@ version: a request naming it gets 404 or 422, a directory so named is skipped (a
 
 from __future__ import annotations
 
-from serve.errors import NotFound
+from serve.errors import NotFound, quoted
 
 MAX_VERSION = 2**63 - 1  # what a signed 64-bit integer holds (JSON readers, Prometheus)
 DESCRIPTION = f"an integer from 1 to {MAX_VERSION}, written with ASCII digits only"
@@ -25,5 +25,5 @@ def path_version(text: str) -> int:
     """The version a request path names; NotFound when it names none."""
     version = parse_version(text)
     if version is None:
-        raise NotFound(f"version {text!r}: a version is {DESCRIPTION}")
+        raise NotFound(f"version {quoted(text)}: a version is {DESCRIPTION}")
     return version

@@ -28,7 +28,7 @@ from serve.dataplane.record import RecordSink
 from serve.dataplane.result_cache import CacheSettings
 from serve.dataplane.routing import Route
 from serve.dataplane.scheduler import Scheduler
-from serve.errors import NotFound, RLServeError, ServiceUnavailable
+from serve.errors import NotFound, RLServeError, ServiceUnavailable, quoted
 from serve.lm.model import LanguageModel
 from serve.metrics import Metrics
 from serve.versions import DESCRIPTION
@@ -172,7 +172,7 @@ class ModelRepositoryManager:
         lifecycle = self.models.get(name)
         if lifecycle is None:
             hint = "still discovering the repository" if not self.loading_done else "unknown model"
-            raise NotFound(f"model {name!r}: {hint}; loaded models: {sorted(self.models)}")
+            raise NotFound(f"model {quoted(name)}: {hint}; loaded models: {sorted(self.models)}")
         chosen = lifecycle.get(version) if version is not None else lifecycle.active_model
         if chosen is not None:
             return Route(
@@ -202,7 +202,7 @@ class ModelRepositoryManager:
     def lifecycle(self, name: str) -> ModelLifeCycle:
         lifecycle = self.models.get(name)
         if lifecycle is None:
-            raise NotFound(f"model {name!r} is not served; models: {sorted(self.models)}")
+            raise NotFound(f"model {quoted(name)} is not served; models: {sorted(self.models)}")
         return lifecycle
 
     # ------------------------------------------------------------------ readiness

@@ -21,6 +21,7 @@ import grpc
 import httpx
 import numpy as np
 import onnxruntime as ort
+import orjson
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
@@ -335,6 +336,190 @@ def test_a_full_queue_is_429_and_resource_exhausted(v2: V2Server) -> None:
     codes = {str(e.status()) for e in errors if e is not None}
     assert codes == {"StatusCode.RESOURCE_EXHAUSTED"}
     assert any(e is None for e in errors)
+
+
+# --------------------------------------------------------------------------- hostile input
+
+OBS_JSON = {"name": "obs", "datatype": "FP32", "shape": [1, 4], "data": [0.0] * 4}
+
+
+def v2_error(response: httpx.Response, status: int, code: str) -> str:
+    assert response.status_code == status, response.text[:500]
+    assert response.json()["code"] == code
+    return str(response.json()["error"])
+
+
+def grpc_refusal(v2: V2Server, request: Any) -> grpc.RpcError:
+    """The error a ModelInfer call gets, sent with Triton's own stub (the messages here are
+    ones its client would not build)."""
+    with grpc.insecure_channel(v2.grpc_url) as channel:
+        stub = triton_grpc.service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(request, timeout=10)
+    return caught.value
+
+
+def grpc_input(name: str, shape: list[int]) -> Any:
+    return triton_grpc.service_pb2.ModelInferRequest.InferInputTensor(
+        name=name, datatype="FP32", shape=shape
+    )
+
+
+def test_an_integer_header_past_any_length_is_400(v2: V2Server) -> None:
+    headers = {"Inference-Header-Content-Length": "1" * 5000}
+    with v2.server.client() as client:
+        refused = client.post("/v2/models/cartpole/infer", content=b"{}", headers=headers)
+    assert "Inference-Header-Content-Length: expected the JSON header's length" in v2_error(
+        refused, 400, "malformed_request"
+    )
+    assert len(refused.content) < 400
+
+
+@pytest.mark.parametrize(
+    ("headers", "words"),
+    [
+        (
+            [("Inference-Header-Content-Length", "{n}"), ("Inference-Header-Content-Length", "3")],
+            "Inference-Header-Content-Length is given 2 times",
+        ),
+        (
+            [("Inference-Header-Content-Length", "{n}"), ("Content-Encoding", "gzip")],
+            "Content-Encoding 'gzip' is not supported",
+        ),
+        (
+            [("Content-Encoding", "gzip"), ("Inference-Header-Content-Length", "{n}")],
+            "Content-Encoding 'gzip' is not supported",
+        ),
+    ],
+    ids=["twice", "encoding-after", "encoding-before"],
+)
+def test_the_binary_headers_are_checked_whatever_their_order(
+    v2: V2Server, headers: list[tuple[str, str]], words: str
+) -> None:
+    body = orjson.dumps({"inputs": [OBS_JSON]})
+    given = [(k, v.format(n=len(body))) for k, v in headers]
+    with v2.server.client() as client:
+        refused = client.post("/v2/models/cartpole/infer", content=body, headers=given)
+    assert words in v2_error(refused, 400, "malformed_request")
+
+
+@pytest.mark.parametrize("shape", [[0, 2**63 - 1], [2**62, 0, 4]])
+def test_dimensions_past_any_request_are_400_and_invalid_argument_on_every_transport(
+    v2: V2Server, shape: list[int]
+) -> None:
+    words = "non-zero dimensions hold more than"
+    as_json = {"inputs": [{"name": "obs", "datatype": "FP32", "shape": shape, "data": []}]}
+    header = orjson.dumps(
+        {"inputs": [{**as_json["inputs"][0], "parameters": {"binary_data_size": 0}}]}
+    )
+    with v2.server.client() as client:
+        over_json = client.post("/v2/models/cartpole/infer", json=as_json)
+        over_binary = client.post(
+            "/v2/models/cartpole/infer",
+            content=header,
+            headers={"Inference-Header-Content-Length": str(len(header))},
+        )
+    assert words in v2_error(over_json, 400, "malformed_request")
+    assert words in v2_error(over_binary, 400, "malformed_request")
+    request = triton_grpc.service_pb2.ModelInferRequest
+    for given in (
+        request(model_name="cartpole", inputs=[grpc_input("obs", shape)], raw_input_contents=[b""]),
+        request(model_name="cartpole", inputs=[grpc_input("obs", shape)]),
+    ):
+        refused = grpc_refusal(v2, given)
+        assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert words in str(refused.details())
+
+
+def test_json_data_must_be_nested_as_its_shape_or_flat(v2: V2Server) -> None:
+    def given(data: list[Any]) -> dict[str, Any]:
+        return {"inputs": [{"name": "obs", "datatype": "FP32", "shape": [2, 4], "data": data}]}
+
+    with v2.server.client() as client:
+        as_4x2 = client.post("/v2/models/cartpole/infer", json=given([[0.0, 0.1]] * 4))
+        as_shape = client.post("/v2/models/cartpole/infer", json=given([[0.0] * 4] * 2))
+        flat = client.post("/v2/models/cartpole/infer", json=given([0.0] * 8))
+    assert "data nested as [4, 2] for shape [2, 4]" in v2_error(as_4x2, 422, "invalid_input")
+    assert as_shape.status_code == flat.status_code == 200
+    assert as_shape.json()["outputs"] == flat.json()["outputs"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v2/models//infer",
+        "/v2/models/cartpole/versions//infer",
+        "/v2/models/cartpole/infer/",
+        "/v2/models/cartpole/",
+        "/v2/models/cartpole/versions/1/infer/extra",
+    ],
+)
+def test_paths_that_name_no_route_are_404_naming_the_routes(v2: V2Server, path: str) -> None:
+    with v2.server.client() as client:
+        for method in ("GET", "POST"):
+            refused = client.request(method, path, json={"inputs": [OBS_JSON]})
+            message = v2_error(refused, 404, "not_found")
+            assert f"{path!r}: not an Open Inference Protocol route" in message
+            assert "POST /v2/models/{model}[/versions/{version}]/infer" in message
+
+
+def test_a_deadline_passed_on_arrival_is_504_on_every_route(v2: V2Server) -> None:
+    late = {"X-Request-Timeout-Ms": "0.001"}
+    with v2.server.client() as client:
+        over_v2 = client.post(
+            "/v2/models/cartpole/infer", json={"inputs": [OBS_JSON]}, headers=late
+        )
+        over_predict = client.post(
+            "/v1/models/cartpole/predict", json={"observations": [0.0] * 4}, headers=late
+        )
+    assert "deadline" in v2_error(over_v2, 504, "deadline_exceeded")
+    assert "retry-after" not in over_v2.headers
+    assert over_predict.status_code == 504
+    assert over_predict.json()["error"]["code"] == "deadline_exceeded"
+
+
+def test_error_answers_never_echo_unbounded_input_on_either_transport(v2: V2Server) -> None:
+    """5,000 inputs: enough to see the list cut, few enough to decode within the deadline
+    on a busy machine."""
+    long = "a" * 20_000
+    many = [
+        {"name": f"x{i}", "datatype": "FP32", "shape": [1], "data": [0.0]} for i in range(5_000)
+    ]
+    with v2.server.client() as client:
+        answers = [
+            (client.post(f"/v2/models/{long}/infer", json={"inputs": [OBS_JSON]}), 404),
+            (client.get(f"/v2/models/cartpole/versions/{long}"), 404),
+            (
+                client.post(
+                    "/v2/models/cartpole/infer", json={"inputs": [{**OBS_JSON, "name": long}]}
+                ),
+                422,
+            ),
+            (client.post("/v2/models/cartpole/infer", json={"inputs": [OBS_JSON, *many]}), 422),
+            (client.post(f"/v1/models/{long}/predict", json={"observations": [0.0] * 4}), 404),
+        ]
+    for answer, status in answers:
+        assert answer.status_code == status, answer.text[:300]
+        assert len(answer.content) < 1000, answer.text[:300]
+    assert "(20,000 characters)" in answers[0][0].text
+    assert "… and 4,997 more" in answers[3][0].text
+    request = triton_grpc.service_pb2.ModelInferRequest
+    zeros = np.zeros((1, 4), np.float32).tobytes()
+    unknown_model = request(
+        model_name=long, inputs=[grpc_input("obs", [1, 4])], raw_input_contents=[zeros]
+    )
+    many_inputs = request(
+        model_name="cartpole",
+        inputs=[grpc_input("obs", [1, 4]), *(grpc_input(f"x{i}", [1]) for i in range(5_000))],
+        raw_input_contents=[zeros, *([b"\0\0\0\0"] * 5_000)],
+    )
+    for given, code in [
+        (unknown_model, grpc.StatusCode.NOT_FOUND),
+        (many_inputs, grpc.StatusCode.INVALID_ARGUMENT),
+    ]:
+        refused = grpc_refusal(v2, given)
+        assert refused.code() == code
+        assert len(str(refused.details())) < 1000
 
 
 def test_hold_makes_the_model_unready_until_resume(v2: V2Server) -> None:

@@ -17,11 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from serve.dataplane.exchange import INLINE_BODY_BYTES
-from serve.dataplane.messages import InferenceResponse, Prepared
+from serve.dataplane.messages import InferenceResponse
 from serve.dataplane.model import ServedModel
 from serve.dataplane.oip.signature import InferCall, OutputTensor, Signature
 from serve.dataplane.routing import Route, Router
-from serve.errors import DeadlineExceeded, InvalidInput, NotFound, RLServeError
+from serve.errors import DeadlineExceeded, InvalidInput, NotFound, RLServeError, quoted
+from serve.json_shown import json_shown
 from serve.lm.model import LanguageModel
 from serve.metrics import Metrics
 from serve.versions import path_version
@@ -70,6 +71,7 @@ class Inference:
     ) -> InferAnswer:
         """Check, queue and run one call; raises an RLServeError for the transport to map."""
         signature = self.signature(route.version)
+        check_deadline(deadline, None, "reading it")  # passed: 504 on every route, never 429
         route.scheduler.admit(1, deadline)  # overloaded: refuse before checking the tensors
         request = signature.request(call, request_id, received_at, deadline)
         size = sum(values.nbytes for values in call.inputs.values())
@@ -77,7 +79,7 @@ class Inference:
             prepared = route.version.prepare(request)
         else:
             prepared = await asyncio.to_thread(route.version.prepare, request)
-        _check_deadline(prepared)
+        check_deadline(prepared.deadline, None, "its tensors were checked")
         response = await route.scheduler.submit(prepared, route.pinned)
         return InferAnswer(response, signature.answer(call, response.outputs))
 
@@ -102,7 +104,8 @@ def budget_ms(call: InferCall, default_ms: float, asked_ms: float | None) -> flo
         return budget
     if isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us <= 0:
         raise InvalidInput(
-            f"parameters.timeout: expected a positive number of microseconds, got {timeout_us!r}"
+            "parameters.timeout: expected a positive number of microseconds, got "
+            f"{json_shown(timeout_us)}"
         )
     return min(budget, timeout_us / 1000)
 
@@ -112,12 +115,15 @@ def _version(text: str) -> int:
         return path_version(text)
     except NotFound:
         raise NotFound(
-            f"model version {text!r}: a version is a positive integer, like '3'"
+            f"model version {quoted(text)}: a version is a positive integer, like '3'"
         ) from None
 
 
-def _check_deadline(prepared: Prepared) -> None:
-    if time.monotonic() >= prepared.deadline:
+def check_deadline(deadline: float, budget_ms: float | None, spent_on: str) -> None:
+    """DeadlineExceeded (504, DEADLINE_EXCEEDED) once ``deadline`` has passed: checked before
+    a call is admitted, so a passed deadline is never answered as a full queue."""
+    if time.monotonic() >= deadline:
+        budget = "" if budget_ms is None else f" of {budget_ms:g} ms"
         raise DeadlineExceeded(
-            "the request's deadline passed while its tensors were checked; it was not run"
+            f"the request's deadline{budget} passed while {spent_on}; it was not run"
         )

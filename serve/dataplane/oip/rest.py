@@ -43,19 +43,20 @@ from serve.dataplane.exchange import (
     start_call,
 )
 from serve.dataplane.oip import tensors
-from serve.dataplane.oip.infer import InferAnswer, Inference, budget_ms
+from serve.dataplane.oip.infer import InferAnswer, Inference, budget_ms, check_deadline
 from serve.dataplane.oip.signature import InferCall, RequestedOutput, config_dims
 from serve.dataplane.routing import Route, Router
 from serve.dataplane.wire import deadline_ms
 from serve.errors import (
-    DeadlineExceeded,
     InvalidInput,
     MalformedRequest,
     MethodNotAllowed,
     NotFound,
     RLServeError,
     ServiceUnavailable,
+    quoted,
 )
+from serve.json_shown import json_shown
 from serve.lm.model import LanguageModel
 from serve.status import http_headers, http_status
 
@@ -68,6 +69,12 @@ _JSON = (b"content-type", b"application/json")
 _BINARY = (b"content-type", b"application/octet-stream")
 _CLOSE = (b"connection", b"close")
 _HEADER_LENGTH = b"inference-header-content-length"
+_MAX_LENGTH_DIGITS = 19  # a signed 64-bit integer's: more than any body could be
+ROUTES = (
+    "the routes are GET /v2, GET /v2/health/live, GET /v2/health/ready, "
+    "GET /v2/models/{model}[/versions/{version}][/ready|/config], "
+    "POST /v2/models/{model}[/versions/{version}]/infer and POST /v2/repository/index"
+)
 
 
 class Catalog(Router, Protocol):
@@ -204,6 +211,8 @@ class OipRestFrontend:
 
     def _get(self, scope: Scope, path: V2Path) -> Any:
         action = path.action
+        if action == "unknown":  # whatever the method: no route answers there
+            raise _not_a_route(scope)
         if action == "index":
             _allow(scope, "POST")
             return self._index()
@@ -228,12 +237,9 @@ class OipRestFrontend:
             return self._config(self.inference.route(path.model or "", path.version))
         if action == "stats":
             raise NotFound(
-                f"{scope['path']}: statistics are served as Prometheus metrics at /metrics"
+                f"{quoted(scope['path'])}: statistics are served as Prometheus metrics at /metrics"
             )
-        raise NotFound(
-            f"{scope['path']}: not an Open Inference Protocol route; see /v2, "
-            "/v2/health/{live,ready} and /v2/models/{model}[/versions/{version}][/ready|/infer]"
-        )
+        raise _not_a_route(scope)
 
     def _model_metadata(self, path: V2Path) -> dict[str, Any]:
         route = self.inference.route(path.model or "", path.version)
@@ -283,9 +289,9 @@ class OipRestFrontend:
         header_length = _header_length(scope)
         body = await read_body(receive, call.declared_length, self.max_body_bytes)
         asked_ms = deadline_ms(call.timeout_header, route.default_deadline_ms)
-        route.scheduler.admit(
-            1, deadline_at(call.received_at, asked_ms, self.turn_s)
-        )  # overloaded: refuse before decoding
+        asked_by = deadline_at(call.received_at, asked_ms, self.turn_s)
+        check_deadline(asked_by, asked_ms, "reading it")  # a passed deadline is 504, not 429
+        route.scheduler.admit(1, asked_by)  # overloaded: refuse before decoding
         default_ms = route.default_deadline_ms
         if len(body) <= INLINE_BODY_BYTES:
             decoded, budget_ms = decode_infer(body, header_length, call, default_ms)
@@ -294,11 +300,7 @@ class OipRestFrontend:
                 decode_infer, body, header_length, call, default_ms
             )
         deadline = deadline_at(call.received_at, budget_ms, self.turn_s)
-        if time.monotonic() >= deadline:
-            raise DeadlineExceeded(
-                f"the request's deadline of {budget_ms:g} ms passed while reading it; "
-                "it was not run"
-            )
+        check_deadline(deadline, budget_ms, "reading it")
         answer = await self.inference.run(
             route, decoded, call.request_id, call.received_at, deadline
         )
@@ -308,8 +310,12 @@ class OipRestFrontend:
 def _allow(scope: Scope, method: str) -> None:
     if scope["method"] != method:
         raise MethodNotAllowed(
-            f"{scope['method']} {scope['path']}: this route accepts {method} only"
+            f"{scope['method']} {quoted(scope['path'])}: this route accepts {method} only"
         )
+
+
+def _not_a_route(scope: Scope) -> NotFound:
+    return NotFound(f"{quoted(scope['path'])}: not an Open Inference Protocol route; {ROUTES}")
 
 
 def _error(error: RLServeError) -> dict[str, str]:
@@ -329,20 +335,30 @@ def _kind(route: Route) -> str:
 
 
 def _header_length(scope: Scope) -> int | None:
+    """The ``Inference-Header-Content-Length`` a call gives (None: the body is all JSON),
+    with every header read, whatever their order: given twice, or with a Content-Encoding
+    this server does not decode, the call is refused (400)."""
+    given = [value for name, value in scope["headers"] if name == _HEADER_LENGTH]
     for name, value in scope["headers"]:
-        if name == _HEADER_LENGTH:
-            if not value.isdigit():
-                raise MalformedRequest(
-                    f"Inference-Header-Content-Length: expected the JSON header's length in "
-                    f"bytes, got {value.decode('latin-1')!r}"
-                )
-            return int(value)
         if name == b"content-encoding" and value not in (b"identity", b""):
             raise MalformedRequest(
-                f"Content-Encoding {value.decode('latin-1')!r} is not supported; send the body "
-                "uncompressed"
+                f"Content-Encoding {quoted(value.decode('latin-1'))} is not supported; send "
+                "the body uncompressed"
             )
-    return None
+    if not given:
+        return None
+    if len(given) > 1:
+        raise MalformedRequest(
+            f"Inference-Header-Content-Length is given {len(given)} times; give it once, the "
+            "JSON header's length in bytes"
+        )
+    value = given[0]
+    if not value.isdigit() or len(value) > _MAX_LENGTH_DIGITS:
+        raise MalformedRequest(
+            "Inference-Header-Content-Length: expected the JSON header's length in bytes "
+            f"(at most {_MAX_LENGTH_DIGITS} digits), got {quoted(value.decode('latin-1'))}"
+        )
+    return int(value)
 
 
 # --------------------------------------------------------------------------- wire format
@@ -379,11 +395,12 @@ def decode_infer(
     binary_output = parameters.get("binary_data_output", False)
     if not isinstance(binary_output, bool):
         raise InvalidInput(
-            f"parameters.binary_data_output: expected true or false, got {binary_output!r}"
+            "parameters.binary_data_output: expected true or false, got "
+            f"{json_shown(binary_output)}"
         )
     request_id = payload.get("id", "")
     if not isinstance(request_id, str):
-        raise InvalidInput(f"id: expected a string, got {request_id!r}")
+        raise InvalidInput(f"id: expected a string, got {json_shown(request_id)}")
     decoded = InferCall(inputs, parameters, outputs, request_id, binary_output)
     header_ms = (
         None if call.timeout_header is None else deadline_ms(call.timeout_header, default_ms)
@@ -419,12 +436,12 @@ def _inputs(value: Any, binary: memoryview, *, may_hold_booleans: bool) -> dict[
                 f"inputs[{i}]: needs name (string), datatype (string) and shape (list of integers)"
             )
         if name in arrays:
-            raise InvalidInput(f"inputs: {name!r} is given twice")
+            raise InvalidInput(f"inputs: {quoted(name)} is given twice")
         size = _object(given.get("parameters"), f"inputs[{i}].parameters").get("binary_data_size")
         if size is None:
             if "data" not in given:
                 raise InvalidInput(
-                    f"input {name!r}: give its data, or binary_data_size and the bytes"
+                    f"input {quoted(name)}: give its data, or binary_data_size and the bytes"
                 )
             arrays[name] = tensors.from_json(
                 name, datatype, shape, given["data"], may_hold_booleans=may_hold_booleans
@@ -432,11 +449,12 @@ def _inputs(value: Any, binary: memoryview, *, may_hold_booleans: bool) -> dict[
             continue
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise InvalidInput(
-                f"input {name!r}: binary_data_size must be a byte count, got {size!r}"
+                f"input {quoted(name)}: binary_data_size must be a byte count, got "
+                f"{json_shown(size)}"
             )
         if offset + size > len(binary):
             raise InvalidInput(
-                f"input {name!r}: binary_data_size {size} runs past the end of the body "
+                f"input {quoted(name)}: binary_data_size {size} runs past the end of the body "
                 f"({len(binary) - offset} bytes of binary data left)"
             )
         arrays[name] = tensors.from_bytes(name, datatype, shape, binary[offset : offset + size])

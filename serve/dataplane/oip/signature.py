@@ -29,7 +29,7 @@ import numpy as np
 from serve.contract import PolicyContract, TensorRole
 from serve.dataplane.messages import InferenceRequest
 from serve.dataplane.oip.tensors import DTYPES, datatype_of
-from serve.errors import InvalidInput
+from serve.errors import InvalidInput, listed, quoted
 from serve.types import Answer, OutputKind
 
 ACTIONS = "actions"
@@ -137,7 +137,7 @@ class Signature:
             raise InvalidInput(
                 f"inputs: this model takes {self._describe_inputs()}"
                 + (f"; missing {missing}" if missing else "")
-                + (f"; unknown {unknown}" if unknown else "")
+                + (f"; unknown {listed(unknown)}" if unknown else "")
             )
         rows = set()
         for meta in self.inputs:
@@ -162,7 +162,8 @@ class Signature:
         unknown = sorted(set(given) - set(PARAMETERS))
         if unknown:
             raise InvalidInput(
-                f"parameters: unknown parameter(s) {unknown}; this server reads {list(PARAMETERS)}"
+                f"parameters: unknown parameter(s) {listed(unknown)}; this server reads "
+                f"{list(PARAMETERS)}"
             )
         parameters: dict[str, Any] = {}
         if "deterministic" in given:
@@ -185,11 +186,11 @@ class Signature:
         for output in named:
             if output.name not in self._by_name:
                 raise InvalidInput(
-                    f"outputs: {output.name!r} is not an output of this model; "
+                    f"outputs: {quoted(output.name)} is not an output of this model; "
                     f"its outputs are {list(self._by_name)}"
                 )
             if output.name in seen:
-                raise InvalidInput(f"outputs: {output.name!r} is requested twice")
+                raise InvalidInput(f"outputs: {quoted(output.name)} is requested twice")
             seen.add(output.name)
         return named
 
@@ -197,9 +198,10 @@ class Signature:
         if value is None:
             return []
         if not isinstance(value, str) or not value.strip():
+            got = quoted(value) if isinstance(value, str) else f"a {type(value).__name__}"
             raise InvalidInput(
                 f"parameters.outputs: expected a comma-separated list drawn from "
-                f"{list(self._by_name)}, got {value!r}"
+                f"{list(self._by_name)}, got {got}"
             )
         return [RequestedOutput(name.strip()) for name in value.split(",")]
 

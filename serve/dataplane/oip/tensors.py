@@ -5,20 +5,22 @@ The protocol names a tensor's element type with a datatype string (``FP32``, ``U
 as raw little-endian bytes (the binary tensor data extension over HTTP, ``raw_input_contents``
 over gRPC), or as typed lists (gRPC ``InferTensorContents``). This module turns each form
 into a numpy array of the declared datatype and shape, and arrays back into bytes or lists.
-It checks only what a tensor says of itself (its datatype, that the element count matches
-the shape); whether a tensor fits the model is ``serve.dataplane.oip.signature``'s business.
+It checks only what a tensor says of itself: its datatype, its shape (at most
+:data:`MAX_DIMS` axes, each a non-negative integer, the non-zero ones together at most
+:data:`MAX_ELEMENTS`, all checked before any array is made, whichever transport carried
+it), and that its data is exactly that shape's worth (JSON data nested to exactly the shape,
+or flat); whether a tensor fits the model is ``serve.dataplane.oip.signature``'s business.
 """
 
 from __future__ import annotations
 
 import array
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from serve.errors import InvalidInput, MalformedRequest
+from serve.errors import NAME_CHARACTERS, InvalidInput, MalformedRequest, quoted
 
 # Datatype -> little-endian numpy dtype. BYTES (variable-length strings) and BF16 have no
 # place in a policy's tensors; they are refused by name.
@@ -38,6 +40,10 @@ DTYPES: dict[str, np.dtype] = {
 }
 _DATATYPES = {dtype: name for name, dtype in DTYPES.items()}
 MAX_DIMS = 8  # more axes than any observation has; refused before any arithmetic
+# More elements than the largest message either transport carries (a protobuf message is
+# below 2 GiB, and rlserve's bodies far smaller) could hold, even at one byte each: a shape
+# whose non-zero dimensions multiply past it is refused, even when a zero makes it empty.
+MAX_ELEMENTS = 2**31
 
 
 def datatype_of(dtype: np.dtype | str) -> str:
@@ -55,21 +61,33 @@ def dtype_of(datatype: str, name: str) -> np.dtype:
     dtype = DTYPES.get(datatype)
     if dtype is None:
         raise InvalidInput(
-            f"input {name!r}: datatype {datatype!r} is not supported; use one of {sorted(DTYPES)}"
+            f"input {quoted(name)}: datatype {quoted(datatype)} is not supported; use one of "
+            f"{sorted(DTYPES)}"
         )
     return dtype
 
 
 def element_count(shape: Sequence[int], name: str) -> int:
-    """The elements a shape holds; MalformedRequest for a shape no tensor can have."""
+    """The elements a shape holds; MalformedRequest for a shape no tensor can have. Each
+    dimension is checked before any is multiplied, so no shape costs more than its axes."""
     if len(shape) > MAX_DIMS or any(
         isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape
     ):
+        shown = list(shape) if len(shape) <= MAX_DIMS + 1 else f"of {len(shape):,} axes"
         raise MalformedRequest(
-            f"input {name!r}: shape {list(shape)!r} is not a tensor shape; give at most "
-            f"{MAX_DIMS} non-negative integers"
+            f"input {quoted(name)}: shape {str(shown)[:200]} is not a tensor shape; give at "
+            f"most {MAX_DIMS} non-negative integers"
         )
-    return math.prod(shape)
+    spanned = 1  # the non-zero dimensions' product: what an empty tensor's strides span
+    for d in shape:
+        spanned *= max(d, 1)
+        if spanned > MAX_ELEMENTS:
+            raise MalformedRequest(
+                f"input {quoted(name)}: shape {list(shape)} is not a tensor shape; its "
+                f"non-zero dimensions hold more than {MAX_ELEMENTS:,} elements, more than "
+                "any request can carry"
+            )
+    return 0 if 0 in shape else spanned
 
 
 def from_bytes(
@@ -80,13 +98,14 @@ def from_bytes(
     count = element_count(shape, name)
     if len(raw) != count * dtype.itemsize:
         raise InvalidInput(
-            f"input {name!r}: {len(raw)} bytes of data for shape {list(shape)} of {datatype} "
-            f"needs {count * dtype.itemsize} ({count} elements of {dtype.itemsize} bytes)"
+            f"input {quoted(name)}: {len(raw)} bytes of data for shape {list(shape)} of "
+            f"{datatype} needs {count * dtype.itemsize} ({count} elements of "
+            f"{dtype.itemsize} bytes)"
         )
     if dtype.kind == "b":
         values = np.frombuffer(raw, dtype=np.uint8)
         if values.size and values.max() > 1:
-            raise InvalidInput(f"input {name!r}: BOOL bytes must be 0 or 1")
+            raise InvalidInput(f"input {quoted(name)}: BOOL bytes must be 0 or 1")
         return values.view(np.bool_).reshape(shape)
     return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
@@ -103,17 +122,25 @@ def from_json(
     count = element_count(shape, name)
     if not isinstance(data, list):
         raise InvalidInput(
-            f"input {name!r}: data must be a list of {count} {datatype} values, "
+            f"input {quoted(name)}: data must be a list of {count} {datatype} values, "
             f"got {type(data).__name__}"
         )
     if dtype.kind != "b" and may_hold_booleans and _holds_boolean(data):
-        raise InvalidInput(f"input {name!r}: {datatype} data must be numbers, not true or false")
+        raise InvalidInput(
+            f"input {quoted(name)}: {datatype} data must be numbers, not true or false"
+        )
     values = _flat_array(data, dtype) if data and type(data[0]) is not list else None
     if values is None:
         values = _nested_array(name, datatype, data, dtype)
+    if values.ndim > 1 and values.shape != tuple(shape):
+        raise InvalidInput(
+            f"input {quoted(name)}: data nested as {list(values.shape)} for shape "
+            f"{list(shape)}; nest it exactly as the shape, or give its {count} values flat "
+            "(row-major)"
+        )
     if values.size != count:
         raise InvalidInput(
-            f"input {name!r}: {values.size} values of data for shape {list(shape)}, "
+            f"input {quoted(name)}: {values.size} values of data for shape {list(shape)}, "
             f"which holds {count}"
         )
     return values.reshape(shape)
@@ -141,8 +168,8 @@ def _nested_array(name: str, datatype: str, data: list[Any], dtype: np.dtype) ->
         values = np.asarray(data)
     except ValueError:  # ragged nesting
         raise InvalidInput(
-            f"input {name!r}: data is nested unevenly; give the elements row-major, flat or "
-            "nested to the tensor's shape"
+            f"input {quoted(name)}: data is nested unevenly; give the elements row-major, flat "
+            "or nested to the tensor's shape"
         ) from None
     kind = values.dtype.kind
     if dtype.kind in "iu" and kind in "fO" and values.size:
@@ -158,13 +185,13 @@ def _nested_array(name: str, datatype: str, data: list[Any], dtype: np.dtype) ->
     if not fits:
         wanted = {"b": "true or false", "i": "integers", "u": "integers"}.get(dtype.kind, "numbers")
         raise InvalidInput(
-            f"input {name!r}: {datatype} data must be {wanted}; got {_sample(values)}"
+            f"input {quoted(name)}: {datatype} data must be {wanted}; got {_sample(values)}"
         )
     if dtype.kind in "iu" and values.size:
         info = np.iinfo(dtype)
         if kind not in "iu" or values.min() < info.min or values.max() > info.max:
             raise InvalidInput(
-                f"input {name!r}: {datatype} values must lie in {info.min}..{info.max}; "
+                f"input {quoted(name)}: {datatype} values must lie in {info.min}..{info.max}; "
                 f"got {values.min()}..{values.max()}"
             )
     with np.errstate(over="ignore"):
@@ -183,7 +210,7 @@ def _python_integers(
     low, high = min(items), max(items)
     if low < info.min or high > info.max:
         raise InvalidInput(
-            f"input {name!r}: {datatype} values must lie in {info.min}..{info.max}; "
+            f"input {quoted(name)}: {datatype} values must lie in {info.min}..{info.max}; "
             f"got {low}..{high}"
         )
     return np.array(items, dtype=dtype)
@@ -200,12 +227,11 @@ def _holds_boolean(data: list[Any]) -> bool:
 def _sample(values: np.ndarray) -> str:
     """The first value that is not a number (a string, null, a boolean), as written."""
     flat = values.reshape(-1).tolist()
-    return repr(
-        next(
-            (v for v in flat if v is None or isinstance(v, bool) or not isinstance(v, int | float)),
-            flat[0],
-        )
+    value = next(
+        (v for v in flat if v is None or isinstance(v, bool) or not isinstance(v, int | float)),
+        flat[0],
     )
+    return quoted(value) if isinstance(value, str) else repr(value)[:NAME_CHARACTERS]
 
 
 def to_bytes(values: np.ndarray) -> bytes:

@@ -203,6 +203,39 @@ def test_a_zero_sized_binary_input_takes_no_bytes() -> None:
     np.testing.assert_array_equal(decoded.inputs["obs"], OBS)
 
 
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_dimensions_past_what_any_request_carries_are_malformed(binary: bool) -> None:
+    """[0, 2**63 - 1] holds no elements, so no byte or value count refuses it; its
+    dimensions are refused before any array is made."""
+    shape = [0, 2**63 - 1]
+    given = sized("obs", "FP32", shape, 0) if binary else fp32("obs", shape, data=[])
+    body, length = binary_body({"inputs": [given]})
+    with pytest.raises(MalformedRequest, match=r"non-zero dimensions hold more than"):
+        decode(body, length if binary else None)
+
+
+def test_json_data_nested_to_another_shape_is_refused_and_flat_data_taken() -> None:
+    nested = [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]  # six values, as [3, 2]
+    with pytest.raises(InvalidInput, match=r"data nested as \[3, 2\] for shape \[2, 3\]"):
+        decode(orjson.dumps({"inputs": [fp32("obs", [2, 3], data=nested)]}))
+    flat = decode(orjson.dumps({"inputs": [fp32("obs", [2, 3], data=[1.0, 2, 3, 4, 5, 6])]}))
+    assert flat.inputs["obs"].tolist() == [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+
+
+def test_long_names_and_values_are_cut_in_messages() -> None:
+    long = "a" * 20_000
+    cases: list[tuple[list[dict[str, Any]], dict[str, Any]]] = [
+        ([fp32(long, [1], data=[1.0]), fp32(long, [1], data=[1.0])], {}),
+        ([fp32(long, [1])], {}),
+        ([fp32("obs", [1], data=[1.0])], {"id": [long]}),
+        ([fp32("obs", [1], data=[1.0])], {"parameters": {"binary_data_output": long}}),
+    ]
+    for given, extra in cases:
+        with pytest.raises(InvalidInput) as caught:
+            decode(orjson.dumps({"inputs": given, **extra}))
+        assert len(caught.value.message) < 300, caught.value.message[:300]
+
+
 def test_a_header_length_past_the_body_is_malformed() -> None:
     body, _ = binary_body({"inputs": [sized("obs", "FP32", [2, 4], 32)]}, OBS.tobytes())
     with pytest.raises(

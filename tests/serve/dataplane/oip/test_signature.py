@@ -215,6 +215,31 @@ def test_an_unknown_input_is_named() -> None:
         request(Signature(CARTPOLE), call({"x": cartpole_obs()}))
 
 
+def test_thousands_of_unknown_inputs_are_named_by_the_first_few_and_a_count() -> None:
+    given = {"obs": cartpole_obs()} | {f"x{i:05}": cartpole_obs() for i in range(20_000)}
+    with pytest.raises(InvalidInput) as caught:
+        request(Signature(CARTPOLE), call(given))
+    assert caught.value.message.endswith(
+        "unknown ['x00000', 'x00001', 'x00002', … and 19,997 more]"
+    )
+    assert len(caught.value.message) < 200
+
+
+def test_long_names_are_cut_in_messages() -> None:
+    long = "a" * 20_000
+    refusals = [
+        lambda: request(Signature(CARTPOLE), call({"obs": cartpole_obs(), long: cartpole_obs()})),
+        lambda: request(Signature(CARTPOLE), InferCall({"obs": cartpole_obs()}, {long: 1}, [])),
+        lambda: Signature(CARTPOLE).chosen(call({}, [long])),
+        lambda: Signature(CARTPOLE).chosen(call({}, outputs=long)),
+    ]
+    for refuse in refusals:
+        with pytest.raises(InvalidInput) as caught:
+            refuse()
+        assert "(20,000 characters)" in caught.value.message
+        assert len(caught.value.message) < 400
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float16, np.int64, np.uint8, np.bool_])
 def test_an_input_of_another_datatype_is_refused_naming_the_one_taken(dtype: type) -> None:
     obs: np.ndarray = cartpole_obs().astype(dtype)

@@ -4,6 +4,7 @@ with a message that names the input and what it should be."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ import orjson
 import pytest
 
 from serve.dataplane.oip import tensors
-from serve.dataplane.oip.tensors import DTYPES, MAX_DIMS
+from serve.dataplane.oip.tensors import DTYPES, MAX_DIMS, MAX_ELEMENTS
 from serve.errors import InvalidInput, MalformedRequest
 
 INTEGERS = [name for name, dtype in DTYPES.items() if dtype.kind in "iu"]
@@ -150,9 +151,31 @@ def test_json_data_must_hold_the_shapes_element_count(datatype: str, count: int)
         tensors.from_json("obs", datatype, [2, 3], data)
 
 
-def test_nested_data_is_counted_by_its_elements_not_its_rows() -> None:
-    with pytest.raises(InvalidInput, match=r"4 values of data for shape \[2, 3\]"):
-        tensors.from_json("obs", "FP32", [2, 3], [[1.0, 2.0], [3.0, 4.0]])
+@pytest.mark.parametrize(
+    ("shape", "nesting"),
+    [
+        ([2, 3], [3, 2]),  # the same six elements, nested to another shape
+        ([2, 3], [2, 2]),  # fewer elements
+        ([2, 3], [2, 1, 3]),  # deeper
+        ([6], [2, 3]),  # nested where the shape is flat
+        ([1, 2, 3], [2, 3]),  # shallower
+    ],
+)
+@pytest.mark.parametrize("datatype", list(DTYPES))
+def test_nested_data_must_be_nested_exactly_as_the_shape(
+    datatype: str, shape: list[int], nesting: list[int]
+) -> None:
+    data = np.ones(nesting, DTYPES[datatype]).tolist()
+    match = re.escape(f"input 'obs': data nested as {nesting} for shape {shape}; nest it exactly")
+    with pytest.raises(InvalidInput, match=match):
+        tensors.from_json("obs", datatype, shape, data)
+
+
+@pytest.mark.parametrize("datatype", list(DTYPES))
+def test_flat_data_of_the_shapes_count_is_taken_for_any_shape(datatype: str) -> None:
+    data = np.ones(6, DTYPES[datatype]).tolist()
+    for shape in ([2, 3], [3, 2], [1, 6, 1], [6]):
+        assert list(tensors.from_json("obs", datatype, shape, data).shape) == shape
 
 
 @pytest.mark.parametrize(
@@ -173,6 +196,50 @@ def test_shapes_no_tensor_can_have_are_malformed(shape: list[Any]) -> None:
         tensors.from_json("obs", "FP32", shape, [1.0, 2.0, 3.0])
     with pytest.raises(MalformedRequest, match=match):
         tensors.from_bytes("obs", "FP32", shape, b"\x00" * 12)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        [0, 2**63 - 1],  # no elements, but strides past any array
+        [2**63 - 1, 0],
+        [0, 2**20, 2**20, 2**20],
+        [0, MAX_ELEMENTS + 1],
+        [MAX_ELEMENTS + 1],
+    ],
+)
+def test_dimensions_past_what_any_request_carries_are_malformed(shape: list[int]) -> None:
+    match = rf"input 'obs': shape .* non-zero dimensions hold more than {MAX_ELEMENTS:,}"
+    with pytest.raises(MalformedRequest, match=match):
+        tensors.from_json("obs", "FP32", shape, [])
+    with pytest.raises(MalformedRequest, match=match):
+        tensors.from_bytes("obs", "FP32", shape, b"")
+
+
+def test_an_empty_tensor_may_span_up_to_the_element_limit() -> None:
+    for shape in ([0, MAX_ELEMENTS], [MAX_ELEMENTS, 0], [0, 2**16, 2**15]):
+        assert list(tensors.from_bytes("obs", "UINT8", shape, b"").shape) == shape
+        assert list(tensors.from_json("obs", "UINT8", shape, []).shape) == shape
+
+
+def test_a_shape_of_thousands_of_axes_is_not_written_out() -> None:
+    with pytest.raises(MalformedRequest, match="shape of 20,000 axes") as caught:
+        tensors.from_bytes("obs", "FP32", [1] * 20_000, b"")
+    assert len(caught.value.message) < 300
+
+
+def test_long_names_and_datatypes_are_cut_in_messages() -> None:
+    name, datatype = "n" * 20_000, "D" * 20_000
+    for refuse in (
+        lambda: tensors.from_bytes(name, "FP32", [2], b""),
+        lambda: tensors.from_json(name, "FP32", [2], [1.0]),
+        lambda: tensors.from_json(name, datatype, [2], [1.0, 2.0]),
+        lambda: tensors.from_json("obs", "FP32", [1], ["s" * 20_000]),
+    ):
+        with pytest.raises(InvalidInput) as caught:
+            refuse()
+        assert len(caught.value.message) < 400, caught.value.message[:400]
+        assert "(20,000 characters)" in caught.value.message
 
 
 def test_eight_axes_are_a_shape() -> None:
