@@ -15,7 +15,9 @@ integer, else float64), shaped by the nesting it verified:
 - counting every ``[`` in the body proves there is no nesting the lengths did not see.
 
 Anything else, a malformed body included, is decoded by orjson into Python values
-exactly as before, so errors and edge cases keep one behaviour. Either way the result is
+exactly as before, so errors and edge cases keep one behaviour; on both paths,
+observations or actions nested more than :data:`MAX_DEPTH` lists deep (more axes than an
+array can have) are refused (422), saying so. Either way the result is
 the body as a dict whose ``observations`` is an ``np.ndarray`` or Python lists; the
 model's validator accepts both.
 
@@ -40,13 +42,14 @@ import numpy as np
 import simdjson
 
 from serve.dataplane.wire import decode_object
-from serve.errors import InvalidInput, MalformedRequest
+from serve.errors import InvalidInput, MalformedRequest, quoted
 
 # simdjson's buffer types, integers first: an image stays integral, floats need "d".
 _ARRAY_OF: dict[Literal["i", "d"], type[np.generic]] = {"i": np.int64, "d": np.float64}
 # The fields that hold numbers only: a JSON boolean in them is refused.
 _NUMERIC = ("observations", "actions")
 _SCALARS = frozenset({int, float, str, type(None)})  # what JSON decodes to, but booleans
+MAX_DEPTH = 64  # numpy's most axes: lists nested deeper are no array of numbers
 
 
 class PredictBodyDecoder:
@@ -62,6 +65,8 @@ class PredictBodyDecoder:
         payload = decode_object(body)
         if b"true" in body or b"false" in body:  # rare: a search in C, over the bytes
             _refuse_booleans(payload, body)
+        for name in _NUMERIC:
+            _check_depth(name, payload.get(name))
         return payload
 
     def _fast(self, body: bytes) -> dict[str, Any] | None:
@@ -104,6 +109,8 @@ def _observations_and_parameters(
     flat = _numbers(observations)
     if flat is None or flat.size != math.prod(shape):
         return None
+    if len(shape) > MAX_DEPTH:  # numbers only, as the general path would refuse them
+        raise _too_deep("observations", len(shape))
     return {"observations": flat.reshape(shape), **parameters}
 
 
@@ -168,6 +175,32 @@ def _brackets(value: Any) -> int | None:
     if isinstance(value, dict):
         return None
     return 0
+
+
+def _too_deep(field: str, depth: int) -> InvalidInput:
+    return InvalidInput(
+        f"{field}: lists nested {depth} deep; at most {MAX_DEPTH} are taken (a batch axis and "
+        "the observation's own axes)"
+    )
+
+
+def _check_depth(field: str, value: Any) -> None:
+    """InvalidInput when lists nest more than MAX_DEPTH deep, counted along each first item
+    (a deeper nesting further on is ragged, which the validator names), into objects too
+    (a Dict space's keys)."""
+    stack: list[tuple[str, Any]] = [(field, value)]
+    while stack:
+        where, item = stack.pop()
+        depth = 0
+        while isinstance(item, list):
+            depth += 1
+            if not item:
+                break
+            item = item[0]
+        if depth > MAX_DEPTH:
+            raise _too_deep(where, depth)
+        if isinstance(item, dict):
+            stack.extend((f"{where}[{quoted(str(k))}]", v) for k, v in item.items())
 
 
 def _refuse_booleans(payload: dict[str, Any], body: bytes) -> None:

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
 from tests.e2e.conftest import only
@@ -15,6 +16,7 @@ from tests.e2e.server import Server
 
 GOOD = {"observations": [0.01, -0.02, 0.03, 0.04]}
 TOKEN = "errors-test-token"
+DEEP = orjson.loads(b"[" * 65 + b"0.5" + b"]" * 65)  # more axes than an array has
 
 
 def error_of(response: httpx.Response, status: int, code: str) -> str:
@@ -71,6 +73,8 @@ def test_unknown_models_and_versions_get_404(server: Server, path: str, words: s
         ({"obs": [0.0] * 4}, "unknown field(s) ['obs']"),
         ({"observations": [0.0] * 4, "seed": -1}, "seed: expected a non-negative integer"),
         ({"observations": [0.0] * 4, "outputs": ["everything"]}, "outputs: expected"),
+        ({"observations": DEEP}, "observations: lists nested 65 deep; at most 64"),
+        ({"observations": DEEP, "actions": [0]}, "observations: lists nested 65 deep; at most 64"),
     ],
 )
 def test_observations_that_do_not_fit_the_contract_get_422(

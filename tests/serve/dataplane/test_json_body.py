@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from serve.dataplane.http import PARAMETERS
-from serve.dataplane.json_body import PredictBodyDecoder
+from serve.dataplane.json_body import MAX_DEPTH, PredictBodyDecoder
 from serve.errors import InvalidInput, MalformedRequest
 
 
@@ -179,3 +179,32 @@ def test_the_boolean_is_found_at_any_depth_orjson_takes(decoder: PredictBodyDeco
     with pytest.raises(InvalidInput) as refused:
         decoder.decode(body)
     assert refused.value.message.startswith("observations" + "[0]" * depth + ": false is")
+
+
+def nested(depth: int, innermost: bytes = b"0.5") -> bytes:
+    return b"[" * depth + innermost + b"]" * depth
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"observations": %s}' % nested(65),  # the simdjson path: numbers only
+        b'{"observations": %s, "deterministic": true}' % nested(65),
+        b'{"observations": %s, "actions": [0]}' % nested(65),  # orjson's: it has actions
+        b'{"observations": [%s, 1]}' % nested(64),  # orjson's: ragged
+        b'{"observations": {"camera": %s}}' % nested(65),  # orjson's: a Dict space
+        b'{"observations": [[0.5]], "actions": %s}' % nested(65, b"1"),
+    ],
+    ids=["fast", "fast-with-parameter", "scoring", "ragged", "dict", "actions"],
+)
+def test_lists_nested_past_the_depth_limit_are_refused_on_every_path(
+    decoder: PredictBodyDecoder, body: bytes
+) -> None:
+    with pytest.raises(InvalidInput, match=rf"lists nested 6\d deep; at most {MAX_DEPTH} are"):
+        decoder.decode(body)
+
+
+def test_lists_nested_to_the_depth_limit_are_decoded(decoder: PredictBodyDecoder) -> None:
+    decoded = decoder.decode(b'{"observations": %s}' % nested(MAX_DEPTH))["observations"]
+    assert decoded.shape == (1,) * MAX_DEPTH
+    assert decoder.decode(b'{"observations": %s, "actions": [0]}' % nested(MAX_DEPTH))
