@@ -212,6 +212,9 @@ def _options(payload: dict[str, Any], *, chat: bool) -> Options:
     stream = payload.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise InvalidInput(f"stream: expected true or false, got {_shown(stream)}")
+    parallel = payload.get("parallel_tool_calls")  # no tools are called: any boolean is moot
+    if chat and parallel is not None and not isinstance(parallel, bool):
+        raise InvalidInput(f"parallel_tool_calls: expected true or false, got {_shown(parallel)}")
     include_usage = _include_usage(payload.get("stream_options"))
     return Options(bool(stream), include_usage, _logprobs(payload, chat=chat))
 

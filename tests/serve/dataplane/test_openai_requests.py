@@ -61,6 +61,10 @@ def test_a_chat_takes_text_parts_and_either_budget_name() -> None:
          "messages[0].content[0]: a image_url part"),
         (Endpoint.CHAT, {"messages": [], "tools": [{"type": "function"}]}, "tools: "),
         (Endpoint.CHAT, {"messages": [], "stream": "yes"}, "stream: expected true or false"),
+        (Endpoint.CHAT, {"messages": [], "parallel_tool_calls": "yes"},
+         "parallel_tool_calls: expected true or false, got 'yes'"),
+        (Endpoint.CHAT, {"messages": [], "parallel_tool_calls": 1},
+         "parallel_tool_calls: expected true or false, got 1"),
     ],
 )  # fmt: skip
 def test_what_is_not_supported_is_refused_by_name(
@@ -69,6 +73,12 @@ def test_what_is_not_supported_is_refused_by_name(
     with pytest.raises(InvalidInput) as caught:
         parse(endpoint, {"model": "m", **body})
     assert words in caught.value.message
+
+
+@pytest.mark.parametrize("value", [True, False, None])
+def test_parallel_tool_calls_takes_a_boolean(value: bool | None) -> None:
+    body: dict[str, Any] = {"model": "m", "messages": [], "parallel_tool_calls": value}
+    assert parse(Endpoint.CHAT, body).model == "m"
 
 
 def test_a_missing_model_is_refused() -> None:
