@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Any
 
 from serve.errors import InvalidInput
+from serve.json_shown import json_shown
 
 __all__ = ["Endpoint", "OpenAICall", "Options", "parse"]
 
@@ -105,7 +106,7 @@ def parse(endpoint: Endpoint, payload: dict[str, Any]) -> OpenAICall:
     for field, (neutral, valid) in _NEUTRAL.items():
         if field in payload and not neutral(payload[field]):
             raise InvalidInput(
-                f"{field}: {_shown(payload[field])} is not supported ({_WHY_NOT[field]}); "
+                f"{field}: {json_shown(payload[field])} is not supported ({_WHY_NOT[field]}); "
                 f"leave it out or send {valid}"
             )
     generate = {field: payload[field] for field in _NATIVE if payload.get(field) is not None}
@@ -135,7 +136,7 @@ def _model(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidInput(
             f"model: expected the name of a served model (GET /v1/models lists them), got "
-            f"{_shown(value)}"
+            f"{json_shown(value)}"
         )
     return value
 
@@ -180,7 +181,7 @@ def _text_parts(parts: list[Any], index: int) -> str:
     texts = []
     for k, part in enumerate(parts):
         if not isinstance(part, dict) or part.get("type") != "text":
-            kind = part.get("type") if isinstance(part, dict) else _shown(part)
+            kind = part.get("type") if isinstance(part, dict) else json_shown(part)
             raise InvalidInput(
                 f"messages[{index}].content[{k}]: a {kind!s} part; only text parts "
                 '({"type": "text", "text": "..."}) are taken by a language model'
@@ -188,7 +189,7 @@ def _text_parts(parts: list[Any], index: int) -> str:
         text = part.get("text")
         if not isinstance(text, str):
             raise InvalidInput(
-                f"messages[{index}].content[{k}].text: expected a string, got {_shown(text)}"
+                f"messages[{index}].content[{k}].text: expected a string, got {json_shown(text)}"
             )
         texts.append(text)
     return "".join(texts)
@@ -200,7 +201,7 @@ def _chat_budget(payload: dict[str, Any]) -> tuple[Any, str]:
     newer, older = payload.get("max_completion_tokens"), payload.get("max_tokens")
     if newer is not None and older is not None and newer != older:
         raise InvalidInput(
-            f"max_completion_tokens: {_shown(newer)} while max_tokens is {_shown(older)}; "
+            f"max_completion_tokens: {json_shown(newer)} while max_tokens is {json_shown(older)}; "
             "send one of them (max_tokens is the former name of max_completion_tokens)"
         )
     if newer is not None:
@@ -211,10 +212,12 @@ def _chat_budget(payload: dict[str, Any]) -> tuple[Any, str]:
 def _options(payload: dict[str, Any], *, chat: bool) -> Options:
     stream = payload.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise InvalidInput(f"stream: expected true or false, got {_shown(stream)}")
+        raise InvalidInput(f"stream: expected true or false, got {json_shown(stream)}")
     parallel = payload.get("parallel_tool_calls")  # no tools are called: any boolean is moot
     if chat and parallel is not None and not isinstance(parallel, bool):
-        raise InvalidInput(f"parallel_tool_calls: expected true or false, got {_shown(parallel)}")
+        raise InvalidInput(
+            f"parallel_tool_calls: expected true or false, got {json_shown(parallel)}"
+        )
     include_usage = _include_usage(payload.get("stream_options"))
     return Options(bool(stream), include_usage, _logprobs(payload, chat=chat))
 
@@ -224,12 +227,12 @@ def _include_usage(value: Any) -> bool:
         return False
     if not isinstance(value, dict) or set(value) - {"include_usage"}:
         raise InvalidInput(
-            f'stream_options: expected {{"include_usage": true or false}}, got {_shown(value)}'
+            f'stream_options: expected {{"include_usage": true or false}}, got {json_shown(value)}'
         )
     include = value.get("include_usage", False)
     if not isinstance(include, bool):
         raise InvalidInput(
-            f"stream_options.include_usage: expected true or false, got {_shown(include)}"
+            f"stream_options.include_usage: expected true or false, got {json_shown(include)}"
         )
     return include
 
@@ -240,10 +243,10 @@ def _logprobs(payload: dict[str, Any], *, chat: bool) -> bool:
     value = payload.get("logprobs")
     if chat:
         if value is not None and not isinstance(value, bool):
-            raise InvalidInput(f"logprobs: expected true or false, got {_shown(value)}")
+            raise InvalidInput(f"logprobs: expected true or false, got {json_shown(value)}")
         top = payload.get("top_logprobs")
         if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
-            raise InvalidInput(f"top_logprobs: expected an integer >= 0, got {_shown(top)}")
+            raise InvalidInput(f"top_logprobs: expected an integer >= 0, got {json_shown(top)}")
         if top:
             raise InvalidInput(
                 f"top_logprobs: {top} asks for the {top} most likely alternatives of each "
@@ -254,18 +257,10 @@ def _logprobs(payload: dict[str, Any], *, chat: bool) -> bool:
     if value is None:
         return False
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidInput(f"logprobs: expected an integer >= 0, got {_shown(value)}")
+        raise InvalidInput(f"logprobs: expected an integer >= 0, got {json_shown(value)}")
     if value > 0:
         raise InvalidInput(
             f"logprobs: {value} asks for the {value} most likely alternatives of each token, "
             "which this server does not compute; send 0 for the chosen tokens' log-probs"
         )
     return True
-
-
-def _shown(value: Any) -> str:
-    """A value as an error message shows it: itself when short, else its type."""
-    if value is None:
-        return "nothing (null or missing)"
-    text = repr(value)
-    return text if len(text) <= 60 else f"a {type(value).__name__}"

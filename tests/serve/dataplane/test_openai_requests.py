@@ -49,6 +49,8 @@ def test_a_chat_takes_text_parts_and_either_budget_name() -> None:
     ("endpoint", "body", "words"),
     [
         (Endpoint.COMPLETIONS, {"prompt": "a", "n": 2}, "n: 2 is not supported"),
+        (Endpoint.COMPLETIONS, {"prompt": "a", "echo": True}, "echo: true is not supported"),
+        (Endpoint.COMPLETIONS, {"prompt": "a", "logprobs": True}, "got true"),
         (Endpoint.COMPLETIONS, {"prompt": [1, 2]}, "prompt: token ids"),
         (Endpoint.COMPLETIONS, {"prompt": ["a", "b"]}, "prompt: 2 prompts"),
         (Endpoint.COMPLETIONS, {"prompt": "a", "logprobs": 1}, "logprobs: 1 asks"),
@@ -62,7 +64,7 @@ def test_a_chat_takes_text_parts_and_either_budget_name() -> None:
         (Endpoint.CHAT, {"messages": [], "tools": [{"type": "function"}]}, "tools: "),
         (Endpoint.CHAT, {"messages": [], "stream": "yes"}, "stream: expected true or false"),
         (Endpoint.CHAT, {"messages": [], "parallel_tool_calls": "yes"},
-         "parallel_tool_calls: expected true or false, got 'yes'"),
+         "parallel_tool_calls: expected true or false, got \"yes\""),
         (Endpoint.CHAT, {"messages": [], "parallel_tool_calls": 1},
          "parallel_tool_calls: expected true or false, got 1"),
     ],
