@@ -4,7 +4,7 @@ the inference side of RL training: rollout workers and experience buffers (issue
 language-model generation with continuous batching (issue #12), and the result cache's hit
 and miss paths against a model run (issue #13).
 
-    python -m bench [--seconds 8] [--only mlp-64 --only actor] [--output docs/benchmarks.md]
+    python -m bench [--seconds 8] [--only mlp-64,actor] [--output docs/benchmarks.md]
 
 Servers run pinned to core 0 and the load (wrk, or the CartPole actor) to core 1, with
 taskset. For each scenario every server gets a warm-up wrk run, then a measured one; the
@@ -145,9 +145,9 @@ class BenchArgs:
     only: list[str] | None = field(
         default=None,
         metadata=arg(
-            "run only this scenario; repeat for several (default: all)",
-            choices=list(scenarios.NAMES),
-            metavar="SCENARIO",
+            "run only these scenarios: one name, or several separated by commas, and the "
+            f"flag may repeat (default: all; names: {', '.join(scenarios.NAMES)})",
+            metavar="SCENARIO[,SCENARIO...]",
         ),
     )
     deadline_ms: float | None = field(
@@ -183,7 +183,10 @@ def main() -> None:
         parser.error("--seconds and --warmup take whole seconds, 1 at least (wrk's -d)")
     if args.deadline_ms is not None and args.deadline_ms <= 0:
         parser.error("--deadline-ms takes a positive number of milliseconds")
-    chosen = tuple(n for n in scenarios.NAMES if args.only is None or n in args.only)
+    try:
+        chosen = scenarios.chosen(args.only)
+    except ValueError as e:
+        parser.error(str(e))
     cpu.require_cores()
     if any(n not in (scenarios.RAW, scenarios.ACTOR, scenarios.LOOP, scenarios.LM) for n in chosen):
         load.require_wrk()

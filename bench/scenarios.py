@@ -55,15 +55,31 @@ SPLICED = (OIP, LOOP, LM, CACHE)  # alone into an existing document: replace onl
 MODELS = ("cartpole", "mlp", "cnn")  # every model of the repository, in document order
 
 
+def chosen(only: list[str] | None) -> tuple[str, ...]:
+    """The scenarios ``--only`` picks, in the document's order: each value one name or
+    several separated by commas (``mlp-1,mlp-8,mlp-64``); all of them without ``--only``.
+    ValueError naming what is no scenario, and what would be."""
+    if only is None:
+        return NAMES
+    picked = {name.strip() for value in only for name in value.split(",") if name.strip()}
+    unknown = sorted(picked - set(NAMES))
+    if unknown or not picked:
+        given = ", ".join(map(repr, unknown)) if unknown else "no scenario name"
+        raise ValueError(f"--only: {given} is no scenario; choose from {', '.join(NAMES)}")
+    return tuple(n for n in NAMES if n in picked)
+
+
 def deterministic_twin(scenario: Scenario) -> str:
     """The name of the deterministic scenario on the same model and connections."""
     return f"{scenario.model}-{scenario.connections}"
 
 
 def setups(scenario: Scenario, workers: int) -> list[Setup]:
-    """The servers a scenario runs on, baseline first; the baseline cannot sample."""
+    """The servers a scenario runs on: the floor (bare ASGI on uvicorn) and the plain
+    FastAPI baseline first, then rlserve's; neither reference can sample, so a stochastic
+    scenario runs rlserve's alone."""
     rlserve = [servers.SERVE, servers.GUNICORN_1, servers.gunicorn_unpinned(workers)]
-    return rlserve if scenario.stochastic else [servers.BASELINE, *rlserve]
+    return rlserve if scenario.stochastic else [servers.FLOOR, servers.BASELINE, *rlserve]
 
 
 def body(scenario: Scenario) -> bytes:

@@ -1,5 +1,7 @@
 """The servers under test: each started on a free loopback port, pinned or not, and stopped.
 
+- *floor*: ``bench/floor.py``, a bare ASGI app (read the body, answer a fixed small JSON
+  body) under uvicorn with the options ``rlserve serve`` uses: the cost of HTTP alone;
 - *plain FastAPI*: ``bench/baseline.py`` under uvicorn, onnxruntime inline per request;
 - *rlserve serve*: the development server, one process (``python -m serve.cli serve``);
 - *rlserve gunicorn*: the production configuration (``serve/gunicorn.conf.py``).
@@ -37,7 +39,17 @@ _QUIET = {
 }
 
 
+# The uvicorn options ``rlserve serve`` runs with (serve/commands/serve.py: httptools
+# parsing, uvicorn's event loop choice, lifespan on, no access log, no Server header, logs
+# at warning), given to the floor so that only the application differs.
+RLSERVE_UVICORN = [
+    "--http", "httptools", "--loop", "auto", "--lifespan", "on", "--no-access-log",
+    "--no-server-header", "--log-level", "warning",
+]  # fmt: skip
+
+
 class Kind(enum.Enum):
+    FLOOR = "floor"
     BASELINE = "baseline"
     SERVE = "serve"
     GUNICORN = "gunicorn"
@@ -54,6 +66,7 @@ class Setup:
     workers: int = 1
 
 
+FLOOR = Setup("floor", "floor: bare ASGI on uvicorn", Kind.FLOOR)
 BASELINE = Setup("baseline", "plain FastAPI, ORT inline", Kind.BASELINE)
 SERVE = Setup("serve", "rlserve serve (1 process)", Kind.SERVE)
 GUNICORN_1 = Setup("gunicorn-1", "rlserve gunicorn (1 worker)", Kind.GUNICORN)
@@ -135,11 +148,15 @@ def start(
     """``setup`` serving the model folder ``model`` (<repository>/<name>), once ready.
 
     Ready means ``GET /ready`` answers 200 (rlserve), or ``probe`` is answered 200 by
-    ``POST /predict`` (the baseline, which has no readiness endpoint).
+    ``POST /predict`` (the floor and the baseline, which have no readiness endpoint).
     """
     log = workdir / f"{model.name}-{setup.key}.log"
-    if setup.kind is Kind.BASELINE:
-        server = _baseline(newest_onnx(model), log, setup.core)
+    if setup.kind in (Kind.FLOOR, Kind.BASELINE):
+        server = (
+            _floor(log, setup.core)
+            if setup.kind is Kind.FLOOR
+            else _baseline(newest_onnx(model), log, setup.core)
+        )
         server.wait_until(
             lambda c: c.post("/predict", content=probe).status_code == 200, "serving", timeout_s
         )
@@ -152,6 +169,14 @@ def start(
         server = _gunicorn(repository, setup, workdir, log)
     server.wait_until(lambda c: c.get("/ready").status_code == 200, "ready", timeout_s)
     return server
+
+
+def _floor(log: Path, core: int | None) -> Server:
+    command = [
+        sys.executable, "-m", "uvicorn", "bench.floor:app", "--host", "127.0.0.1",
+        "--port", "{port}", *RLSERVE_UVICORN,
+    ]  # fmt: skip
+    return Server(command, {}, log, core)
 
 
 def _baseline(onnx: Path, log: Path, core: int | None) -> Server:
