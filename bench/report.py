@@ -5,10 +5,23 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from collections.abc import Callable
 
 import onnxruntime
 
-from bench import cache, children, lm, lm_child, loop, oip, overload, scenarios, servers, targets
+from bench import (
+    cache,
+    children,
+    lm,
+    lm_child,
+    loop,
+    oip,
+    overload,
+    ratios,
+    scenarios,
+    servers,
+    targets,
+)
 from bench.cache import CacheRow, CacheRun, Path_
 from bench.lm import BaselineRun, LmRun, ServerRun
 from bench.loop import BufferRun, LoopRun, WorkerRun
@@ -116,7 +129,7 @@ def _targets(verdicts: list[Verdict]) -> str:
 
 def _load_section(section: str, runs: list[LoadRun], results: Results) -> str:
     title, intro = _SECTIONS[section]
-    versus = "vs deterministic" if runs[0].scenario.stochastic else "vs baseline"
+    versus = "vs deterministic" if runs[0].scenario.stochastic else "vs plain FastAPI"
     lines = [
         f"## {title}",
         "",
@@ -132,11 +145,74 @@ def _load_section(section: str, runs: list[LoadRun], results: Results) -> str:
             f"| {load.p50_ms:.2f} | {load.p99_ms:.2f} | {load.errors} "
             f"| {run.cpu_us_per_request:,.0f} | {_versus(run, results)} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + versus_table(runs, results)) + "\n"
+
+
+VERSUS_HEADING = "### rlserve against the floor and plain FastAPI"
+_VERSUS_COLUMNS = (
+    "| setup | connections | requests/s ÷ floor | ÷ FastAPI | p50 ÷ floor | ÷ FastAPI "
+    "| p50 over the floor µs | p99 ÷ floor | ÷ FastAPI | CPU µs/request ÷ floor | ÷ FastAPI |"
+)
+
+
+def versus_table(runs: list[LoadRun], results: Results) -> list[str]:
+    """Each rlserve run's figures against the floor's and plain FastAPI's of the same
+    scenario; no lines when neither reference ran (the stochastic scenarios)."""
+    rows = []
+    for run in runs:
+        if run.setup.kind not in (servers.Kind.SERVE, servers.Kind.GUNICORN):
+            continue
+        floor = results.find(run.scenario.name, servers.FLOOR.key)
+        fastapi = results.find(run.scenario.name, servers.BASELINE.key)
+        if floor is None and fastapi is None:
+            continue
+        rows.append(_versus_row(run, floor, fastapi))
+    if not rows:
+        return []
+    return [
+        "",
+        VERSUS_HEADING,
+        "",
+        "Each rlserve figure divided by the same scenario's figure of the floor (a bare ASGI "
+        "app on uvicorn, `bench/floor.py`) and of plain FastAPI: above 1x is more requests/s, "
+        "or more latency or CPU per request. *p50 over the floor* is the difference.",
+        "",
+        _VERSUS_COLUMNS,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
+    ]
+
+
+def _versus_row(run: LoadRun, floor: LoadRun | None, fastapi: LoadRun | None) -> str:
+    both = (
+        ratios.against(run, floor) if floor else None,
+        ratios.against(run, fastapi) if fastapi else None,
+    )
+    low = both[0]
+    cells = [
+        *_pair(both, lambda r: r.requests_per_s),
+        *_pair(both, lambda r: r.p50),
+        f"{low.p50_gap_ms * 1e3:+,.0f}" if low else "n/a",
+        *_pair(both, lambda r: r.p99),
+        *_pair(both, lambda r: r.cpu_per_request),
+    ]
+    return f"| {run.setup.label} | {run.scenario.connections} | {' | '.join(cells)} |"
+
+
+def _pair(
+    both: tuple[ratios.Ratios | None, ratios.Ratios | None],
+    figure: Callable[[ratios.Ratios], float | None],
+) -> list[str]:
+    """One figure's ratio against each reference, as cells ("n/a" where it did not run)."""
+    return [_x(figure(r)) if r is not None else "n/a" for r in both]
+
+
+def _x(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
 
 
 def _versus(run: LoadRun, results: Results) -> str:
-    """Requests/s against the baseline (or the deterministic twin) of the same connections."""
+    """Requests/s against plain FastAPI (or the deterministic twin) of the same connections."""
     if run.scenario.stochastic:
         reference = results.find(scenarios.deterministic_twin(run.scenario), run.setup.key)
     else:
@@ -731,12 +807,19 @@ sharing one core move end to end, not a broker's limit."""
 
 _READING = """## Reading the numbers
 
-- **Setups**: *plain FastAPI* parses the body and runs onnxruntime inline on its event
-  loop, one request per run, with no validation, batching, deadlines or metrics
-  (`bench/baseline.py`); *rlserve serve* is the development server (one process);
-  *rlserve gunicorn* is the production configuration (`serve/gunicorn.conf.py`), with one
-  worker pinned like the others, and with several workers free to use every core. Access
-  logs are off everywhere.
+- **Setups**: the *floor* is a bare ASGI app that reads the request's body and answers a
+  fixed small JSON body (`bench/floor.py`: no framework, no parsing, no model), on uvicorn
+  with the options `rlserve serve` gives it (httptools, uvicorn's event loop, no access
+  log, no Server header): what HTTP alone costs per request on this stack, the least any
+  Python server here can spend; *plain FastAPI* parses the body and runs onnxruntime
+  inline on its event loop, one request per run, with no validation, batching, deadlines
+  or metrics (`bench/baseline.py`); *rlserve serve* is the development server (one
+  process); *rlserve gunicorn* is the production configuration (`serve/gunicorn.conf.py`),
+  with one worker pinned like the others, and with several workers free to use every
+  core. Access logs are off everywhere. The floor and plain FastAPI run in every
+  deterministic scenario, in the same run and under the same wrk load as rlserve; each
+  section's second table divides rlserve's requests/s, p50, p99 and CPU µs/request by
+  theirs.
 - **Pinning**: each server has core 0 to itself and wrk has core 1, so a server's
   throughput is what one core gives it, and the load generator never competes with it.
   The *not pinned* gunicorn row shares core 1 with wrk: it shows how throughput scales

@@ -1,7 +1,9 @@
-"""The targets of issues #8, #9, #11, #12 and #13, and of the Open Inference Protocol,
+"""The targets of issues #8, #9, #11, #12, #13 and #20, and of the Open Inference Protocol,
 judged on the numbers of one run: met, missed or not measured.
 
 "rlserve" in a target means ``rlserve serve`` (one process, pinned like the baseline).
+"The floor" is a bare ASGI app on uvicorn with rlserve's options (bench/floor.py), run in
+the same scenario: issue #20 judges rlserve's CPU and latency against it.
 A run with errors, or with no request completed, misses its target whatever its numbers:
 errors can be fast. Under overload, refusals (429, 503, 504) are not errors: they are what
 the target is about.
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench import cache, lm, loop, models, oip, overload, servers
+from bench import cache, lm, loop, models, oip, overload, ratios, servers
 from bench.actor import Client
 from bench.cache import CacheRun, Path_
 from bench.lm import LmRun, ServerRun
@@ -32,18 +34,25 @@ class Verdict:
         return {True: "met", False: "**missed**", None: "not measured"}[self.met]
 
 
+# Env steps/s of the CartPole actor, by client: issue #20 raised the project's client's
+# from issue #8's 2,000 to 3,000.
+ACTOR_MINIMUM = {Client.POLICY: 3000.0, Client.HTTP: 2000.0}
+
+
 def judge(results: Results) -> list[Verdict]:
     return [
         _ratio(results, "mlp-64", 4.0),
+        _cpu_against_floor(results, "mlp-64", 2.5),
         _latency(results, "mlp-64", "p99", 10.0),
         _ratio(results, "mlp-8", 3.0),
         _latency(results, "mlp-8", "p99", 1.5),
         _latency(results, "mlp-1", "p50", 0.3),
+        _p50_over_floor(results, "mlp-1", 0.1),
         _ratio(results, "cnn-64", 2.5),
         _stochastic_loss(results, 64, 0.15),
         _stochastic_loss(results, 8, 0.15),
         _gunicorn_cpu(results, 0.10),
-        *(_actor(results, client, 2000.0) for client in Client),
+        *(_actor(results, client, ACTOR_MINIMUM[client]) for client in Client),
         overload_verdict(results.overload),
         *oip_verdicts(results.oip),
         *loop_verdicts(results.loop),
@@ -53,13 +62,45 @@ def judge(results: Results) -> list[Verdict]:
 
 
 def _ratio(results: Results, scenario: str, minimum: float) -> Verdict:
-    target = f"{scenario}: rlserve serve ≥ {minimum:.1f}x the baseline's requests/s"
+    target = f"{scenario}: rlserve serve ≥ {minimum:.1f}x plain FastAPI's requests/s"
     baseline = results.find(scenario, servers.BASELINE.key)
     rlserve = results.find(scenario, servers.SERVE.key)
     if baseline is None or rlserve is None:
         return Verdict(target, "not run", None)
-    ratio = rlserve.load.requests_per_s / baseline.load.requests_per_s
-    return _verdict(target, f"{ratio:.2f}x", ratio >= minimum, rlserve, baseline)
+    mine, theirs = rlserve.load.requests_per_s, baseline.load.requests_per_s
+    ratio = ratios.ratio(mine, theirs) or 0.0
+    measured = f"{ratio:.2f}x: {mine:,.0f} against {theirs:,.0f} requests/s"
+    return _verdict(target, measured, ratio >= minimum, rlserve, baseline)
+
+
+def _cpu_against_floor(results: Results, scenario: str, maximum: float) -> Verdict:
+    """rlserve serve's CPU µs per request at most ``maximum`` times the floor's."""
+    target = (
+        f"{scenario}: rlserve serve CPU µs/request ≤ {maximum:g}x the floor's "
+        "(bare ASGI on uvicorn)"
+    )
+    floor = results.find(scenario, servers.FLOOR.key)
+    rlserve = results.find(scenario, servers.SERVE.key)
+    if floor is None or rlserve is None:
+        return Verdict(target, "not run", None)
+    mine, theirs = rlserve.cpu_us_per_request, floor.cpu_us_per_request
+    ratio = ratios.ratio(mine, theirs)
+    if ratio is None:
+        return _verdict(target, "the floor spent no CPU", False, rlserve, floor)
+    measured = f"{ratio:.2f}x: {mine:,.0f} against {theirs:,.0f} µs"
+    return _verdict(target, measured, ratio <= maximum, rlserve, floor)
+
+
+def _p50_over_floor(results: Results, scenario: str, maximum_ms: float) -> Verdict:
+    """rlserve serve's p50 at most ``maximum_ms`` above the floor's."""
+    target = f"{scenario}: rlserve serve p50 ≤ the floor's p50 + {maximum_ms * 1e3:g} µs"
+    floor = results.find(scenario, servers.FLOOR.key)
+    rlserve = results.find(scenario, servers.SERVE.key)
+    if floor is None or rlserve is None:
+        return Verdict(target, "not run", None)
+    gap = ratios.against(rlserve, floor).p50_gap_ms
+    measured = f"{gap * 1e3:+,.0f} µs: {rlserve.load.p50_ms:.3f} against {floor.load.p50_ms:.3f} ms"
+    return _verdict(target, measured, round(gap, 6) <= maximum_ms, rlserve, floor)
 
 
 def _latency(results: Results, scenario: str, percentile: str, maximum_ms: float) -> Verdict:

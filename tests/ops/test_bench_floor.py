@@ -1,0 +1,289 @@
+"""The benchmark's HTTP floor (issue #20): the bare ASGI app on the wire, and the pure parts
+that read rlserve's figures against it and against plain FastAPI: the ratios, the targets
+judged on them, the document's table of them, and ``--only``'s scenario names.
+
+The floor itself is started as the benchmark starts it (uvicorn with rlserve's options,
+pinned to the server core) and called with httpx; the rest are functions of numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import httpx
+import pytest
+
+from bench import cpu, floor, ratios, report, scenarios, servers, targets
+from bench.actor import ActorResult, Client
+from bench.load import LoadResult
+from bench.results import ActorRun, Conditions, LoadRun, Results
+from bench.scenarios import Scenario
+from bench.servers import Setup
+
+MLP_64, MLP_8, MLP_1 = scenarios.WRK[:3]
+STOCHASTIC_64 = next(s for s in scenarios.WRK if s.stochastic)
+SECONDS = 8.0
+
+
+def load_run(
+    scenario: Scenario,
+    setup: Setup,
+    requests_per_s: float,
+    p50_ms: float,
+    p99_ms: float,
+    cpu_us: float,
+    *,
+    errors: int = 0,
+) -> LoadRun:
+    """A measured run of ``SECONDS`` at these figures; ``cpu_us`` per request."""
+    requests = round(requests_per_s * SECONDS)
+    result = LoadResult(
+        requests=requests, requests_per_s=requests_per_s, p50_ms=p50_ms, p99_ms=p99_ms,
+        errors=errors, seconds=SECONDS, socket_errors=0, statuses=None,
+    )  # fmt: skip
+    return LoadRun(scenario, setup, result, server_cpu_s=cpu_us * requests / 1e6)
+
+
+def results_of(*runs: LoadRun) -> Results:
+    conditions = Conditions(
+        when="now", machine="x86_64", cpus=2, python="3.11", seconds=int(SECONDS), warmup_s=2,
+        workers=2, scenarios=tuple(dict.fromkeys(r.scenario.name for r in runs)),
+        all_scenarios=False,
+    )  # fmt: skip
+    return Results(conditions, load=list(runs))
+
+
+def verdict(results: Results, start: str) -> targets.Verdict:
+    (found,) = [v for v in targets.judge(results) if v.target.startswith(start)]
+    return found
+
+
+# The floor on the wire
+
+
+@pytest.fixture
+def floor_server(tmp_path):
+    if shutil.which("taskset") is None or cpu.SERVER_CORE not in os.sched_getaffinity(0):
+        pytest.skip(f"needs taskset and core {cpu.SERVER_CORE}, as the benchmark does")
+    probe = scenarios.body(MLP_64)
+    server = servers.start(servers.FLOOR, tmp_path / "mlp", tmp_path, probe, timeout_s=30)
+    yield server
+    server.stop()
+
+
+def test_the_floor_reads_any_body_and_answers_its_fixed_json(floor_server):
+    bodies = [scenarios.body(MLP_64), b"", b"x" * 300_000]  # the last in several reads
+    with httpx.Client(base_url=floor_server.url) as client:
+        for body in bodies:
+            answer = client.post("/predict", content=body)
+            assert answer.status_code == 200
+            assert answer.content == floor.ANSWER
+            assert answer.headers["content-type"] == "application/json"
+            assert "server" not in answer.headers, "rlserve's uvicorn sends no Server header"
+        assert client.get("/anything").content == floor.ANSWER
+
+
+def test_the_floor_runs_on_the_server_core_and_its_cpu_time_is_read(floor_server):
+    before = floor_server.cpu_seconds()
+    with httpx.Client(base_url=floor_server.url) as client:
+        for _ in range(300):
+            client.post("/predict", content=scenarios.body(MLP_64))
+    assert floor_server.cpu_seconds() > before
+    affinity = os.sched_getaffinity(floor_server.process.pid)
+    assert affinity == {cpu.SERVER_CORE}
+
+
+# Which servers run, which scenarios --only picks
+
+
+def test_every_deterministic_scenario_runs_the_floor_and_fastapi_before_rlserve():
+    for scenario in scenarios.WRK:
+        keys = [s.key for s in scenarios.setups(scenario, workers=2)]
+        if scenario.stochastic:
+            assert servers.FLOOR.key not in keys
+            assert servers.BASELINE.key not in keys
+        else:
+            assert keys[:3] == [servers.FLOOR.key, servers.BASELINE.key, servers.SERVE.key]
+
+
+def test_only_takes_names_separated_by_commas_and_repeated_in_the_documents_order():
+    assert scenarios.chosen(["mlp-1,mlp-8,mlp-64"]) == ("mlp-64", "mlp-8", "mlp-1")
+    assert scenarios.chosen(["actor", "mlp-1, mlp-8", "mlp-1"]) == ("mlp-8", "mlp-1", "actor")
+    assert scenarios.chosen(None) == scenarios.NAMES
+
+
+def test_only_names_what_is_no_scenario_and_what_would_be():
+    with pytest.raises(ValueError, match=r"'mlp-2'.*'mpl-1'.*choose from mlp-64, mlp-8"):
+        scenarios.chosen(["mlp-64,mlp-2", "mpl-1"])
+    with pytest.raises(ValueError, match="no scenario name"):
+        scenarios.chosen([","])
+
+
+# Ratios
+
+
+def test_ratios_divide_each_figure_by_the_references():
+    run = load_run(MLP_1, servers.SERVE, 3000, 0.46, 0.82, 300)
+    reference = load_run(MLP_1, servers.FLOOR, 6000, 0.21, 0.40, 100)
+    found = ratios.against(run, reference)
+    assert found.requests_per_s == pytest.approx(3000 / 6000)
+    assert found.p50 == pytest.approx(0.46 / 0.21)
+    assert found.p99 == pytest.approx(0.82 / 0.40)
+    assert found.cpu_per_request == pytest.approx(300 / 100, rel=1e-3)
+    assert found.p50_gap_ms == pytest.approx(0.46 - 0.21)
+
+
+def test_a_reference_that_measured_nothing_gives_no_ratio():
+    run = load_run(MLP_1, servers.SERVE, 3000, 0.46, 0.82, 300)
+    idle = load_run(MLP_1, servers.FLOOR, 0, 0, 0, 0)
+    found = ratios.against(run, idle)
+    assert (found.requests_per_s, found.p50, found.p99, found.cpu_per_request) == (None,) * 4
+
+
+# Targets
+
+
+def cpu_results(serve_us: float, floor_us: float, *, floor_errors: int = 0) -> Results:
+    return results_of(
+        load_run(MLP_64, servers.FLOOR, 20000, 3.0, 4.0, floor_us, errors=floor_errors),
+        load_run(MLP_64, servers.BASELINE, 3000, 21.0, 26.0, 340),
+        load_run(MLP_64, servers.SERVE, 12000, 5.0, 6.0, serve_us),
+    )
+
+
+def test_cpu_per_request_within_two_and_a_half_times_the_floors_is_met():
+    found = verdict(cpu_results(100, 40), "mlp-64: rlserve serve CPU")
+    assert found.met is True
+    assert found.measured.startswith(f"{100 / 40:.2f}x")
+    assert "100 against 40 µs" in found.measured
+
+
+def test_cpu_per_request_above_two_and_a_half_times_the_floors_is_missed():
+    found = verdict(cpu_results(104, 40), "mlp-64: rlserve serve CPU")
+    assert found.met is False
+    assert found.measured.startswith(f"{104 / 40:.2f}x")
+
+
+def test_the_cpu_target_is_missed_when_the_floor_had_errors():
+    found = verdict(cpu_results(60, 40, floor_errors=3), "mlp-64: rlserve serve CPU")
+    assert found.met is False
+    assert "3 errors" in found.measured
+
+
+def test_the_floor_targets_are_not_measured_without_the_floor():
+    results = results_of(
+        load_run(MLP_64, servers.SERVE, 12000, 5.0, 6.0, 100),
+        load_run(MLP_1, servers.SERVE, 3000, 0.3, 0.5, 300),
+    )
+    for start in ("mlp-64: rlserve serve CPU", "mlp-1: rlserve serve p50 ≤ the floor"):
+        found = verdict(results, start)
+        assert (found.met, found.measured) == (None, "not run")
+
+
+def p50_results(serve_ms: float, floor_ms: float) -> Results:
+    return results_of(
+        load_run(MLP_1, servers.FLOOR, 1 / floor_ms * 1e3, floor_ms, 0.4, 100),
+        load_run(MLP_1, servers.SERVE, 1 / serve_ms * 1e3, serve_ms, 0.8, 300),
+    )
+
+
+def test_a_p50_exactly_100_us_above_the_floors_is_met():
+    found = verdict(p50_results(0.32, 0.22), "mlp-1: rlserve serve p50 ≤ the floor")
+    assert found.target.endswith("the floor's p50 + 100 µs")
+    assert found.met is True
+    assert found.measured == "+100 µs: 0.320 against 0.220 ms"
+
+
+def test_a_p50_more_than_100_us_above_the_floors_is_missed():
+    found = verdict(p50_results(0.46, 0.21), "mlp-1: rlserve serve p50 ≤ the floor")
+    assert found.met is False
+    assert found.measured.startswith(f"+{(0.46 - 0.21) * 1e3:,.0f} µs")
+
+
+def test_the_fastapi_ratio_target_shows_both_rates():
+    found = verdict(cpu_results(100, 40), "mlp-64: rlserve serve ≥ 4.0x plain FastAPI")
+    assert found.met is True
+    assert found.measured == f"{12000 / 3000:.2f}x: 12,000 against 3,000 requests/s"
+
+
+def actor_results(steps_per_s: float) -> Results:
+    results = results_of()
+    for client in Client:
+        steps = round(steps_per_s * SECONDS)
+        actor = ActorResult(client.value, steps, SECONDS, steps_per_s, 10, 100)
+        results.actor.append(ActorRun(actor, server_cpu_s=1.0))
+    return results
+
+
+def test_the_projects_client_needs_3000_steps_per_second_and_the_bare_one_2000():
+    results = actor_results(2500)
+    policy = verdict(results, "CartPole actor, policy client")
+    bare = verdict(results, "CartPole actor, http client")
+    assert "≥ 3,000 env steps/s" in policy.target
+    assert policy.met is False
+    assert "≥ 2,000 env steps/s" in bare.target
+    assert bare.met is True
+    assert verdict(actor_results(3000), "CartPole actor, policy client").met is True
+
+
+# The document
+
+
+def mlp_results() -> Results:
+    return results_of(
+        load_run(MLP_1, servers.FLOOR, 5000, 0.20, 0.30, 90),
+        load_run(MLP_1, servers.BASELINE, 2700, 0.35, 0.80, 366),
+        load_run(MLP_1, servers.SERVE, 2100, 0.46, 0.82, 461),
+        load_run(MLP_1, servers.GUNICORN_1, 2000, 0.47, 1.25, 463),
+        load_run(STOCHASTIC_64, servers.SERVE, 6800, 9.3, 11.8, 148),
+    )
+
+
+def section(document: str, heading: str) -> str:
+    start = document.index(heading)
+    end = document.find("\n## ", start + 1)
+    return document[start : end if end >= 0 else None]
+
+
+def test_the_document_divides_each_rlserve_figure_by_the_floors_and_fastapis():
+    results = mlp_results()
+    document = report.render(results, targets.judge(results))
+    mlp = section(document, "## mlp: one observation per request")
+    assert report.VERSUS_HEADING in mlp
+    assert "| floor: bare ASGI on uvicorn | 1 | 5,000 | 0.20 | 0.30 | 0 | 90 |" in mlp
+    expected = [
+        f"{2100 / 5000:.2f}x", f"{2100 / 2700:.2f}x",
+        f"{0.46 / 0.20:.2f}x", f"{0.46 / 0.35:.2f}x", f"{(0.46 - 0.20) * 1e3:+,.0f}",
+        f"{0.82 / 0.30:.2f}x", f"{0.82 / 0.80:.2f}x",
+        f"{461 / 90:.2f}x", f"{461 / 366:.2f}x",
+    ]  # fmt: skip
+    assert f"| rlserve serve (1 process) | 1 | {' | '.join(expected)} |" in mlp
+    versus = mlp[mlp.index(report.VERSUS_HEADING) :]
+    assert "| rlserve gunicorn (1 worker) | 1 |" in versus
+    assert "plain FastAPI" not in versus.split("\n| setup")[1], "references are not rows"
+
+
+def test_a_reference_that_did_not_run_shows_as_na():
+    results = results_of(
+        load_run(MLP_8, servers.BASELINE, 2900, 2.7, 3.7, 342),
+        load_run(MLP_8, servers.SERVE, 4700, 1.7, 2.3, 214),
+    )
+    document = report.render(results, targets.judge(results))
+    row = next(
+        line
+        for line in section(document, report.VERSUS_HEADING).splitlines()
+        if line.startswith("| rlserve serve")
+    )
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    floor_cells = [cells[i] for i in (2, 4, 6, 7, 9)]  # ÷ floor, and p50 over the floor
+    assert floor_cells == ["n/a"] * 5
+    assert cells[3] == f"{4700 / 2900:.2f}x"  # requests/s ÷ FastAPI
+    assert cells[10] == f"{214 / 342:.2f}x"  # CPU µs/request ÷ FastAPI
+
+
+def test_the_stochastic_section_has_no_table_against_references_it_cannot_have():
+    results = mlp_results()
+    document = report.render(results, targets.judge(results))
+    stochastic = section(document, "## mlp: stochastic")
+    assert report.VERSUS_HEADING not in stochastic
