@@ -40,10 +40,10 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from serve.dataplane.generation_record import StepRecord
 from serve.dataplane.record import BatchRecord
 from serve.dataplane.scheduler import Load
 from serve.gpu import gpu_collector
+from serve.lm.scheduling.generation_record import StepRecord
 
 if TYPE_CHECKING:
     from serve.dataplane.model import ServedModel
@@ -428,7 +428,7 @@ def add_counts(child: Any, counts: Sequence[int], total: float) -> None:
 
 class GenerationMetrics:
     """Counts what the decoding steps of a language model did: the continuous-batching
-    scheduler's sink (``serve.dataplane.generation_record``). Like :class:`MetricsSink`, a
+    scheduler's sink (``serve.lm.scheduling.generation_record``). Like :class:`MetricsSink`, a
     record only adds to tallies; :meth:`flush` moves them into the metrics."""
 
     def __init__(self, metrics: Metrics) -> None:

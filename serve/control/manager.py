@@ -22,7 +22,6 @@ from typing import Any
 from serve.config import Settings, load_model_overrides
 from serve.control import repository, store
 from serve.control.lifecycle import ModelLifeCycle, ReadyState
-from serve.dataplane.continuous_batcher import ContinuousBatchScheduler
 from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
 from serve.dataplane.record import RecordSink
 from serve.dataplane.result_cache import CacheSettings
@@ -30,6 +29,7 @@ from serve.dataplane.routing import Route
 from serve.dataplane.scheduler import Scheduler
 from serve.errors import NotFound, RLServeError, ServiceUnavailable, quoted
 from serve.lm.model import LanguageModel
+from serve.lm.scheduling.scheduler import ContinuousBatchScheduler
 from serve.metrics import Metrics
 from serve.versions import DESCRIPTION
 

@@ -23,7 +23,6 @@ import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from serve.access import log_exchange
-from serve.dataplane.continuous_batcher import ContinuousBatchScheduler
 from serve.dataplane.exchange import (
     INLINE_BODY_BYTES,
     Call,
@@ -32,12 +31,13 @@ from serve.dataplane.exchange import (
     read_body,
     start_call,
 )
-from serve.dataplane.generation_stream import GenerationStream
 from serve.dataplane.routing import Router
 from serve.dataplane.wire import deadline_ms, decode_object
 from serve.errors import DeadlineExceeded, NotFound, RLServeError
 from serve.lm.messages import GenerationSpec, TokenEvent
 from serve.lm.model import LanguageModel
+from serve.lm.scheduling.generation_stream import GenerationStream
+from serve.lm.scheduling.scheduler import ContinuousBatchScheduler
 from serve.metrics import Metrics
 from serve.status import http_headers
 

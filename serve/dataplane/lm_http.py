@@ -39,9 +39,7 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from serve.dataplane.continuous_batcher import ContinuousBatchScheduler
 from serve.dataplane.exchange import Disconnected
-from serve.dataplane.generation_stream import GenerationStream
 from serve.dataplane.lm_calls import (
     SSE_HEADERS,
     Admitted,
@@ -58,6 +56,8 @@ from serve.errors import InvalidInput, MethodNotAllowed, RLServeError
 from serve.json_shown import json_shown
 from serve.lm.messages import GenerationResult, ScoreResult, TokenEvent
 from serve.lm.requests import generation_spec, score_spec
+from serve.lm.scheduling.generation_stream import GenerationStream
+from serve.lm.scheduling.scheduler import ContinuousBatchScheduler
 from serve.status import http_status
 from serve.versions import path_version
 

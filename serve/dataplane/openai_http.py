@@ -28,7 +28,6 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from serve.dataplane.exchange import Disconnected
-from serve.dataplane.generation_stream import GenerationStream
 from serve.dataplane.lm_calls import (
     SSE_HEADERS,
     Admitted,
@@ -44,6 +43,7 @@ from serve.errors import InvalidInput, MethodNotAllowed, RLServeError
 from serve.lm.messages import GenerationSpec
 from serve.lm.model import LanguageModel
 from serve.lm.requests import generation_spec
+from serve.lm.scheduling.generation_stream import GenerationStream
 from serve.lm.text import TextCodec
 
 __all__ = ["Endpoint", "OpenAIFrontend", "match"]

@@ -46,7 +46,6 @@ from serve.control.watcher import RepositoryWatcher
 from serve.control.workers import WorkerRegistry
 from serve.dataplane import http as predict
 from serve.dataplane import lm_http, openai_answers, openai_http
-from serve.dataplane.continuous_batcher import ContinuousBatchScheduler
 from serve.dataplane.lm_calls import LanguageModelCalls
 from serve.dataplane.oip import rest as oip_rest
 from serve.dataplane.oip import rpc as oip_rpc
@@ -56,6 +55,7 @@ from serve.dataplane.record import RecordSink
 from serve.dataplane.scheduler import Scheduler
 from serve.dataplane.wire import error_response, json_response
 from serve.errors import MalformedRequest, MethodNotAllowed, NotFound, RLServeError
+from serve.lm.scheduling.scheduler import ContinuousBatchScheduler
 from serve.metrics import Metrics
 from serve.process import memory, openapi
 from serve.process.operations import OperationsEndpoints

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from serve.dataplane.generation_record import StepRecord
+from serve.lm.scheduling.generation_record import StepRecord
 from serve.metrics import Metrics
 
 

@@ -3,7 +3,7 @@
 Requests to generate and to score are admitted into a bounded queue (``max_queue_rows``
 counts requests here; beyond it 429 with Retry-After). A decoding thread runs steps back
 to back while there is work. At every step boundary it asks
-``serve.dataplane.continuous_batching.plan_step`` which waiting requests join, under the
+``serve.lm.scheduling.step_plan.plan_step`` which waiting requests join, under the
 model's limits in tokens and sequences, and then:
 
 1. prefills each joining generation alone and chooses its first token (a request can end
@@ -15,11 +15,11 @@ model's limits in tokens and sequences, and then:
 So a request that arrives while others decode joins at the next step, without waiting for
 them to finish. A step's tokens, every sequence's together, are handed to the event loop
 in one piece, where each request's
-:class:`~serve.dataplane.generation_stream.GenerationStream` gets them. The loop is woken
+:class:`~serve.lm.scheduling.generation_stream.GenerationStream` gets them. The loop is woken
 once for whatever is waiting: steps that end while it is still busy with earlier ones
 join the same hand-over (and a stream then writes their tokens together), so the decoding
 thread never waits for the loop, and the loop is never woken more often than it can
-answer. The metrics get a :class:`~serve.dataplane.generation_record.StepRecord` of the
+answer. The metrics get a :class:`~serve.lm.scheduling.generation_record.StepRecord` of the
 steps since the last one with a hand-over that answers a request, and at least every
 SEND_EVERY_S while decoding.
 
@@ -50,14 +50,6 @@ from enum import Enum
 from typing import Any
 
 from serve.config import ModelSettings
-from serve.dataplane.continuous_batching import (
-    Occupancy,
-    StepLimits,
-    Waiting,
-    plan_step,
-)
-from serve.dataplane.generation_record import GenerationSink, StepRecord
-from serve.dataplane.generation_stream import GenerationStream
 from serve.dataplane.messages import InferenceResponse, Prepared
 from serve.dataplane.model import ServedModel, VersionSource
 from serve.dataplane.scheduler import NOT_RUN, Load
@@ -78,6 +70,14 @@ from serve.lm.messages import (
     TokenEvent,
 )
 from serve.lm.model import LanguageModel
+from serve.lm.scheduling.generation_record import GenerationSink, StepRecord
+from serve.lm.scheduling.generation_stream import GenerationStream
+from serve.lm.scheduling.step_plan import (
+    Occupancy,
+    StepLimits,
+    Waiting,
+    plan_step,
+)
 from serve.lm.scoring import score
 from serve.lm.sequence import DecodingSequence
 

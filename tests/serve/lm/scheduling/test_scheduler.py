@@ -13,9 +13,6 @@ import pytest
 
 from serve.config import ModelSettings
 from serve.control.lifecycle import ModelLifeCycle
-from serve.dataplane.continuous_batcher import ContinuousBatchScheduler
-from serve.dataplane.generation_record import StepRecord
-from serve.dataplane.generation_stream import GenerationStream
 from serve.dataplane.model import ServedModel
 from serve.dataplane.scheduler import Scheduler
 from serve.errors import (
@@ -27,6 +24,9 @@ from serve.errors import (
 )
 from serve.lm.messages import FinishReason, GenerationSpec, ScoreSpec
 from serve.lm.model import LanguageModel
+from serve.lm.scheduling.generation_record import StepRecord
+from serve.lm.scheduling.generation_stream import GenerationStream
+from serve.lm.scheduling.scheduler import ContinuousBatchScheduler
 from tests.serve.lm import fakes
 
 pytestmark = pytest.mark.anyio

@@ -1,7 +1,7 @@
 """Which waiting requests join the decoding batch at the next step: a pure function of the
 queue, the batch's occupancy, the clock and the limits (in tokens and sequences).
 
-The continuous-batching scheduler (``serve.dataplane.continuous_batcher``) asks
+The continuous-batching scheduler (``serve.lm.scheduling.scheduler``) asks
 :func:`plan_step` at every step boundary and does what it says. Nothing here touches
 threads, asyncio or onnxruntime, so the rules are tested with plain numbers.
 

@@ -3,7 +3,7 @@ in sequences, cache tokens and prefill tokens (plain numbers, no model)."""
 
 from __future__ import annotations
 
-from serve.dataplane.continuous_batching import (
+from serve.lm.scheduling.step_plan import (
     Occupancy,
     StepLimits,
     Waiting,
