@@ -1,8 +1,13 @@
 """The server's one typed configuration.
 
+Each setting is declared once, below: name, type, default, bounds and description. The
+fields a model may override are :class:`ModelSettings`'s, which :class:`Settings` inherits.
+
 Sources, highest precedence first:
 
-1. command-line flags of ``rlserve serve`` (and keyword arguments to :func:`load`);
+1. command-line flags of ``rlserve serve`` (and keyword arguments to :func:`load`): a flag
+   per setting, generated from these fields (``--max-batch-size`` for ``max_batch_size``,
+   its help the description; ``serve.commands.serve`` says which settings have none);
 2. environment variables ``RLSERVE_<FIELD>`` (e.g. ``RLSERVE_MAX_BATCH_SIZE=64``;
    lists as JSON, e.g. ``RLSERVE_PROVIDERS='["CUDAExecutionProvider"]'``);
 3. the YAML file named by ``--config`` / ``RLSERVE_CONFIG_FILE`` (settings by name, or the
@@ -111,9 +116,11 @@ class VersionPolicy(BaseModel):
 
 
 class ModelSettings(BaseModel):
-    """What a model's own config.yaml may override."""
+    """The settings a model's own config.yaml may override; :class:`Settings` inherits them
+    (declared here once), so the server's values are every model's defaults."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    # Batching and deadlines.
     max_batch_size: PositiveInt = Field(32, description="rows in one batch, at most")
     max_wait_ms: float = Field(
         0.0, ge=0, description="wait this long for a fuller batch (0: run as soon as idle)"
@@ -121,9 +128,14 @@ class ModelSettings(BaseModel):
     max_queue_rows: PositiveInt = Field(1024, description="queued rows before 429")
     default_deadline_ms: float = Field(1000.0, gt=0, description="per-request deadline")
     inline_max_ms: float = Field(
-        0.5, ge=0, description="run batches on the event loop while they average less"
+        0.5,
+        ge=0,
+        description="run batches on the event loop while they average less (0: always on a thread)",
     )
-    version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
+    version_policy: VersionPolicy = Field(
+        default_factory=VersionPolicy,
+        description="versions to load: {latest: N} (the newest N) or {specific: [versions]}",
+    )
     observation_bounds: ObservationBounds = Field(ObservationBounds.ALLOW, description=_BOUNDS_HELP)
     # Language models (continuous batching; max_queue_rows counts waiting requests there).
     generation_deadline_ms: float = Field(60000.0, gt=0, description=_GENERATION_DEADLINE_HELP)
@@ -137,12 +149,15 @@ class ModelSettings(BaseModel):
     result_cache_timeout_ms: float = Field(5.0, gt=0, description=_RESULT_CACHE_TIMEOUT_HELP)
 
 
-class Settings(BaseSettings):
+class Settings(BaseSettings, ModelSettings):
+    """Every setting: the server's own below, and every model's defaults (inherited from
+    :class:`ModelSettings`, declared there once)."""
+
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
 
     config_file: Path | None = Field(None, description="YAML file with any of these settings")
     model_repository: Path = Field(
-        Path("model_repository"), description="<repo>/<model>/<N>/model.onnx"
+        Path("model_repository"), description="folder laid out as <model>/<version>/model.onnx"
     )
     model_file: Path | None = Field(
         None,
@@ -152,8 +167,8 @@ class Settings(BaseSettings):
     default_model: str | None = Field(
         None, description="served at POST /predict; default: the only model"
     )
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
+    host: str = Field("127.0.0.1", description="the address to listen on")
+    port: int = Field(8000, ge=0, le=65535, description="the HTTP port to listen on")
     grpc_port: int | None = Field(
         None,
         ge=0,
@@ -168,25 +183,16 @@ class Settings(BaseSettings):
         "not read until an answer is written, so a client that writes without reading is "
         "held back by gRPC's flow control",
     )
-    workers: PositiveInt = Field(2, description="gunicorn worker processes (production only)")
-
-    # Batching and deadlines (defaults for every model; see ModelSettings).
-    max_batch_size: PositiveInt = 32
-    max_wait_ms: float = Field(0.0, ge=0)
-    max_queue_rows: PositiveInt = 1024
-    default_deadline_ms: float = Field(1000.0, gt=0)
-    inline_max_ms: float = Field(0.5, ge=0)
-    version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
-    observation_bounds: ObservationBounds = Field(ObservationBounds.ALLOW, description=_BOUNDS_HELP)
-    max_body_bytes: PositiveInt = Field(4 * 1024 * 1024, description="larger bodies get 413")
-    generation_deadline_ms: float = Field(60000.0, gt=0, description=_GENERATION_DEADLINE_HELP)
-    max_sequences: PositiveInt = Field(16, description=_SEQUENCES_HELP)
-    max_batch_tokens: PositiveInt = Field(16384, description=_BATCH_TOKENS_HELP)
-    max_prefill_tokens: PositiveInt = Field(2048, description=_PREFILL_HELP)
-    result_cache: ResultCacheUrl | None = Field(None, description=_RESULT_CACHE_HELP)
-    result_cache_ttl_s: float = Field(60.0, gt=0, description=_RESULT_CACHE_TTL_HELP)
-    result_cache_max_entry_bytes: PositiveInt = Field(65536, description=_RESULT_CACHE_ENTRY_HELP)
-    result_cache_timeout_ms: float = Field(5.0, gt=0, description=_RESULT_CACHE_TIMEOUT_HELP)
+    workers: PositiveInt = Field(
+        2,
+        description="gunicorn worker processes; `rlserve serve` runs one process unless "
+        "workers is given, and more than 1 runs gunicorn (serve/gunicorn.conf.py, these "
+        "settings passed on)",
+    )
+    max_body_bytes: PositiveInt = Field(
+        4 * 1024 * 1024,
+        description="larger bodies get 413 (predict, /v2 infer; also the largest gRPC message)",
+    )
 
     # Live policy updates (see docs/updates.md).
     admin_token: SecretStr | None = Field(
@@ -195,7 +201,10 @@ class Settings(BaseSettings):
         "characters or more, no whitespace); unset disables them",
     )
     poll_interval_s: float | None = Field(
-        None, gt=0, description="watch the repository for new versions this often (pull mode)"
+        None,
+        gt=0,
+        description="watch the repository for new versions and models this often (pull mode); "
+        "unset: no polling",
     )
     sync_interval_s: float = Field(
         1.0,
@@ -213,9 +222,15 @@ class Settings(BaseSettings):
     allow_cpu_fallback: bool = Field(
         False, description="stay ready when a requested GPU provider is inactive"
     )
-    intra_op_threads: int = Field(1, ge=0, description="0 lets onnxruntime choose")
-    inter_op_threads: int = Field(1, ge=0)
-    graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
+    intra_op_threads: int = Field(
+        1, ge=0, description="onnxruntime threads within one operator, per session (0: its default)"
+    )
+    inter_op_threads: int = Field(
+        1, ge=0, description="onnxruntime threads across operators, per session (0: its default)"
+    )
+    graph_optimization_level: Literal["disable", "basic", "extended", "all"] = Field(
+        "all", description="onnxruntime graph optimisation"
+    )
     gpu_memory_limit_bytes: PositiveInt | None = Field(
         None,
         description="cap on the CUDA provider's memory arena (gpu_mem_limit, grown by what is "
@@ -234,8 +249,10 @@ class Settings(BaseSettings):
     stuck_batch_s: float = Field(30.0, gt=0, description="/health fails when a batch runs longer")
 
     # Logging.
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    access_log: bool = True
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="the least severe log lines written"
+    )
+    access_log: bool = Field(True, description="a JSON line on stdout per request")
 
     # HTTP.
     header_timeout_s: float = Field(
