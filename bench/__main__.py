@@ -1,5 +1,6 @@
 """Side by side in one run: rlserve, a plain FastAPI app and raw onnxruntime (issue #8),
-rlserve under overload (issue #9), rlserve's Open Inference Protocol under perf_analyzer,
+read against the HTTP floor, a bare ASGI app on uvicorn (issue #20), rlserve under
+overload (issue #9), rlserve's Open Inference Protocol under perf_analyzer,
 the inference side of RL training: rollout workers and experience buffers (issue #11),
 language-model generation with continuous batching (issue #12), and the result cache's hit
 and miss paths against a model run (issue #13).
@@ -8,7 +9,12 @@ and miss paths against a model run (issue #13).
 
 Servers run pinned to core 0 and the load (wrk, or the CartPole actor) to core 1, with
 taskset. For each scenario every server gets a warm-up wrk run, then a measured one; the
-server's cost per request is the CPU time of its process tree over the measured run.
+server's cost per request is the CPU time of its process tree over the measured run. Every
+deterministic wrk scenario runs the floor (bench/floor.py: read the body, answer a fixed
+small JSON body, on uvicorn with rlserve serve's options) and plain FastAPI
+(bench/baseline.py) before rlserve's setups, and the document divides rlserve's
+requests/s, p50, p99 and CPU per request by theirs. `--only mlp-1,mlp-8,mlp-64
+--seconds 2 --warmup 1` runs those three against all of them in about a minute and a half.
 Scenarios (all by default):
 
   mlp-64, mlp-8, mlp-1                 mlp, one observation per request, deterministic
@@ -89,10 +95,13 @@ exporting the models.
 Needs wrk and taskset on PATH, two CPU cores, and the test install (torch and
 stable-baselines3 build the mlp and cnn models; transformers, trl, peft and
 onnxruntime-genai the lm scenario; redis-server the cache scenario). Writes
-docs/benchmarks.md unless told otherwise; a document from a subset says which scenarios it
-holds, except `--only oip`, `--only loop`, `--only lm` or `--only cache` alone into an
-existing benchmarks document: that replaces only its own section and its rows of the
-Targets table, keeping the rest of the document.
+docs/benchmarks.md unless told otherwise. A run of every scenario writes the whole document
+(keeping an existing GPU path section, which bench/gpu.sh measures); a subset into an
+existing benchmarks document replaces only its own sections, its rows of the Targets table
+and the reading notes, and adds a header line saying what was measured again and when,
+keeping the rest of the document (`--only oip`, `--only loop`, `--only lm` or `--only
+cache` alone: only that section, which says when it was measured). To write a subset's
+own document, give --output a new file.
 """
 
 from __future__ import annotations
@@ -235,29 +244,40 @@ def _run_peers(
 
 
 def _write(output: Path, results: Results, chosen: tuple[str, ...]) -> None:
-    """The document; ``--only oip``, ``--only loop``, ``--only lm`` or ``--only cache``
-    alone replaces that scenario's section of an existing one."""
+    """The document. A run of every scenario (or into a new file) writes it whole, keeping
+    only an existing GPU path section; a subset into an existing benchmarks document
+    replaces only its own sections and Targets rows (``--only oip``, ``loop``, ``lm`` or
+    ``cache`` alone: that section alone, which says when it was measured)."""
     verdicts = targets.judge(results)
-    if len(chosen) == 1 and chosen[0] in scenarios.SPLICED and output.is_file():
-        spliced = None
-        if results.oip is not None:
-            spliced = report.splice_oip(output.read_text(), results.oip, verdicts)
-        elif results.loop is not None:
-            spliced = report.splice_loop(output.read_text(), results.loop, verdicts)
-        elif results.lm is not None:
-            spliced = report.splice_lm(output.read_text(), results.lm, verdicts)
-        elif results.cache is not None:
-            spliced = report.splice_cache(output.read_text(), results.cache, verdicts)
+    old = output.read_text() if output.is_file() else None
+    if old is not None and chosen != scenarios.NAMES:
+        spliced = _splice(old, results, verdicts, chosen)
         if spliced is not None:
             output.write_text(spliced)
-            _say(f"replaced the {chosen[0]} section of {output}")
+            _say(f"replaced the {', '.join(chosen)} sections of {output}, keeping the rest")
             return
     document = report.render(results, verdicts)
-    kept = gpu_report.section_of(output.read_text()) if output.is_file() else None
+    kept = gpu_report.section_of(old) if old is not None else None
     if kept is not None:  # measured by bench/gpu.sh on a GPU machine, not by this run
         document = gpu_report.splice(document, kept)
     output.write_text(document)
     _say(f"wrote {output}" + ("" if kept is None else ", keeping its GPU path section"))
+
+
+def _splice(
+    old: str, results: Results, verdicts: list[targets.Verdict], chosen: tuple[str, ...]
+) -> str | None:
+    """``old`` with this subset run's sections in it; None when it is no benchmarks document."""
+    if len(chosen) == 1 and chosen[0] in scenarios.SPLICED:
+        if results.oip is not None:
+            return report.splice_oip(old, results.oip, verdicts)
+        if results.loop is not None:
+            return report.splice_loop(old, results.loop, verdicts)
+        if results.lm is not None:
+            return report.splice_lm(old, results.lm, verdicts)
+        if results.cache is not None:
+            return report.splice_cache(old, results.cache, verdicts)
+    return report.splice_subset(old, results, verdicts)
 
 
 def _conditions(args: BenchArgs, chosen: tuple[str, ...]) -> Conditions:

@@ -434,18 +434,69 @@ def _splice(
     Targets rows starting with ``prefix`` replaced by ``verdicts``' rows of that prefix."""
     if not document.startswith("# Benchmarks"):
         return None
-    section += "\n"
-    pattern = re.compile(rf"(?ms)^{re.escape(heading)}\n.*?(?=^## |\Z)")
-    if pattern.search(document):
-        document = pattern.sub(lambda _: section, document, count=1)
-    elif "\n## Reading the numbers" in document:
-        document = document.replace(
-            "\n## Reading the numbers", f"\n{section}## Reading the numbers", 1
-        )
-    else:
-        document = document.rstrip("\n") + "\n\n" + section
+    document = _put_section(document, heading, section + "\n")
     rows = [_target_row(v) for v in verdicts if v.target.startswith(prefix)]
     return _replace_target_rows(document, rows, prefix)
+
+
+def _put_section(document: str, heading: str, section: str) -> str:
+    """``document`` with the section under ``heading`` (up to the next ``## ``) replaced by
+    ``section``, or ``section`` added before "Reading the numbers" (else at the end)."""
+    pattern = re.compile(rf"(?ms)^{re.escape(heading)}\n.*?(?=^## |\Z)")
+    if pattern.search(document):
+        return pattern.sub(lambda _: section, document, count=1)
+    if "\n## Reading the numbers" in document:
+        return document.replace("\n## Reading the numbers", f"\n{section}## Reading the numbers", 1)
+    return document.rstrip("\n") + "\n\n" + section
+
+
+_SECTION = re.compile(r"(?ms)^(## [^\n]*)\n.*?(?=^## |\Z)")
+
+
+def splice_subset(document: str, results: Results, verdicts: list[Verdict]) -> str | None:
+    """``document`` (a benchmarks document) with every section this run rendered (the
+    reading notes included) replaced by this run's, the Targets rows of what it measured
+    replaced, and a header line saying which scenarios were measured again, and when; the
+    rest of the document kept. None when it is no benchmarks document."""
+    if not document.startswith("# Benchmarks"):
+        return None
+    for found in _SECTION.finditer(render(results, verdicts)):
+        if found.group(1) != "## Targets":
+            document = _put_section(document, found.group(1), found.group(0))
+    for key in dict.fromkeys(target_key(v.target) for v in verdicts if _ran(v)):
+        rows = [_target_row(v) for v in verdicts if _ran(v) and target_key(v.target) == key]
+        document = _replace_target_rows(document, rows, key)
+    return _note_subset(document, results.conditions)
+
+
+def target_key(target: str) -> str:
+    """What names a target's measurement: the text up to its first ": " ("mlp-64: ",
+    "CartPole actor, policy client: ", "oip: "), or the whole text when it has none."""
+    head, colon, _ = target.partition(": ")
+    return head + colon if colon else target
+
+
+def _ran(verdict: Verdict) -> bool:
+    """Whether this run measured what ``verdict`` judges ("not run: <why>" is a scenario
+    that ran and could not measure; plain "not run" or "not run (...)" did not run)."""
+    return not verdict.measured.startswith("not run") or verdict.measured.startswith("not run:")
+
+
+def _note_subset(document: str, c: Conditions) -> str:
+    """A line at the end of the header's list: what a later subset run replaced."""
+    lines = document.split("\n")
+    start = next((i for i, line in enumerate(lines) if line.startswith("- Scenarios:")), None)
+    if start is None:
+        return document
+    end = start + 1
+    while end < len(lines) and lines[end].startswith(("- ", "  ")):
+        end += 1
+    note = (
+        f"- Measured again on {c.when} (`--only {','.join(c.scenarios)}`, {c.warmup_s:g} s "
+        f"of warm-up, then {c.seconds:g} s measured): those scenarios' sections and Targets "
+        "rows; compare figures within a section, not across sections of different runs."
+    )
+    return "\n".join([*lines[:end], note, *lines[end:]])
 
 
 def _replace_target_rows(document: str, rows: list[str], prefix: str) -> str:

@@ -8,6 +8,7 @@ pinned to the server core) and called with httpx; the rest are functions of numb
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 
@@ -287,3 +288,75 @@ def test_the_stochastic_section_has_no_table_against_references_it_cannot_have()
     document = report.render(results, targets.judge(results))
     stochastic = section(document, "## mlp: stochastic")
     assert report.VERSUS_HEADING not in stochastic
+
+
+# A subset run into an existing document
+
+
+CNN_64 = next(s for s in scenarios.WRK if s.name == "cnn-64")
+
+
+def previous_document() -> str:
+    """A whole run's document: mlp at 64 and cnn, one server each with its references."""
+    results = results_of(
+        load_run(MLP_64, servers.FLOOR, 20000, 3.0, 4.0, 40),
+        load_run(MLP_64, servers.BASELINE, 3000, 21.0, 26.0, 340),
+        load_run(MLP_64, servers.SERVE, 8000, 8.0, 9.7, 127),
+        load_run(CNN_64, servers.BASELINE, 600, 100.0, 1160.0, 1659),
+        load_run(CNN_64, servers.SERVE, 1250, 50.0, 64.0, 803),
+    )
+    document = report.render(results, targets.judge(results))
+    return document.replace(
+        "## Reading the numbers", "## GPU path (bench/gpu.sh)\n\nkept\n\n## Reading the numbers"
+    )
+
+
+def test_a_subset_run_replaces_its_own_sections_and_target_rows_only():
+    old = previous_document()
+    results = results_of(
+        load_run(MLP_64, servers.FLOOR, 21000, 2.9, 3.9, 41),
+        load_run(MLP_64, servers.BASELINE, 3100, 20.0, 25.0, 330),
+        load_run(MLP_64, servers.SERVE, 13000, 4.9, 6.0, 99),
+    )
+    results.conditions = dataclasses.replace(results.conditions, when="later")
+    verdicts = targets.judge(results)
+    new = report.splice_subset(old, results, verdicts)
+    assert new is not None
+    fresh = report.render(results, verdicts)
+    mlp = "## mlp: one observation per request"
+    assert section(new, mlp) == section(fresh, mlp)
+    for kept in ("## cnn: one image", "## GPU path (bench/gpu.sh)"):
+        assert section(new, kept) == section(old, kept)
+    rows = section(new, "## Targets").splitlines()
+    mine = [line for line in rows if line.startswith("| mlp-64: ")]
+    assert mine == [
+        f"| {v.target} | {v.measured} | {v.status} |"
+        for v in verdicts
+        if v.target.startswith("mlp-64: ")
+    ]
+    old_cnn = [
+        line for line in section(old, "## Targets").splitlines() if line.startswith("| cnn-64: ")
+    ]
+    assert old_cnn
+    assert old_cnn == [line for line in rows if line.startswith("| cnn-64: ")]
+    unmeasured = [line for line in section(old, "## Targets").splitlines() if "| not run |" in line]
+    assert unmeasured, "what this run did not measure either keeps the old document's rows"
+    assert all(line in rows for line in unmeasured if not line.startswith("| mlp-64: "))
+    header = new[: new.index("## Targets")]
+    assert (
+        "- Measured again on later (`--only mlp-64`, 2 s of warm-up, then 8 s measured)" in header
+    )
+
+
+def test_a_subset_is_not_spliced_into_what_is_no_benchmarks_document():
+    results = results_of(load_run(MLP_64, servers.SERVE, 13000, 4.9, 6.0, 99))
+    assert report.splice_subset("# Notes\n", results, targets.judge(results)) is None
+
+
+def test_a_targets_key_is_its_text_up_to_the_first_colon():
+    assert report.target_key("mlp-64: rlserve serve p99 ≤ 10 ms") == "mlp-64: "
+    assert report.target_key("CartPole actor, policy client: ≥ 3,000") == (
+        "CartPole actor, policy client: "
+    )
+    whole = "gunicorn (1 worker) CPU µs/request within 10% of rlserve serve, in every scenario"
+    assert report.target_key(whole) == whole
