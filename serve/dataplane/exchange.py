@@ -16,15 +16,6 @@ from serve.dataplane.wire import too_large
 # at most); larger ones on a worker thread, so no request holds the loop in proportion to
 # its size. An image observation (4x84x84 as JSON) is about 100 KB.
 INLINE_BODY_BYTES = 256 * 1024
-# Turns of the event loop a request spends unseen: unread (up to one), its handler
-# scheduled (one), its answer written (one). Negligible unless the loop is overloaded.
-LAG_TURNS = 3
-
-
-def deadline_at(start: float, budget_ms: float, turn_s: float) -> float:
-    """When a request must be answered by, on the server's clock: its budget from ``start``
-    (when its bytes arrived), less the turns of the loop its answer takes to go out."""
-    return start + budget_ms / 1000 - LAG_TURNS * turn_s
 
 
 @dataclass(slots=True)

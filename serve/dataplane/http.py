@@ -33,11 +33,11 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from serve.access import log_exchange
+from serve.dataplane.deadline import LoopTurn, budget_ms
 from serve.dataplane.exchange import (
     INLINE_BODY_BYTES,
     Call,
     Disconnected,
-    deadline_at,
     read_body,
     start_call,
 )
@@ -47,9 +47,8 @@ from serve.dataplane.messages import InferenceRequest, InferenceResponse, Prepar
 from serve.dataplane.result_cache import CacheSettings, ResultCache, cache_key
 from serve.dataplane.routing import Route, Router
 from serve.dataplane.scheduler import Scheduler
-from serve.dataplane.wire import JSON_OPTIONS, deadline_ms
+from serve.dataplane.wire import JSON_OPTIONS, timeout_header_ms
 from serve.errors import (
-    DeadlineExceeded,
     ErrorCode,
     InvalidInput,
     MethodNotAllowed,
@@ -107,6 +106,7 @@ class PredictFrontend:
         draining: Callable[[], bool],
         *,
         access_log: bool,
+        turn: LoopTurn,
     ) -> None:
         self.router = router
         self.metrics = metrics
@@ -115,10 +115,7 @@ class PredictFrontend:
         self.access_log = access_log
         self.bodies = PredictBodyDecoder(frozenset(PARAMETERS))
         self.results = ResultCache(metrics)  # models with a result_cache
-        # How long a turn of the event loop takes now (measured by the process): the time
-        # a request spends where the server cannot see it (unread, then its handler
-        # scheduled; its answer written) is counted in turns (LAG_TURNS).
-        self.turn_s = 0.0
+        self.turn = turn  # how long a turn of the event loop takes now: deadlines count it
         self._early: dict[str, _EarlyAnswer] = {}  # by model: its current early 429
         self._gates: dict[bytes, _Gate] = {}  # by predict path: what refuse_early needs
         self._refusing_until = 0.0  # calls are checked from their headers until then
@@ -158,18 +155,18 @@ class PredictFrontend:
         version = None if path.version is None else path_version(path.version)
         route = self.router.resolve(path.model, version)
         call.model, call.version = route.model, route.version.version
-        budget_ms = deadline_ms(call.timeout_header, route.default_deadline_ms)
-        deadline = deadline_at(call.received_at, budget_ms, self.turn_s)
+        budget = budget_ms(route.default_deadline_ms, timeout_header_ms(call.timeout_header))
+        deadline = self.turn.deadline(call.received_at, budget)
         body = await read_body(receive, call.declared_length, self.max_body_bytes)
-        _check_deadline(deadline, budget_ms, "reading the body")
-        route.scheduler.admit(1, deadline)  # overloaded: refuse before decoding
+        deadline.check("reading the body")
+        route.scheduler.admit(1, deadline.at)  # overloaded: refuse before decoding
         cache = None if route.scheduler.held else route.result_cache  # held: answers wait
         if len(body) <= INLINE_BODY_BYTES:
-            prepared, key = _prepare(route, body, call, deadline, self.bodies, cache)
+            prepared, key = _prepare(route, body, call, deadline.at, self.bodies, cache)
         else:  # work in proportion to the body: off the event loop, with a parser of its own
             fresh = PredictBodyDecoder(frozenset(PARAMETERS))
             prepared, key = await asyncio.to_thread(
-                _prepare, route, body, call, deadline, fresh, cache
+                _prepare, route, body, call, deadline.at, fresh, cache
             )
         if key is not None and cache is not None:
             cached = await self.results.lookup(route.model, cache, key)
@@ -179,7 +176,7 @@ class PredictFrontend:
                     route.model, route.version.version, seconds, prepared.out_of_bounds
                 )
                 return cached, [*_stamp_version(route), _CACHE_HIT]
-        _check_deadline(deadline, budget_ms, "validating it")  # never queue it then
+        deadline.check("validating it")  # never queue it then
         response = await route.scheduler.submit(prepared, route.pinned)
         answer, headers = _encode(response), _stamp(response)
         if key is not None and cache is not None:
@@ -207,11 +204,11 @@ class PredictFrontend:
                 return None
         timeout = next((v for k, v in headers if k == b"x-request-timeout-ms"), None)
         try:
-            budget_ms = deadline_ms(None if timeout is None else timeout.decode(), gate.default_ms)
+            asked = timeout_header_ms(None if timeout is None else timeout.decode())
         except RLServeError:
             return None  # the call itself will say what is wrong
-        deadline = deadline_at(time.monotonic(), budget_ms, self.turn_s)
-        if gate.scheduler.would_admit(1, deadline):
+        deadline = self.turn.deadline(time.monotonic(), budget_ms(gate.default_ms, asked))
+        if gate.scheduler.would_admit(1, deadline.at):
             return None
         call = start_call({"headers": headers})
         try:
@@ -219,7 +216,7 @@ class PredictFrontend:
         except RLServeError:
             return None
         call.model, call.version = route.model, route.version.version
-        return self._early_answer(call, route, deadline, gate.path)
+        return self._early_answer(call, route, deadline.at, gate.path)
 
     def _gate_for(self, raw_path: bytes) -> _Gate | None:
         """A predict path's model scheduler, remembered for the next calls; only paths
@@ -305,13 +302,6 @@ class _EarlyAnswer:
             + b"content-length: %d\r\nx-request-id: %s\r\n\r\n"
             % (len(self.body), request_id.encode("latin-1"))
             + self.body
-        )
-
-
-def _check_deadline(deadline: float, budget_ms: float, spent_on: str) -> None:
-    if time.monotonic() >= deadline:
-        raise DeadlineExceeded(
-            f"the request's deadline of {budget_ms:g} ms passed while {spent_on}; it was not run"
         )
 
 

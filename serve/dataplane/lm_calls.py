@@ -23,17 +23,17 @@ import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from serve.access import log_exchange
+from serve.dataplane.deadline import Deadline, LoopTurn, budget_ms
 from serve.dataplane.exchange import (
     INLINE_BODY_BYTES,
     Call,
     Disconnected,
-    deadline_at,
     read_body,
     start_call,
 )
 from serve.dataplane.routing import Router
-from serve.dataplane.wire import deadline_ms, decode_object
-from serve.errors import DeadlineExceeded, NotFound, RLServeError
+from serve.dataplane.wire import decode_object, timeout_header_ms
+from serve.errors import NotFound, RLServeError
 from serve.lm.messages import GenerationSpec, TokenEvent
 from serve.lm.model import LanguageModel
 from serve.lm.scheduling.generation_stream import GenerationStream
@@ -47,7 +47,6 @@ __all__ = [
     "ErrorAnswer",
     "Exchange",
     "LanguageModelCalls",
-    "check_deadline",
     "next_events",
     "stamp",
 ]
@@ -78,7 +77,7 @@ class Admitted:
     scheduler: ContinuousBatchScheduler
     version: LanguageModel  # the version that checks and tokenizes the call
     pinned: int | None  # the version the caller named (None: whichever is active)
-    deadline: float  # monotonic seconds
+    deadline: Deadline
 
 
 class Exchange:
@@ -148,13 +147,14 @@ class LanguageModelCalls:
         draining: Callable[[], bool],
         *,
         access_log: bool,
+        turn: LoopTurn,
     ) -> None:
         self.router = router
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.draining = draining
         self.access_log = access_log
-        self.turn_s = 0.0  # a turn of the event loop, as the process measures it
+        self.turn = turn  # how long a turn of the event loop takes now: deadlines count it
 
     async def serve(
         self,
@@ -194,8 +194,8 @@ class LanguageModelCalls:
                 f"model {route.model!r} is not a language model: it has no {action} route; "
                 f"POST /v1/models/{route.model}/predict with observations"
             )
-        budget_ms = deadline_ms(call.timeout_header, route.default_deadline_ms)
-        deadline = deadline_at(call.received_at, budget_ms, self.turn_s)
+        budget = budget_ms(route.default_deadline_ms, timeout_header_ms(call.timeout_header))
+        deadline = self.turn.deadline(call.received_at, budget)
         return Admitted(route.model, scheduler, served, route.pinned, deadline)
 
     async def read(self, exchange: Exchange) -> bytes:
@@ -215,8 +215,8 @@ class LanguageModelCalls:
     def admit(admitted: Admitted, spent_on: str) -> None:
         """Refuse a call whose deadline passed (504) or that the queue has no room for
         (429), before any work in proportion to it."""
-        check_deadline(admitted.deadline, spent_on)
-        admitted.scheduler.admit(1, admitted.deadline)
+        admitted.deadline.check(spent_on)
+        admitted.scheduler.admit(1, admitted.deadline.at)
 
     @staticmethod
     async def prepare(exchange: Exchange, prepare: Callable[[Spec], Work], spec: Spec) -> Work:
@@ -231,7 +231,7 @@ class LanguageModelCalls:
         """Tokenize a generation on the version it was routed to and queue it (``tokens``:
         its token events are wanted)."""
         generation = await self.prepare(exchange, admitted.version.prepare_generation, spec)
-        check_deadline(admitted.deadline, "validating it")
+        admitted.deadline.check("validating it")
         return admitted.scheduler.submit_generation(generation, admitted.pinned, tokens=tokens)
 
     def refused(self, call: Call, error: RLServeError, status: int) -> None:
@@ -254,11 +254,6 @@ async def next_events(stream: GenerationStream) -> list[TokenEvent]:
     """The stream's next token event and those already behind it (written together);
     StopAsyncIteration at its end, the error that ended it otherwise."""
     return [await anext(stream), *stream.drain()]
-
-
-def check_deadline(deadline: float, spent_on: str) -> None:
-    if time.monotonic() >= deadline:
-        raise DeadlineExceeded(f"the request's deadline passed while {spent_on}; it was not run")
 
 
 def stamp(version: int, sha256: str) -> list[tuple[bytes, bytes]]:

@@ -47,7 +47,6 @@ from serve.dataplane.lm_calls import (
     ErrorAnswer,
     Exchange,
     LanguageModelCalls,
-    check_deadline,
     next_events,
     stamp,
 )
@@ -134,7 +133,7 @@ class LanguageModelFrontend:
         streaming = payload.pop("stream", False)
         if not isinstance(streaming, bool):
             raise InvalidInput(f"stream: expected true or false, got {json_shown(streaming)}")
-        spec = generation_spec(payload, call.request_id, call.received_at, admitted.deadline)
+        spec = generation_spec(payload, call.request_id, call.received_at, admitted.deadline.at)
         stream = await self.calls.submit(exchange, admitted, spec, tokens=streaming)
         with CancelOnDisconnect(exchange.receive, stream) as watch:
             try:
@@ -174,9 +173,9 @@ class LanguageModelFrontend:
     async def _score(self, exchange: Exchange, path: GeneratePath) -> None:
         call = exchange.call
         admitted, payload = await self._read(exchange, path)
-        spec = score_spec(payload, call.request_id, call.received_at, admitted.deadline)
+        spec = score_spec(payload, call.request_id, call.received_at, admitted.deadline.at)
         scoring = await self.calls.prepare(exchange, admitted.version.prepare_scoring, spec)
-        check_deadline(admitted.deadline, "validating it")
+        admitted.deadline.check("validating it")
         result = await admitted.scheduler.submit_scoring(scoring, admitted.pinned)
         await exchange.json(200, _scored(result), stamp(result.version, result.sha256))
 

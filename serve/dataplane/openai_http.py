@@ -141,7 +141,7 @@ class OpenAIFrontend:
     def _spec(exchange: Exchange, request: OpenAICall, admitted: Admitted) -> GenerationSpec:
         call = exchange.call
         return generation_spec(
-            dict(request.generate), call.request_id, call.received_at, admitted.deadline
+            dict(request.generate), call.request_id, call.received_at, admitted.deadline.at
         )
 
     def _codec(self, admitted: Admitted, version: int) -> TextCodec:

@@ -44,16 +44,17 @@ def too_large(size: int, limit: int) -> PayloadTooLarge:
     )
 
 
-def deadline_ms(header: str | None, default_ms: float) -> float:
-    """A request's deadline: the default, or less when X-Request-Timeout-Ms asks for less."""
+def timeout_header_ms(header: str | None) -> float | None:
+    """What an X-Request-Timeout-Ms header asks for (None: no header); MalformedRequest
+    unless it is a positive number of milliseconds (``serve.dataplane.deadline`` applies it)."""
     if header is None:
-        return default_ms
+        return None
     asked = positive_number(header)
     if asked is None:
         raise MalformedRequest(
             f"X-Request-Timeout-Ms: expected a positive number of milliseconds, got {header!r}"
         )
-    return min(asked, default_ms)
+    return asked
 
 
 def positive_number(text: str) -> float | None:

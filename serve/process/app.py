@@ -46,6 +46,7 @@ from serve.control.watcher import RepositoryWatcher
 from serve.control.workers import WorkerRegistry
 from serve.dataplane import http as predict
 from serve.dataplane import lm_http, openai_answers, openai_http
+from serve.dataplane.deadline import LoopTurn
 from serve.dataplane.lm_calls import LanguageModelCalls
 from serve.dataplane.oip import rest as oip_rest
 from serve.dataplane.oip import rpc as oip_rpc
@@ -65,7 +66,7 @@ from serve.process.state import ServerState
 log = logging.getLogger("rlserve.app")
 
 LOAD_SAMPLE_S = 0.1  # how often the queue and pending-rows gauges are set
-TURN_SAMPLE_S, TURN_WEIGHT = 0.01, 0.3  # loop turns: how often measured, and averaged
+TURN_SAMPLE_S = 0.01  # how often a turn of the event loop is measured
 REPOSITORY_RETRY_S = 2.0  # how often a repository missing at start is looked for again
 
 
@@ -81,8 +82,10 @@ class RLServeApp:
         grpc: GrpcServer | None,
         generate: lm_http.LanguageModelFrontend,
         openai: openai_http.OpenAIFrontend,
+        turn: LoopTurn,
     ):
         self.state = state
+        self.turn = turn  # every frontend's deadlines read it
         self.control = control
         self.frontend = frontend
         self.v2 = v2
@@ -127,7 +130,7 @@ class RLServeApp:
             asyncio.create_task(_load(self.state), name="rlserve-load"),
             asyncio.create_task(_sample_load(self.state.manager), name="rlserve-load-gauges"),
             asyncio.create_task(
-                _measure_turns(self.frontend, self.v2, self.generate.calls),
+                _measure_turns(self.turn),
                 name="rlserve-loop-turns",
             ),
         ]
@@ -165,14 +168,16 @@ def create_app(
     updater = Updater(manager, settings, metrics, registry)
     phases = ServerPhases()
     state = ServerState(settings, manager, phases, metrics, updater)
+    turn = LoopTurn()
     frontend = predict.PredictFrontend(
         manager,
         metrics,
         settings.max_body_bytes,
         lambda: phases.draining,
         access_log=settings.access_log,
+        turn=turn,
     )
-    inference = Inference(manager, metrics, lambda: phases.draining)
+    inference = Inference(manager, metrics, lambda: phases.draining, turn)
     v2 = oip_rest.OipRestFrontend(
         manager,
         inference,
@@ -200,10 +205,11 @@ def create_app(
         settings.max_body_bytes,
         lambda: phases.draining,
         access_log=settings.access_log,
+        turn=turn,
     )
     generate = lm_http.LanguageModelFrontend(calls, _schedulers(manager))
     openai = openai_http.OpenAIFrontend(calls)
-    return RLServeApp(state, _control_app(state), frontend, v2, grpc, generate, openai)
+    return RLServeApp(state, _control_app(state), frontend, v2, grpc, generate, openai, turn)
 
 
 def _schedulers(manager: ModelRepositoryManager) -> Callable[[str | None], Scheduler | None]:
@@ -287,11 +293,7 @@ async def _sample_load(manager: ModelRepositoryManager) -> None:
         await asyncio.sleep(LOAD_SAMPLE_S)
 
 
-async def _measure_turns(
-    frontend: predict.PredictFrontend,
-    v2: oip_rest.OipRestFrontend,
-    calls: LanguageModelCalls,
-) -> None:
+async def _measure_turns(turn: LoopTurn) -> None:
     """How long one turn of the event loop takes, every TURN_SAMPLE_S: under overload a
     request waits about a turn before its handler runs, which its deadline must count."""
     loop = asyncio.get_running_loop()
@@ -299,9 +301,7 @@ async def _measure_turns(
         await asyncio.sleep(TURN_SAMPLE_S)
         started = loop.time()
         await asyncio.sleep(0)  # back after one turn
-        turn_s = loop.time() - started
-        frontend.turn_s = TURN_WEIGHT * turn_s + (1 - TURN_WEIGHT) * frontend.turn_s
-        v2.turn_s = calls.turn_s = frontend.turn_s
+        turn.observe(loop.time() - started)
 
 
 async def _load_models(state: ServerState, *, quiet: bool = False) -> bool:

@@ -16,12 +16,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from serve.dataplane.deadline import Deadline, LoopTurn, budget_ms
 from serve.dataplane.exchange import INLINE_BODY_BYTES
 from serve.dataplane.messages import InferenceResponse
 from serve.dataplane.model import ServedModel
 from serve.dataplane.oip.signature import InferCall, OutputTensor, Signature
 from serve.dataplane.routing import Route, Router
-from serve.errors import DeadlineExceeded, InvalidInput, NotFound, RLServeError, quoted
+from serve.errors import InvalidInput, NotFound, RLServeError, quoted
 from serve.json_shown import json_shown
 from serve.lm.model import LanguageModel
 from serve.metrics import Metrics
@@ -39,8 +40,11 @@ class InferAnswer:
 
 
 class Inference:
-    def __init__(self, router: Router, metrics: Metrics, draining: Callable[[], bool]) -> None:
+    def __init__(
+        self, router: Router, metrics: Metrics, draining: Callable[[], bool], turn: LoopTurn
+    ) -> None:
         self.router = router
+        self.turn = turn  # how long a turn of the event loop takes now: deadlines count it
         self.metrics = metrics
         self.draining = draining
         self._signatures: dict[str, Signature] = {}  # by sha256 of the version
@@ -66,20 +70,30 @@ class Inference:
             signature = self._signatures[served.sha256] = Signature(served.contract)
         return signature
 
+    @staticmethod
+    def admit(route: Route, deadline: Deadline) -> None:
+        """Refuse a call before any work in proportion to it: its deadline passed (504,
+        never 429), or the queue could not serve it in time (429). Asked once per call."""
+        deadline.check("reading it")
+        route.scheduler.admit(1, deadline.at)
+
     async def run(
-        self, route: Route, call: InferCall, request_id: str, received_at: float, deadline: float
+        self,
+        route: Route,
+        call: InferCall,
+        request_id: str,
+        received_at: float,
+        deadline: Deadline,
     ) -> InferAnswer:
-        """Check, queue and run one call; raises an RLServeError for the transport to map."""
+        """Check, queue and run an admitted call; raises an RLServeError for the transport."""
         signature = self.signature(route.version)
-        check_deadline(deadline, None, "reading it")  # passed: 504 on every route, never 429
-        route.scheduler.admit(1, deadline)  # overloaded: refuse before checking the tensors
-        request = signature.request(call, request_id, received_at, deadline)
+        request = signature.request(call, request_id, received_at, deadline.at)
         size = sum(values.nbytes for values in call.inputs.values())
         if size <= INLINE_TENSOR_BYTES:
             prepared = route.version.prepare(request)
         else:
             prepared = await asyncio.to_thread(route.version.prepare, request)
-        check_deadline(prepared.deadline, None, "its tensors were checked")
+        deadline.check("its tensors were checked")
         response = await route.scheduler.submit(prepared, route.pinned)
         return InferAnswer(response, signature.answer(call, response.outputs))
 
@@ -94,20 +108,24 @@ class Inference:
             self.metrics.refused_out_of_bounds(route.model, error.out_of_bounds)
 
 
-def budget_ms(call: InferCall, default_ms: float, asked_ms: float | None) -> float:
-    """A call's deadline budget: the model's default, or less when the transport asks for
-    less (``X-Request-Timeout-Ms``, a gRPC deadline) or the call's ``timeout`` parameter
-    does (microseconds, as Triton reads it)."""
-    budget = default_ms if asked_ms is None else min(default_ms, asked_ms)
+def call_budget_ms(call: InferCall, default_ms: float, asked_ms: float | None) -> float:
+    """A call's deadline budget (``serve.dataplane.deadline.budget_ms``): the model's
+    default, or less when the transport asks for less (``X-Request-Timeout-Ms``, a gRPC
+    deadline) or the call's ``timeout`` parameter does."""
+    return budget_ms(default_ms, asked_ms, timeout_parameter_ms(call))
+
+
+def timeout_parameter_ms(call: InferCall) -> float | None:
+    """What the call's ``timeout`` parameter asks for (microseconds, as Triton reads it)."""
     timeout_us = call.parameters.get("timeout")
     if timeout_us is None:
-        return budget
+        return None
     if isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us <= 0:
         raise InvalidInput(
             "parameters.timeout: expected a positive number of microseconds, got "
             f"{json_shown(timeout_us)}"
         )
-    return min(budget, timeout_us / 1000)
+    return timeout_us / 1000
 
 
 def _version(text: str) -> int:
@@ -117,13 +135,3 @@ def _version(text: str) -> int:
         raise NotFound(
             f"model version {quoted(text)}: a version is a positive integer, like '3'"
         ) from None
-
-
-def check_deadline(deadline: float, budget_ms: float | None, spent_on: str) -> None:
-    """DeadlineExceeded (504, DEADLINE_EXCEEDED) once ``deadline`` has passed: checked before
-    a call is admitted, so a passed deadline is never answered as a full queue."""
-    if time.monotonic() >= deadline:
-        budget = "" if budget_ms is None else f" of {budget_ms:g} ms"
-        raise DeadlineExceeded(
-            f"the request's deadline{budget} passed while {spent_on}; it was not run"
-        )

@@ -34,19 +34,19 @@ from starlette.types import Receive, Scope, Send
 
 from serve import __version__
 from serve.access import log_exchange
+from serve.dataplane.deadline import budget_ms
 from serve.dataplane.exchange import (
     INLINE_BODY_BYTES,
     Call,
     Disconnected,
-    deadline_at,
     read_body,
     start_call,
 )
 from serve.dataplane.oip import tensors
-from serve.dataplane.oip.infer import InferAnswer, Inference, budget_ms, check_deadline
+from serve.dataplane.oip.infer import InferAnswer, Inference, call_budget_ms
 from serve.dataplane.oip.signature import InferCall, RequestedOutput, config_dims
 from serve.dataplane.routing import Route, Router
-from serve.dataplane.wire import deadline_ms
+from serve.dataplane.wire import timeout_header_ms
 from serve.errors import (
     InvalidInput,
     MalformedRequest,
@@ -168,7 +168,6 @@ class OipRestFrontend:
         self.unready = unready  # why the server is not ready (draining included); [] = ready
         self.max_body_bytes = max_body_bytes
         self.access_log = access_log
-        self.turn_s = 0.0  # a turn of the event loop, measured by the process
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, path: V2Path) -> None:
         call = start_call(scope)
@@ -288,19 +287,17 @@ class OipRestFrontend:
     ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
         header_length = _header_length(scope)
         body = await read_body(receive, call.declared_length, self.max_body_bytes)
-        asked_ms = deadline_ms(call.timeout_header, route.default_deadline_ms)
-        asked_by = deadline_at(call.received_at, asked_ms, self.turn_s)
-        check_deadline(asked_by, asked_ms, "reading it")  # a passed deadline is 504, not 429
-        route.scheduler.admit(1, asked_by)  # overloaded: refuse before decoding
         default_ms = route.default_deadline_ms
+        asked = budget_ms(default_ms, timeout_header_ms(call.timeout_header))
+        self.inference.admit(route, self.inference.turn.deadline(call.received_at, asked))
         if len(body) <= INLINE_BODY_BYTES:
-            decoded, budget_ms = decode_infer(body, header_length, call, default_ms)
+            decoded, budget = decode_infer(body, header_length, call, default_ms)
         else:  # work in proportion to the body: off the event loop
-            decoded, budget_ms = await asyncio.to_thread(
+            decoded, budget = await asyncio.to_thread(
                 decode_infer, body, header_length, call, default_ms
             )
-        deadline = deadline_at(call.received_at, budget_ms, self.turn_s)
-        check_deadline(deadline, budget_ms, "reading it")
+        deadline = self.inference.turn.deadline(call.received_at, budget)
+        deadline.check("reading it")  # its timeout parameter may ask for less
         answer = await self.inference.run(
             route, decoded, call.request_id, call.received_at, deadline
         )
@@ -402,10 +399,7 @@ def decode_infer(
     if not isinstance(request_id, str):
         raise InvalidInput(f"id: expected a string, got {json_shown(request_id)}")
     decoded = InferCall(inputs, parameters, outputs, request_id, binary_output)
-    header_ms = (
-        None if call.timeout_header is None else deadline_ms(call.timeout_header, default_ms)
-    )
-    return decoded, budget_ms(decoded, default_ms, header_ms)
+    return decoded, call_budget_ms(decoded, default_ms, timeout_header_ms(call.timeout_header))
 
 
 def _object(value: Any, field: str) -> dict[str, Any]:

@@ -36,14 +36,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from serve import __version__
 from serve.dataplane.oip import tensors
-from serve.dataplane.oip.infer import InferAnswer, Inference, budget_ms
+from serve.dataplane.oip.infer import InferAnswer, Inference, call_budget_ms
 from serve.dataplane.oip.proto import inference_pb2 as pb
 from serve.dataplane.oip.proto import inference_pb2_grpc as pb_grpc
 from serve.dataplane.oip.proto import model_config_pb2 as config_pb
 from serve.dataplane.oip.rest import EXTENSIONS, PLATFORM, Catalog, repository_index
 from serve.dataplane.oip.signature import InferCall, RequestedOutput, config_dims
 from serve.dataplane.routing import Route
-from serve.errors import ConfigError, DeadlineExceeded, InvalidInput, RLServeError
+from serve.errors import ConfigError, InvalidInput, RLServeError
 from serve.status import grpc_status, grpc_trailers, http_status
 
 log = logging.getLogger("rlserve.grpc")
@@ -248,14 +248,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         try:
             route = self.inference.route(request.model_name, request.model_version)
             call = decode_infer(request)
-            budget = budget_ms(
-                call, route.default_deadline_ms, None if remaining_s is None else remaining_s * 1000
-            )
-            deadline = received_at + budget / 1000
-            if time.monotonic() >= deadline:
-                raise DeadlineExceeded(
-                    f"the request's deadline of {budget:g} ms passed before it was read"
-                )
+            asked_ms = None if remaining_s is None else remaining_s * 1000
+            budget = call_budget_ms(call, route.default_deadline_ms, asked_ms)
+            deadline = self.inference.turn.deadline(received_at, budget)
+            self.inference.admit(route, deadline)
             answer = await self.inference.run(route, call, request.id, received_at, deadline)
         except RLServeError as exc:
             self.inference.refused(route, exc, http_status(exc), received_at)
