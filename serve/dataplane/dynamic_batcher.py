@@ -30,12 +30,19 @@ The scheduler is two state machines. :class:`Life` is what it admits: nothing be
 ``start`` or once stopping. :class:`Phase` is what it is doing about its queue, and every
 move between phases goes through ``_enter``, which checks it against ``TRANSITIONS``::
 
-    IDLE ----- arrival ------------> PLANNING ---- plan: run ----------> RUNNING
-    IDLE, PLANNING, WAITING -- hold -> HELD        plan: wait ---------> WAITING
-    HELD ----- resume, stop -------> PLANNING      plan: nothing left --> IDLE
-    WAITING -- timer, full batch --> PLANNING      plan: only expired -> PLANNING
-    RUNNING -- ends, rows waiting -> PLANNING (at once while CHAIN_S lasts), or HELD
-    RUNNING -- ends, queue empty --> IDLE          HELD -- resume, empty -> IDLE
+    from        what happens                               to
+    IDLE        a request arrives                          PLANNING
+    PLANNING    the plan releases a batch                  RUNNING
+                the plan waits for company (max_wait_ms)   WAITING
+                only expired requests left the queue       PLANNING
+                the batch's version was unloaded           PLANNING
+                nothing is queued                          IDLE
+    WAITING     its timer; a full batch queued; stop       PLANNING
+    RUNNING     the batch ends, rows wait                  PLANNING (at once within CHAIN_S)
+                the batch ends, rows wait, a hold          HELD
+                the batch ends, nothing is queued          IDLE
+    HELD        resume or stop                             PLANNING, or IDLE if none queued
+    IDLE, PLANNING, WAITING: hold                          HELD
 
 A hold arriving while a batch runs lets it finish; the scheduler is HELD when it ends.
 Stopping runs what is queued (a hold included) without waiting for fuller batches.
@@ -468,6 +475,9 @@ class DynamicBatchScheduler:
             self.life = Life.STOPPING
         if self.phase is Phase.HELD:
             self._after_hold()
+        elif self.phase is Phase.WAITING:  # stopping waits for no company
+            self._cancel_alarm()
+            self._plan_soon()
         if self.life is Life.STOPPING and (self._queue or self.phase is Phase.RUNNING):
             await self._stopped.wait()
         self.life = Life.STOPPED

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from serve.control.lifecycle import ModelLifeCycle
+from serve.dataplane.dynamic_batcher import DynamicBatchScheduler, Life, Phase
 from serve.dataplane.messages import InferenceResponse
 from serve.dataplane.scheduler import Load
 from serve.errors import (
@@ -342,3 +343,38 @@ async def test_under_a_backlog_cheap_batches_run_back_to_back_in_one_turn() -> N
     await cycle.scheduler.stop()
     assert batches_in_first_turn == [5]  # no turn of the loop between them
     assert model.batches == [2, 2, 2, 2, 2]
+
+
+async def test_stopping_does_not_wait_out_max_wait_for_rows_already_waiting() -> None:
+    model = EchoModel()
+    cycle = lifecycle(model, max_batch_size=8, max_wait_ms=10_000)
+    waiting = submit(cycle, [1.0], timeout_s=30.0)
+    await asyncio.sleep(0.01)  # planned: waiting for company
+    assert model.batches == []
+    await asyncio.wait_for(cycle.scheduler.stop(), 1)
+    assert waiting.result().outputs == {"y": [2.0]}
+    assert not cycle.scheduler.alive
+
+
+async def test_the_phase_says_what_the_scheduler_does_with_its_queue() -> None:
+    cycle = lifecycle(EchoModel(run_s=0.2), max_wait_ms=20, inline_max_ms=0)
+    scheduler = cycle.scheduler
+    assert isinstance(scheduler, DynamicBatchScheduler)
+    assert (scheduler.life, scheduler.phase) == (Life.SERVING, Phase.IDLE)
+    first = submit(cycle, [1.0])
+    assert scheduler.phase is Phase.PLANNING  # in this turn of the loop
+    await asyncio.sleep(0)
+    assert scheduler.phase is Phase.WAITING  # for company, up to max_wait_ms
+    scheduler.hold()
+    assert scheduler.phase is Phase.HELD
+    scheduler.resume()
+    await asyncio.sleep(0.03)
+    assert scheduler.phase is Phase.RUNNING  # on the thread, for 200 ms
+    scheduler.hold()  # the running batch finishes; then nothing runs
+    second = submit(cycle, [2.0])
+    await first
+    await asyncio.sleep(0.01)
+    assert (scheduler.phase, second.done()) == (Phase.HELD, False)
+    await scheduler.stop()  # runs what the hold kept
+    assert (scheduler.life, scheduler.phase) == (Life.STOPPED, Phase.IDLE)
+    assert second.result().outputs == {"y": [4.0]}
