@@ -1,6 +1,9 @@
 # Two commands do all set-up on a fresh machine:
 #   make serve   install the serving side and start the server on the bundled demo policy
 #   make test    install everything the tests need and run lint, type checks and tests
+# While working, the quick tier (under 3 minutes once installed):
+#   make check   lint, type checks and the unit tests (tests/serve: the request path without
+#                a server)
 #
 # torch comes from the export extra; TORCH pins the CPU wheel we test with (an unpinned
 # torch pulls a multi-GB CUDA build). Override it for your platform, e.g. TORCH=torch==2.5.1.
@@ -15,7 +18,9 @@ GRPC_PORT ?= 8001
 DEMO_REPOSITORY ?= examples/model_repository
 PYTEST_ARGS ?=
 
-.PHONY: serve test lint typecheck unit e2e bench bench-gpu demo clean chaos proto
+UNIT_TESTS ?= tests/serve
+
+.PHONY: serve test check lint typecheck unit bench bench-gpu demo clean chaos proto
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +53,11 @@ typecheck: $(VENV)/.test-installed
 
 test: lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+check: lint typecheck unit
+
+unit: $(VENV)/.test-installed
+	$(BIN)/python -m pytest -q $(UNIT_TESTS) $(PYTEST_ARGS)
 
 bench: $(VENV)/.test-installed
 	$(BIN)/python -m bench

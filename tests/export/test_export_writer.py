@@ -30,7 +30,7 @@ def test_an_existing_version_is_never_overwritten(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["", "../escape", ".hidden", "a/b", "with space", "a" * 129])
 def test_names_that_are_not_one_safe_path_segment_are_refused(tmp_path: Path, name: str) -> None:
-    with pytest.raises(ExportError, match="--name .*: a model name is 1 to 128 letters, digits"):
+    with pytest.raises(ExportError, match=r"--name .*: a model name is 1 to 128 letters, digits"):
         writer.destination(tmp_path, name, None)
 
 

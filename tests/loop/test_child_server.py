@@ -153,6 +153,7 @@ def test_sigterm_to_the_parent_stops_the_child(tmp_path: Path) -> None:
         assert parent.wait(30) == 128 + signal.SIGTERM
     finally:
         parent.kill()
+        parent.communicate()  # reaped, its pipe closed
     assert gone(pid)
     assert "rlserve.phases: draining" in (tmp_path / "server.log").read_text()
 
@@ -192,6 +193,7 @@ class Lines:
         assert process.stderr is not None
         for line in process.stderr:
             self._queue.put(line)
+        process.stderr.close()  # at its end: the process is gone
 
     def until(self, text: str, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s

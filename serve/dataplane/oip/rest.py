@@ -216,29 +216,42 @@ class OipRestFrontend:
             _allow(scope, "POST")
             return self._index()
         _allow(scope, "GET")
-        if action == "":
-            if path.model is None:
-                return {"name": "rlserve", "version": __version__, "extensions": EXTENSIONS}
-            return self._model_metadata(path)
-        if action == "live":
-            return {"live": True}
-        if action == "server_ready":
-            reasons = self.unready()
-            if reasons:
-                raise ServiceUnavailable("not ready: " + "; ".join(reasons))
-            return {"ready": True}
-        if action == "ready":
-            route = self.inference.route(path.model or "", path.version)
-            if route.scheduler.held:
-                raise ServiceUnavailable(f"model {route.model!r} is held; resume it to serve it")
-            return {"name": route.model, "ready": True}
-        if action == "config":
-            return self._config(self.inference.route(path.model or "", path.version))
-        if action == "stats":
-            raise NotFound(
-                f"{quoted(scope['path'])}: statistics are served as Prometheus metrics at /metrics"
-            )
-        raise _not_a_route(scope)
+        answer = self._answers.get(action)
+        if answer is None:
+            raise _not_a_route(scope)
+        return answer(scope, path)
+
+    @property
+    def _answers(self) -> dict[str, Callable[[Scope, V2Path], Any]]:
+        """The GET routes by action ("": the server's or a model's metadata)."""
+        return {
+            "": self._metadata,
+            "live": lambda scope, path: {"live": True},
+            "server_ready": self._server_ready,
+            "ready": self._model_ready,
+            "config": lambda scope, path: self._config(self._route(path)),
+            "stats": _no_stats,
+        }
+
+    def _metadata(self, scope: Scope, path: V2Path) -> dict[str, Any]:
+        if path.model is None:
+            return {"name": "rlserve", "version": __version__, "extensions": EXTENSIONS}
+        return self._model_metadata(path)
+
+    def _server_ready(self, scope: Scope, path: V2Path) -> dict[str, Any]:
+        reasons = self.unready()
+        if reasons:
+            raise ServiceUnavailable("not ready: " + "; ".join(reasons))
+        return {"ready": True}
+
+    def _model_ready(self, scope: Scope, path: V2Path) -> dict[str, Any]:
+        route = self._route(path)
+        if route.scheduler.held:
+            raise ServiceUnavailable(f"model {route.model!r} is held; resume it to serve it")
+        return {"name": route.model, "ready": True}
+
+    def _route(self, path: V2Path) -> Route:
+        return self.inference.route(path.model or "", path.version)
 
     def _model_metadata(self, path: V2Path) -> dict[str, Any]:
         route = self.inference.route(path.model or "", path.version)
@@ -309,6 +322,12 @@ def _allow(scope: Scope, method: str) -> None:
         raise MethodNotAllowed(
             f"{scope['method']} {quoted(scope['path'])}: this route accepts {method} only"
         )
+
+
+def _no_stats(scope: Scope, path: V2Path) -> Any:
+    raise NotFound(
+        f"{quoted(scope['path'])}: statistics are served as Prometheus metrics at /metrics"
+    )
 
 
 def _not_a_route(scope: Scope) -> NotFound:
@@ -416,19 +435,9 @@ def _inputs(value: Any, binary: memoryview, *, may_hold_booleans: bool) -> dict[
             'inputs: expected a non-empty list of {"name", "datatype", "shape", "data"}'
         )
     arrays = {}
-    offset = 0
+    offset = 0  # into the binary data: each input's bytes follow the previous one's
     for i, given in enumerate(value):
-        if not isinstance(given, dict):
-            raise InvalidInput(f"inputs[{i}]: expected an object, got {type(given).__name__}")
-        name, datatype, shape = given.get("name"), given.get("datatype"), given.get("shape")
-        if (
-            not isinstance(name, str)
-            or not isinstance(datatype, str)
-            or not isinstance(shape, list)
-        ):
-            raise InvalidInput(
-                f"inputs[{i}]: needs name (string), datatype (string) and shape (list of integers)"
-            )
+        name, datatype, shape = _described(i, given)
         if name in arrays:
             raise InvalidInput(f"inputs: {quoted(name)} is given twice")
         size = _object(given.get("parameters"), f"inputs[{i}].parameters").get("binary_data_size")
@@ -441,16 +450,7 @@ def _inputs(value: Any, binary: memoryview, *, may_hold_booleans: bool) -> dict[
                 name, datatype, shape, given["data"], may_hold_booleans=may_hold_booleans
             )
             continue
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise InvalidInput(
-                f"input {quoted(name)}: binary_data_size must be a byte count, got "
-                f"{json_shown(size)}"
-            )
-        if offset + size > len(binary):
-            raise InvalidInput(
-                f"input {quoted(name)}: binary_data_size {size} runs past the end of the body "
-                f"({len(binary) - offset} bytes of binary data left)"
-            )
+        _check_binary_size(name, size, len(binary) - offset)
         arrays[name] = tensors.from_bytes(name, datatype, shape, binary[offset : offset + size])
         offset += size
     if offset != len(binary):
@@ -459,6 +459,30 @@ def _inputs(value: Any, binary: memoryview, *, may_hold_booleans: bool) -> dict[
             "binary_data_size accounts for"
         )
     return arrays
+
+
+def _described(i: int, given: Any) -> tuple[str, str, list[Any]]:
+    """An input's name, datatype and shape, each of its JSON type."""
+    if not isinstance(given, dict):
+        raise InvalidInput(f"inputs[{i}]: expected an object, got {type(given).__name__}")
+    name, datatype, shape = given.get("name"), given.get("datatype"), given.get("shape")
+    if not isinstance(name, str) or not isinstance(datatype, str) or not isinstance(shape, list):
+        raise InvalidInput(
+            f"inputs[{i}]: needs name (string), datatype (string) and shape (list of integers)"
+        )
+    return name, datatype, shape
+
+
+def _check_binary_size(name: str, size: Any, left: int) -> None:
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise InvalidInput(
+            f"input {quoted(name)}: binary_data_size must be a byte count, got {json_shown(size)}"
+        )
+    if size > left:
+        raise InvalidInput(
+            f"input {quoted(name)}: binary_data_size {size} runs past the end of the body "
+            f"({left} bytes of binary data left)"
+        )
 
 
 def _outputs(value: Any) -> list[RequestedOutput]:

@@ -43,7 +43,8 @@ from serve.dataplane.oip.proto import model_config_pb2 as config_pb
 from serve.dataplane.oip.rest import EXTENSIONS, PLATFORM, Catalog, repository_index
 from serve.dataplane.oip.signature import InferCall, RequestedOutput, config_dims
 from serve.dataplane.routing import Route
-from serve.errors import ConfigError, InvalidInput, RLServeError
+from serve.errors import ConfigError, InvalidInput, RLServeError, listed, quoted
+from serve.json_shown import json_shown
 from serve.status import grpc_status, grpc_trailers, http_status
 
 log = logging.getLogger("rlserve.grpc")
@@ -304,6 +305,13 @@ def _wire_bytes(text: str) -> int:
 
 
 def decode_infer(request: Any) -> InferCall:
+    parameters = {key: _parameter(value) for key, value in request.parameters.items()}
+    if "binary_data_output" in parameters:  # as over REST, though answers here always go raw
+        _boolean("parameters.binary_data_output", parameters["binary_data_output"])
+    return InferCall(_arrays(request), parameters, _outputs(request), request.id)
+
+
+def _arrays(request: Any) -> dict[str, np.ndarray]:
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise InvalidInput(
@@ -313,37 +321,40 @@ def decode_infer(request: Any) -> InferCall:
     arrays: dict[str, np.ndarray] = {}
     for i, given in enumerate(request.inputs):
         if given.name in arrays:
-            raise InvalidInput(f"inputs: {given.name!r} is given twice")
+            raise InvalidInput(f"inputs: {quoted(given.name)} is given twice")
         shape = list(given.shape)
         if raw and given.HasField("contents"):
             raise InvalidInput(
-                f"input {given.name!r}: give its data in raw_input_contents or in contents, "
-                "not both"
+                f"input {quoted(given.name)}: give its data in raw_input_contents or in "
+                "contents, not both"
             )
         if raw:
             arrays[given.name] = tensors.from_bytes(given.name, given.datatype, shape, raw[i])
         else:
             arrays[given.name] = _from_contents(given, shape)
+    return arrays
+
+
+def _outputs(request: Any) -> list[RequestedOutput]:
     outputs = []
     for output in request.outputs:
         unknown = sorted(set(output.parameters) - {"binary_data"})
         if unknown:
-            raise InvalidInput(f"outputs: {output.name!r} parameters {unknown} are not supported")
+            raise InvalidInput(
+                f"outputs: {quoted(output.name)} parameters {listed(unknown)} are not supported"
+            )
         if "binary_data" in output.parameters:  # accepted, and changes nothing: answers go raw
             binary = _parameter(output.parameters["binary_data"])
             if binary is not None:
-                _boolean(f"outputs: {output.name!r} parameters.binary_data", binary)
+                _boolean(f"outputs: {quoted(output.name)} parameters.binary_data", binary)
         outputs.append(RequestedOutput(output.name))
-    parameters = {key: _parameter(value) for key, value in request.parameters.items()}
-    if "binary_data_output" in parameters:  # as over REST, though answers here always go raw
-        _boolean("parameters.binary_data_output", parameters["binary_data_output"])
-    return InferCall(arrays, parameters, outputs, request.id)
+    return outputs
 
 
 def _boolean(field: str, value: Any) -> None:
     """The binary data switches must be booleans, as over REST (which answers 422)."""
     if not isinstance(value, bool):
-        raise InvalidInput(f"{field}: expected true or false, got {value!r}")
+        raise InvalidInput(f"{field}: expected true or false, got {json_shown(value)}")
 
 
 def _from_contents(given: Any, shape: list[int]) -> np.ndarray:
@@ -351,7 +362,7 @@ def _from_contents(given: Any, shape: list[int]) -> np.ndarray:
     if field is None:
         tensors.dtype_of(given.datatype, given.name)  # names the datatypes that are taken
         raise InvalidInput(
-            f"input {given.name!r}: {given.datatype} data goes in raw_input_contents"
+            f"input {quoted(given.name)}: {given.datatype} data goes in raw_input_contents"
         )
     values = getattr(given.contents, field)
     return tensors.from_json(

@@ -203,7 +203,8 @@ def test_producer_processes_append_concurrently(log_dir):
     procs = [child("produce", url, "4", "50", prefix) for prefix in "abc"]
     for proc in procs:
         assert read_report(proc, "PUBLISHED", 20) == 200
-        assert proc.wait(20) == 0
+        proc.communicate(timeout=20)  # reaped, its pipes closed
+        assert proc.returncode == 0
     got = drain(consumer, 600, 5.0)
     assert [d.position.seq for d in got] == list(range(1, 601))
     seen: dict[str, list[int]] = {}
