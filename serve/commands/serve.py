@@ -2,123 +2,70 @@
 
 Production runs gunicorn with ``serve/gunicorn.conf.py``; both read the same settings
 (see ``serve.config`` for the precedence: flags > RLSERVE_* env > config file > defaults).
+
+The flags are generated from ``serve.config.Settings``: every setting is a ``--kebab-case``
+flag whose help is the field's description, except those in :data:`NO_FLAG`; ``model_file``
+is the positional ``MODEL_FILE`` and ``config_file`` is ``--config``.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
-from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from serve.cli.arguments import add_arguments as add_dataclass_arguments
-from serve.cli.arguments import arg, from_namespace
+from serve.cli import settings_arguments
+
+if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
 
 NAME = "serve"
 HELP = "serve a model repository over HTTP (and gRPC with --grpc-port); development server"
 EXTRA = None
 
-_FROM_CONFIG = "default: RLSERVE_* env, then --config, then "
+# Settings with no flag, and why.
+NO_FLAG = {
+    "admin_token": "a secret on a command line is seen by every user of the machine (ps)",
+    "result_cache": "its Redis URL may hold a password, which a command line shows (ps)",
+    "version_policy": "an object: RLSERVE_VERSION_POLICY as JSON, or the --config file",
+}
+POSITIONAL = "model_file"
+FLAGS = {"config_file": "--config"}  # flags not named --kebab-case after their setting
 
-
-@dataclass
-class ServeArgs:
-    model_file: Path | None = field(
-        default=None,
-        metadata=arg(
-            "one exported model.onnx to serve alone, read-only, instead of a repository",
-            positional=True,
-            nargs="?",
-            metavar="MODEL_FILE",
-        ),
-    )
-    model_repository: Path | None = field(
-        default=None, metadata=arg("folder laid out as <model>/<version>/model.onnx")
-    )
-    config_file: Path | None = field(
-        default=None, metadata=arg("YAML file with any server setting", flag="--config")
-    )
-    host: str | None = field(default=None, metadata=arg(_FROM_CONFIG + "127.0.0.1"))
-    port: int | None = field(default=None, metadata=arg(_FROM_CONFIG + "8000"))
-    workers: int | None = field(
-        default=None,
-        metadata=arg(
-            "worker processes; more than 1 runs the production server (gunicorn with "
-            "serve/gunicorn.conf.py, these settings passed on); " + _FROM_CONFIG + "one process"
-        ),
-    )
-    grpc_port: int | None = field(
-        default=None,
-        metadata=arg(
-            "also serve the Open Inference Protocol over gRPC on this port (Triton's is 8001); "
-            + _FROM_CONFIG
-            + "no gRPC"
-        ),
-    )
-    default_model: str | None = field(
-        default=None, metadata=arg("model answering POST /predict (default: the only one)")
-    )
-    max_batch_size: int | None = field(default=None, metadata=arg(_FROM_CONFIG + "32"))
-    max_wait_ms: float | None = field(
-        default=None, metadata=arg("wait for more rows after the first; " + _FROM_CONFIG + "0")
-    )
-    max_queue_rows: int | None = field(
-        default=None, metadata=arg("queued rows before 429; " + _FROM_CONFIG + "1024")
-    )
-    default_deadline_ms: float | None = field(
-        default=None, metadata=arg("per-request deadline; " + _FROM_CONFIG + "1000")
-    )
-    generation_deadline_ms: float | None = field(
-        default=None,
-        metadata=arg("language models: per-request deadline; " + _FROM_CONFIG + "60000"),
-    )
-    providers: list[str] | None = field(
-        default=None,
-        metadata=arg("onnxruntime execution provider, repeat in order (default: auto)"),
-    )
-    allow_cpu_fallback: bool = field(
-        default=False, metadata=arg("stay ready when a requested GPU provider is not active")
-    )
-    gpu_memory_limit_bytes: int | None = field(
-        default=None,
-        metadata=arg(
-            "cap on the CUDA provider's memory arena and TensorRT's workspace (GPUs shared by "
-            "several servers); " + _FROM_CONFIG + "onnxruntime's default, no cap"
-        ),
-    )
-    poll_interval_s: float | None = field(
-        default=None,
-        metadata=arg(
-            "watch the repository for new versions and models this often (pull mode; default: off)"
-        ),
-    )
-    observation_bounds: str | None = field(
-        default=None,
-        metadata=arg(
-            "an observation outside its Box's bounds: serve it as given, clip it, or refuse "
-            "it (422); " + _FROM_CONFIG + "allow",
-            choices=["allow", "clip", "reject"],
-        ),
-    )
-    drain_delay_s: float | None = field(
-        default=None,
-        metadata=arg("keep serving after SIGTERM with /ready 503; " + _FROM_CONFIG + "0"),
-    )
-    log_level: str | None = field(
-        default=None,
-        metadata=arg(
-            "debug, info, warning or error", choices=["debug", "info", "warning", "error"]
-        ),
-    )
+_EPILOG = (
+    "A flag given here beats RLSERVE_<NAME>, which beats the --config file (or "
+    "RLSERVE_CONFIG_FILE), which beats the default. {no_flag} have no flag: set them in "
+    "RLSERVE_<NAME> or the file."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_dataclass_arguments(parser, ServeArgs)
-    parser.epilog = (
-        "Every setting can also come from RLSERVE_<NAME> or the YAML --config file; the admin "
-        "token for live updates only from RLSERVE_ADMIN_TOKEN or the file."
+    from serve.config import ENV_PREFIX, ModelSettings
+
+    fields = flagged()
+    per_model = {n: f for n, f in fields.items() if n in ModelSettings.model_fields}
+    own = {n: f for n, f in fields.items() if n not in per_model and n != POSITIONAL}
+    settings_arguments.add_positional(parser, POSITIONAL, fields[POSITIONAL], env_prefix=ENV_PREFIX)
+    server = parser.add_argument_group("server settings")
+    settings_arguments.add_settings(server, own, env_prefix=ENV_PREFIX, flags=FLAGS)
+    models = parser.add_argument_group(
+        "every model's settings", "the defaults a model's own config.yaml may override"
     )
+    settings_arguments.add_settings(models, per_model, env_prefix=ENV_PREFIX, flags=FLAGS)
+    *others, last = NO_FLAG
+    parser.epilog = _EPILOG.format(no_flag=f"{', '.join(others)} and {last}")
+
+
+def flagged() -> dict[str, FieldInfo]:
+    """The settings given on the command line, by name, in the order Settings has them."""
+    from serve.config import Settings
+
+    return {n: f for n, f in Settings.model_fields.items() if n not in NO_FLAG}
+
+
+def settings_given(namespace: argparse.Namespace) -> dict[str, Any]:
+    """The settings on the command line (None: not given), for ``serve.config.load``."""
+    return settings_arguments.given(namespace, flagged())
 
 
 def run(namespace: argparse.Namespace) -> int:
@@ -130,9 +77,7 @@ def run(namespace: argparse.Namespace) -> int:
     from serve.process.app import create_app
     from serve.process.server import DrainingServer
 
-    args = from_namespace(ServeArgs, namespace)
-    overrides = dataclasses.asdict(args)
-    overrides["allow_cpu_fallback"] = True if args.allow_cpu_fallback else None
+    overrides = settings_given(namespace)
     settings = config.load(**overrides)
     logs.configure(settings.log_level)
     served = single_file.as_repository(settings)

@@ -9,7 +9,6 @@ CartPole demo (Discrete), against ``session.run`` on the same rows.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,6 @@ import pytest
 
 from bench import gpu_models
 from serve import config
-from serve.cli.arguments import from_namespace
 from serve.commands import serve as serve_command
 from serve.dataplane import runtime
 from serve.dataplane.runtime import CPU, CUDA, TENSORRT, Execution
@@ -55,12 +53,8 @@ def test_the_limit_comes_from_the_environment_and_must_be_positive(monkeypatch):
 def test_the_serve_flag_sets_the_limit():
     parser = argparse.ArgumentParser()
     serve_command.add_arguments(parser)
-    args = from_namespace(
-        serve_command.ServeArgs, parser.parse_args(["--gpu-memory-limit-bytes", "536870912"])
-    )
-    overrides = {
-        k: v for k, v in dataclasses.asdict(args).items() if k in config.Settings.model_fields
-    }
+    namespace = parser.parse_args(["--gpu-memory-limit-bytes", "536870912"])
+    overrides = serve_command.settings_given(namespace)
     assert config.load(**overrides).gpu_memory_limit_bytes == 512 << 20
 
 
