@@ -20,7 +20,11 @@ NOT_RUN = "deadline passed while queued; the request was not run"
 
 class Scheduler(Protocol):
     name: str
-    held: bool
+
+    @property
+    def held(self) -> bool:
+        """Held: it runs nothing until ``resume``."""
+        ...
 
     def start(self) -> None:
         """Bind to the running event loop; called once before the first submit."""
