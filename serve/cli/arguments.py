@@ -4,6 +4,9 @@ A field's metadata holds its ``help``; ``positional=True`` makes it a positional
 ``flag="--name"`` overrides the flag's name.
 Field names become ``--kebab-case`` flags; ``bool`` fields are switches; ``list[...]`` fields
 may repeat; ``Enum`` fields offer their values as choices.
+
+Settings declared as pydantic fields (``rlserve serve``'s) get their flags from
+:mod:`serve.cli.settings_arguments` instead.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import argparse
 import enum
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ def add_positional(
     )
 
 
-def given(namespace: argparse.Namespace, names: typing.Iterable[str]) -> dict[str, Any]:
+def given(namespace: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
     """The values of ``names`` on the command line; ``None``: not given."""
     return {name: getattr(namespace, name) for name in names}
 
