@@ -34,6 +34,7 @@ from starlette.types import Receive, Scope, Send
 
 from serve.access import log_exchange
 from serve.dataplane.deadline import LoopTurn, budget_ms
+from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
 from serve.dataplane.exchange import (
     INLINE_BODY_BYTES,
     Call,
@@ -46,7 +47,7 @@ from serve.dataplane.json_keys import refuse_repeated_keys
 from serve.dataplane.messages import InferenceRequest, InferenceResponse, Prepared
 from serve.dataplane.result_cache import CacheSettings, ResultCache, cache_key
 from serve.dataplane.routing import Route, Router
-from serve.dataplane.scheduler import Scheduler
+from serve.dataplane.scheduler import Scheduler, runs_no_rows
 from serve.dataplane.wire import JSON_OPTIONS, timeout_header_ms
 from serve.errors import (
     ErrorCode,
@@ -177,7 +178,10 @@ class PredictFrontend:
                 )
                 return cached, [*_stamp_version(route), _CACHE_HIT]
         deadline.check("validating it")  # never queue it then
-        response = await route.scheduler.submit(prepared, route.pinned)
+        scheduler = route.scheduler
+        if not isinstance(scheduler, DynamicBatchScheduler):  # a language model's: no rows
+            raise runs_no_rows(route.model)
+        response = await scheduler.submit(prepared, route.pinned)
         answer, headers = _encode(response), _stamp(response)
         if key is not None and cache is not None:
             if (response.version, response.sha256) == (route.version.version, route.version.sha256):

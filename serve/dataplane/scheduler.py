@@ -1,21 +1,31 @@
 """The scheduler interface: what a model's lifecycle and the frontends need of a scheduler.
 
-A scheduler owns a model's queue and decides when and how its requests run. The dynamic
-batch scheduler (``serve.dataplane.dynamic_batcher``) is the first implementation, for
-policies whose requests are one forward pass; a continuous-batching scheduler for
-language-model generation slots in beside it behind the same interface.
+A scheduler owns a model's queue and decides when and how its requests run. This is what
+every scheduler offers; how requests are handed to one is its kind's own: the dynamic
+batch scheduler (``serve.dataplane.dynamic_batcher``), for policies whose requests are
+rows of one forward pass, takes them with ``submit``; the continuous-batching scheduler
+(``serve.lm.scheduling.scheduler``), for language models, with ``submit_generation`` and
+``submit_scoring``.
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from serve.dataplane.messages import InferenceResponse, Prepared
+from serve.errors import InvalidInput
 
 # Why a request whose deadline passed before it ran is answered 504, whichever scheduler.
 NOT_RUN = "deadline passed while queued; the request was not run"
+
+
+def runs_no_rows(model: str) -> InvalidInput:
+    """What a call of rows (observations, tensors) gets from a language model's scheduler,
+    which takes generations and scorings only."""
+    return InvalidInput(
+        f"model {model!r} is a language model: POST /v1/models/{model}/generate "
+        "or /score; it takes no observations"
+    )
 
 
 class Scheduler(Protocol):
@@ -27,22 +37,13 @@ class Scheduler(Protocol):
         ...
 
     def start(self) -> None:
-        """Bind to the running event loop; called once before the first submit."""
-        ...
-
-    def submit(self, prepared: Prepared, version: int | None) -> asyncio.Future[InferenceResponse]:
-        """Queue a validated request; its future settles with the answer or an RLServeError.
-
-        ``version`` pins the request to one version; None runs it on whichever version is
-        active when its batch forms. Raises QueueFull (back-pressure) or
-        ServiceUnavailable (stopping) at once instead of queueing. A request of more rows
-        than a batch holds is split across batches, on one version.
-        """
+        """Bind to the running event loop; called once before the first request."""
         ...
 
     def admit(self, rows: int, deadline: float) -> None:
-        """Raise what ``submit`` would raise for ``rows`` rows now, without queueing: a
-        frontend asks before it spends time decoding a request that will be refused."""
+        """Raise what queueing ``rows`` rows now would raise (QueueFull: back-pressure;
+        ServiceUnavailable: stopping), without queueing: a frontend asks before it spends
+        time decoding a request that will be refused."""
         ...
 
     def would_admit(self, rows: int, deadline: float) -> bool:

@@ -17,11 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from serve.dataplane.deadline import Deadline, LoopTurn, budget_ms
+from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
 from serve.dataplane.exchange import INLINE_BODY_BYTES
 from serve.dataplane.messages import InferenceResponse
 from serve.dataplane.model import ServedModel
 from serve.dataplane.oip.signature import InferCall, OutputTensor, Signature
 from serve.dataplane.routing import Route, Router
+from serve.dataplane.scheduler import runs_no_rows
 from serve.errors import InvalidInput, NotFound, RLServeError, quoted
 from serve.json_shown import json_shown
 from serve.lm.model import LanguageModel
@@ -94,7 +96,10 @@ class Inference:
         else:
             prepared = await asyncio.to_thread(route.version.prepare, request)
         deadline.check("its tensors were checked")
-        response = await route.scheduler.submit(prepared, route.pinned)
+        scheduler = route.scheduler
+        if not isinstance(scheduler, DynamicBatchScheduler):  # a language model's: no rows
+            raise runs_no_rows(route.model)
+        response = await scheduler.submit(prepared, route.pinned)
         return InferAnswer(response, signature.answer(call, response.outputs))
 
     def refused(

@@ -28,10 +28,8 @@ import asyncio
 from typing import Any
 
 from serve.config import ModelSettings
-from serve.dataplane.messages import InferenceResponse, Prepared
 from serve.dataplane.model import VersionSource
 from serve.dataplane.scheduler import Load
-from serve.errors import InvalidInput
 from serve.lm.messages import Generation, ScoreResult, Scoring
 from serve.lm.scheduling.decoding_thread import DecodingThread
 from serve.lm.scheduling.generation_record import GenerationSink
@@ -65,12 +63,6 @@ class ContinuousBatchScheduler:
         self._decoding.start()
 
     # ------------------------------------------------------------------ admission
-
-    def submit(self, prepared: Prepared, version: int | None) -> asyncio.Future[InferenceResponse]:
-        raise InvalidInput(
-            f"model {self.name!r} is a language model: POST /v1/models/{self.name}/generate "
-            "or /score; it takes no observations"
-        )
 
     def submit_generation(
         self, generation: Generation, version: int | None, *, tokens: bool

@@ -42,7 +42,12 @@ def submit(
 ) -> asyncio.Future[InferenceResponse]:
     model = cycle.active_model
     assert model is not None
-    return cycle.scheduler.submit(model.prepare(request(rows, timeout_s)), version)
+    return rows_scheduler(cycle).submit(model.prepare(request(rows, timeout_s)), version)
+
+
+def rows_scheduler(cycle: ModelLifeCycle) -> DynamicBatchScheduler:
+    assert isinstance(cycle.scheduler, DynamicBatchScheduler)
+    return cycle.scheduler
 
 
 async def answer(cycle: ModelLifeCycle, rows: Any, timeout_s: float = 1.0) -> Any:
@@ -122,7 +127,7 @@ async def test_every_executed_batch_becomes_one_record_for_every_sink() -> None:
     model_served = cycle.active_model
     assert model_served is not None
     futures = [
-        cycle.scheduler.submit(model_served.prepare(request(rows, request_id=rid)), None)
+        rows_scheduler(cycle).submit(model_served.prepare(request(rows, request_id=rid)), None)
         for rows, rid in (([1.0, 2.0], "a"), ([3.0], "b"))
     ]
     await asyncio.gather(*futures)

@@ -340,9 +340,11 @@ async def test_stop_decodes_everything_admitted_then_refuses():
 
 
 async def test_the_predict_path_is_told_to_generate():
+    # The scheduler takes no rows (it has no submit): the predict path's call is refused
+    # by the language model that would prepare it, before any scheduler.
     cycle = lifecycle(fakes.language_model())
     with pytest.raises(InvalidInput, match="/v1/models/fake/generate"):
-        cycle.scheduler.submit(cast(Any, None), None)
+        model_of(cycle).prepare(cast(Any, None))
     await cycle.scheduler.stop()
 
 
