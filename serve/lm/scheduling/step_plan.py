@@ -1,13 +1,15 @@
 """Which waiting requests join the decoding batch at the next step: a pure function of the
 queue, the batch's occupancy, the clock and the limits (in tokens and sequences).
 
-The continuous-batching scheduler (``serve.lm.scheduling.scheduler``) asks
-:func:`plan_step` at every step boundary and does what it says. Nothing here touches
-threads, asyncio or onnxruntime, so the rules are tested with plain numbers.
+The continuous-batching scheduler asks :func:`plan_step` at every step boundary of its
+decoding thread (``serve.lm.scheduling.handover``, under its lock) and does what it says.
+Nothing here touches threads, asyncio or onnxruntime, so the rules are tested with plain
+numbers.
 
 The rules, in order:
 
-1. Requests whose deadline has passed are *expired*: answered 504 and never run.
+1. Requests whose deadline has passed are *expired*: they leave the queue, never run, and
+   are answered 504 (by the event loop's deadline sweep).
 2. The others join in arrival order (never reordered: a large request at the head waits
    for room rather than being overtaken for ever) while all of these hold with it:
 
