@@ -191,3 +191,8 @@ def capped(message: str, limit: int = MESSAGE_CHARACTERS) -> str:
     if len(message) <= limit:
         return message
     return f"{message[:limit]}… (the message was cut: {len(message):,} characters)"
+
+
+def internal_error(exc: BaseException) -> RLServeError:
+    """The one answer to a bug of ours (500, INTERNAL): its type, and where to look."""
+    return RLServeError(f"internal error: {type(exc).__name__}; see the server log")

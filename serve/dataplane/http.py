@@ -25,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import orjson
@@ -38,9 +38,17 @@ from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
 from serve.dataplane.exchange import (
     INLINE_BODY_BYTES,
     Call,
-    Disconnected,
     read_body,
     start_call,
+)
+from serve.dataplane.http_calls import (
+    JSON_HEADER,
+    ErrorAnswer,
+    Exchange,
+    HttpCalls,
+    error_headers,
+    plain_error,
+    stamp,
 )
 from serve.dataplane.json_body import PredictBodyDecoder
 from serve.dataplane.json_keys import refuse_repeated_keys
@@ -56,8 +64,6 @@ from serve.errors import (
     QueueFull,
     RLServeError,
 )
-from serve.metrics import Metrics
-from serve.status import http_headers, http_status
 from serve.versions import path_version
 
 log = logging.getLogger("rlserve.predict")
@@ -69,8 +75,6 @@ _QUEUE_FULL = ErrorCode.QUEUE_FULL.value
 PARAMETERS = ("deterministic", "seed", "outputs")
 FIELDS = (*INPUTS, *PARAMETERS)
 _NO_PARAMETERS: dict[str, Any] = {}
-_JSON_HEADER = (b"content-type", b"application/json")
-_CLOSE_HEADER = (b"connection", b"close")
 _CACHE_HIT = (b"x-result-cache", b"hit")
 _CACHE_MISS = (b"x-result-cache", b"miss")  # looked up (not found, or Redis failed): run
 _CACHE_BYPASS = (b"x-result-cache", b"bypass")  # sampled or seeded, or the model is held
@@ -102,52 +106,40 @@ class PredictFrontend:
     def __init__(
         self,
         router: Router,
-        metrics: Metrics,
+        calls: HttpCalls,
         max_body_bytes: int,
-        draining: Callable[[], bool],
         *,
-        access_log: bool,
         turn: LoopTurn,
     ) -> None:
         self.router = router
-        self.metrics = metrics
+        self.calls = calls  # the call around the predict steps: errors, metrics, access log
+        self.metrics = calls.metrics
         self.max_body_bytes = max_body_bytes
-        self.draining = draining
-        self.access_log = access_log
+        self.draining = calls.draining
+        self.access_log = calls.access_log
         self.bodies = PredictBodyDecoder(frozenset(PARAMETERS))
-        self.results = ResultCache(metrics)  # models with a result_cache
+        self.results = ResultCache(calls.metrics)  # models with a result_cache
         self.turn = turn  # how long a turn of the event loop takes now: deadlines count it
         self._early: dict[str, _EarlyAnswer] = {}  # by model: its current early 429
         self._gates: dict[bytes, _Gate] = {}  # by predict path: what refuse_early needs
         self._refusing_until = 0.0  # calls are checked from their headers until then
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, path: PredictPath) -> None:
-        call = start_call(scope)
-        try:
-            if scope["method"] != "POST":
-                raise MethodNotAllowed(
-                    f"{scope['method']} {scope['path']}: predict routes accept POST only"
-                )
-            status, (body, headers) = 200, await self._predict(call, receive, path)
-        except RLServeError as exc:
-            status, body, headers = self._refuse(call, exc)
-        except Disconnected:
-            return
-        except Exception as exc:
-            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
-            error = RLServeError(f"internal error: {type(exc).__name__}; see the server log")
-            status, body, headers = self._refuse(call, error)
-        headers += [
-            _JSON_HEADER,
-            (b"content-length", str(len(body)).encode()),
-            (b"x-request-id", call.request_id.encode("latin-1")),
-        ]
-        if self.draining():
-            headers.append(_CLOSE_HEADER)
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-        if self.access_log:
-            log_exchange(scope, call.request_id, status, time.monotonic() - call.received_at)
+        await self.calls.serve(scope, receive, send, partial(self._handle, path=path), self._render)
+
+    async def _handle(self, exchange: Exchange, *, path: PredictPath) -> None:
+        scope = exchange.scope
+        if scope["method"] != "POST":
+            raise MethodNotAllowed(
+                f"{scope['method']} {scope['path']}: predict routes accept POST only"
+            )
+        body, headers = await self._predict(exchange.call, exchange.receive, path)
+        await exchange.answer(200, body, [*headers, JSON_HEADER])
+
+    def _render(self, error: RLServeError) -> ErrorAnswer:
+        if error.code is ErrorCode.QUEUE_FULL:  # overloaded: refuse the next calls from headers
+            self._refusing_until = time.monotonic() + REFUSING_S
+        return plain_error(error)
 
     async def _predict(
         self, call: Call, receive: Receive, path: PredictPath
@@ -176,13 +168,14 @@ class PredictFrontend:
                 self.metrics.answered_from_cache(
                     route.model, route.version.version, seconds, prepared.out_of_bounds
                 )
-                return cached, [*_stamp_version(route), _CACHE_HIT]
+                # computed earlier by the routed version
+                return cached, [*stamp(route.version.version, route.version.sha256), _CACHE_HIT]
         deadline.check("validating it")  # never queue it then
         scheduler = route.scheduler
         if not isinstance(scheduler, DynamicBatchScheduler):  # a language model's: no rows
             raise runs_no_rows(route.model)
         response = await scheduler.submit(prepared, route.pinned)
-        answer, headers = _encode(response), _stamp(response)
+        answer, headers = _encode(response), stamp(response.version, response.sha256)
         if key is not None and cache is not None:
             if (response.version, response.sha256) == (route.version.version, route.version.sha256):
                 self.results.store(route.model, cache, key, answer)  # not awaited
@@ -247,8 +240,12 @@ class PredictFrontend:
             try:
                 route.scheduler.admit(1, deadline)
             except QueueFull as exc:
-                _, body, headers = self._refuse(call, exc)
-                head = b"".join(k + b": " + v + b"\r\n" for k, v in [*headers, _JSON_HEADER])
+                answer = self._render(exc)
+                self.calls.refused(call, exc, answer.status)
+                body = orjson.dumps(answer.body)
+                head = b"".join(
+                    k + b": " + v + b"\r\n" for k, v in [*error_headers(exc), JSON_HEADER]
+                )
                 cached = _EarlyAnswer(
                     now + EARLY_ANSWER_S, b"HTTP/1.1 429 Too Many Requests\r\n" + head, body
                 )
@@ -262,20 +259,6 @@ class PredictFrontend:
             scope: Scope = {"method": "POST", "path": _path_of(path), "client": None}
             log_exchange(scope, call.request_id, 429, time.monotonic() - call.received_at)
         return cached.encode(call.request_id)
-
-    def _refuse(
-        self, call: Call, error: RLServeError
-    ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
-        status = http_status(error)
-        now = time.monotonic()
-        seconds = now - call.received_at
-        if isinstance(error, QueueFull):  # overloaded: refuse the next calls from headers
-            self._refusing_until = now + REFUSING_S
-        self.metrics.refused(call.model, call.version, status, error.code.value, seconds)
-        if isinstance(error, InvalidInput) and error.out_of_bounds:  # observation_bounds: reject
-            self.metrics.refused_out_of_bounds(call.model, error.out_of_bounds)
-        headers = [(k.lower().encode(), v.encode()) for k, v in http_headers(error).items()]
-        return status, orjson.dumps(error.to_json()), headers
 
 
 def _path_of(path: PredictPath) -> str:
@@ -357,21 +340,6 @@ def _encode(response: InferenceResponse) -> bytes:
         **outputs,
     }
     return orjson.dumps(stamped, option=JSON_OPTIONS)
-
-
-def _stamp(response: InferenceResponse) -> list[tuple[bytes, bytes]]:
-    return [
-        (b"x-policy-version", str(response.version).encode()),
-        (b"x-policy-sha256", response.sha256.encode()),
-    ]
-
-
-def _stamp_version(route: Route) -> list[tuple[bytes, bytes]]:
-    """The stamps of an answer the routed version computed earlier (a result-cache hit)."""
-    return [
-        (b"x-policy-version", str(route.version.version).encode()),
-        (b"x-policy-sha256", route.version.sha256.encode()),
-    ]
 
 
 def _unbatch(answer: dict[str, Any]) -> dict[str, Any]:

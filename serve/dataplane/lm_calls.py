@@ -5,32 +5,25 @@ one call from its first byte to its answer.
 :class:`LanguageModelCalls` routes a call to a language model's version and scheduler
 (:class:`Admitted`), computes its deadline, reads its body within the size limit, admits
 it (429 when the queue is full), tokenizes off the event loop when the body is large,
-submits a generation, answers errors in the frontend's own shape, counts refusals in the
-metrics and writes the access-log line. :class:`Exchange` writes the answer, whole or as
-event chunks; :class:`CancelOnDisconnect` gives up on a generation whose client went away.
+and submits a generation; the call around these steps (errors in the frontend's own shape,
+metrics, the access-log line, the answer's writer) is ``serve.dataplane.http_calls``'s, as
+for every HTTP frontend. :class:`CancelOnDisconnect` gives up on a generation whose client
+went away.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import orjson
 from starlette.types import Message, Receive, Scope, Send
 
-from serve.access import log_exchange
 from serve.dataplane.deadline import Deadline, LoopTurn, budget_ms
-from serve.dataplane.exchange import (
-    INLINE_BODY_BYTES,
-    Call,
-    Disconnected,
-    read_body,
-    start_call,
-)
+from serve.dataplane.exchange import INLINE_BODY_BYTES, Call, read_body
+from serve.dataplane.http_calls import ErrorAnswer, Exchange, HttpCalls
 from serve.dataplane.routing import Router
 from serve.dataplane.wire import decode_object, timeout_header_ms
 from serve.errors import NotFound, RLServeError
@@ -38,35 +31,15 @@ from serve.lm.messages import GenerationSpec, TokenEvent
 from serve.lm.model import LanguageModel
 from serve.lm.scheduling.generation_stream import GenerationStream
 from serve.lm.scheduling.scheduler import ContinuousBatchScheduler
-from serve.metrics import Metrics
-from serve.status import http_headers
 
-__all__ = [
-    "Admitted",
-    "CancelOnDisconnect",
-    "ErrorAnswer",
-    "Exchange",
-    "LanguageModelCalls",
-    "next_events",
-    "stamp",
-]
+__all__ = ["Admitted", "CancelOnDisconnect", "LanguageModelCalls", "next_events"]
 
 log = logging.getLogger("rlserve.generate")
 
-_JSON_HEADER = (b"content-type", b"application/json")
-_CLOSE_HEADER = (b"connection", b"close")
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 Spec = TypeVar("Spec")
 Work = TypeVar("Work")
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorAnswer:
-    """An error as one frontend writes it: its HTTP status and its JSON body."""
-
-    status: int
-    body: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,36 +51,6 @@ class Admitted:
     version: LanguageModel  # the version that checks and tokenizes the call
     pinned: int | None  # the version the caller named (None: whichever is active)
     deadline: Deadline
-
-
-class Exchange:
-    """One call's answer as it is written: status, headers, body or event chunks."""
-
-    def __init__(
-        self, scope: Scope, receive: Receive, send: Send, call: Call, draining: Callable[[], bool]
-    ) -> None:
-        self.scope, self.receive, self._send, self.call = scope, receive, send, call
-        self._draining = draining
-        self.status = 0
-        self.started = False
-        self.large = False  # its body is large: work in proportion to it goes off the loop
-
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self.status, self.started = status, True
-        headers = [*headers, (b"x-request-id", self.call.request_id.encode("latin-1"))]
-        if self._draining():
-            headers.append(_CLOSE_HEADER)
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
-
-    async def chunk(self, body: bytes, *, last: bool = False) -> None:
-        message: Message = {"type": "http.response.body", "body": body, "more_body": not last}
-        await self._send(message)
-
-    async def json(self, status: int, content: Any, headers: list[tuple[bytes, bytes]]) -> None:
-        body = orjson.dumps(content)
-        length = (b"content-length", str(len(body)).encode())
-        await self.start(status, [*headers, _JSON_HEADER, length])
-        await self.chunk(body, last=True)
 
 
 class CancelOnDisconnect:
@@ -140,20 +83,11 @@ class LanguageModelCalls:
     """The steps every language-model call takes, whichever protocol it speaks."""
 
     def __init__(
-        self,
-        router: Router,
-        metrics: Metrics,
-        max_body_bytes: int,
-        draining: Callable[[], bool],
-        *,
-        access_log: bool,
-        turn: LoopTurn,
+        self, router: Router, calls: HttpCalls, max_body_bytes: int, *, turn: LoopTurn
     ) -> None:
         self.router = router
-        self.metrics = metrics
+        self.calls = calls  # the call around the LM steps: errors, metrics, access log
         self.max_body_bytes = max_body_bytes
-        self.draining = draining
-        self.access_log = access_log
         self.turn = turn  # how long a turn of the event loop takes now: deadlines count it
 
     async def serve(
@@ -164,22 +98,9 @@ class LanguageModelCalls:
         handle: Callable[[Exchange], Awaitable[None]],
         render: Callable[[RLServeError], ErrorAnswer],
     ) -> None:
-        """Run ``handle`` on the call; an error it raises is answered as ``render`` writes
-        it (unless a stream already started), counted, and logged when unexpected."""
-        exchange = Exchange(scope, receive, send, start_call(scope), self.draining)
-        try:
-            await handle(exchange)
-        except RLServeError as exc:
-            await self._answer_error(exchange, exc, render)
-        except Disconnected:
-            return
-        except Exception as exc:
-            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
-            error = RLServeError(f"internal error: {type(exc).__name__}; see the server log")
-            await self._answer_error(exchange, error, render)
-        if self.access_log:
-            seconds = time.monotonic() - exchange.call.received_at
-            log_exchange(scope, exchange.call.request_id, exchange.status, seconds)
+        """Run ``handle`` on the call (``serve.dataplane.http_calls``); an error it raises is
+        answered as ``render`` writes it, unless a stream already started."""
+        await self.calls.serve(scope, receive, send, handle, render)
 
     def route(self, call: Call, model: str | None, version: int | None, action: str) -> Admitted:
         """The language model a call names (None: the default model) and its deadline; not
@@ -235,27 +156,11 @@ class LanguageModelCalls:
         return admitted.scheduler.submit_generation(generation, admitted.pinned, tokens=tokens)
 
     def refused(self, call: Call, error: RLServeError, status: int) -> None:
-        """Count a call answered with an error (before or during its stream)."""
-        seconds = time.monotonic() - call.received_at
-        self.metrics.refused(call.model, call.version, status, error.code.value, seconds)
-
-    async def _answer_error(
-        self, exchange: Exchange, error: RLServeError, render: Callable[[RLServeError], ErrorAnswer]
-    ) -> None:
-        if exchange.started:  # a stream already answered 200: nothing more to say
-            return
-        answer = render(error)
-        self.refused(exchange.call, error, answer.status)
-        headers = [(k.lower().encode(), v.encode()) for k, v in http_headers(error).items()]
-        await exchange.json(answer.status, answer.body, headers)
+        """Count a call whose stream ended in an error, after its 200 went out."""
+        self.calls.refused(call, error, status)
 
 
 async def next_events(stream: GenerationStream) -> list[TokenEvent]:
     """The stream's next token event and those already behind it (written together);
     StopAsyncIteration at its end, the error that ended it otherwise."""
     return [await anext(stream), *stream.drain()]
-
-
-def stamp(version: int, sha256: str) -> list[tuple[bytes, bytes]]:
-    """The headers that say which version computed an answer."""
-    return [(b"x-policy-version", str(version).encode()), (b"x-policy-sha256", sha256.encode())]

@@ -40,15 +40,13 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from serve.dataplane.exchange import Disconnected
+from serve.dataplane.http_calls import Exchange, plain_error, stamp
 from serve.dataplane.lm_calls import (
     SSE_HEADERS,
     Admitted,
     CancelOnDisconnect,
-    ErrorAnswer,
-    Exchange,
     LanguageModelCalls,
     next_events,
-    stamp,
 )
 from serve.dataplane.scheduler import Scheduler
 from serve.errors import InvalidInput, MethodNotAllowed, RLServeError
@@ -123,7 +121,7 @@ class LanguageModelFrontend:
             else:
                 await self._generate(exchange, path)
 
-        await self.calls.serve(scope, receive, send, handle, _error)
+        await self.calls.serve(scope, receive, send, handle, plain_error)
 
     # ------------------------------------------------------------------ generate
 
@@ -191,10 +189,6 @@ class LanguageModelFrontend:
         body = await self.calls.read(exchange)
         self.calls.admit(admitted, "reading the body")  # overloaded: refuse before decoding
         return admitted, await self.calls.decode(exchange, body)
-
-
-def _error(error: RLServeError) -> ErrorAnswer:
-    return ErrorAnswer(http_status(error), error.to_json())
 
 
 def _generated(result: GenerationResult) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve.dataplane.lm_calls import ErrorAnswer
+from serve.dataplane.http_calls import ErrorAnswer
 from serve.dataplane.openai_requests import Endpoint
 from serve.errors import ErrorCode, RLServeError
 from serve.lm.messages import GenerationResult, TokenEvent

@@ -28,14 +28,13 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from serve.dataplane.exchange import Disconnected
+from serve.dataplane.http_calls import Exchange, stamp
 from serve.dataplane.lm_calls import (
     SSE_HEADERS,
     Admitted,
     CancelOnDisconnect,
-    Exchange,
     LanguageModelCalls,
     next_events,
-    stamp,
 )
 from serve.dataplane.openai_answers import Answer, error
 from serve.dataplane.openai_requests import Endpoint, OpenAICall, parse

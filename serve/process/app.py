@@ -47,6 +47,7 @@ from serve.control.workers import WorkerRegistry
 from serve.dataplane import http as predict
 from serve.dataplane import lm_http, openai_answers, openai_http
 from serve.dataplane.deadline import LoopTurn
+from serve.dataplane.http_calls import HttpCalls
 from serve.dataplane.lm_calls import LanguageModelCalls
 from serve.dataplane.oip import rest as oip_rest
 from serve.dataplane.oip import rpc as oip_rpc
@@ -55,7 +56,7 @@ from serve.dataplane.oip.rpc import GrpcServer
 from serve.dataplane.record import RecordSink
 from serve.dataplane.scheduler import Scheduler
 from serve.dataplane.wire import error_response, json_response
-from serve.errors import MalformedRequest, MethodNotAllowed, NotFound, RLServeError
+from serve.errors import MalformedRequest, MethodNotAllowed, NotFound, RLServeError, internal_error
 from serve.lm.scheduling.scheduler import ContinuousBatchScheduler
 from serve.metrics import Metrics
 from serve.process import memory, openapi
@@ -169,21 +170,11 @@ def create_app(
     phases = ServerPhases()
     state = ServerState(settings, manager, phases, metrics, updater)
     turn = LoopTurn()
-    frontend = predict.PredictFrontend(
-        manager,
-        metrics,
-        settings.max_body_bytes,
-        lambda: phases.draining,
-        access_log=settings.access_log,
-        turn=turn,
-    )
+    http_calls = HttpCalls(metrics, lambda: phases.draining, access_log=settings.access_log)
+    frontend = predict.PredictFrontend(manager, http_calls, settings.max_body_bytes, turn=turn)
     inference = Inference(manager, metrics, lambda: phases.draining, turn)
     v2 = oip_rest.OipRestFrontend(
-        manager,
-        inference,
-        state.unready_reasons,
-        settings.max_body_bytes,
-        access_log=settings.access_log,
+        manager, inference, state.unready_reasons, http_calls, settings.max_body_bytes
     )
     grpc = None
     if settings.grpc_port is not None:
@@ -199,14 +190,7 @@ def create_app(
             f"{settings.host}:{settings.grpc_port}",
             settings.max_body_bytes,
         )
-    calls = LanguageModelCalls(
-        manager,
-        metrics,
-        settings.max_body_bytes,
-        lambda: phases.draining,
-        access_log=settings.access_log,
-        turn=turn,
-    )
+    calls = LanguageModelCalls(manager, http_calls, settings.max_body_bytes, turn=turn)
     generate = lm_http.LanguageModelFrontend(calls, _schedulers(manager))
     openai = openai_http.OpenAIFrontend(calls)
     return RLServeApp(state, _control_app(state), frontend, v2, grpc, generate, openai, turn)
@@ -358,4 +342,4 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> Re
 
 async def _unexpected_error(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(RLServeError(f"internal error: {type(exc).__name__}; see the server log"))
+    return error_response(internal_error(exc))

@@ -24,24 +24,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import orjson
 from starlette.types import Receive, Scope, Send
 
 from serve import __version__
-from serve.access import log_exchange
 from serve.dataplane.deadline import budget_ms
 from serve.dataplane.exchange import (
     INLINE_BODY_BYTES,
     Call,
-    Disconnected,
     read_body,
-    start_call,
 )
+from serve.dataplane.http_calls import JSON_HEADER, ErrorAnswer, Exchange, HttpCalls, stamp
 from serve.dataplane.oip import tensors
 from serve.dataplane.oip.infer import InferAnswer, Inference, call_budget_ms
 from serve.dataplane.oip.signature import InferCall, RequestedOutput, config_dims
@@ -58,16 +56,14 @@ from serve.errors import (
 )
 from serve.json_shown import json_shown
 from serve.lm.model import LanguageModel
-from serve.status import http_headers, http_status
+from serve.status import http_status
 
 log = logging.getLogger("rlserve.oip")
 
 PREFIX = "/v2"
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository"]
 PLATFORM = "onnxruntime_onnx"  # Triton's name for an ONNX model run by onnxruntime
-_JSON = (b"content-type", b"application/json")
 _BINARY = (b"content-type", b"application/octet-stream")
-_CLOSE = (b"connection", b"close")
 _HEADER_LENGTH = b"inference-header-content-length"
 _MAX_LENGTH_DIGITS = 19  # a signed 64-bit integer's: more than any body could be
 ROUTES = (
@@ -159,52 +155,29 @@ class OipRestFrontend:
         catalog: Catalog,
         inference: Inference,
         unready: Callable[[], list[str]],
+        calls: HttpCalls,
         max_body_bytes: int,
-        *,
-        access_log: bool,
     ) -> None:
         self.catalog = catalog
         self.inference = inference
         self.unready = unready  # why the server is not ready (draining included); [] = ready
+        self.calls = calls  # the call around the infer steps: errors, metrics, access log
         self.max_body_bytes = max_body_bytes
-        self.access_log = access_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, path: V2Path) -> None:
-        call = start_call(scope)
-        route: Route | None = None
-        try:
-            if path.action == "infer":
-                _allow(scope, "POST")
-                route = self.inference.route(path.model or "", path.version)
-                call.model, call.version = route.model, route.version.version
-                body, headers = await self._infer(scope, call, receive, route)
-            else:
-                body, headers = orjson.dumps(self._get(scope, path)), [_JSON]
-            status = 200
-        except RLServeError as exc:
-            status, body = http_status(exc), orjson.dumps(_error(exc))
-            headers = [
-                _JSON,
-                *((k.lower().encode(), v.encode()) for k, v in http_headers(exc).items()),
-            ]
-            if path.action == "infer":
-                self.inference.refused(route, exc, status, call.received_at)
-        except Disconnected:
+        await self.calls.serve(scope, receive, send, partial(self._handle, path=path), _error)
+
+    async def _handle(self, exchange: Exchange, *, path: V2Path) -> None:
+        scope, call = exchange.scope, exchange.call
+        if path.action != "infer":
+            exchange.metered = False  # metadata and health: not inference calls
+            await exchange.json(200, self._get(scope, path), [])
             return
-        except Exception as exc:
-            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
-            error = RLServeError(f"internal error: {type(exc).__name__}; see the server log")
-            status, body, headers = 500, orjson.dumps(_error(error)), [_JSON]
-        headers += [
-            (b"content-length", str(len(body)).encode()),
-            (b"x-request-id", call.request_id.encode("latin-1")),
-        ]
-        if self.inference.draining():
-            headers.append(_CLOSE)
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-        if self.access_log:
-            log_exchange(scope, call.request_id, status, time.monotonic() - call.received_at)
+        _allow(scope, "POST")
+        route = self.inference.route(path.model or "", path.version)
+        call.model, call.version = route.model, route.version.version
+        body, headers = await self._infer(scope, call, exchange.receive, route)
+        await exchange.answer(200, body, headers)
 
     # ------------------------------------------------------------------ metadata
 
@@ -334,8 +307,9 @@ def _not_a_route(scope: Scope) -> NotFound:
     return NotFound(f"{quoted(scope['path'])}: not an Open Inference Protocol route; {ROUTES}")
 
 
-def _error(error: RLServeError) -> dict[str, str]:
-    return {"error": error.message, "code": error.code.value}
+def _error(error: RLServeError) -> ErrorAnswer:
+    """The protocol's error body: ``{"error": message, "code": code}``."""
+    return ErrorAnswer(http_status(error), {"error": error.message, "code": error.code.value})
 
 
 def _config_tensor(name: str, datatype: str, shape: tuple[int, ...]) -> dict[str, Any]:
@@ -534,11 +508,8 @@ def encode_infer(answer: InferAnswer, call: InferCall) -> tuple[bytes, list[tupl
     if call.id:
         header["id"] = call.id
     encoded = orjson.dumps(header)
-    stamp = [
-        (b"x-policy-version", str(response.version).encode()),
-        (b"x-policy-sha256", response.sha256.encode()),
-    ]
+    stamped = stamp(response.version, response.sha256)
     if not chunks:
-        return encoded, [_JSON, *stamp]
+        return encoded, [JSON_HEADER, *stamped]
     length = (_HEADER_LENGTH, str(len(encoded)).encode())
-    return b"".join([encoded, *chunks]), [_BINARY, length, *stamp]
+    return b"".join([encoded, *chunks]), [_BINARY, length, *stamped]

@@ -43,7 +43,7 @@ from serve.dataplane.oip.proto import model_config_pb2 as config_pb
 from serve.dataplane.oip.rest import EXTENSIONS, PLATFORM, Catalog, repository_index
 from serve.dataplane.oip.signature import InferCall, RequestedOutput, config_dims
 from serve.dataplane.routing import Route
-from serve.errors import ConfigError, InvalidInput, RLServeError, listed, quoted
+from serve.errors import ConfigError, InvalidInput, RLServeError, internal_error, listed, quoted
 from serve.json_shown import json_shown
 from serve.status import grpc_status, grpc_trailers, http_status
 
@@ -259,7 +259,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             raise
         except Exception as exc:  # a bug of ours: logged, and answered INTERNAL like any error
             log.exception("unhandled error on ModelInfer for %r", request.model_name)
-            error = RLServeError(f"internal error: {type(exc).__name__}; see the server log")
+            error = internal_error(exc)
             self.inference.refused(route, error, http_status(error), received_at)
             raise error from None
         return encode_infer(answer, call)
