@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 
@@ -26,7 +27,11 @@ from serve.types import Outputs
 log = logging.getLogger("rlserve.scheduler")
 
 
-@dataclass(frozen=True, slots=True)
+# Run and Execution are made for every batch, a lone request's included: slotted, not
+# frozen (a frozen dataclass pays an object.__setattr__ per field).
+
+
+@dataclass(slots=True)
 class Run:
     """What executing a group of requests produced: outputs, or the exception it raised."""
 
@@ -35,7 +40,7 @@ class Run:
     outputs: Outputs | Exception
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Execution:
     """A batch's runs and how long they took, measured on the thread that ran them."""
 
@@ -99,20 +104,18 @@ def _record(
     max_rows: int,
 ) -> BatchRecord:
     tickets = run.requests
-    offsets = [0]
-    for ticket in tickets:
-        offsets.append(offsets[-1] + ticket.prepared.rows)
+    requests = [t.prepared for t in tickets]
     return BatchRecord(
         model=model.name,
         version=model.version,
         sha256=model.sha256,
-        request_ids=tuple(t.prepared.request_id for t in tickets),
-        requests=tuple(t.prepared for t in tickets),
-        offsets=tuple(offsets),
+        request_ids=tuple([p.request_id for p in requests]),
+        requests=tuple(requests),
+        offsets=(0, *accumulate([p.rows for p in requests])),
         inputs=run.inputs,
         outputs=outputs,
-        received_at=tuple(t.prepared.received_at for t in tickets),
-        enqueued_at=tuple(t.enqueued_at for t in tickets),
+        received_at=tuple([p.received_at for p in requests]),
+        enqueued_at=tuple([t.enqueued_at for t in tickets]),
         started_at=span[0],
         finished_at=span[1],
         max_rows=max_rows,

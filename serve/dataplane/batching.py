@@ -36,13 +36,17 @@ small model), on the scheduler's thread above it.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# Waiting and Plan are made for every queued request at every plan: plain slotted classes,
+# as a frozen dataclass pays an object.__setattr__ per field (most of a lone request's plan).
 
-@dataclass(frozen=True)
+
+@dataclass(slots=True)
 class Waiting:
     """What the rules need to know about one queued request."""
 
@@ -58,7 +62,7 @@ class BatchLimits:
     max_wait_s: float
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Plan:
     expired: tuple[int, ...]  # queue indices to answer 504 without running
     take: tuple[int, ...]  # queue indices to run now, in order; empty means wait
@@ -76,8 +80,10 @@ def bucket(rows: int, buckets: Sequence[int]) -> int:
 
 
 def plan(queue: Sequence[Waiting], now: float, limits: BatchLimits, expected_run_s: float) -> Plan:
-    expired = tuple(i for i, w in enumerate(queue) if w.deadline <= now)
     live = [i for i, w in enumerate(queue) if w.deadline > now]
+    expired: tuple[int, ...] = ()
+    if len(live) < len(queue):
+        expired = tuple(i for i, w in enumerate(queue) if w.deadline <= now)
     take, rows = _gather(queue, live, limits.max_batch_size)
     if not take:
         return Plan(expired, (), wait_s=0.0)
@@ -109,9 +115,11 @@ def _release_time(
     """The moment the gathered batch must go; in the past or now means release at once."""
     blocked = len(take) < len(live)  # the next request cannot join: nothing more can
     if rows >= limits.max_batch_size or blocked:
-        return float("-inf")
-    oldest = min(queue[i].enqueued_at for i in take)
-    tightest = min(queue[i].deadline for i in take)
+        return -math.inf
+    oldest = tightest = math.inf
+    for i in take:
+        oldest = min(oldest, queue[i].enqueued_at)
+        tightest = min(tightest, queue[i].deadline)
     return min(oldest + limits.max_wait_s, tightest - expected_run_s)
 
 
@@ -228,10 +236,16 @@ class _SizeClass:
     probe_every: int
     since_probe: int = 0
     cheap: bool = True  # the median of the recent inline runs is under the threshold
+    slow: int = 0  # how many of inline_runs are at or over the threshold
 
     def measured(self, run_s: float, threshold_s: float) -> None:
-        self.inline_runs.append(run_s)
-        slow = sum(1 for run in self.inline_runs if run >= threshold_s)
-        self.cheap = 2 * slow < len(self.inline_runs) or (
-            2 * slow == len(self.inline_runs) and statistics.median(self.inline_runs) < threshold_s
+        """One more inline run (``threshold_s`` is the same for every run of a class)."""
+        runs = self.inline_runs
+        if len(runs) == runs.maxlen and runs[0] >= threshold_s:
+            self.slow -= 1  # the oldest run leaves the window
+        runs.append(run_s)
+        if run_s >= threshold_s:
+            self.slow += 1
+        self.cheap = 2 * self.slow < len(runs) or (
+            2 * self.slow == len(runs) and statistics.median(runs) < threshold_s
         )

@@ -133,7 +133,7 @@ class _Refused(Enum):
     LATE = "late"  # the rows ahead would make it miss its deadline
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Batch:
     """The batch that runs (in the RUNNING phase)."""
 

@@ -59,8 +59,13 @@ class RowQueue:
     def pop(
         self, window: list[Ticket], expired: tuple[int, ...], take: tuple[int, ...]
     ) -> tuple[list[Ticket], list[Ticket]]:
-        """Remove these positions of ``window`` (the head) from the queue: the expired
-        requests and the batch, in that order; the rest of the window stays at the head."""
+        """Remove these positions of ``window`` (the head) from the queue, each given in
+        ascending order: the expired requests and the batch; the rest of the window stays
+        at the head."""
+        if not expired and (not take or take[-1] == len(take) - 1):  # the batch is the head
+            batch = [self._tickets.popleft() for _ in take]
+            self.rows -= sum([t.prepared.rows for t in batch])
+            return [], batch
         chosen = {*expired, *take}
         kept = [t for i, t in enumerate(window) if i not in chosen]
         for _ in window:
