@@ -30,6 +30,7 @@ from serve import config
 from serve.control import repository
 from serve.control.lifecycle import ModelLifeCycle
 from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
+from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceRequest, Prepared
 from serve.dataplane.model import ServedModel
 from serve.dataplane.scheduler import Scheduler
@@ -67,7 +68,7 @@ def _lifecycle(model: ServedModel, name: str) -> ModelLifeCycle:
     def scheduler(versions: ModelLifeCycle) -> Scheduler:
         return DynamicBatchScheduler(name, versions, settings, sinks)
 
-    cycle = ModelLifeCycle(name, settings, [model.version], scheduler)
+    cycle = ModelLifeCycle(name, settings, [model.version], scheduler, kind=ModelKind.ROWS)
     cycle.loaded(model)
     cycle.activate(model.version)
     return cycle

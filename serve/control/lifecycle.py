@@ -26,6 +26,7 @@ from enum import StrEnum
 from typing import Any
 
 from serve.config import ModelSettings
+from serve.dataplane.kinds import ModelKind
 from serve.dataplane.model import ServedModel
 from serve.dataplane.scheduler import Scheduler
 
@@ -46,8 +47,11 @@ class ModelLifeCycle:
         settings: ModelSettings,
         wanted: list[int],
         scheduler: Callable[[ModelLifeCycle], Scheduler],
+        *,
+        kind: ModelKind,
     ) -> None:
         self.name = name
+        self.kind = kind  # decided at start-up; a version of the other kind is refused
         self.settings = settings
         self.wanted = wanted  # versions the version policy selected at start-up
         self._resident: dict[int, ServedModel] = {}

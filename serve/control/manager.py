@@ -23,12 +23,13 @@ from serve.config import Settings, load_model_overrides
 from serve.control import repository, store
 from serve.control.lifecycle import ModelLifeCycle, ReadyState
 from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
+from serve.dataplane.kinds import ModelKind
+from serve.dataplane.model import ServedModel
 from serve.dataplane.record import RecordSink
 from serve.dataplane.result_cache import CacheSettings
 from serve.dataplane.routing import Route
 from serve.dataplane.scheduler import Scheduler
 from serve.errors import NotFound, RLServeError, ServiceUnavailable, quoted
-from serve.lm.model import LanguageModel
 from serve.lm.scheduling.scheduler import ContinuousBatchScheduler
 from serve.metrics import Metrics
 from serve.versions import DESCRIPTION
@@ -123,14 +124,15 @@ class ModelRepositoryManager:
                 "model %s: no version matches its version policy %s", name, settings.version_policy
             )
         sinks = (self.metrics.sink, *self.sinks)
-        generates = repository.serves_language_model(versions)
+        kind = repository.model_kind(versions)
 
         def scheduler(versions: ModelLifeCycle) -> Scheduler:
-            if generates:
+            if kind is ModelKind.GENERATIONS:
                 return ContinuousBatchScheduler(name, versions, settings, self.metrics.generation)
             return DynamicBatchScheduler(name, versions, settings, sinks)
 
-        lifecycle = ModelLifeCycle(name, settings, [v.version for v in selected], scheduler)
+        wanted = [v.version for v in selected]
+        lifecycle = ModelLifeCycle(name, settings, wanted, scheduler, kind=kind)
         return lifecycle, selected
 
     async def _load(self, lifecycle: ModelLifeCycle, where: repository.VersionDir) -> None:
@@ -177,6 +179,7 @@ class ModelRepositoryManager:
         if chosen is not None:
             return Route(
                 name,
+                lifecycle.kind,
                 lifecycle.scheduler,
                 chosen,
                 version,
@@ -191,6 +194,15 @@ class ModelRepositoryManager:
             f"model {name!r} has no version {version} loaded; loaded versions: {resident}"
             + (f"; failed: {lifecycle.failures}" if lifecycle.failures else "")
         )
+
+    def kind_of(self, model: str | None) -> ModelKind | None:
+        """The kind of a model (None: the default model); None when there is no such model."""
+        try:
+            name = model if model is not None else self.default_model()
+        except RLServeError:
+            return None
+        lifecycle = self.models.get(name)
+        return None if lifecycle is None else lifecycle.kind
 
     def model_names(self) -> list[str]:
         return sorted(self.models)
@@ -249,19 +261,17 @@ class ModelRepositoryManager:
 def _default_deadline_ms(lifecycle: ModelLifeCycle) -> float:
     """A call's deadline when it names none: one forward pass, or a whole generation."""
     settings = lifecycle.settings
-    if isinstance(lifecycle.scheduler, ContinuousBatchScheduler):
+    if lifecycle.kind is ModelKind.GENERATIONS:
         return settings.generation_deadline_ms
     return settings.default_deadline_ms
 
 
-def _kind_mismatch(lifecycle: ModelLifeCycle, model: object) -> str | None:
+def _kind_mismatch(lifecycle: ModelLifeCycle, model: ServedModel) -> str | None:
     """Why a loaded version cannot be served by its model's scheduler (None: it can)."""
-    generates = isinstance(lifecycle.scheduler, ContinuousBatchScheduler)
-    if generates == isinstance(model, LanguageModel):
+    if model.model_kind is lifecycle.kind:
         return None
-    kinds = ("actor-critic policy", "language model")
     return (
-        f"this version is a {kinds[not generates]}, but model {lifecycle.name!r} serves "
-        f"{kinds[generates]} versions (its newest version decided, at start-up); serve it "
+        f"this version is a {model.model_kind.noun}, but model {lifecycle.name!r} serves "
+        f"{lifecycle.kind.noun} versions (its newest version decided, at start-up); serve it "
         "under another model name"
     )

@@ -14,7 +14,7 @@ padded batch size; any failure is a ModelLoadError saying which step and why.
 A language-model version (contract kind ``causal-lm``) also holds its tokenizer beside
 ``model.onnx``; it loads as a :class:`~serve.lm.model.LanguageModel` (golden prompts
 decoded again instead of golden vectors), and its model is served by the continuous-batching
-scheduler (:func:`serves_language_model` tells which, before any version is loaded).
+scheduler (:func:`model_kind` tells which, before any version is loaded).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import cast
 from serve import contract
 from serve.config import ModelSettings, Settings, VersionPolicy
 from serve.dataplane.batching import buckets_for
+from serve.dataplane.kinds import ModelKind
 from serve.dataplane.model import ServedModel
 from serve.dataplane.runtime import Session, create_session
 from serve.errors import ConfigError, ModelLoadError
@@ -163,10 +164,12 @@ def _load_language_model(
     return cast(ServedModel, loaded)
 
 
-def serves_language_model(versions: list[VersionDir]) -> bool:
-    """Whether a model's versions are language models (their directories hold a tokenizer),
-    told before any is loaded: the newest decides."""
-    return bool(versions) and (versions[-1].path.parent / lm_contract.TOKENIZER_FILE).is_file()
+def model_kind(versions: list[VersionDir]) -> ModelKind:
+    """What a model's versions are, told before any is loaded: the newest decides (a
+    language model's directory holds a tokenizer)."""
+    if versions and (versions[-1].path.parent / lm_contract.TOKENIZER_FILE).is_file():
+        return ModelKind.GENERATIONS
+    return ModelKind.ROWS
 
 
 def file_sha256(path: Path, origin: str) -> str:

@@ -34,7 +34,6 @@ from starlette.types import Receive, Scope, Send
 
 from serve.access import log_exchange
 from serve.dataplane.deadline import LoopTurn, budget_ms
-from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
 from serve.dataplane.exchange import (
     INLINE_BODY_BYTES,
     Call,
@@ -55,7 +54,7 @@ from serve.dataplane.json_keys import refuse_repeated_keys
 from serve.dataplane.messages import InferenceRequest, InferenceResponse, Prepared
 from serve.dataplane.result_cache import CacheSettings, ResultCache, cache_key
 from serve.dataplane.routing import Route, Router
-from serve.dataplane.scheduler import Scheduler, runs_no_rows
+from serve.dataplane.scheduler import Scheduler
 from serve.dataplane.wire import JSON_OPTIONS, timeout_header_ms
 from serve.errors import (
     ErrorCode,
@@ -171,10 +170,7 @@ class PredictFrontend:
                 # computed earlier by the routed version
                 return cached, [*stamp(route.version.version, route.version.sha256), _CACHE_HIT]
         deadline.check("validating it")  # never queue it then
-        scheduler = route.scheduler
-        if not isinstance(scheduler, DynamicBatchScheduler):  # a language model's: no rows
-            raise runs_no_rows(route.model)
-        response = await scheduler.submit(prepared, route.pinned)
+        response = await route.row_scheduler().submit(prepared, route.pinned)
         answer, headers = _encode(response), stamp(response.version, response.sha256)
         if key is not None and cache is not None:
             if (response.version, response.sha256) == (route.version.version, route.version.sha256):

@@ -17,14 +17,15 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from starlette.types import Message, Receive, Scope, Send
 
 from serve.dataplane.deadline import Deadline, LoopTurn, budget_ms
 from serve.dataplane.exchange import INLINE_BODY_BYTES, Call, read_body
 from serve.dataplane.http_calls import ErrorAnswer, Exchange, HttpCalls
-from serve.dataplane.routing import Router
+from serve.dataplane.kinds import ModelKind
+from serve.dataplane.routing import Route, Router
 from serve.dataplane.wire import decode_object, timeout_header_ms
 from serve.errors import NotFound, RLServeError
 from serve.lm.messages import GenerationSpec, TokenEvent
@@ -107,14 +108,7 @@ class LanguageModelCalls:
         yet admitted (:meth:`admit`). A model of another kind is NotFound for ``action``."""
         route = self.router.resolve(model, version)
         call.model, call.version = route.model, route.version.version
-        scheduler, served = route.scheduler, route.version
-        if not isinstance(scheduler, ContinuousBatchScheduler) or not isinstance(
-            served, LanguageModel
-        ):
-            raise NotFound(
-                f"model {route.model!r} is not a language model: it has no {action} route; "
-                f"POST /v1/models/{route.model}/predict with observations"
-            )
+        scheduler, served = generation_parts(route, action)
         budget = budget_ms(route.default_deadline_ms, timeout_header_ms(call.timeout_header))
         deadline = self.turn.deadline(call.received_at, budget)
         return Admitted(route.model, scheduler, served, route.pinned, deadline)
@@ -158,6 +152,17 @@ class LanguageModelCalls:
     def refused(self, call: Call, error: RLServeError, status: int) -> None:
         """Count a call whose stream ended in an error, after its 200 went out."""
         self.calls.refused(call, error, status)
+
+
+def generation_parts(route: Route, action: str) -> tuple[ContinuousBatchScheduler, LanguageModel]:
+    """A language model's route: its scheduler and version, as what they are (the model's
+    kind decided both); a model of another kind is NotFound for ``action``."""
+    if route.kind is not ModelKind.GENERATIONS:
+        raise NotFound(
+            f"model {route.model!r} is not a language model: it has no {action} route; "
+            f"POST /v1/models/{route.model}/predict with observations"
+        )
+    return cast(ContinuousBatchScheduler, route.scheduler), cast(LanguageModel, route.version)
 
 
 async def next_events(stream: GenerationStream) -> list[TokenEvent]:

@@ -41,6 +41,7 @@ from starlette.types import Receive, Scope, Send
 
 from serve.dataplane.exchange import Disconnected
 from serve.dataplane.http_calls import Exchange, plain_error, stamp
+from serve.dataplane.kinds import ModelKind
 from serve.dataplane.lm_calls import (
     SSE_HEADERS,
     Admitted,
@@ -48,13 +49,11 @@ from serve.dataplane.lm_calls import (
     LanguageModelCalls,
     next_events,
 )
-from serve.dataplane.scheduler import Scheduler
 from serve.errors import InvalidInput, MethodNotAllowed, RLServeError
 from serve.json_shown import json_shown
 from serve.lm.messages import GenerationResult, ScoreResult, TokenEvent
 from serve.lm.requests import generation_spec, score_spec
 from serve.lm.scheduling.generation_stream import GenerationStream
-from serve.lm.scheduling.scheduler import ContinuousBatchScheduler
 from serve.status import http_status
 from serve.versions import path_version
 
@@ -92,21 +91,14 @@ def match(path: str) -> GeneratePath | None:
 
 class LanguageModelFrontend:
     def __init__(
-        self, calls: LanguageModelCalls, schedulers: Callable[[str | None], Scheduler | None]
+        self, calls: LanguageModelCalls, kind_of: Callable[[str | None], ModelKind | None]
     ) -> None:
         self.calls = calls
-        self.schedulers = schedulers  # a model's scheduler by name (None: the default model)
-        self._kinds: dict[str | None, bool] = {}  # by model name: a language model?
+        self.kind_of = kind_of  # a model's kind by name (None: the default model)
 
     def serves(self, model: str | None) -> bool:
         """Whether a predict route's model is a language model (then it means generate)."""
-        known = self._kinds.get(model)
-        if known is None:
-            scheduler = self.schedulers(model)
-            if scheduler is None:
-                return False
-            known = self._kinds[model] = isinstance(scheduler, ContinuousBatchScheduler)
-        return known
+        return self.kind_of(model) is ModelKind.GENERATIONS
 
     async def __call__(
         self, scope: Scope, receive: Receive, send: Send, path: GeneratePath

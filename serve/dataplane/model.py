@@ -10,17 +10,19 @@ another, with their own scheduler.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from serve.contract import PolicyContract
+from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceRequest, Prepared
 from serve.dataplane.runtime import ProviderReport
 from serve.types import Answer, Outputs
 
 
 class ServedModel(Protocol):
+    model_kind: ClassVar[ModelKind]  # what it serves: rows or generations
     name: str
     version: int
     sha256: str

@@ -34,13 +34,13 @@ from serve.dataplane.lm_calls import (
     Admitted,
     CancelOnDisconnect,
     LanguageModelCalls,
+    generation_parts,
     next_events,
 )
 from serve.dataplane.openai_answers import Answer, error
 from serve.dataplane.openai_requests import Endpoint, OpenAICall, parse
 from serve.errors import InvalidInput, MethodNotAllowed, RLServeError
 from serve.lm.messages import GenerationSpec
-from serve.lm.model import LanguageModel
 from serve.lm.requests import generation_spec
 from serve.lm.scheduling.generation_stream import GenerationStream
 from serve.lm.text import TextCodec
@@ -149,10 +149,11 @@ class OpenAIFrontend:
         if version == admitted.version.version:
             return admitted.version.codec
         try:
-            served = self.calls.router.resolve(admitted.model, version).version
+            route = self.calls.router.resolve(admitted.model, version)
+            _, served = generation_parts(route, "generate")
         except RLServeError:  # gone already: versions of a model share their tokenizer
             return admitted.version.codec
-        return served.codec if isinstance(served, LanguageModel) else admitted.version.codec
+        return served.codec
 
 
 def _data(chunks: list[dict[str, Any]]) -> bytes:

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
+from serve.dataplane.kinds import ModelKind
 from serve.dataplane.model import ServedModel
-from serve.dataplane.scheduler import Scheduler
+from serve.dataplane.scheduler import RowScheduler, Scheduler, runs_no_rows
 
 if TYPE_CHECKING:
     from serve.dataplane.result_cache import CacheSettings
@@ -20,15 +21,26 @@ class Route:
     its result cache (None: it has none; ``serve.dataplane.result_cache``)."""
 
     model: str
+    kind: ModelKind  # what the model serves, decided when it was planned
     scheduler: Scheduler
     version: ServedModel
     pinned: int | None
     default_deadline_ms: float
     result_cache: CacheSettings | None = None
 
+    def row_scheduler(self) -> RowScheduler:
+        """The scheduler that takes this route's rows; a language model's refuses them."""
+        if self.kind is not ModelKind.ROWS:
+            raise runs_no_rows(self.model)
+        return cast(RowScheduler, self.scheduler)  # the kind decided its scheduler
+
 
 class Router(Protocol):
     def resolve(self, model: str | None, version: int | None) -> Route:
         """The route for a model (None: the default model) and version (None: the active
         one); raises NotFound or ServiceUnavailable."""
+        ...
+
+    def kind_of(self, model: str | None) -> ModelKind | None:
+        """The kind of a model (None: the default model); None when there is no such model."""
         ...

@@ -10,9 +10,11 @@ rows of one forward pass, takes them with ``submit``; the continuous-batching sc
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from serve.dataplane.messages import InferenceResponse, Prepared
 from serve.errors import InvalidInput
 
 # Why a request whose deadline passed before it ran is answered 504, whichever scheduler.
@@ -83,6 +85,21 @@ class Scheduler(Protocol):
 
     async def stop(self) -> None:
         """Refuse new requests, answer every queued one (run, or 504 past its deadline)."""
+        ...
+
+
+class RowScheduler(Scheduler, Protocol):
+    """A scheduler of rows (``serve.dataplane.dynamic_batcher``): requests of one forward
+    pass, validated by the version they were routed to."""
+
+    def submit(self, prepared: Prepared, version: int | None) -> asyncio.Future[InferenceResponse]:
+        """Queue a validated request; its future settles with the answer or an RLServeError.
+
+        ``version`` pins the request to one version; None runs it on whichever version is
+        active when its batch forms. Raises QueueFull (back-pressure) or
+        ServiceUnavailable (stopping) at once instead of queueing. A request of more rows
+        than a batch holds is split across batches, on one version.
+        """
         ...
 
 

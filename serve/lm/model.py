@@ -20,11 +20,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from serve.contract import METADATA_KEY
+from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceRequest, Prepared
 from serve.dataplane.runtime import ProviderReport, Session
 from serve.errors import ContractError, InvalidInput, ModelLoadError
@@ -43,6 +44,7 @@ __all__ = ["LanguageModel"]
 
 class LanguageModel:
     kind = lm_contract.KIND
+    model_kind: ClassVar[ModelKind] = ModelKind.GENERATIONS
 
     def __init__(
         self,

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from serve.contract import PolicyContract
 from serve.dataplane.batching import bucket, buckets_for
+from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceRequest, Prepared
 from serve.dataplane.runtime import CPU, Session
 from serve.errors import InvalidInput
@@ -26,6 +27,8 @@ from serve.types import Answer, OutputKind, Outputs
 
 
 class ActorCriticPolicy:
+    model_kind: ClassVar[ModelKind] = ModelKind.ROWS
+
     def __init__(
         self,
         name: str,

@@ -48,16 +48,15 @@ from serve.dataplane import http as predict
 from serve.dataplane import lm_http, openai_answers, openai_http
 from serve.dataplane.deadline import LoopTurn
 from serve.dataplane.http_calls import HttpCalls
+from serve.dataplane.kinds import ModelKind
 from serve.dataplane.lm_calls import LanguageModelCalls
 from serve.dataplane.oip import rest as oip_rest
 from serve.dataplane.oip import rpc as oip_rpc
 from serve.dataplane.oip.infer import Inference
 from serve.dataplane.oip.rpc import GrpcServer
 from serve.dataplane.record import RecordSink
-from serve.dataplane.scheduler import Scheduler
 from serve.dataplane.wire import error_response, json_response
 from serve.errors import MalformedRequest, MethodNotAllowed, NotFound, RLServeError, internal_error
-from serve.lm.scheduling.scheduler import ContinuousBatchScheduler
 from serve.metrics import Metrics
 from serve.process import memory, openapi
 from serve.process.operations import OperationsEndpoints
@@ -191,23 +190,9 @@ def create_app(
             settings.max_body_bytes,
         )
     calls = LanguageModelCalls(manager, http_calls, settings.max_body_bytes, turn=turn)
-    generate = lm_http.LanguageModelFrontend(calls, _schedulers(manager))
+    generate = lm_http.LanguageModelFrontend(calls, manager.kind_of)
     openai = openai_http.OpenAIFrontend(calls)
     return RLServeApp(state, _control_app(state), frontend, v2, grpc, generate, openai, turn)
-
-
-def _schedulers(manager: ModelRepositoryManager) -> Callable[[str | None], Scheduler | None]:
-    """A model's scheduler by name (None: the default model), None when there is none."""
-
-    def scheduler(model: str | None) -> Scheduler | None:
-        try:
-            name = model if model is not None else manager.default_model()
-        except RLServeError:
-            return None
-        lifecycle = manager.models.get(name)
-        return None if lifecycle is None else lifecycle.scheduler
-
-    return scheduler
 
 
 def _control_app(state: ServerState) -> ASGIApp:
@@ -243,7 +228,7 @@ def _model_list(state: ServerState, models: ModelEndpoints) -> Callable[[], Awai
         language = [
             name
             for name, lifecycle in state.manager.models.items()
-            if isinstance(lifecycle.scheduler, ContinuousBatchScheduler)
+            if lifecycle.kind is ModelKind.GENERATIONS
         ]
         return json_response({**openai_answers.model_list(language, started), **listing})
 

@@ -17,16 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from serve.dataplane.deadline import Deadline, LoopTurn, budget_ms
-from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
 from serve.dataplane.exchange import INLINE_BODY_BYTES
+from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceResponse
 from serve.dataplane.model import ServedModel
 from serve.dataplane.oip.signature import InferCall, OutputTensor, Signature
 from serve.dataplane.routing import Route, Router
-from serve.dataplane.scheduler import runs_no_rows
 from serve.errors import InvalidInput, NotFound, RLServeError, quoted
 from serve.json_shown import json_shown
-from serve.lm.model import LanguageModel
 from serve.metrics import Metrics
 from serve.versions import path_version
 
@@ -55,7 +53,7 @@ class Inference:
         """Where a call goes; a language model is refused: it takes text, not tensors."""
         number = None if version is None or version == "" else _version(version)
         route = self.router.resolve(model, number)
-        if isinstance(route.version, LanguageModel):
+        if route.kind is not ModelKind.ROWS:
             raise InvalidInput(
                 f"model {route.model!r} is a language model: the Open Inference Protocol "
                 "serves tensor policies only. Generate with POST "
@@ -96,10 +94,7 @@ class Inference:
         else:
             prepared = await asyncio.to_thread(route.version.prepare, request)
         deadline.check("its tensors were checked")
-        scheduler = route.scheduler
-        if not isinstance(scheduler, DynamicBatchScheduler):  # a language model's: no rows
-            raise runs_no_rows(route.model)
-        response = await scheduler.submit(prepared, route.pinned)
+        response = await route.row_scheduler().submit(prepared, route.pinned)
         return InferAnswer(response, signature.answer(call, response.outputs))
 
     def refused(

@@ -5,13 +5,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
 from serve.config import ModelSettings
 from serve.control.lifecycle import ModelLifeCycle
 from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
+from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceRequest, Prepared
 from serve.dataplane.model import ServedModel
 from serve.dataplane.record import BatchRecord
@@ -22,6 +23,7 @@ from serve.types import Answer, Outputs
 
 
 class EchoModel:
+    model_kind: ClassVar[ModelKind] = ModelKind.ROWS
     """Answers each request with its own rows times ``factor``; a row equal to -1 breaks the
     model; every batch takes ``run_s`` and is remembered with the thread that ran it."""
 
@@ -78,7 +80,8 @@ def lifecycle(*models: EchoModel, sinks: Sequence[Any] = (), **settings: Any) ->
     def scheduler(versions: ModelLifeCycle) -> Scheduler:
         return DynamicBatchScheduler("echo", versions, config, sinks)
 
-    cycle = ModelLifeCycle("echo", config, [m.version for m in models], scheduler)
+    wanted = [m.version for m in models]
+    cycle = ModelLifeCycle("echo", config, wanted, scheduler, kind=ModelKind.ROWS)
     for model in models:
         cycle.loaded(model_as_served(model))
     cycle.activate(models[0].version)

@@ -13,6 +13,7 @@ import pytest
 
 from serve.config import ModelSettings
 from serve.control.lifecycle import ModelLifeCycle
+from serve.dataplane.kinds import ModelKind
 from serve.dataplane.model import ServedModel
 from serve.dataplane.scheduler import Scheduler
 from serve.errors import (
@@ -53,7 +54,8 @@ def lifecycle(*models: LanguageModel, sink: Steps | None = None, **settings: Any
     def scheduler(versions: ModelLifeCycle) -> Scheduler:
         return ContinuousBatchScheduler("fake", versions, config, sink)
 
-    cycle = ModelLifeCycle("fake", config, [m.version for m in models], scheduler)
+    wanted = [m.version for m in models]
+    cycle = ModelLifeCycle("fake", config, wanted, scheduler, kind=ModelKind.GENERATIONS)
     for model in models:
         cycle.loaded(cast(ServedModel, model))
     cycle.activate(models[0].version)
