@@ -32,7 +32,7 @@ from serve.control.lifecycle import ModelLifeCycle
 from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceRequest, Prepared
-from serve.dataplane.model import ServedModel
+from serve.dataplane.model import RowModel, ServedModel, as_rows
 from serve.dataplane.scheduler import Scheduler
 from serve.metrics import Metrics
 from serve.policies.validation import DEFAULT_OPTIONS
@@ -83,7 +83,7 @@ def _null_requests(count: int) -> list[Prepared]:
     ]
 
 
-def _cartpole_requests(model: ServedModel, count: int) -> list[Prepared]:
+def _cartpole_requests(model: RowModel, count: int) -> list[Prepared]:
     now = time.monotonic()
     observation = [0.01, -0.02, 0.03, 0.04]
     return [
@@ -106,14 +106,14 @@ async def _through_scheduler(cycle: ModelLifeCycle, requests: list[Prepared]) ->
     return elapsed / len(requests) * 1e6
 
 
-def _run_alone(model: ServedModel, requests: list[Prepared]) -> float:
+def _run_alone(model: RowModel, requests: list[Prepared]) -> float:
     started = time.process_time()
     for prepared in requests:
         model.execute(prepared.feeds, [prepared])
     return (time.process_time() - started) / len(requests) * 1e6
 
 
-def measure(model: ServedModel, requests: list[Prepared], repeats: int) -> Timing:
+def measure(model: RowModel, requests: list[Prepared], repeats: int) -> Timing:
     through = min(
         asyncio.run(_through_scheduler(_lifecycle(model, model.name), requests))
         for _ in range(repeats)
@@ -122,10 +122,10 @@ def measure(model: ServedModel, requests: list[Prepared], repeats: int) -> Timin
     return Timing(model.name, through, alone)
 
 
-def _cartpole() -> ServedModel:
+def _cartpole() -> RowModel:
     settings = config.load(model_repository=REPOSITORY)
     (where,) = repository.discover(REPOSITORY)["cartpole"]
-    return repository.load_version(where, settings, settings.for_model({}))
+    return as_rows(repository.load_version(where, settings, settings.for_model({})))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -133,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=5)
     args: Any = parser.parse_args(argv)
-    null = cast(ServedModel, NullModel())
+    null = cast(RowModel, NullModel())
     cartpole = _cartpole()
     for timing in (
         measure(null, _null_requests(args.requests), args.repeats),

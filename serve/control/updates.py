@@ -39,8 +39,9 @@ from serve.control.lifecycle import ModelLifeCycle
 from serve.control.manager import ModelRepositoryManager
 from serve.control.store import ServingState
 from serve.control.workers import Propagation, WorkerRegistry
+from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceRequest
-from serve.dataplane.model import ServedModel
+from serve.dataplane.model import RowModel, ServedModel, as_rows
 from serve.errors import Conflict, InvalidInput, ModelLoadError, NotFound, RLServeError, one_line
 from serve.metrics import Metrics
 
@@ -444,9 +445,18 @@ def _unchanged(
     return UpdateReport(entry.name, version, UpdateResult.UNCHANGED, active, active, sha256)
 
 
-def _check_compatible(entry: ModelLifeCycle, model: ServedModel, canary: Canary | None) -> None:
-    """The new version must take the same observations and give the same kind of actions."""
-    live = entry.active_model
+def _check_compatible(entry: ModelLifeCycle, pushed: ServedModel, canary: Canary | None) -> None:
+    """A new policy version must take the same observations and give the same kind of
+    actions (a language model's version is checked by its golden prompts as it loads)."""
+    if pushed.model_kind is not ModelKind.ROWS:
+        if canary is not None:
+            raise InvalidInput(
+                "canary: a language model takes no canary observations; its golden prompts "
+                "are checked as it loads"
+            )
+        return
+    model = as_rows(pushed)
+    live = None if entry.active_model is None else as_rows(entry.active_model)
     if live is not None:
         for field in ("observation_space", "action_space"):
             old, new = getattr(live.contract, field), getattr(model.contract, field)
@@ -460,7 +470,7 @@ def _check_compatible(entry: ModelLifeCycle, model: ServedModel, canary: Canary 
         _check_canary(model, canary)
 
 
-def _check_canary(model: ServedModel, canary: Canary) -> None:
+def _check_canary(model: RowModel, canary: Canary) -> None:
     inputs: dict[str, Any] = {"observations": canary.observations}
     if canary.actions is not None:
         inputs["actions"] = canary.actions

@@ -18,7 +18,7 @@ from itertools import accumulate
 import numpy as np
 
 from serve.dataplane.messages import InferenceResponse, Prepared
-from serve.dataplane.model import ServedModel
+from serve.dataplane.model import ServedModel, as_rows
 from serve.dataplane.record import BatchRecord, RecordSink
 from serve.dataplane.row_queue import Ticket
 from serve.errors import RLServeError, one_line
@@ -69,7 +69,7 @@ def _runs(model: ServedModel, batch: list[Ticket]) -> list[Run]:
     requests = [t.prepared for t in batch]
     inputs = _stacked(requests)
     try:
-        return [Run(batch, inputs, model.execute(inputs, requests))]
+        return [Run(batch, inputs, as_rows(model).execute(inputs, requests))]
     except Exception as exc:
         if len(batch) == 1:
             return [Run(batch, inputs, exc)]
@@ -125,7 +125,7 @@ def _record(
 def _answer(model: ServedModel, record: BatchRecord, tickets: list[Ticket]) -> None:
     for ticket, start in zip(tickets, record.offsets, strict=False):
         try:
-            outputs = model.respond(ticket.prepared, record.outputs, start)
+            outputs = as_rows(model).respond(ticket.prepared, record.outputs, start)
         except Exception as exc:  # a bug in respond(): this request learns of it
             log.exception("answering a request of %s failed", model.name)
             settle(ticket, RLServeError(f"internal error: {type(exc).__name__}"))

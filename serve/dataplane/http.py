@@ -300,7 +300,7 @@ def _prepare(
     its answer in the result cache when the model has one and the answer may come from it."""
     payload = bodies.decode(body)
     refuse_repeated_keys(body)  # nested in an observation; the decoder refused top-level ones
-    prepared = route.version.prepare(_request(payload, call, deadline))
+    prepared = route.row_model().prepare(_request(payload, call, deadline))
     if cache is None:
         return prepared, None
     version = route.version

@@ -10,7 +10,7 @@ another, with their own scheduler.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
 import numpy as np
 
@@ -18,16 +18,32 @@ from serve.contract import PolicyContract
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceRequest, Prepared
 from serve.dataplane.runtime import ProviderReport
+from serve.errors import InvalidInput
 from serve.types import Answer, Outputs
 
 
 class ServedModel(Protocol):
+    """A loaded version, whatever its kind."""
+
     model_kind: ClassVar[ModelKind]  # what it serves: rows or generations
     name: str
     version: int
     sha256: str
     provider: str  # the execution provider that runs it
     provider_report: ProviderReport
+
+    def warm_up(self, sizes: Sequence[int]) -> dict[int, float]:
+        """Run each batch size once (first-run costs paid now); seconds per size."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What GET /v1/models/{model} shows about this version."""
+        ...
+
+
+class RowModel(ServedModel, Protocol):
+    """A version whose requests are rows of one forward pass (an actor-critic policy)."""
+
     contract: PolicyContract
 
     def prepare(self, request: InferenceRequest) -> Prepared:
@@ -43,13 +59,13 @@ class ServedModel(Protocol):
         """One request's answer: the outputs it asked for, from its rows ``start:``."""
         ...
 
-    def warm_up(self, sizes: Sequence[int]) -> dict[int, float]:
-        """Run each batch size once (first-run costs paid now); seconds per size."""
-        ...
 
-    def describe(self) -> dict[str, Any]:
-        """What GET /v1/models/{model} shows about this version."""
-        ...
+def as_rows(model: ServedModel) -> RowModel:
+    """A version of rows as what it is; its kind says so (a scheduler of rows is only ever
+    given versions of rows: the lifecycle refuses the other kind when it loads)."""
+    if model.model_kind is not ModelKind.ROWS:
+        raise InvalidInput(f"model {model.name!r} is a {model.model_kind.noun}: it takes no rows")
+    return cast(RowModel, model)
 
 
 class VersionSource(Protocol):

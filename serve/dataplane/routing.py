@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
 
 from serve.dataplane.kinds import ModelKind
-from serve.dataplane.model import ServedModel
+from serve.dataplane.model import RowModel, ServedModel, as_rows
 from serve.dataplane.scheduler import RowScheduler, Scheduler, runs_no_rows
 
 if TYPE_CHECKING:
@@ -33,6 +33,12 @@ class Route:
         if self.kind is not ModelKind.ROWS:
             raise runs_no_rows(self.model)
         return cast(RowScheduler, self.scheduler)  # the kind decided its scheduler
+
+    def row_model(self) -> RowModel:
+        """The version that validates this route's rows; a language model's refuses them."""
+        if self.kind is not ModelKind.ROWS:
+            raise runs_no_rows(self.model)
+        return as_rows(self.version)
 
 
 class Router(Protocol):

@@ -26,7 +26,6 @@ import numpy as np
 
 from serve.contract import METADATA_KEY
 from serve.dataplane.kinds import ModelKind
-from serve.dataplane.messages import InferenceRequest, Prepared
 from serve.dataplane.runtime import ProviderReport, Session
 from serve.errors import ContractError, InvalidInput, ModelLoadError
 from serve.lm import contract as lm_contract
@@ -37,7 +36,6 @@ from serve.lm.messages import Generation, GenerationSpec, ScoreSpec, Scoring
 from serve.lm.sampling import SamplingParams
 from serve.lm.sequence import DecodingSequence
 from serve.lm.text import TextCodec
-from serve.types import Answer, Outputs
 
 __all__ = ["LanguageModel"]
 
@@ -157,20 +155,6 @@ class LanguageModel:
                 f"token, so a prompt may have at most {self.context_length - 1}"
             )
         return tuple(ids)
-
-    # ------------------------------------------------------------------ the predict path
-
-    def prepare(self, request: InferenceRequest) -> Prepared:
-        raise InvalidInput(
-            f"model {self.name!r} is a language model: POST /v1/models/{self.name}/generate "
-            'with {"prompt": "..."} (or /score); it takes no observations'
-        )
-
-    def execute(self, inputs: dict[str, np.ndarray], requests: Sequence[Prepared]) -> Outputs:
-        raise InvalidInput(f"model {self.name!r} is a language model; it runs no batches of rows")
-
-    def respond(self, request: Prepared, outputs: Outputs, start: int) -> Answer:
-        raise InvalidInput(f"model {self.name!r} is a language model; it answers no rows")
 
     # ------------------------------------------------------------------ reports
 

@@ -20,7 +20,7 @@ from serve.dataplane.deadline import Deadline, LoopTurn, budget_ms
 from serve.dataplane.exchange import INLINE_BODY_BYTES
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceResponse
-from serve.dataplane.model import ServedModel
+from serve.dataplane.model import RowModel
 from serve.dataplane.oip.signature import InferCall, OutputTensor, Signature
 from serve.dataplane.routing import Route, Router
 from serve.errors import InvalidInput, NotFound, RLServeError, quoted
@@ -62,7 +62,7 @@ class Inference:
             )
         return route
 
-    def signature(self, served: ServedModel) -> Signature:
+    def signature(self, served: RowModel) -> Signature:
         signature = self._signatures.get(served.sha256)
         if signature is None:
             if len(self._signatures) > 64:  # versions come and go: keep the recent ones
@@ -86,13 +86,14 @@ class Inference:
         deadline: Deadline,
     ) -> InferAnswer:
         """Check, queue and run an admitted call; raises an RLServeError for the transport."""
-        signature = self.signature(route.version)
+        served = route.row_model()
+        signature = self.signature(served)
         request = signature.request(call, request_id, received_at, deadline.at)
         size = sum(values.nbytes for values in call.inputs.values())
         if size <= INLINE_TENSOR_BYTES:
-            prepared = route.version.prepare(request)
+            prepared = served.prepare(request)
         else:
-            prepared = await asyncio.to_thread(route.version.prepare, request)
+            prepared = await asyncio.to_thread(served.prepare, request)
         deadline.check("its tensors were checked")
         response = await route.row_scheduler().submit(prepared, route.pinned)
         return InferAnswer(response, signature.answer(call, response.outputs))

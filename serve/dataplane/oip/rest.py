@@ -228,7 +228,7 @@ class OipRestFrontend:
 
     def _model_metadata(self, path: V2Path) -> dict[str, Any]:
         route = self.inference.route(path.model or "", path.version)
-        signature = self.inference.signature(route.version)
+        signature = self.inference.signature(route.row_model())
         versions = [str(v) for v in self.catalog.versions(route.model)]
         return {
             "name": route.model,
@@ -242,7 +242,7 @@ class OipRestFrontend:
     def _config(self, route: Route) -> dict[str, Any]:
         """Triton's model configuration, as far as it describes this model: tensors without
         the batch axis (max_batch_size > 0), and the dynamic batcher's settings."""
-        signature = self.inference.signature(route.version)
+        signature = self.inference.signature(route.row_model())
         scheduler = route.scheduler.describe()
         return {
             "name": route.model,

@@ -104,7 +104,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
         route = await self._route(request.name, request.version, context)
-        signature = self.inference.signature(route.version)
+        signature = self.inference.signature(route.row_model())
         versions = (
             self.catalog.versions(route.model) if not request.version else [route.version.version]
         )
@@ -123,7 +123,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelConfig(self, request: Any, context: Any) -> Any:  # noqa: N802
         route = await self._route(request.name, request.version, context)
-        signature = self.inference.signature(route.version)
+        signature = self.inference.signature(route.row_model())
         scheduler = route.scheduler.describe()
         return pb.ModelConfigResponse(
             config=config_pb.ModelConfig(

@@ -14,6 +14,7 @@ import pytest
 from serve.control.lifecycle import ModelLifeCycle
 from serve.dataplane.dynamic_batcher import DynamicBatchScheduler, Life, Phase
 from serve.dataplane.messages import InferenceResponse
+from serve.dataplane.model import as_rows
 from serve.dataplane.scheduler import Load
 from serve.errors import (
     DeadlineExceeded,
@@ -42,7 +43,7 @@ def submit(
 ) -> asyncio.Future[InferenceResponse]:
     model = cycle.active_model
     assert model is not None
-    return rows_scheduler(cycle).submit(model.prepare(request(rows, timeout_s)), version)
+    return rows_scheduler(cycle).submit(as_rows(model).prepare(request(rows, timeout_s)), version)
 
 
 def rows_scheduler(cycle: ModelLifeCycle) -> DynamicBatchScheduler:
@@ -127,7 +128,9 @@ async def test_every_executed_batch_becomes_one_record_for_every_sink() -> None:
     model_served = cycle.active_model
     assert model_served is not None
     futures = [
-        rows_scheduler(cycle).submit(model_served.prepare(request(rows, request_id=rid)), None)
+        rows_scheduler(cycle).submit(
+            as_rows(model_served).prepare(request(rows, request_id=rid)), None
+        )
         for rows, rid in (([1.0, 2.0], "a"), ([3.0], "b"))
     ]
     await asyncio.gather(*futures)

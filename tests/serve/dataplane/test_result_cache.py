@@ -20,7 +20,7 @@ from serve import config
 from serve.control import repository
 from serve.dataplane.json_body import PredictBodyDecoder
 from serve.dataplane.messages import InferenceRequest, Prepared
-from serve.dataplane.model import ServedModel
+from serve.dataplane.model import RowModel, as_rows
 from serve.dataplane.result_cache import (
     KEY_PREFIX,
     CacheSettings,
@@ -42,19 +42,19 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def cartpole(bounds: str = "allow") -> ServedModel:
+def cartpole(bounds: str = "allow") -> RowModel:
     """Version 1 of the bundled CartPole policy, loaded as the server loads it."""
     settings = config.load(model_repository=REPOSITORY, observation_bounds=bounds)
     (where,) = repository.discover(REPOSITORY)["cartpole"]
-    return repository.load_version(where, settings, settings.for_model({}))
+    return as_rows(repository.load_version(where, settings, settings.for_model({})))
 
 
 @pytest.fixture(scope="module")
-def model() -> ServedModel:
+def model() -> RowModel:
     return cartpole()
 
 
-def prepared(model: ServedModel, body: bytes) -> Prepared:
+def prepared(model: RowModel, body: bytes) -> Prepared:
     """A raw JSON predict body, decoded and validated as the predict route does it."""
     payload = PredictBodyDecoder(frozenset({"deterministic", "seed", "outputs"})).decode(body)
     inputs: dict[str, Any] = {
@@ -63,7 +63,7 @@ def prepared(model: ServedModel, body: bytes) -> Prepared:
     return model.prepare(InferenceRequest(inputs, payload, "r", 0.0, float("inf")))
 
 
-def key(model: ServedModel, body: bytes, **stamp: Any) -> bytes | None:
+def key(model: RowModel, body: bytes, **stamp: Any) -> bytes | None:
     name, version, sha256 = stamp.get("name", "cartpole"), stamp.get("version", 1), model.sha256
     return cache_key(name, version, stamp.get("sha256", sha256), prepared(model, body))
 
@@ -71,7 +71,7 @@ def key(model: ServedModel, body: bytes, **stamp: Any) -> bytes | None:
 # ---------------------------------------------------------------------------- the key
 
 
-def test_one_observation_written_differently_has_one_key(model: ServedModel) -> None:
+def test_one_observation_written_differently_has_one_key(model: RowModel) -> None:
     spellings = [
         b'{"observations": [0.01, -0.02, 0.03, 0.04]}',
         b'{"observations":[1e-2,-2e-2,3.0e-2,0.04]}',
@@ -89,7 +89,7 @@ def test_one_observation_written_differently_has_one_key(model: ServedModel) -> 
     )
 
 
-def test_what_changes_the_answer_changes_the_key(model: ServedModel) -> None:
+def test_what_changes_the_answer_changes_the_key(model: RowModel) -> None:
     obs = b'{"observations": [0.01, -0.02, 0.03, 0.04]'
     base = key(model, obs + b"}")
     others = [
@@ -108,7 +108,7 @@ def test_what_changes_the_answer_changes_the_key(model: ServedModel) -> None:
     assert len({base, *others}) == 1 + len(others)
 
 
-def test_sampled_and_seeded_answers_are_never_keyed(model: ServedModel) -> None:
+def test_sampled_and_seeded_answers_are_never_keyed(model: RowModel) -> None:
     obs = b'{"observations": [0.01, -0.02, 0.03, 0.04]'
     assert key(model, obs + b', "deterministic": false}') is None
     assert key(model, obs + b', "deterministic": false, "seed": 7}') is None

@@ -19,7 +19,7 @@ from serve.config import ModelSettings
 from serve.contract import PolicyContract
 from serve.control.repository import load_file
 from serve.dataplane.messages import InferenceRequest
-from serve.dataplane.model import ServedModel
+from serve.dataplane.model import RowModel, as_rows
 from serve.dataplane.oip.signature import (
     PARAMETERS,
     InferCall,
@@ -425,13 +425,15 @@ def test_an_answers_tensors_are_binary_as_the_call_says() -> None:
 
 
 @pytest.fixture(scope="module")
-def cartpole() -> ServedModel:
-    return load_file(
-        "cartpole", 1, MODEL, config.load(), ModelSettings.model_validate({"max_batch_size": 4})
+def cartpole() -> RowModel:
+    return as_rows(
+        load_file(
+            "cartpole", 1, MODEL, config.load(), ModelSettings.model_validate({"max_batch_size": 4})
+        )
     )
 
 
-def run(served: ServedModel, made: InferenceRequest) -> Answer:
+def run(served: RowModel, made: InferenceRequest) -> Answer:
     """The request as the scheduler runs it alone in a batch."""
     prepared = served.prepare(made)
     outputs = served.execute(prepared.feeds, [prepared])
@@ -444,7 +446,7 @@ def graph(obs: np.ndarray) -> dict[str, np.ndarray]:
     return dict(zip(names, session.run(names, {"obs": obs}), strict=True))
 
 
-def test_every_output_of_a_cartpole_call_comes_from_the_graph(cartpole: ServedModel) -> None:
+def test_every_output_of_a_cartpole_call_comes_from_the_graph(cartpole: RowModel) -> None:
     obs = cartpole_obs(3)
     signature = Signature(cartpole.contract)
     given = call({"obs": obs})
@@ -476,7 +478,7 @@ def test_every_output_of_a_cartpole_call_comes_from_the_graph(cartpole: ServedMo
     ],
 )
 def test_a_cartpole_call_gets_just_the_outputs_it_asks_for(
-    cartpole: ServedModel, outputs: list[str] | None, parameter: str | None
+    cartpole: RowModel, outputs: list[str] | None, parameter: str | None
 ) -> None:
     signature = Signature(cartpole.contract)
     extra = {} if parameter is None else {"outputs": parameter}
@@ -488,7 +490,7 @@ def test_a_cartpole_call_gets_just_the_outputs_it_asks_for(
     assert all(len(t.values) == 2 for t in tensors)
 
 
-def test_given_actions_are_scored_by_the_cartpole_policy(cartpole: ServedModel) -> None:
+def test_given_actions_are_scored_by_the_cartpole_policy(cartpole: RowModel) -> None:
     obs = cartpole_obs(2)
     signature = Signature(cartpole.contract)
     taken = np.array([1, 0], np.int64)

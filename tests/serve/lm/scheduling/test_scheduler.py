@@ -15,6 +15,7 @@ from serve.config import ModelSettings
 from serve.control.lifecycle import ModelLifeCycle
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.model import ServedModel
+from serve.dataplane.routing import Route
 from serve.dataplane.scheduler import Scheduler
 from serve.errors import (
     DeadlineExceeded,
@@ -342,11 +343,14 @@ async def test_stop_decodes_everything_admitted_then_refuses():
 
 
 async def test_the_predict_path_is_told_to_generate():
-    # The scheduler takes no rows (it has no submit): the predict path's call is refused
-    # by the language model that would prepare it, before any scheduler.
+    # The scheduler takes no rows (it has no submit), and the version has no row methods:
+    # a route of rows to a language model is refused by the route's kind.
     cycle = lifecycle(fakes.language_model())
+    route = Route("fake", cycle.kind, cycle.scheduler, model_of(cycle), None, 1000.0)
     with pytest.raises(InvalidInput, match="/v1/models/fake/generate"):
-        model_of(cycle).prepare(cast(Any, None))
+        route.row_scheduler()
+    with pytest.raises(InvalidInput, match="/v1/models/fake/generate"):
+        route.row_model()
     await cycle.scheduler.stop()
 
 
