@@ -53,6 +53,7 @@ def test_a_refused_call_is_answered_from_its_headers_and_the_connection_lives_on
             connection.request("POST", "/predict", body, {"Content-Type": "application/json"})
             served = connection.getresponse()
             served_body = json.loads(served.read())
+            connection.close()
     finally:
         server.stop()
     assert [status for status, _ in refusals] == [429, 429, 429]
