@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
@@ -45,6 +45,7 @@ class NullModel:
     """Answers every row with its input: a model that costs nothing to run."""
 
     name, version, sha256, provider = "null", 1, "0" * 64, "CPUExecutionProvider"
+    model_kind: ClassVar[ModelKind] = ModelKind.ROWS
 
     def execute(self, inputs: dict[str, np.ndarray], requests: Sequence[Prepared]) -> Outputs:
         return {"y": inputs["x"]}
