@@ -141,6 +141,14 @@ class _Batch:
     rows: int
     started: float  # monotonic seconds
 
+    def answer_late(self, now: float) -> None:
+        """Answer 504 to its requests whose deadline passed while it runs."""
+        for ticket in self.tickets:
+            if ticket.prepared.deadline <= now:
+                budget_ms = (ticket.prepared.deadline - ticket.prepared.received_at) * 1000
+                late = f"no answer within the request's deadline of {budget_ms:g} ms"
+                settle(ticket, DeadlineExceeded(late))
+
 
 _NO_BATCH = _Batch([], 0, 0.0)
 
@@ -447,11 +455,7 @@ class DynamicBatchScheduler:
         now = time.monotonic()
         for ticket in self._queue.expire(now):
             settle(ticket, DeadlineExceeded(NOT_RUN))
-        for ticket in self._batch.tickets:
-            if ticket.prepared.deadline <= now:
-                budget_ms = (ticket.prepared.deadline - ticket.prepared.received_at) * 1000
-                late = f"no answer within the request's deadline of {budget_ms:g} ms"
-                settle(ticket, DeadlineExceeded(late))
+        self._batch.answer_late(now)
         in_flight = (*self._queue, *self._batch.tickets)
         waiting = [t.prepared.deadline for t in in_flight if not t.future.done()]
         if waiting:
