@@ -42,6 +42,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from serve.dataplane.record import BatchRecord
 from serve.dataplane.scheduler import Load
+from serve.errors import InvalidInput, RLServeError
 from serve.gpu import gpu_collector
 from serve.lm.scheduling.generation_record import StepRecord
 
@@ -216,6 +217,15 @@ class Metrics:
         counts, self._cache_counts = self._cache_counts, {}
         for (metric, model, result), count in counts.items():
             self.child(metric, model, result).inc(count)
+
+    def refused_error(
+        self, model: str, version: int | None, status: int, error: RLServeError, s: float
+    ) -> None:
+        """Count a call answered with ``error``, whichever transport it came by, and the rows
+        a bounds refusal (``observation_bounds: reject``) held."""
+        self.refused(model, version, status, error.code.value, s)
+        if isinstance(error, InvalidInput) and error.out_of_bounds:
+            self.refused_out_of_bounds(model, error.out_of_bounds)
 
     def refused_out_of_bounds(self, model: str, rows: int) -> None:
         """Count the rows of a request refused for its bounds (``observation_bounds:

@@ -61,9 +61,6 @@ class Deadline:
         once every ``turn_s`` seconds now."""
         return cls(received_at + budget_ms / 1000 - LAG_TURNS * turn_s, budget_ms)
 
-    def passed(self, now: float | None = None) -> bool:
-        return (time.monotonic() if now is None else now) >= self.at
-
     def check(self, spent_on: str) -> None:
         """DeadlineExceeded once the deadline has passed, saying what the call was doing."""
         if time.monotonic() >= self.at:

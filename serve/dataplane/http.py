@@ -114,8 +114,6 @@ class PredictFrontend:
         self.calls = calls  # the call around the predict steps: errors, metrics, access log
         self.metrics = calls.metrics
         self.max_body_bytes = max_body_bytes
-        self.draining = calls.draining
-        self.access_log = calls.access_log
         self.bodies = PredictBodyDecoder(frozenset(PARAMETERS))
         self.results = ResultCache(calls.metrics)  # models with a result_cache
         self.turn = turn  # how long a turn of the event loop takes now: deadlines count it
@@ -187,7 +185,7 @@ class PredictFrontend:
         decided from the request line and headers alone; None to serve the call as usual.
         The HTTP protocol (``serve.process.protocol``) asks before it starts a call, so an
         overloaded server refuses for the cost of parsing headers, not of a whole call."""
-        if method != b"POST" or time.monotonic() > self._refusing_until or self.draining():
+        if method != b"POST" or time.monotonic() > self._refusing_until or self.calls.draining():
             return None  # nothing was refused lately: calls go their usual way
         raw_path = target.partition(b"?")[0]
         gate = self._gates.get(raw_path)  # the common case, in a few dictionary lookups
@@ -251,7 +249,7 @@ class PredictFrontend:
         else:
             seconds = now - call.received_at
             self.metrics.refused(call.model, call.version, 429, _QUEUE_FULL, seconds)
-        if self.access_log:
+        if self.calls.access_log:
             scope: Scope = {"method": "POST", "path": _path_of(path), "client": None}
             log_exchange(scope, call.request_id, 429, time.monotonic() - call.received_at)
         return cached.encode(call.request_id)

@@ -29,7 +29,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from serve.access import log_exchange
 from serve.dataplane.exchange import Call, Disconnected, start_call
-from serve.errors import InvalidInput, RLServeError, internal_error
+from serve.errors import RLServeError, internal_error
 from serve.metrics import Metrics
 from serve.status import http_headers, http_status
 
@@ -84,15 +84,7 @@ class Exchange:
 
     async def answer(self, status: int, body: bytes, headers: Headers) -> None:
         """A whole answer, already encoded; ``headers`` name its content type."""
-        self.status, self.started = status, True
-        headers = [
-            *headers,
-            (b"content-length", str(len(body)).encode()),
-            (b"x-request-id", self.call.request_id.encode("latin-1")),
-        ]
-        if self._draining():
-            headers.append(_CLOSE_HEADER)
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        await self.start(status, [*headers, (b"content-length", str(len(body)).encode())])
         await self._send({"type": "http.response.body", "body": body})
 
     async def json(self, status: int, content: Any, headers: Headers) -> None:
@@ -134,9 +126,7 @@ class HttpCalls:
     def refused(self, call: Call, error: RLServeError, status: int) -> None:
         """Count a call answered with an error (before or during its stream)."""
         seconds = time.monotonic() - call.received_at
-        self.metrics.refused(call.model, call.version, status, error.code.value, seconds)
-        if isinstance(error, InvalidInput) and error.out_of_bounds:  # observation_bounds: reject
-            self.metrics.refused_out_of_bounds(call.model, error.out_of_bounds)
+        self.metrics.refused_error(call.model, call.version, status, error, seconds)
 
     async def _answer_error(
         self, exchange: Exchange, error: RLServeError, render: Callable[[RLServeError], ErrorAnswer]

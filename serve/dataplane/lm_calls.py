@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Message, Receive
 
 from serve.dataplane.deadline import Deadline, LoopTurn, budget_ms
 from serve.dataplane.exchange import INLINE_BODY_BYTES, Call, read_body
-from serve.dataplane.http_calls import ErrorAnswer, Exchange, HttpCalls
+from serve.dataplane.http_calls import Exchange, HttpCalls
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.routing import Route, Router
 from serve.dataplane.wire import decode_object, timeout_header_ms
-from serve.errors import NotFound, RLServeError
+from serve.errors import NotFound
 from serve.lm.messages import GenerationSpec, TokenEvent
 from serve.lm.model import LanguageModel
 from serve.lm.scheduling.generation_stream import GenerationStream
@@ -87,21 +87,9 @@ class LanguageModelCalls:
         self, router: Router, calls: HttpCalls, max_body_bytes: int, *, turn: LoopTurn
     ) -> None:
         self.router = router
-        self.calls = calls  # the call around the LM steps: errors, metrics, access log
+        self.http = calls  # the call around the LM steps: errors, metrics, access log
         self.max_body_bytes = max_body_bytes
         self.turn = turn  # how long a turn of the event loop takes now: deadlines count it
-
-    async def serve(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        handle: Callable[[Exchange], Awaitable[None]],
-        render: Callable[[RLServeError], ErrorAnswer],
-    ) -> None:
-        """Run ``handle`` on the call (``serve.dataplane.http_calls``); an error it raises is
-        answered as ``render`` writes it, unless a stream already started."""
-        await self.calls.serve(scope, receive, send, handle, render)
 
     def route(self, call: Call, model: str | None, version: int | None, action: str) -> Admitted:
         """The language model a call names (None: the default model) and its deadline; not
@@ -148,10 +136,6 @@ class LanguageModelCalls:
         generation = await self.prepare(exchange, admitted.version.prepare_generation, spec)
         admitted.deadline.check("validating it")
         return admitted.scheduler.submit_generation(generation, admitted.pinned, tokens=tokens)
-
-    def refused(self, call: Call, error: RLServeError, status: int) -> None:
-        """Count a call whose stream ended in an error, after its 200 went out."""
-        self.calls.refused(call, error, status)
 
 
 def generation_parts(route: Route, action: str) -> tuple[ContinuousBatchScheduler, LanguageModel]:

@@ -113,7 +113,7 @@ class LanguageModelFrontend:
             else:
                 await self._generate(exchange, path)
 
-        await self.calls.serve(scope, receive, send, handle, plain_error)
+        await self.calls.http.serve(scope, receive, send, handle, plain_error)
 
     # ------------------------------------------------------------------ generate
 
@@ -155,7 +155,7 @@ class LanguageModelFrontend:
         except RLServeError as exc:
             if watch.gone:
                 raise Disconnected from None
-            self.calls.refused(exchange.call, exc, http_status(exc))
+            self.calls.http.refused(exchange.call, exc, http_status(exc))
             await exchange.chunk(_event(b"error", exc.to_json()), last=True)
 
     # ------------------------------------------------------------------ score

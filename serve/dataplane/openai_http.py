@@ -70,7 +70,7 @@ class OpenAIFrontend:
                 )
             await self._complete(exchange, endpoint)
 
-        await self.calls.serve(scope, receive, send, handle, error)
+        await self.calls.http.serve(scope, receive, send, handle, error)
 
     async def _complete(self, exchange: Exchange, endpoint: Endpoint) -> None:
         call = exchange.call
@@ -133,7 +133,7 @@ class OpenAIFrontend:
             if watch.gone:
                 raise Disconnected from None
             failure = error(exc)
-            self.calls.refused(exchange.call, exc, failure.status)
+            self.calls.http.refused(exchange.call, exc, failure.status)
             await exchange.chunk(_data([failure.body]) + _DONE, last=True)
 
     @staticmethod

@@ -103,10 +103,7 @@ class Inference:
     ) -> None:
         """Count a refused call in the metrics, as the predict routes do."""
         model, version = ("", None) if route is None else (route.model, route.version.version)
-        seconds = time.monotonic() - received_at
-        self.metrics.refused(model, version, status, error.code.value, seconds)
-        if isinstance(error, InvalidInput) and error.out_of_bounds and route is not None:
-            self.metrics.refused_out_of_bounds(route.model, error.out_of_bounds)
+        self.metrics.refused_error(model, version, status, error, time.monotonic() - received_at)
 
 
 def call_budget_ms(call: InferCall, default_ms: float, asked_ms: float | None) -> float:

@@ -163,6 +163,14 @@ class OipRestFrontend:
         self.unready = unready  # why the server is not ready (draining included); [] = ready
         self.calls = calls  # the call around the infer steps: errors, metrics, access log
         self.max_body_bytes = max_body_bytes
+        self._answers: dict[str, Callable[[Scope, V2Path], Any]] = {  # GET routes by action
+            "": self._metadata,  # the server's or a model's
+            "live": lambda scope, path: {"live": True},
+            "server_ready": self._server_ready,
+            "ready": self._model_ready,
+            "config": lambda scope, path: self._config(self._route(path)),
+            "stats": _no_stats,
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, path: V2Path) -> None:
         await self.calls.serve(scope, receive, send, partial(self._handle, path=path), _error)
@@ -193,18 +201,6 @@ class OipRestFrontend:
         if answer is None:
             raise _not_a_route(scope)
         return answer(scope, path)
-
-    @property
-    def _answers(self) -> dict[str, Callable[[Scope, V2Path], Any]]:
-        """The GET routes by action ("": the server's or a model's metadata)."""
-        return {
-            "": self._metadata,
-            "live": lambda scope, path: {"live": True},
-            "server_ready": self._server_ready,
-            "ready": self._model_ready,
-            "config": lambda scope, path: self._config(self._route(path)),
-            "stats": _no_stats,
-        }
 
     def _metadata(self, scope: Scope, path: V2Path) -> dict[str, Any]:
         if path.model is None:
