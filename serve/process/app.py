@@ -5,8 +5,8 @@ Two planes share the process and its port:
 
 - the **data plane**: the predict routes go straight to ``serve.dataplane.http`` (no
   framework in front of them), the generate and score routes of language models, and the
-  predict routes of a language model, to ``serve.dataplane.lm_http``, the OpenAI-compatible
-  ``/v1/completions`` and ``/v1/chat/completions`` to ``serve.dataplane.openai_http``, and
+  predict routes of a language model, to ``serve.lm.frontends.http``, the OpenAI-compatible
+  ``/v1/completions`` and ``/v1/chat/completions`` to ``serve.lm.frontends.openai_http``, and
   the Open Inference Protocol's ``/v2`` routes to ``serve.dataplane.oip.rest``;
 - the **control plane**: everything else — models, live updates, health, readiness,
   metrics, /docs — is a FastAPI application, wrapped once by the access middleware.
@@ -45,11 +45,9 @@ from serve.control.updates import Updater
 from serve.control.watcher import RepositoryWatcher
 from serve.control.workers import WorkerRegistry
 from serve.dataplane import http as predict
-from serve.dataplane import lm_http, openai_answers, openai_http
 from serve.dataplane.deadline import LoopTurn
 from serve.dataplane.http_calls import HttpCalls
 from serve.dataplane.kinds import ModelKind
-from serve.dataplane.lm_calls import LanguageModelCalls
 from serve.dataplane.oip import rest as oip_rest
 from serve.dataplane.oip import rpc as oip_rpc
 from serve.dataplane.oip.infer import Inference
@@ -57,6 +55,9 @@ from serve.dataplane.oip.rpc import GrpcServer
 from serve.dataplane.record import RecordSink
 from serve.dataplane.wire import error_response, json_response
 from serve.errors import MalformedRequest, MethodNotAllowed, NotFound, RLServeError, internal_error
+from serve.lm.frontends import http as lm_http
+from serve.lm.frontends import openai_answers, openai_http
+from serve.lm.frontends.calls import LanguageModelCalls
 from serve.metrics import Metrics
 from serve.process import memory, openapi
 from serve.process.operations import OperationsEndpoints

@@ -26,7 +26,7 @@ As on the predict routes: deadlines from ``X-Request-Timeout-Ms`` or the model's
 stopping, answers stamped with the version that computed them (body, X-Policy-Version,
 X-Policy-SHA256), errors as ``{"error": {"code", "message"}}``. A streamed answer is stamped
 once its first token exists: until then an error is still an ordinary error answer. Those
-steps are shared with the OpenAI-compatible routes (``serve.dataplane.lm_calls``).
+steps are shared with the OpenAI-compatible routes (``serve.lm.frontends.calls``).
 """
 
 from __future__ import annotations
@@ -42,15 +42,15 @@ from starlette.types import Receive, Scope, Send
 from serve.dataplane.exchange import Disconnected
 from serve.dataplane.http_calls import Exchange, plain_error, stamp
 from serve.dataplane.kinds import ModelKind
-from serve.dataplane.lm_calls import (
+from serve.errors import InvalidInput, MethodNotAllowed, RLServeError
+from serve.json_shown import json_shown
+from serve.lm.frontends.calls import (
     SSE_HEADERS,
     Admitted,
     CancelOnDisconnect,
     LanguageModelCalls,
     next_events,
 )
-from serve.errors import InvalidInput, MethodNotAllowed, RLServeError
-from serve.json_shown import json_shown
 from serve.lm.messages import GenerationResult, ScoreResult, TokenEvent
 from serve.lm.requests import generation_spec, score_spec
 from serve.lm.scheduling.generation_stream import GenerationStream

@@ -5,9 +5,9 @@
 
 so that OpenAI clients work unchanged (``OpenAI(base_url="http://host:8000/v1")``); the
 model is the rlserve model's name, its active version generates. Requests are checked
-and translated by ``serve.dataplane.openai_requests``, answers written by
-``serve.dataplane.openai_answers``; decoding is the native generate route's (the same
-scheduler, batches, deadlines, 429, 503, drain and metrics: ``serve.dataplane.lm_calls``).
+and translated by ``serve.lm.frontends.openai_requests``, answers written by
+``serve.lm.frontends.openai_answers``; decoding is the native generate route's (the same
+scheduler, batches, deadlines, 429, 503, drain and metrics: ``serve.lm.frontends.calls``).
 
 With ``"stream": true`` the answer is server-sent events as OpenAI writes them: one
 ``data: {chunk}`` per token that adds text, a chunk with the finish reason, the token
@@ -29,7 +29,8 @@ from starlette.types import Receive, Scope, Send
 
 from serve.dataplane.exchange import Disconnected
 from serve.dataplane.http_calls import Exchange, stamp
-from serve.dataplane.lm_calls import (
+from serve.errors import InvalidInput, MethodNotAllowed, RLServeError
+from serve.lm.frontends.calls import (
     SSE_HEADERS,
     Admitted,
     CancelOnDisconnect,
@@ -37,9 +38,8 @@ from serve.dataplane.lm_calls import (
     generation_parts,
     next_events,
 )
-from serve.dataplane.openai_answers import Answer, error
-from serve.dataplane.openai_requests import Endpoint, OpenAICall, parse
-from serve.errors import InvalidInput, MethodNotAllowed, RLServeError
+from serve.lm.frontends.openai_answers import Answer, error
+from serve.lm.frontends.openai_requests import Endpoint, OpenAICall, parse
 from serve.lm.messages import GenerationSpec
 from serve.lm.requests import generation_spec
 from serve.lm.scheduling.generation_stream import GenerationStream

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve.dataplane.lm_http import Action, GeneratePath, match
+from serve.lm.frontends.http import Action, GeneratePath, match
 
 
 @pytest.mark.parametrize(

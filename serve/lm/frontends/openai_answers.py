@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serve.dataplane.http_calls import ErrorAnswer
-from serve.dataplane.openai_requests import Endpoint
 from serve.errors import ErrorCode, RLServeError
+from serve.lm.frontends.openai_requests import Endpoint
 from serve.lm.messages import GenerationResult, TokenEvent
 from serve.lm.text import Detokenizer, TextCodec
 from serve.status import http_status

@@ -1,5 +1,5 @@
 """What the language-model frontends share (the native generate and score routes,
-``serve.dataplane.lm_http``; the OpenAI-compatible routes, ``serve.dataplane.openai_http``):
+``serve.lm.frontends.http``; the OpenAI-compatible routes, ``serve.lm.frontends.openai_http``):
 one call from its first byte to its answer.
 
 :class:`LanguageModelCalls` routes a call to a language model's version and scheduler

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from serve.dataplane.openai_answers import error
-from serve.dataplane.openai_http import match
-from serve.dataplane.openai_requests import Endpoint, parse
 from serve.errors import InvalidInput, NotFound, QueueFull
+from serve.lm.frontends.openai_answers import error
+from serve.lm.frontends.openai_http import match
+from serve.lm.frontends.openai_requests import Endpoint, parse
 
 
 def test_a_completion_becomes_the_native_generate_fields() -> None:
