@@ -50,7 +50,6 @@ from serve.dataplane.http_calls import (
     stamp,
 )
 from serve.dataplane.json_body import PredictBodyDecoder
-from serve.dataplane.json_keys import refuse_repeated_keys
 from serve.dataplane.messages import InferenceRequest, InferenceResponse, Prepared
 from serve.dataplane.result_cache import CacheSettings, ResultCache, cache_key
 from serve.dataplane.routing import Route, Router
@@ -297,7 +296,6 @@ def _prepare(
     """Decode and validate a body (only the prepared arrays outlive this call), and name
     its answer in the result cache when the model has one and the answer may come from it."""
     payload = bodies.decode(body)
-    refuse_repeated_keys(body)  # nested in an observation; the decoder refused top-level ones
     prepared = route.row_model().prepare(_request(payload, call, deadline))
     if cache is None:
         return prepared, None

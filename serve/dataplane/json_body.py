@@ -5,7 +5,8 @@ stack of Atari frames. Parsing them into Python lists (orjson) and converting th
 array costs more than the model itself for small policies. :class:`PredictBodyDecoder`
 parses with simdjson instead and, when the observations are a rectangular array of
 numbers, copies them in one step into a flat buffer (int64 when every number is an
-integer, else float64), shaped by the nesting it verified:
+integer, else float64; a body with a decimal point is read as floats first), shaped by the
+nesting it verified:
 
 - the body is an object whose keys are all predict fields, without ``actions`` (scoring
   requests are rare; they take the general path); a key given twice is refused (400), not
@@ -15,7 +16,9 @@ integer, else float64), shaped by the nesting it verified:
 - counting every ``[`` in the body proves there is no nesting the lengths did not see.
 
 Anything else, a malformed body included, is decoded by orjson into Python values
-exactly as before, so errors and edge cases keep one behaviour; on both paths,
+exactly as before, so errors and edge cases keep one behaviour (a key given twice in a
+nested object is refused there, ``serve.dataplane.json_keys``: a fast body has no nested
+object); on both paths,
 observations or actions nested more than :data:`MAX_DEPTH` lists deep (more axes than an
 array can have) are refused (422), saying so. Either way the result is
 the body as a dict whose ``observations`` is an ``np.ndarray`` or Python lists; the
@@ -36,16 +39,15 @@ value is copied out before :meth:`decode` returns.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import simdjson
 
+from serve.dataplane.json_keys import refuse_repeated_keys
 from serve.dataplane.wire import decode_object
 from serve.errors import InvalidInput, MalformedRequest, quoted
 
-# simdjson's buffer types, integers first: an image stays integral, floats need "d".
-_ARRAY_OF: dict[Literal["i", "d"], type[np.generic]] = {"i": np.int64, "d": np.float64}
 # The fields that hold numbers only: a JSON boolean in them is refused.
 _NUMERIC = ("observations", "actions")
 _SCALARS = frozenset({int, float, str, type(None)})  # what JSON decodes to, but booleans
@@ -60,9 +62,10 @@ class PredictBodyDecoder:
 
     def decode(self, body: bytes) -> dict[str, Any]:
         fast = self._fast(body)
-        if fast is not None:  # its observations are simdjson's number buffers: no booleans
+        if fast is not None:  # numbers in simdjson's buffers: no booleans, no nested object
             return fast
         payload = decode_object(body)
+        refuse_repeated_keys(body)  # nested in an observation (_fast refused top-level ones)
         if b"true" in body or b"false" in body:  # rare: a search in C, over the bytes
             _refuse_booleans(payload, body)
         for name in _NUMERIC:
@@ -106,7 +109,7 @@ def _observations_and_parameters(
     arrays = sum(_arrays_in(shape)) + sum(b for b in brackets if b is not None)
     if body.count(b"[") != arrays:
         return None  # nesting the lengths did not see
-    flat = _numbers(observations)
+    flat = _numbers(observations, integral=b"." not in body)
     if flat is None or flat.size != math.prod(shape):
         return None
     if len(shape) > MAX_DEPTH:  # numbers only, as the general path would refuse them
@@ -145,13 +148,22 @@ def _arrays_in(shape: tuple[int, ...]) -> list[int]:
     return counts
 
 
-def _numbers(array: simdjson.Array) -> np.ndarray | None:
-    for code, dtype in _ARRAY_OF.items():
+def _numbers(array: simdjson.Array, *, integral: bool) -> np.ndarray | None:
+    """The numbers as int64 when they are all integers, else float64. A body with a
+    decimal point anywhere (a search in C) is tried as floats first: simdjson refuses a
+    non-integer in an integer buffer by raising, which costs more than the conversion."""
+    if integral:
         try:
-            return np.frombuffer(array.as_buffer(of_type=code), dtype=dtype)
+            return np.frombuffer(array.as_buffer(of_type="i"), dtype=np.int64)
         except (TypeError, ValueError):  # a non-integer (try floats), or not a number at all
-            continue
-    return None
+            pass
+    try:
+        floats = np.frombuffer(array.as_buffer(of_type="d"), dtype=np.float64)
+    except (TypeError, ValueError):  # not a number at all
+        return None
+    if integral or not floats[0].is_integer() or not np.array_equal(floats, np.trunc(floats)):
+        return floats  # (the first number tells for almost every body of floats)
+    return _numbers(array, integral=True)  # the "." was elsewhere: integers read exactly
 
 
 def _plain(value: Any) -> Any:
