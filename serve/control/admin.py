@@ -19,9 +19,10 @@ from starlette.responses import Response
 
 from serve.config import Settings
 from serve.control import store
+from serve.control.http_bodies import body_chunks, json_response, read_json_object
 from serve.control.repository import MODEL_FILE
 from serve.control.updates import ActivationMode, Canary, Push, Updater
-from serve.dataplane.wire import body_chunks, json_response, positive_number, read_json_object
+from serve.dataplane.wire import positive_number
 from serve.errors import Forbidden, InvalidInput, Unauthorized
 from serve.versions import DESCRIPTION, parse_version, path_version
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import Response
 
+from serve.control.http_bodies import json_response
 from serve.control.manager import ModelRepositoryManager
-from serve.dataplane.wire import json_response
 
 
 class ModelEndpoints:

@@ -1,26 +1,21 @@
-"""JSON on the wire, for both planes: bodies in (size-limited, orjson), answers out.
+"""What every HTTP frontend shares of the wire: a JSON object decoded from a body, the 413
+error, the ``X-Request-Timeout-Ms`` header, and orjson's options for answers.
 
 No per-element validation happens here: bodies are parsed with orjson into Python values,
-which the model's compiled validator (``serve.policies.validation``) turns into arrays.
+which the model's compiled validator turns into arrays. The control plane reads and answers
+its own bodies with these (``serve.control.http_bodies``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-from starlette.requests import Request
-from starlette.responses import Response
 
-from serve.errors import MalformedRequest, PayloadTooLarge, RLServeError
-from serve.status import http_headers, http_status
+from serve.errors import MalformedRequest, PayloadTooLarge
 
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
-_JSON = "application/json"
-JOIN_INLINE_BYTES = 1 << 20  # larger control-plane bodies are put together off the loop
 
 
 def decode_object(body: bytes) -> dict[str, Any]:
@@ -64,46 +59,3 @@ def positive_number(text: str) -> float | None:
     except ValueError:
         return None
     return number if number > 0 and math.isfinite(number) else None
-
-
-# --------------------------------------------------------------------------- control plane
-
-
-async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
-    return decode_object(await read_body(request, max_bytes))
-
-
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The whole body, refused with 413 as soon as it is known to exceed ``max_bytes``."""
-    chunks = [chunk async for chunk in body_chunks(request, max_bytes)]
-    if sum(map(len, chunks)) > JOIN_INLINE_BYTES:  # copying it would hold the loop
-        return await asyncio.to_thread(b"".join, chunks)
-    return b"".join(chunks)
-
-
-def body_chunks(request: Request, max_bytes: int) -> AsyncIterator[bytes]:
-    """The body as it arrives; 413 at once for a declared length over ``max_bytes``, and
-    as soon as the chunks received exceed it."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise too_large(int(declared), max_bytes)
-    return _limited(request.stream(), max_bytes)
-
-
-async def _limited(chunks: AsyncIterator[bytes], max_bytes: int) -> AsyncIterator[bytes]:
-    size = 0
-    async for chunk in chunks:
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_large(size, max_bytes)
-        yield chunk
-
-
-def json_response(
-    content: Any, status: int = 200, headers: dict[str, str] | None = None
-) -> Response:
-    return Response(orjson.dumps(content, option=JSON_OPTIONS), status, headers, media_type=_JSON)
-
-
-def error_response(error: RLServeError) -> Response:
-    return json_response(error.to_json(), http_status(error), http_headers(error))

@@ -39,6 +39,7 @@ from serve.access import AccessMiddleware
 from serve.control import single_file
 from serve.control.admin import AdminEndpoints
 from serve.control.api import ModelEndpoints
+from serve.control.http_bodies import error_response, json_response
 from serve.control.manager import ModelRepositoryManager
 from serve.control.sync import RepositorySync
 from serve.control.updates import Updater
@@ -53,7 +54,6 @@ from serve.dataplane.oip import rpc as oip_rpc
 from serve.dataplane.oip.infer import Inference
 from serve.dataplane.oip.rpc import GrpcServer
 from serve.dataplane.record import RecordSink
-from serve.dataplane.wire import error_response, json_response
 from serve.errors import MalformedRequest, MethodNotAllowed, NotFound, RLServeError, internal_error
 from serve.lm.frontends import http as lm_http
 from serve.lm.frontends import openai_answers, openai_http

@@ -10,8 +10,8 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from serve.config import Settings
+from serve.control.http_bodies import json_response
 from serve.control.manager import ModelRepositoryManager
-from serve.dataplane.wire import json_response
 from serve.gpu import gpu_utilization
 from serve.metrics import Metrics
 from serve.process.phases import ServerPhases
