@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 from starlette.types import Receive, Scope, Send
@@ -41,9 +41,10 @@ from serve.dataplane.exchange import (
 )
 from serve.dataplane.http_calls import JSON_HEADER, ErrorAnswer, Exchange, HttpCalls, stamp
 from serve.dataplane.oip import tensors
+from serve.dataplane.oip.catalog import EXTENSIONS, PLATFORM, Catalog, repository_index
 from serve.dataplane.oip.infer import InferAnswer, Inference, call_budget_ms
 from serve.dataplane.oip.signature import InferCall, RequestedOutput, config_dims
-from serve.dataplane.routing import Route, Router
+from serve.dataplane.routing import Route
 from serve.dataplane.wire import timeout_header_ms
 from serve.errors import (
     InvalidInput,
@@ -55,14 +56,11 @@ from serve.errors import (
     quoted,
 )
 from serve.json_shown import json_shown
-from serve.lm.model import LanguageModel
 from serve.status import http_status
 
 log = logging.getLogger("rlserve.oip")
 
 PREFIX = "/v2"
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository"]
-PLATFORM = "onnxruntime_onnx"  # Triton's name for an ONNX model run by onnxruntime
 _BINARY = (b"content-type", b"application/octet-stream")
 _HEADER_LENGTH = b"inference-header-content-length"
 _MAX_LENGTH_DIGITS = 19  # a signed 64-bit integer's: more than any body could be
@@ -71,47 +69,6 @@ ROUTES = (
     "GET /v2/models/{model}[/versions/{version}][/ready|/config], "
     "POST /v2/models/{model}[/versions/{version}]/infer and POST /v2/repository/index"
 )
-
-
-class Catalog(Router, Protocol):
-    """What the metadata routes need besides routing (``serve.control.manager``)."""
-
-    def model_names(self) -> list[str]: ...
-
-    def versions(self, model: str) -> list[int]:
-        """The versions loaded and able to serve (NotFound for an unknown model)."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class IndexEntry:
-    """One model version in the repository index (both transports)."""
-
-    name: str
-    version: str
-    state: str  # READY; UNAVAILABLE for a language model: this protocol does not serve it
-    reason: str  # why it is not READY ("" when it is)
-
-
-def repository_index(catalog: Catalog) -> list[IndexEntry]:
-    """Every loaded version; a language model's marked UNAVAILABLE here, with where it is
-    served (its calls are text, not tensors)."""
-    index = []
-    for name in catalog.model_names():
-        for version in catalog.versions(name):
-            try:
-                language = isinstance(catalog.resolve(name, version).version, LanguageModel)
-            except RLServeError:  # unloaded meanwhile: listed as the catalog has it
-                language = False
-            if language:
-                reason = (
-                    "a language model: not served by the Open Inference Protocol; POST "
-                    f"/v1/models/{name}/generate (or .../score), or /v1/chat/completions"
-                )
-                index.append(IndexEntry(name, str(version), "UNAVAILABLE", reason))
-            else:
-                index.append(IndexEntry(name, str(version), "READY", ""))
-    return index
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,11 +36,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from serve import __version__
 from serve.dataplane.oip import tensors
+from serve.dataplane.oip.catalog import EXTENSIONS, PLATFORM, Catalog, repository_index
 from serve.dataplane.oip.infer import InferAnswer, Inference, call_budget_ms
 from serve.dataplane.oip.proto import inference_pb2 as pb
 from serve.dataplane.oip.proto import inference_pb2_grpc as pb_grpc
 from serve.dataplane.oip.proto import model_config_pb2 as config_pb
-from serve.dataplane.oip.rest import EXTENSIONS, PLATFORM, Catalog, repository_index
 from serve.dataplane.oip.signature import InferCall, RequestedOutput, config_dims
 from serve.dataplane.routing import Route
 from serve.errors import ConfigError, InvalidInput, RLServeError, internal_error, listed, quoted

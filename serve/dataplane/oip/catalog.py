@@ -1,0 +1,56 @@
+"""What both transports of the Open Inference Protocol (``rest.py``, ``rpc.py``) tell about
+the server and its models besides inference: the catalog of models they read, the
+repository index, the server's extensions and the platform each model is reported as."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from serve.dataplane.routing import Router
+from serve.errors import RLServeError
+from serve.lm.model import LanguageModel
+
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository"]
+PLATFORM = "onnxruntime_onnx"  # Triton's name for an ONNX model run by onnxruntime
+
+
+class Catalog(Router, Protocol):
+    """What the metadata routes need besides routing (``serve.control.manager``)."""
+
+    def model_names(self) -> list[str]: ...
+
+    def versions(self, model: str) -> list[int]:
+        """The versions loaded and able to serve (NotFound for an unknown model)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """One model version in the repository index (both transports)."""
+
+    name: str
+    version: str
+    state: str  # READY; UNAVAILABLE for a language model: this protocol does not serve it
+    reason: str  # why it is not READY ("" when it is)
+
+
+def repository_index(catalog: Catalog) -> list[IndexEntry]:
+    """Every loaded version; a language model's marked UNAVAILABLE here, with where it is
+    served (its calls are text, not tensors)."""
+    index = []
+    for name in catalog.model_names():
+        for version in catalog.versions(name):
+            try:
+                language = isinstance(catalog.resolve(name, version).version, LanguageModel)
+            except RLServeError:  # unloaded meanwhile: listed as the catalog has it
+                language = False
+            if language:
+                reason = (
+                    "a language model: not served by the Open Inference Protocol; POST "
+                    f"/v1/models/{name}/generate (or .../score), or /v1/chat/completions"
+                )
+                index.append(IndexEntry(name, str(version), "UNAVAILABLE", reason))
+            else:
+                index.append(IndexEntry(name, str(version), "READY", ""))
+    return index
