@@ -1,7 +1,7 @@
 """One HTTP call from its first byte to its last, for every data-plane HTTP frontend.
 
 The JSON predict routes (``serve.dataplane.http``), the Open Inference Protocol's REST routes
-(``serve.dataplane.oip.rest``) and the language-model routes (``serve.dataplane.lm_calls``)
+(``serve.dataplane.oip.rest``) and the language-model routes (``serve.lm.frontends.calls``)
 each only decode their wire format and encode their answer; :class:`HttpCalls` does the rest
 of a call, once:
 

@@ -2,9 +2,10 @@
 
 Frontends call ``prepare`` on the event loop; the scheduler calls ``execute`` for a whole
 batch (inline on the event loop when batches are cheap, on its thread when not) and
-``respond`` to cut each request's answer from the batch's outputs. Actor-critic policies
-(``serve.policies.actor_critic``) are the first kind; language-model policies will be
-another, with their own scheduler.
+``respond`` to cut each request's answer from the batch's outputs (a model of rows:
+``RowModel``). Each kind's version class implements what it serves: actor-critic policies
+rows, language models generations, through their own scheduler; the data plane imports
+neither.
 """
 
 from __future__ import annotations

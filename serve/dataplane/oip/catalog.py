@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from serve.dataplane.kinds import ModelKind
 from serve.dataplane.routing import Router
 from serve.errors import RLServeError
-from serve.lm.model import LanguageModel
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository"]
 PLATFORM = "onnxruntime_onnx"  # Triton's name for an ONNX model run by onnxruntime
@@ -42,7 +42,7 @@ def repository_index(catalog: Catalog) -> list[IndexEntry]:
     for name in catalog.model_names():
         for version in catalog.versions(name):
             try:
-                language = isinstance(catalog.resolve(name, version).version, LanguageModel)
+                language = catalog.resolve(name, version).kind is ModelKind.GENERATIONS
             except RLServeError:  # unloaded meanwhile: listed as the catalog has it
                 language = False
             if language:
