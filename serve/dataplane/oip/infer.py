@@ -26,6 +26,7 @@ from serve.dataplane.routing import Route, Router
 from serve.errors import InvalidInput, NotFound, RLServeError, quoted
 from serve.json_shown import json_shown
 from serve.metrics import Metrics
+from serve.status import http_status
 from serve.versions import path_version
 
 # Calls whose tensors hold more bytes than this are checked off the event loop, so no call
@@ -98,12 +99,14 @@ class Inference:
         response = await route.row_scheduler().submit(prepared, route.pinned)
         return InferAnswer(response, signature.answer(call, response.outputs))
 
-    def refused(
-        self, route: Route | None, error: RLServeError, status: int, received_at: float
-    ) -> None:
-        """Count a refused call in the metrics, as the predict routes do."""
+    def refused(self, route: Route | None, error: RLServeError, received_at: float) -> None:
+        """Count a gRPC call refused with ``error`` in the metrics, as the HTTP routes count
+        theirs. ``rlserve_requests_total``'s status is the HTTP status the error's code maps
+        to (``serve.status``), whichever transport answered, so that one query or alert
+        covers them all; the code itself is the rejection's reason."""
         model, version = ("", None) if route is None else (route.model, route.version.version)
-        self.metrics.refused_error(model, version, status, error, time.monotonic() - received_at)
+        status, seconds = http_status(error), time.monotonic() - received_at
+        self.metrics.refused_error(model, version, status, error, seconds)
 
 
 def call_budget_ms(call: InferCall, default_ms: float, asked_ms: float | None) -> float:

@@ -45,7 +45,7 @@ from serve.dataplane.oip.signature import InferCall, RequestedOutput, config_dim
 from serve.dataplane.routing import Route
 from serve.errors import ConfigError, InvalidInput, RLServeError, internal_error, listed, quoted
 from serve.json_shown import json_shown
-from serve.status import grpc_status, grpc_trailers, http_status
+from serve.status import grpc_status, grpc_trailers
 
 log = logging.getLogger("rlserve.grpc")
 
@@ -255,12 +255,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             self.inference.admit(route, deadline)
             answer = await self.inference.run(route, call, request.id, received_at, deadline)
         except RLServeError as exc:
-            self.inference.refused(route, exc, http_status(exc), received_at)
+            self.inference.refused(route, exc, received_at)
             raise
         except Exception as exc:  # a bug of ours: logged, and answered INTERNAL like any error
             log.exception("unhandled error on ModelInfer for %r", request.model_name)
             error = internal_error(exc)
-            self.inference.refused(route, error, http_status(error), received_at)
+            self.inference.refused(route, error, received_at)
             raise error from None
         return encode_infer(answer, call)
 
