@@ -1,3 +1,2 @@
-"""Policy kinds: what a loaded model version does with requests. Actor-critic policies
-(PPO, A2C) today; causal language-model policies next, each with its own validation,
-execution and answers behind ``serve.dataplane.model.ServedModel``."""
+"""Actor-critic policies (kind ``actor_critic``: PPO, A2C): the served version (``policy``),
+request validation compiled from the contract (``validation``), the policy heads (``heads``)."""

@@ -1,9 +1,10 @@
-"""Actor-critic policies (PPO, A2C): validation, batched execution, answers.
+"""The served version of an actor-critic policy (PPO, A2C): validation, batched execution,
+answers.
 
 Built once per loaded version: the contract's compiled observation validator
-(``serve.policies.validation``) checks requests on the event loop; a batch runs the graph
-once and the policy heads (``serve.policies.heads``) once over all its rows; each request's
-answer is then a slice of those outputs.
+(``serve.actor_critic.validation``) checks requests on the event loop; a batch runs the
+graph once and the policy heads (``serve.actor_critic.heads``) once over all its rows; each
+request's answer is then a slice of those outputs.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from serve.actor_critic.heads import PolicyHeads, needs_distribution
+from serve.actor_critic.validation import ObservationValidator, predict_options
 from serve.contract import PolicyContract
 from serve.dataplane.batching import bucket, buckets_for
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceRequest, Prepared
 from serve.dataplane.runtime import CPU, Session
 from serve.errors import InvalidInput
-from serve.policies.heads import PolicyHeads, needs_distribution
-from serve.policies.validation import ObservationValidator, predict_options
 from serve.spaces import ObservationBounds, parse_observations
 from serve.types import Answer, OutputKind, Outputs
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import cast
 
 from serve import contract
+from serve.actor_critic.policy import ActorCriticPolicy
 from serve.config import ModelSettings, Settings, VersionPolicy
 from serve.dataplane.batching import buckets_for
 from serve.dataplane.kinds import ModelKind
@@ -35,7 +36,6 @@ from serve.dataplane.runtime import Session, create_session
 from serve.errors import ConfigError, ModelLoadError
 from serve.lm import contract as lm_contract
 from serve.lm.model import LanguageModel
-from serve.policies.actor_critic import ActorCriticPolicy
 from serve.versions import parse_version
 
 log = logging.getLogger("rlserve.repository")

@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from serve.actor_critic.validation import ObservationValidator
 from serve.errors import InvalidInput
-from serve.policies.validation import ObservationValidator
 from serve.spaces import Box, Dict, ObservationBounds, parse_observations
-from tests.serve.policies.contracts import contract
-from tests.serve.policies.test_validation import (
+from tests.serve.actor_critic.contracts import contract
+from tests.serve.actor_critic.test_validation import (
     BOUNDED,
     DIMMED,
     IMAGE,

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from serve.actor_critic.heads import PolicyHeads
+from serve.actor_critic.validation import DEFAULT_OPTIONS, predict_options
 from serve.dataplane.messages import Prepared
 from serve.distributions import Categorical, DiagGaussian, MultiCategorical
-from serve.policies.heads import PolicyHeads
-from serve.policies.validation import DEFAULT_OPTIONS, predict_options
 from serve.types import Outputs
-from tests.serve.policies.contracts import contract
+from tests.serve.actor_critic.contracts import contract
 
 OBS = {"type": "Box", "shape": [3], "dtype": "float32"}
 BOX = {"type": "Box", "shape": [2], "dtype": "float32", "low": -1.0, "high": 1.0}

@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from serve.actor_critic.validation import DEFAULT_OPTIONS, ObservationValidator, predict_options
 from serve.errors import InvalidInput
-from serve.policies.validation import DEFAULT_OPTIONS, ObservationValidator, predict_options
 from serve.spaces import ObservationBatch, ObservationBounds, parse_observations
 from serve.types import OutputKind
-from tests.serve.policies.contracts import contract
+from tests.serve.actor_critic.contracts import contract
 
 DISCRETE = {"type": "Discrete", "n": 2}
 VECTOR = {"type": "Box", "shape": [5], "dtype": "float32", "low": "-inf", "high": "inf"}

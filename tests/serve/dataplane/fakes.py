@@ -9,6 +9,7 @@ from typing import Any, ClassVar, cast
 
 import numpy as np
 
+from serve.actor_critic.validation import DEFAULT_OPTIONS
 from serve.config import ModelSettings
 from serve.control.lifecycle import ModelLifeCycle
 from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
@@ -18,7 +19,6 @@ from serve.dataplane.model import ServedModel
 from serve.dataplane.record import BatchRecord
 from serve.dataplane.runtime import ProviderReport
 from serve.dataplane.scheduler import Scheduler
-from serve.policies.validation import DEFAULT_OPTIONS
 from serve.types import Answer, Outputs
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from export.actor_critic.tensors import input_specs, output_specs
 from serve import config, contract
+from serve.actor_critic.validation import ObservationValidator
 from serve.config import ModelSettings
 from serve.contract import PolicyContract
 from serve.control.repository import load_file
@@ -28,11 +29,10 @@ from serve.dataplane.oip.signature import (
     TensorMetadata,
 )
 from serve.errors import InvalidInput
-from serve.policies.validation import ObservationValidator
 from serve.spaces import Dict, ObservationBounds
 from serve.types import Answer
+from tests.serve.actor_critic.contracts import contract as hand_written
 from tests.serve.inprocess import REPOSITORY
-from tests.serve.policies.contracts import contract as hand_written
 
 MODEL = REPOSITORY / "cartpole" / "1" / "model.onnx"
 CARTPOLE = contract.read(MODEL)
