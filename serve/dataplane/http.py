@@ -22,7 +22,6 @@ routes for /docs.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -33,9 +32,8 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from serve.access import log_exchange
-from serve.dataplane.deadline import LoopTurn, budget_ms
+from serve.dataplane.deadline import budget_ms
 from serve.dataplane.exchange import (
-    INLINE_BODY_BYTES,
     Call,
     read_body,
     start_call,
@@ -53,6 +51,7 @@ from serve.dataplane.json_body import PredictBodyDecoder
 from serve.dataplane.messages import InferenceRequest, InferenceResponse, Prepared
 from serve.dataplane.result_cache import CacheSettings, ResultCache, cache_key
 from serve.dataplane.routing import Route, Router
+from serve.dataplane.row_calls import Placement, RowCalls
 from serve.dataplane.scheduler import Scheduler
 from serve.dataplane.wire import JSON_OPTIONS, timeout_header_ms
 from serve.errors import (
@@ -107,15 +106,15 @@ class PredictFrontend:
         calls: HttpCalls,
         max_body_bytes: int,
         *,
-        turn: LoopTurn,
+        rows: RowCalls,
     ) -> None:
         self.router = router
         self.calls = calls  # the call around the predict steps: errors, metrics, access log
         self.metrics = calls.metrics
         self.max_body_bytes = max_body_bytes
-        self.bodies = PredictBodyDecoder(frozenset(PARAMETERS))
+        self.bodies = _decoder()  # the event loop's
         self.results = ResultCache(calls.metrics)  # models with a result_cache
-        self.turn = turn  # how long a turn of the event loop takes now: deadlines count it
+        self.rows = rows  # the steps of a row call, every frontend's (and the loop's turn)
         self._early: dict[str, _EarlyAnswer] = {}  # by model: its current early 429
         self._gates: dict[bytes, _Gate] = {}  # by predict path: what refuse_early needs
         self._refusing_until = 0.0  # calls are checked from their headers until then
@@ -145,18 +144,17 @@ class PredictFrontend:
         route = self.router.resolve(path.model, version)
         call.model, call.version = route.model, route.version.version
         budget = budget_ms(route.default_deadline_ms, timeout_header_ms(call.timeout_header))
-        deadline = self.turn.deadline(call.received_at, budget)
+        deadline = self.rows.turn.deadline(call.received_at, budget)
         body = await read_body(receive, call.declared_length, self.max_body_bytes)
-        deadline.check("reading the body")
-        route.scheduler.admit(1, deadline.at)  # overloaded: refuse before decoding
+        self.rows.admit(route, deadline, spent_on="reading the body")  # before decoding
         cache = None if route.scheduler.held else route.result_cache  # held: answers wait
-        if len(body) <= INLINE_BODY_BYTES:
-            prepared, key = _prepare(route, body, call, deadline.at, self.bodies, cache)
-        else:  # work in proportion to the body: off the event loop, with a parser of its own
-            fresh = PredictBodyDecoder(frozenset(PARAMETERS))
-            prepared, key = await asyncio.to_thread(
-                _prepare, route, body, call, deadline.at, fresh, cache
-            )
+
+        def prepare(placement: Placement) -> tuple[Prepared, bytes | None]:
+            # a worker thread decodes with a parser of its own (simdjson's are not shared)
+            bodies = self.bodies if placement is Placement.LOOP else _decoder()
+            return _prepare(route, body, call, deadline.at, bodies, cache)
+
+        prepared, key = await self.rows.prepare(len(body), prepare)
         if key is not None and cache is not None:
             cached = await self.results.lookup(route.model, cache, key)
             if cached is not None:
@@ -166,8 +164,7 @@ class PredictFrontend:
                 )
                 # computed earlier by the routed version
                 return cached, [*stamp(route.version.version, route.version.sha256), _CACHE_HIT]
-        deadline.check("validating it")  # never queue it then
-        response = await route.row_scheduler().submit(prepared, route.pinned)
+        response = await self.rows.submit(route, prepared, deadline)
         answer, headers = _encode(response), stamp(response.version, response.sha256)
         if key is not None and cache is not None:
             if (response.version, response.sha256) == (route.version.version, route.version.sha256):
@@ -197,7 +194,7 @@ class PredictFrontend:
             asked = timeout_header_ms(None if timeout is None else timeout.decode())
         except RLServeError:
             return None  # the call itself will say what is wrong
-        deadline = self.turn.deadline(time.monotonic(), budget_ms(gate.default_ms, asked))
+        deadline = self.rows.turn.deadline(time.monotonic(), budget_ms(gate.default_ms, asked))
         if gate.scheduler.would_admit(1, deadline.at):
             return None
         call = start_call({"headers": headers})
@@ -283,6 +280,10 @@ class _EarlyAnswer:
             % (len(self.body), request_id.encode("latin-1"))
             + self.body
         )
+
+
+def _decoder() -> PredictBodyDecoder:
+    return PredictBodyDecoder(frozenset(PARAMETERS))
 
 
 def _prepare(

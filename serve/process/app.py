@@ -54,6 +54,7 @@ from serve.dataplane.oip import rpc as oip_rpc
 from serve.dataplane.oip.infer import Inference
 from serve.dataplane.oip.rpc import GrpcServer
 from serve.dataplane.record import RecordSink
+from serve.dataplane.row_calls import RowCalls
 from serve.errors import MalformedRequest, MethodNotAllowed, NotFound, RLServeError, internal_error
 from serve.lm.frontends import http as lm_http
 from serve.lm.frontends import openai_answers, openai_http
@@ -171,8 +172,9 @@ def create_app(
     state = ServerState(settings, manager, phases, metrics, updater)
     turn = LoopTurn()
     http_calls = HttpCalls(metrics, lambda: phases.draining, access_log=settings.access_log)
-    frontend = predict.PredictFrontend(manager, http_calls, settings.max_body_bytes, turn=turn)
-    inference = Inference(manager, metrics, lambda: phases.draining, turn)
+    rows = RowCalls(turn)  # the steps of every frontend's call to a model of rows
+    frontend = predict.PredictFrontend(manager, http_calls, settings.max_body_bytes, rows=rows)
+    inference = Inference(manager, metrics, lambda: phases.draining, rows)
     v2 = oip_rest.OipRestFrontend(
         manager, inference, state.unready_reasons, http_calls, settings.max_body_bytes
     )

@@ -11,27 +11,22 @@ with 422 / INVALID_ARGUMENT, saying where they are served.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from serve.dataplane.deadline import Deadline, LoopTurn, budget_ms
-from serve.dataplane.exchange import INLINE_BODY_BYTES
+from serve.dataplane.deadline import Deadline, budget_ms
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceResponse
 from serve.dataplane.model import RowModel
 from serve.dataplane.oip.signature import InferCall, OutputTensor, Signature
 from serve.dataplane.routing import Route, Router
+from serve.dataplane.row_calls import RowCalls
 from serve.errors import InvalidInput, NotFound, RLServeError, quoted
 from serve.json_shown import json_shown
 from serve.metrics import Metrics
 from serve.status import http_status
 from serve.versions import path_version
-
-# Calls whose tensors hold more bytes than this are checked off the event loop, so no call
-# holds the loop in proportion to its size (the JSON predict route's rule, in bytes of data).
-INLINE_TENSOR_BYTES = INLINE_BODY_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,11 +36,14 @@ class InferAnswer:
 
 
 class Inference:
+    """The Open Inference Protocol's own part of an infer call (its routes, signatures and
+    refusal count) around the steps every row call takes (:class:`RowCalls`)."""
+
     def __init__(
-        self, router: Router, metrics: Metrics, draining: Callable[[], bool], turn: LoopTurn
+        self, router: Router, metrics: Metrics, draining: Callable[[], bool], calls: RowCalls
     ) -> None:
         self.router = router
-        self.turn = turn  # how long a turn of the event loop takes now: deadlines count it
+        self.calls = calls
         self.metrics = metrics
         self.draining = draining
         self._signatures: dict[str, Signature] = {}  # by sha256 of the version
@@ -71,13 +69,6 @@ class Inference:
             signature = self._signatures[served.sha256] = Signature(served.contract)
         return signature
 
-    @staticmethod
-    def admit(route: Route, deadline: Deadline) -> None:
-        """Refuse a call before any work in proportion to it: its deadline passed (504,
-        never 429), or the queue could not serve it in time (429). Asked once per call."""
-        deadline.check("reading it")
-        route.scheduler.admit(1, deadline.at)
-
     async def run(
         self,
         route: Route,
@@ -91,12 +82,8 @@ class Inference:
         signature = self.signature(served)
         request = signature.request(call, request_id, received_at, deadline.at)
         size = sum(values.nbytes for values in call.inputs.values())
-        if size <= INLINE_TENSOR_BYTES:
-            prepared = served.prepare(request)
-        else:
-            prepared = await asyncio.to_thread(served.prepare, request)
-        deadline.check("its tensors were checked")
-        response = await route.row_scheduler().submit(prepared, route.pinned)
+        prepared = await self.calls.prepare(size, lambda _: served.prepare(request))
+        response = await self.calls.submit(route, prepared, deadline)
         return InferAnswer(response, signature.answer(call, response.outputs))
 
     def refused(self, route: Route | None, error: RLServeError, received_at: float) -> None:

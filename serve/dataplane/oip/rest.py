@@ -22,7 +22,6 @@ Like the JSON predict routes, nothing but uvicorn stands in front of these route
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,7 +34,6 @@ from starlette.types import Receive, Scope, Send
 from serve import __version__
 from serve.dataplane.deadline import budget_ms
 from serve.dataplane.exchange import (
-    INLINE_BODY_BYTES,
     Call,
     read_body,
 )
@@ -226,16 +224,13 @@ class OipRestFrontend:
     ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
         header_length = _header_length(scope)
         body = await read_body(receive, call.declared_length, self.max_body_bytes)
-        default_ms = route.default_deadline_ms
+        default_ms, calls = route.default_deadline_ms, self.inference.calls
         asked = budget_ms(default_ms, timeout_header_ms(call.timeout_header))
-        self.inference.admit(route, self.inference.turn.deadline(call.received_at, asked))
-        if len(body) <= INLINE_BODY_BYTES:
-            decoded, budget = decode_infer(body, header_length, call, default_ms)
-        else:  # work in proportion to the body: off the event loop
-            decoded, budget = await asyncio.to_thread(
-                decode_infer, body, header_length, call, default_ms
-            )
-        deadline = self.inference.turn.deadline(call.received_at, budget)
+        calls.admit(route, calls.turn.deadline(call.received_at, asked), spent_on="reading it")
+        decoded, budget = await calls.prepare(
+            len(body), lambda _: decode_infer(body, header_length, call, default_ms)
+        )
+        deadline = calls.turn.deadline(call.received_at, budget)
         deadline.check("reading it")  # its timeout parameter may ask for less
         answer = await self.inference.run(
             route, decoded, call.request_id, call.received_at, deadline

@@ -251,8 +251,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             call = decode_infer(request)
             asked_ms = None if remaining_s is None else remaining_s * 1000
             budget = call_budget_ms(call, route.default_deadline_ms, asked_ms)
-            deadline = self.inference.turn.deadline(received_at, budget)
-            self.inference.admit(route, deadline)
+            deadline = self.inference.calls.turn.deadline(received_at, budget)
+            self.inference.calls.admit(route, deadline, spent_on="reading it")
             answer = await self.inference.run(route, call, request.id, received_at, deadline)
         except RLServeError as exc:
             self.inference.refused(route, exc, received_at)

@@ -1,0 +1,72 @@
+"""The steps of a call to a model of rows, in order, once, for every frontend.
+
+The JSON predict routes (``serve.dataplane.http``), the Open Inference Protocol over REST
+and gRPC (``serve.dataplane.oip``) each decode their wire format and encode the answer;
+between the two, every call takes these steps, written here only:
+
+1. **deadline**: the route's default budget or less, as the call asks, from
+   :attr:`RowCalls.turn` (``serve.dataplane.deadline``: one rule, the loop's lag counted
+   for every transport);
+2. **admit**: refused before any work in proportion to the call when its deadline passed
+   (504) or the queue could not serve it in time (429); asked once per call;
+3. **prepare**: the frontend's decoding and the version's validation, on the event loop
+   when the call is small, on a worker thread when it is large (:data:`INLINE_BYTES`), so
+   no call holds the loop in proportion to its size;
+4. **submit**: never queued once its deadline passed; the scheduler answers it with the
+   version that computed it, for the frontend to stamp (``http_calls.stamp``).
+
+Errors are raised as ``RLServeError`` for the frontend's error path; the record of every
+executed batch is the scheduler's (``serve.dataplane.batch_run``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from enum import Enum
+from typing import TypeVar
+
+from serve.dataplane.deadline import Deadline, LoopTurn
+from serve.dataplane.exchange import INLINE_BODY_BYTES
+from serve.dataplane.messages import InferenceResponse, Prepared
+from serve.dataplane.routing import Route
+
+# Calls of more bytes than this (a JSON body, or tensors' data) are prepared off the loop.
+INLINE_BYTES = INLINE_BODY_BYTES
+
+T = TypeVar("T")
+
+
+class Placement(Enum):
+    """Where a call's preparation runs: work that keeps state per thread needs to know."""
+
+    LOOP = "loop"
+    THREAD = "thread"
+
+
+class RowCalls:
+    """The steps every frontend's row call takes after its deadline (``turn.deadline``)."""
+
+    def __init__(self, turn: LoopTurn) -> None:
+        self.turn = turn  # how long a turn of the event loop takes now: deadlines count it
+
+    @staticmethod
+    def admit(route: Route, deadline: Deadline, *, spent_on: str) -> None:
+        """Step 2: DeadlineExceeded when the deadline passed while ``spent_on`` (never 429),
+        QueueFull when the rows ahead could not be served in time."""
+        deadline.check(spent_on)
+        route.scheduler.admit(1, deadline.at)
+
+    @staticmethod
+    async def prepare(size: int, work: Callable[[Placement], T]) -> T:
+        """Step 3: ``work`` on the loop for a call of ``size`` bytes up to INLINE_BYTES,
+        else on a worker thread."""
+        if size <= INLINE_BYTES:
+            return work(Placement.LOOP)
+        return await asyncio.to_thread(work, Placement.THREAD)
+
+    @staticmethod
+    async def submit(route: Route, prepared: Prepared, deadline: Deadline) -> InferenceResponse:
+        """Step 4: queue the prepared rows unless the deadline passed meanwhile."""
+        deadline.check("validating it")
+        return await route.row_scheduler().submit(prepared, route.pinned)
