@@ -31,7 +31,9 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import cast
 
+from serve.dataplane.kinds import ModelKind
 from serve.dataplane.model import ServedModel, VersionSource
 from serve.errors import InvalidInput, RLServeError, ServiceUnavailable, one_line
 from serve.lm.batch import DecodeBatch
@@ -284,6 +286,6 @@ def _generated(model: LanguageModel, sequence: DecodingSequence) -> GenerationRe
 def _language_model(model: ServedModel | None, name: str, version: int) -> LanguageModel:
     if model is None:
         raise ServiceUnavailable(f"model {name!r} version {version} was unloaded; retry")
-    if not isinstance(model, LanguageModel):
+    if model.model_kind is not ModelKind.GENERATIONS:  # the lifecycle loads no other kind
         raise InvalidInput(f"model {name!r} version {version} is not a language model")
-    return model
+    return cast(LanguageModel, model)
