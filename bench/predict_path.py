@@ -1,0 +1,176 @@
+"""Where a lone predict call's CPU goes inside rlserve, without uvicorn: one mlp
+observation per call, every call awaited before the next, so each finds the model idle
+and runs alone at batch 1 (the ``mlp-1`` scenario's call, with HTTP taken away).
+
+Each row is measured on its own, in one process on one core, as CPU time per call:
+
+- the whole ASGI call, ``POST /v1/models/mlp/predict`` as uvicorn would make it
+  (``create_app()``, lifespan run, the body handed over in one message, the answer's two
+  messages taken);
+- the scheduler's part: ``submit`` to answer of a prepared request (admission, queue, plan,
+  inline run, record, metrics sink, answer), the model's run included;
+- the model's run alone (``execute``: onnxruntime and the policy heads);
+- decoding the JSON body; validating it into prepared rows (``prepare``);
+- the frontend's part: the whole call less the scheduler's part, decoding and validation
+  (routing, deadline, admission, the call wrapper, encoding, stamping, the asyncio hops).
+
+Rows measured alone run warm: in a whole call the model's weights (about 1 MB for mlp)
+and the interpreter's data leave the caches between stages, so a stage costs more in
+place than alone, and that difference lands in the rows computed by subtraction (the
+scheduler's: ``bench.lone_request`` measures it with a model that costs nothing).
+
+    .venv/bin/python -m bench.predict_path [--calls 5000] [--repeats 5]
+
+Prints the best of ``--repeats`` runs of each (the machine is noisy; CPU time is less
+disturbed than wall time). The access log is off. The exported mlp is kept in
+.cache/bench-predict-path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import models, scenarios
+from serve import config
+from serve.dataplane.messages import InferenceRequest
+from serve.process.app import RLServeApp, create_app
+
+Message = MutableMapping[str, Any]
+PATH = "/v1/models/mlp/predict"
+CACHE = models.ROOT / ".cache" / "bench-predict-path"  # the exported mlp, kept
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    us_per_call: float
+
+
+def _http_scope(body: bytes) -> dict[str, Any]:
+    return {
+        "type": "http", "method": "POST", "path": PATH, "raw_path": PATH.encode(),
+        "query_string": b"", "scheme": "http", "http_version": "1.1",
+        "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8000),
+        "headers": [
+            (b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+    }  # fmt: skip
+
+
+async def _started(app: RLServeApp) -> Callable[[], Awaitable[None]]:
+    """Run the app's lifespan until its models are loaded; the call to stop it."""
+    events: asyncio.Queue[Message] = asyncio.Queue()
+    await events.put({"type": "lifespan.startup"})
+
+    async def send(message: Message) -> None:
+        return None
+
+    lifespan = asyncio.create_task(app({"type": "lifespan"}, events.get, send))
+    await asyncio.wait_for(app.state.phases.loaded.wait(), 120)
+
+    async def stop() -> None:
+        await events.put({"type": "lifespan.shutdown"})
+        await lifespan
+
+    return stop
+
+
+async def _best(call: Callable[[], Awaitable[Any]], calls: int, repeats: int) -> float:
+    for _ in range(min(calls, 500)):  # warm: run times measured, caches filled
+        await call()
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.process_time()
+        for _ in range(calls):
+            await call()
+        best = min(best, (time.process_time() - started) / calls * 1e6)
+    return best
+
+
+async def measure(repository: Path, calls: int, repeats: int) -> list[Stage]:
+    app = create_app(config.load(model_repository=repository, access_log=False))
+    stop = await _started(app)
+    body = scenarios.body(scenarios.Scenario("mlp-1", "mlp", "mlp", 1))
+    scope, message = _http_scope(body), {"type": "http.request", "body": body}
+    answers: list[Message] = []
+
+    async def receive() -> Message:
+        return message
+
+    async def send(sent: Message) -> None:
+        answers.append(sent)
+
+    async def whole() -> None:
+        answers.clear()
+        await app(dict(scope), receive, send)
+        if answers[0]["status"] != 200:
+            raise RuntimeError(f"predict answered {answers}")
+
+    route = app.frontend.router.resolve(models.MLP.name, None)
+    model, scheduler = route.row_model(), route.row_scheduler()
+    payload = app.frontend.bodies.decode(body)
+
+    def request() -> InferenceRequest:
+        now = time.monotonic()
+        return InferenceRequest(payload, {}, "bench", now, now + 60.0)
+
+    prepared = model.prepare(request())
+
+    async def through_scheduler() -> None:
+        await scheduler.submit(model.prepare(request()), None)
+
+    async def prepare_alone() -> None:
+        model.prepare(request())
+
+    async def run_alone() -> None:
+        model.execute(prepared.feeds, [prepared])
+
+    async def decode_alone() -> None:
+        app.frontend.bodies.decode(body)
+
+    try:
+        measured = {
+            "whole call": await _best(whole, calls, repeats),
+            "scheduler": await _best(through_scheduler, calls, repeats),
+            "prepare": await _best(prepare_alone, calls, repeats),
+            "run": await _best(run_alone, calls, repeats),
+            "decode": await _best(decode_alone, calls, repeats),
+        }
+    finally:
+        await stop()
+    frontend = measured["whole call"] - measured["scheduler"] - measured["decode"]
+    queueing = measured["scheduler"] - measured["prepare"] - measured["run"]
+    return [
+        Stage("whole ASGI call (no uvicorn)", measured["whole call"]),
+        Stage("  decoding the JSON body", measured["decode"]),
+        Stage("  validating it (prepare)", measured["prepare"]),
+        Stage("  the model's run (onnxruntime + heads)", measured["run"]),
+        Stage("  the scheduler, less the run measured alone", queueing),
+        Stage("  the frontend, the rest", frontend),
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=5_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    args: Any = parser.parse_args(argv)
+    repository = models.build_repository(CACHE / "repository", (models.MLP,))
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {0})  # one core, as the servers are pinned
+    stages = asyncio.run(measure(repository, args.calls, args.repeats))
+    print("| where | CPU µs per call |\n|---|---:|")
+    for stage in stages:
+        print(f"| {stage.name} | {stage.us_per_call:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
