@@ -2,7 +2,7 @@
 a limit (413 as soon as one is known to exceed it), JSON answers and errors written with
 orjson.
 
-The data plane reads its bodies from raw ASGI messages instead (``serve.dataplane.exchange``);
+The data plane reads its bodies from raw ASGI messages instead (``serve.dataplane.http_calls``);
 what both share, decoding a JSON object and the 413 error, is ``serve.dataplane.wire``'s.
 """
 

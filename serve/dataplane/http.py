@@ -33,19 +33,17 @@ from starlette.types import Receive, Scope, Send
 
 from serve.access import log_exchange
 from serve.dataplane.deadline import budget_ms
-from serve.dataplane.exchange import (
-    Call,
-    read_body,
-    start_call,
-)
 from serve.dataplane.http_calls import (
     JSON_HEADER,
+    Call,
     ErrorAnswer,
     Exchange,
     HttpCalls,
     error_headers,
     plain_error,
+    read_body,
     stamp,
+    start_call,
 )
 from serve.dataplane.json_body import PredictBodyDecoder
 from serve.dataplane.messages import InferenceRequest, InferenceResponse, Prepared

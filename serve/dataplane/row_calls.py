@@ -27,7 +27,7 @@ from enum import Enum
 from typing import TypeVar
 
 from serve.dataplane.deadline import Deadline, LoopTurn
-from serve.dataplane.exchange import INLINE_BODY_BYTES
+from serve.dataplane.http_calls import INLINE_BODY_BYTES
 from serve.dataplane.messages import InferenceResponse, Prepared
 from serve.dataplane.routing import Route
 

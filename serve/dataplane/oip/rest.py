@@ -33,11 +33,15 @@ from starlette.types import Receive, Scope, Send
 
 from serve import __version__
 from serve.dataplane.deadline import budget_ms
-from serve.dataplane.exchange import (
+from serve.dataplane.http_calls import (
+    JSON_HEADER,
     Call,
+    ErrorAnswer,
+    Exchange,
+    HttpCalls,
     read_body,
+    stamp,
 )
-from serve.dataplane.http_calls import JSON_HEADER, ErrorAnswer, Exchange, HttpCalls, stamp
 from serve.dataplane.oip import tensors
 from serve.dataplane.oip.catalog import EXTENSIONS, PLATFORM, Catalog, repository_index
 from serve.dataplane.oip.infer import InferAnswer, Inference, call_budget_ms

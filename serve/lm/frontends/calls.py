@@ -22,8 +22,7 @@ from typing import Any, TypeVar, cast
 from starlette.types import Message, Receive
 
 from serve.dataplane.deadline import Deadline, LoopTurn, budget_ms
-from serve.dataplane.exchange import INLINE_BODY_BYTES, Call, read_body
-from serve.dataplane.http_calls import Exchange, HttpCalls
+from serve.dataplane.http_calls import INLINE_BODY_BYTES, Call, Exchange, HttpCalls, read_body
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.routing import Route, Router
 from serve.dataplane.wire import decode_object, timeout_header_ms

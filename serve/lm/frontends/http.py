@@ -39,8 +39,7 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from serve.dataplane.exchange import Disconnected
-from serve.dataplane.http_calls import Exchange, plain_error, stamp
+from serve.dataplane.http_calls import Disconnected, Exchange, plain_error, stamp
 from serve.dataplane.kinds import ModelKind
 from serve.errors import InvalidInput, MethodNotAllowed, RLServeError
 from serve.json_shown import json_shown

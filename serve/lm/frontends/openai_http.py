@@ -27,8 +27,7 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from serve.dataplane.exchange import Disconnected
-from serve.dataplane.http_calls import Exchange, stamp
+from serve.dataplane.http_calls import Disconnected, Exchange, stamp
 from serve.errors import InvalidInput, MethodNotAllowed, RLServeError
 from serve.lm.frontends.calls import (
     SSE_HEADERS,

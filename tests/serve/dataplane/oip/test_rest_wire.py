@@ -12,7 +12,7 @@ import orjson
 import pytest
 import tritonclient.http as triton
 
-from serve.dataplane.exchange import Call
+from serve.dataplane.http_calls import Call
 from serve.dataplane.messages import InferenceResponse
 from serve.dataplane.oip.infer import InferAnswer
 from serve.dataplane.oip.rest import decode_infer, encode_infer
