@@ -11,7 +11,10 @@ argmax) reaches 475 within ``BUDGET_ENV_STEPS`` = 200,000 environment steps take
 buffer by the trainer (consumed, or dropped as over-stale). Measured on the 2-core
 development machine (docs/rl-loop.md, "Learning through the server (decoupled)"): 106-119 k
 steps and 41-53 s of the trainer's wall-clock for seeds 1-6; this module's unmarked tests
-take 55-70 s. The other seeds are ``slow`` (``pytest -m slow``).
+take 55-70 s. That budget runs with ``pytest -m slow`` (seeds 1-6); the unmarked test is
+its slimmer form, for ``make test``'s time: seed 1 until the mean return reaches
+``SLIM_TARGET_RETURN`` = 200 (a random policy's is about 22), with every other assertion
+(versions, log-probs, staleness, the books) as in the full run.
 
 Staleness: with ``max_staleness: 2`` (fallback drop) no trained record is older than 2
 versions, checked on every update from the records themselves (the trainer logs, per batch,
@@ -51,6 +54,7 @@ TOKEN = "learning-test-token"
 MODEL = "cartpole"
 BUDGET_ENV_STEPS = 200_000  # the stated budget, in steps taken from the buffer
 TARGET_RETURN = 475.0
+SLIM_TARGET_RETURN = 200.0  # the unmarked tests' target: learning, at a fraction of the run
 MAX_STALENESS = 2
 BATCH = 4096  # records per update: 128 steps of each of 2 x 16 envs
 WORKERS, ENVS_PER_WORKER = 2, 16
@@ -79,6 +83,7 @@ def learn(
     via_config: bool = False,
     max_staleness: int = MAX_STALENESS,
     budget: int = BUDGET_ENV_STEPS,
+    target: float = TARGET_RETURN,
     timeout_s: float = 240.0,
 ) -> Learned:
     """One decoupled learning run on CartPole-v1; every process is stopped on return.
@@ -122,7 +127,7 @@ def learn(
                         str(max_staleness), "--fallback", "drop"]  # fmt: skip
         started = time.monotonic()
         run = subprocess.run(
-            trainer(*settings, "--seed", str(seed), "--target-return", str(TARGET_RETURN),
+            trainer(*settings, "--seed", str(seed), "--target-return", str(target),
                     "--max-env-steps", str(budget), "--log-json", str(log)),
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s,
         )  # fmt: skip
@@ -179,13 +184,13 @@ def drain(buffer: str, workers: Sequence[subprocess.Popen[bytes]], timeout_s: fl
     raise TimeoutError(f"rollout workers still running {timeout_s:g} s after SIGTERM")
 
 
-def check(learned: Learned, max_staleness: int) -> None:
+def check(learned: Learned, max_staleness: int, target: float = TARGET_RETURN) -> None:
     """The acceptance assertions, from the trainer's records of what it trained on."""
     summary, updates = learned.summary, learned.updates
     assert learned.returncode == 0, learned.stderr[-4000:]
     assert len(learned.workers) == WORKERS
     assert summary["reached"]
-    assert summary["mean_return"] >= TARGET_RETURN
+    assert summary["mean_return"] >= target
     assert summary["env_steps"] <= BUDGET_ENV_STEPS
     # Every update pushed the next version, and the server serves the last one.
     versions = [u["version"] for u in updates]
@@ -315,13 +320,13 @@ def test_over_stale_rows_and_the_step_before_a_gap_are_left_out() -> None:
 
 
 def test_ppo_learns_cartpole_through_the_server_with_bounded_staleness(tmp_path: Path) -> None:
-    learned = learn(tmp_path, seed=1)
+    learned = learn(tmp_path, seed=1, target=SLIM_TARGET_RETURN)
     print("\n" + report(1, learned))
-    check(learned, MAX_STALENESS)
+    check(learned, MAX_STALENESS, SLIM_TARGET_RETURN)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [2, 3, 4, 5])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
 def test_ppo_learns_cartpole_through_the_server_for_more_seeds(tmp_path: Path, seed: int) -> None:
     learned = learn(tmp_path, seed=seed)
     print("\n" + report(seed, learned))

@@ -16,7 +16,9 @@ Asserted from what the trainer logged per update (``--log-json``) and from the s
 
 - the budget: the mean return of the last 100 episodes in the records reaches 475 within
   ``BUDGET_ENV_STEPS`` = 150,000 env steps (measured, docs/rl-loop.md "Co-located mode":
-  91-111 k steps, 36-50 s, for seeds 1-5);
+  91-111 k steps, 36-50 s, for seeds 1-5), with ``pytest -m slow``; the unmarked test is
+  its slimmer form for ``make test``'s time, seed 1 until the mean return reaches
+  ``SLIM_TARGET_RETURN`` = 200 (a random policy's is about 22), every other assertion kept;
 - staleness 0: every record of every batch has ``model_version`` equal to the trainer's
   version, and so has every row trained on;
 - the server was held during every training turn: the hold's answer, the model's state
@@ -56,6 +58,7 @@ TOKEN = "colocated-test-token"
 MODEL = "cartpole"
 BUDGET_ENV_STEPS = 150_000
 TARGET_RETURN = 475.0
+SLIM_TARGET_RETURN = 200.0  # the unmarked test's target: learning, at a fraction of the run
 INFERENCE_S, TRAINING_S = 0.010, 0.050  # the reference file's task_schedule
 
 
@@ -78,6 +81,7 @@ def learn(
     timeout_s: float = 240,
     *,
     child_server: bool = True,
+    target: float = TARGET_RETURN,
 ) -> Learned:
     """Version 1 and the checkpoint, then the co-located run: one command starting the
     server as its child (``child_server``), else with a server started here."""
@@ -91,7 +95,7 @@ def learn(
     command = [
         sys.executable, str(TRAINER), "--config", str(REFERENCE), "--model", MODEL,
         "--checkpoint", str(checkpoint), "--seed", str(seed), "--target-return",
-        str(TARGET_RETURN), "--max-env-steps", str(budget), "--log-json", str(log),
+        str(target), "--max-env-steps", str(budget), "--log-json", str(log),
     ]  # fmt: skip
     if child_server:
         server_log = tmp / "server.log"
@@ -144,11 +148,11 @@ def gone(pid: int) -> bool:
     return False
 
 
-def check(learned: Learned) -> None:
+def check(learned: Learned, target: float = TARGET_RETURN) -> None:
     summary, updates = learned.summary, learned.updates
     assert learned.returncode == 0, learned.stderr[-4000:]
     assert summary["reached"]
-    assert summary["mean_return"] >= TARGET_RETURN
+    assert summary["mean_return"] >= target
     assert summary["env_steps"] <= BUDGET_ENV_STEPS
     versions = [u["version"] for u in updates]
     assert versions == list(range(2, len(updates) + 2))
@@ -199,12 +203,12 @@ def check_child_stopped(learned: Learned) -> None:
 
 
 def test_colocated_ppo_learns_cartpole_with_zero_staleness(tmp_path: Path) -> None:
-    learned = learn(tmp_path, seed=1)
-    check(learned)
+    learned = learn(tmp_path, seed=1, target=SLIM_TARGET_RETURN)  # the slimmer form
+    check(learned, SLIM_TARGET_RETURN)
     check_child_stopped(learned)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [2, 3, 4, 5])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
 def test_colocated_ppo_learns_cartpole_other_seeds(tmp_path: Path, seed: int) -> None:
     check(learn(tmp_path, seed=seed, child_server=False))
