@@ -17,6 +17,9 @@ PORT ?= 8000
 GRPC_PORT ?= 8001
 DEMO_REPOSITORY ?= examples/model_repository
 PYTEST_ARGS ?=
+# `make test` runs the suite in this many pytest-xdist workers, each test file on one
+# worker (--dist loadfile: a file's fixtures are built once); 0 runs it in this process.
+TEST_WORKERS ?= 2
 
 UNIT_TESTS ?= tests/serve
 
@@ -52,7 +55,7 @@ typecheck: $(VENV)/.test-installed
 	$(BIN)/mypy
 
 test: lint typecheck
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 check: lint typecheck unit
 
