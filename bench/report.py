@@ -116,8 +116,7 @@ def _header(c: Conditions) -> str:
         f"measured, per server and scenario{own_runs}; unpinned gunicorn with "
         f"{c.workers} workers.\n"
         f"- Scenarios: {chosen}.\n\n"
-        "All numbers come from this one run: compare ratios within it, not across machines "
-        "or runs.\n"
+        f"{ONE_RUN}\n"
     )
 
 
@@ -434,7 +433,7 @@ def _splice(
     Targets rows starting with ``prefix`` replaced by ``verdicts``' rows of that prefix."""
     if not document.startswith("# Benchmarks"):
         return None
-    document = _put_section(document, heading, section + "\n")
+    document = _put_section(_several_runs(document), heading, section + "\n")
     rows = [_target_row(v) for v in verdicts if v.target.startswith(prefix)]
     return _replace_target_rows(document, rows, prefix)
 
@@ -496,7 +495,22 @@ def _note_subset(document: str, c: Conditions) -> str:
         f"of warm-up, then {c.seconds:g} s measured): those scenarios' sections and Targets "
         "rows; compare figures within a section, not across sections of different runs."
     )
-    return "\n".join([*lines[:end], note, *lines[end:]])
+    return _several_runs("\n".join([*lines[:end], note, *lines[end:]]))
+
+
+ONE_RUN = (
+    "All numbers come from this one run: compare ratios within it, not across machines or runs."
+)
+SEVERAL_RUNS = (
+    "Each section's numbers come from one run (the header's first line, or a *measured "
+    "again* line, or the section itself says which): compare ratios within a section, not "
+    "across sections, machines or runs."
+)
+
+
+def _several_runs(document: str) -> str:
+    """The header's sentence on runs, once a later run replaced some sections."""
+    return document.replace(ONE_RUN, SEVERAL_RUNS)
 
 
 def _replace_target_rows(document: str, rows: list[str], prefix: str) -> str:

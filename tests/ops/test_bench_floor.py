@@ -346,6 +346,10 @@ def test_a_subset_run_replaces_its_own_sections_and_target_rows_only():
     assert (
         "- Measured again on later (`--only mlp-64`, 2 s of warm-up, then 8 s measured)" in header
     )
+    # no longer one run: the header says how to read a document of several
+    assert report.ONE_RUN in old
+    assert report.ONE_RUN not in header
+    assert report.SEVERAL_RUNS in header
 
 
 def test_a_subset_is_not_spliced_into_what_is_no_benchmarks_document():
