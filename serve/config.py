@@ -194,6 +194,21 @@ class Settings(BaseSettings, ModelSettings):
         description="larger bodies get 413 (predict, /v2 infer; also the largest gRPC message)",
     )
 
+    # Triton's system shared-memory extension (serve/dataplane/oip/shared_memory.py).
+    allow_client_shm: bool = Field(
+        False,
+        description="serve Triton's system shared-memory extension on /v2 and gRPC (Triton's "
+        "--allow-client-shm): clients register POSIX shared-memory objects of /dev/shm that "
+        "the server then reads inputs from and writes outputs to, so turn it on only where "
+        "every client that reaches the ports may use this server user's shared memory",
+    )
+    shm_max_regions: PositiveInt = Field(
+        64, description="system shared-memory regions registered at once, per server process"
+    )
+    shm_max_region_bytes: PositiveInt = Field(
+        1024 * 1024 * 1024, description="the largest system shared-memory region registered"
+    )
+
     # Live policy updates (see docs/updates.md).
     admin_token: SecretStr | None = Field(
         None,

@@ -38,6 +38,7 @@ class ErrorCode(StrEnum):
     PAYLOAD_TOO_LARGE = "payload_too_large"
     REQUEST_TIMEOUT = "request_timeout"  # the client took too long to send its request
     INVALID_INPUT = "invalid_input"  # parsed, but does not fit the policy contract
+    UNSUPPORTED = "unsupported"  # a feature this server does not offer, or has turned off
     QUEUE_FULL = "queue_full"
     MODEL_LOAD_FAILED = "model_load_failed"
     CONTRACT_INVALID = "contract_invalid"
@@ -109,6 +110,14 @@ class InvalidInput(RLServeError):
     def __init__(self, message: str, *, out_of_bounds: int = 0) -> None:
         super().__init__(message)
         self.out_of_bounds = out_of_bounds
+
+
+class Unsupported(RLServeError):
+    """A feature this server does not offer, or offers only once a setting turns it on (the
+    message names the setting): Triton's system shared memory without ``allow_client_shm``,
+    CUDA shared memory."""
+
+    code = ErrorCode.UNSUPPORTED
 
 
 class QueueFull(RLServeError):
