@@ -53,6 +53,7 @@ from serve.dataplane.oip import rest as oip_rest
 from serve.dataplane.oip import rpc as oip_rpc
 from serve.dataplane.oip.infer import Inference
 from serve.dataplane.oip.rpc import GrpcServer
+from serve.dataplane.oip.shared_memory import SharedMemory
 from serve.dataplane.record import RecordSink
 from serve.dataplane.row_calls import RowCalls
 from serve.errors import MalformedRequest, MethodNotAllowed, NotFound, RLServeError, internal_error
@@ -174,7 +175,12 @@ def create_app(
     http_calls = HttpCalls(metrics, lambda: phases.draining, access_log=settings.access_log)
     rows = RowCalls(turn)  # the steps of every frontend's call to a model of rows
     frontend = predict.PredictFrontend(manager, http_calls, settings.max_body_bytes, rows=rows)
-    inference = Inference(manager, metrics, lambda: phases.draining, rows)
+    shared_memory = SharedMemory(
+        enabled=settings.allow_client_shm,
+        max_regions=settings.shm_max_regions,
+        max_region_bytes=settings.shm_max_region_bytes,
+    )
+    inference = Inference(manager, metrics, lambda: phases.draining, rows, shared_memory)
     v2 = oip_rest.OipRestFrontend(
         manager, inference, state.unready_reasons, http_calls, settings.max_body_bytes
     )

@@ -12,7 +12,13 @@ from serve.dataplane.routing import Router
 from serve.errors import RLServeError
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository"]
+SYSTEM_SHARED_MEMORY = "system_shared_memory"  # listed only while allow_client_shm is on
 PLATFORM = "onnxruntime_onnx"  # Triton's name for an ONNX model run by onnxruntime
+
+
+def extensions(shared_memory: bool) -> list[str]:
+    """The extensions the server metadata lists: system shared memory only when it is on."""
+    return [*EXTENSIONS, SYSTEM_SHARED_MEMORY] if shared_memory else EXTENSIONS
 
 
 class Catalog(Router, Protocol):

@@ -19,6 +19,8 @@ from serve.dataplane.deadline import Deadline, budget_ms
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceResponse
 from serve.dataplane.model import RowModel
+from serve.dataplane.oip import tensors
+from serve.dataplane.oip.shared_memory import SharedMemory
 from serve.dataplane.oip.signature import InferCall, OutputTensor, Signature
 from serve.dataplane.routing import Route, Router
 from serve.dataplane.row_calls import RowCalls
@@ -40,12 +42,18 @@ class Inference:
     refusal count) around the steps every row call takes (:class:`RowCalls`)."""
 
     def __init__(
-        self, router: Router, metrics: Metrics, draining: Callable[[], bool], calls: RowCalls
+        self,
+        router: Router,
+        metrics: Metrics,
+        draining: Callable[[], bool],
+        calls: RowCalls,
+        shared_memory: SharedMemory,
     ) -> None:
         self.router = router
         self.calls = calls
         self.metrics = metrics
         self.draining = draining
+        self.shared_memory = shared_memory  # this process's registered regions
         self._signatures: dict[str, Signature] = {}  # by sha256 of the version
 
     def route(self, model: str, version: str | None) -> Route:
@@ -77,14 +85,43 @@ class Inference:
         received_at: float,
         deadline: Deadline,
     ) -> InferAnswer:
-        """Check, queue and run an admitted call; raises an RLServeError for the transport."""
+        """Check, queue and run an admitted call; raises an RLServeError for the transport.
+        Inputs in shared memory are read (copied) before anything else; outputs placed there
+        are checked to fit before the run and written once it is done."""
         served = route.row_model()
         signature = self.signature(served)
+        self._read_placed(call)
         request = signature.request(call, request_id, received_at, deadline.at)
+        self._check_placed(call, signature)
         size = sum(values.nbytes for values in call.inputs.values())
         prepared = await self.calls.prepare(size, lambda _: served.prepare(request))
         response = await self.calls.submit(route, prepared, deadline)
-        return InferAnswer(response, signature.answer(call, response.outputs))
+        answer = signature.answer(call, response.outputs)
+        for tensor in answer:
+            if tensor.placement is not None:
+                raw = tensors.to_bytes(tensor.values)
+                self.shared_memory.write_output(tensor.name, tensor.placement, raw)
+        return InferAnswer(response, answer)
+
+    def _read_placed(self, call: InferCall) -> None:
+        for given in call.placed:
+            if given.name in call.inputs:
+                raise InvalidInput(f"inputs: {quoted(given.name)} is given twice")
+            raw = self.shared_memory.read_input(given)
+            call.inputs[given.name] = tensors.from_bytes(
+                given.name, given.datatype, given.shape, raw
+            )
+
+    def _check_placed(self, call: InferCall, signature: Signature) -> None:
+        """Before the run: every output placed in shared memory fits where it goes."""
+        placed = [output for output in call.chosen or () if output.placement is not None]
+        if not placed:
+            return
+        rows = len(call.inputs[signature.inputs[0].name])
+        for output in placed:
+            assert output.placement is not None
+            needed = signature.output_bytes(output.name, rows)
+            self.shared_memory.check_output(output.name, output.placement, needed)
 
     def refused(self, route: Route | None, error: RLServeError, received_at: float) -> None:
         """Count a gRPC call refused with ``error`` in the metrics, as the HTTP routes count

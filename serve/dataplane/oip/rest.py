@@ -8,12 +8,19 @@
     GET  /v2/models/{m}[/versions/{v}]/config         Triton's model configuration (perf_analyzer)
     POST /v2/models/{m}[/versions/{v}]/infer          inference
     POST /v2/repository/index                         the models served
+    GET  /v2/systemsharedmemory[/region/{r}]/status   shared-memory regions (allow_client_shm)
+    POST /v2/systemsharedmemory/region/{r}/register   {"key", "offset", "byte_size"}
+    POST /v2/systemsharedmemory[/region/{r}]/unregister
+         /v2/cudasharedmemory/...                     refused: no CUDA shared memory here
 
 An infer body is a JSON header, optionally followed by binary tensor data: when the
 ``Inference-Header-Content-Length`` header is given, the first that many bytes are JSON and
 each input whose ``parameters.binary_data_size`` is set takes its bytes from the rest, in
 input order. Outputs requested with ``parameters.binary_data`` (or all outputs, with the
-request parameter ``binary_data_output``) are answered the same way. Errors are
+request parameter ``binary_data_output``) are answered the same way. With system shared
+memory on (``serve.dataplane.oip.shared_memory``), an input or a requested output whose
+parameters name a ``shared_memory_region`` is read from or written to that region instead;
+such an output is answered with its shared-memory parameters and no data. Errors are
 ``{"error": message, "code": code}`` with the status ``serve.status`` maps the code to; the
 deadline is ``X-Request-Timeout-Ms``, or the request parameter ``timeout`` (microseconds).
 
@@ -42,9 +49,10 @@ from serve.dataplane.http_calls import (
     read_body,
     stamp,
 )
-from serve.dataplane.oip import tensors
-from serve.dataplane.oip.catalog import EXTENSIONS, PLATFORM, Catalog, repository_index
+from serve.dataplane.oip import shared_memory, tensors
+from serve.dataplane.oip.catalog import PLATFORM, Catalog, extensions, repository_index
 from serve.dataplane.oip.infer import InferAnswer, Inference, call_budget_ms
+from serve.dataplane.oip.shared_memory import PlacedInput
 from serve.dataplane.oip.signature import InferCall, RequestedOutput, config_dims
 from serve.dataplane.routing import Route
 from serve.dataplane.wire import timeout_header_ms
@@ -55,6 +63,7 @@ from serve.errors import (
     NotFound,
     RLServeError,
     ServiceUnavailable,
+    listed,
     quoted,
 )
 from serve.json_shown import json_shown
@@ -69,8 +78,19 @@ _MAX_LENGTH_DIGITS = 19  # a signed 64-bit integer's: more than any body could b
 ROUTES = (
     "the routes are GET /v2, GET /v2/health/live, GET /v2/health/ready, "
     "GET /v2/models/{model}[/versions/{version}][/ready|/config], "
-    "POST /v2/models/{model}[/versions/{version}]/infer and POST /v2/repository/index"
+    "POST /v2/models/{model}[/versions/{version}]/infer, POST /v2/repository/index, "
+    "GET /v2/systemsharedmemory[/region/{region}]/status, "
+    "POST /v2/systemsharedmemory/region/{region}/register and "
+    "POST /v2/systemsharedmemory[/region/{region}]/unregister"
 )
+_SHM_ACTIONS = ("status", "register", "unregister")
+_FIXED: dict[tuple[str, ...], str] = {  # paths without a model or region in them, by their parts
+    ("health", "live"): "live",
+    ("health", "ready"): "server_ready",
+    ("repository", "index"): "index",
+}
+_REGISTER_FIELDS = ("key", "offset", "byte_size")
+_REGISTER_BODY_BYTES = 64 * 1024  # a register body is three fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +99,9 @@ class V2Path:
 
     model: str | None
     version: str | None
-    action: str  # "", "ready", "config", "infer", "live", "server_ready", "index", "stats"
+    action: str  # "", "ready", "config", "infer", "live", "server_ready", "index", "stats",
+    # "shm_status", "shm_register", "shm_unregister", "cuda_shm"
+    region: str = ""  # a shared-memory region's name ("": every region)
 
 
 def match(path: str) -> V2Path | None:
@@ -89,12 +111,13 @@ def match(path: str) -> V2Path | None:
     if not path.startswith(PREFIX + "/"):
         return None
     parts = path[len(PREFIX) + 1 :].split("/")
-    if parts == ["health", "live"]:
-        return V2Path(None, None, "live")
-    if parts == ["health", "ready"]:
-        return V2Path(None, None, "server_ready")
-    if parts == ["repository", "index"]:
-        return V2Path(None, None, "index")
+    fixed = _FIXED.get(tuple(parts))
+    if fixed is not None:
+        return V2Path(None, None, fixed)
+    if parts[0] == "cudasharedmemory":
+        return V2Path(None, None, "cuda_shm")
+    if parts[0] == "systemsharedmemory":
+        return _shared_memory_path(parts[1:])
     if len(parts) < 2 or parts[0] != "models" or not parts[1]:
         return V2Path(None, None, "unknown")
     model, rest = parts[1], parts[2:]
@@ -105,6 +128,18 @@ def match(path: str) -> V2Path | None:
         return V2Path(model, version, "")
     if len(rest) == 1 and rest[0] in ("ready", "config", "infer", "stats"):
         return V2Path(model, version, rest[0])
+    return V2Path(None, None, "unknown")
+
+
+def _shared_memory_path(parts: list[str]) -> V2Path:
+    """``status`` or ``unregister`` (every region), or ``region/{name}/{action}``; a region's
+    name may hold '/' (the client percent-encodes it, the path arrives decoded)."""
+    if len(parts) == 1 and parts[0] in ("status", "unregister"):
+        return V2Path(None, None, "shm_" + parts[0])
+    if len(parts) >= 3 and parts[0] == "region" and parts[-1] in _SHM_ACTIONS:
+        region = "/".join(parts[1:-1])
+        if region:
+            return V2Path(None, None, "shm_" + parts[-1], region)
     return V2Path(None, None, "unknown")
 
 
@@ -136,6 +171,11 @@ class OipRestFrontend:
 
     async def _handle(self, exchange: Exchange, *, path: V2Path) -> None:
         scope, call = exchange.scope, exchange.call
+        if path.action.endswith("_shm") or path.action.startswith("shm_"):
+            exchange.metered = False  # not inference calls
+            answer = await self._shared_memory(exchange, path)
+            await exchange.json(200, answer, [])
+            return
         if path.action != "infer":
             exchange.metered = False  # metadata and health: not inference calls
             await exchange.json(200, self._get(scope, path), [])
@@ -163,8 +203,28 @@ class OipRestFrontend:
 
     def _metadata(self, scope: Scope, path: V2Path) -> dict[str, Any]:
         if path.model is None:
-            return {"name": "rlserve", "version": __version__, "extensions": EXTENSIONS}
+            listed = extensions(self.inference.shared_memory.enabled)
+            return {"name": "rlserve", "version": __version__, "extensions": listed}
         return self._model_metadata(path)
+
+    async def _shared_memory(self, exchange: Exchange, path: V2Path) -> Any:
+        """The system shared-memory routes (CUDA's: refused)."""
+        scope, registry = exchange.scope, self.inference.shared_memory
+        if path.action == "cuda_shm":
+            raise shared_memory.refuse_cuda()
+        if path.action == "shm_status":
+            _allow(scope, "GET")
+            return [region.to_json() for region in registry.status(path.region)]
+        _allow(scope, "POST")
+        body = await read_body(
+            exchange.receive, exchange.call.declared_length, _REGISTER_BODY_BYTES
+        )
+        if path.action == "shm_unregister":
+            registry.unregister(path.region)
+            return {}
+        given = _register_body(body, path.region)
+        registry.register(path.region, given["key"], given.get("offset", 0), given["byte_size"])
+        return {}
 
     def _server_ready(self, scope: Scope, path: V2Path) -> dict[str, Any]:
         reasons = self.unready()
@@ -240,6 +300,27 @@ class OipRestFrontend:
             route, decoded, call.request_id, call.received_at, deadline
         )
         return encode_infer(answer, decoded)
+
+
+def _register_body(body: bytes, region: str) -> dict[str, Any]:
+    try:
+        given = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedRequest(
+            f"register {quoted(region)}: the body does not parse: {exc}"
+        ) from None
+    if not isinstance(given, dict) or "key" not in given or "byte_size" not in given:
+        raise InvalidInput(
+            f'register {quoted(region)}: expected {{"key": shm name, "offset": bytes, '
+            f'"byte_size": bytes}} (offset optional, 0)'
+        )
+    unknown = sorted(set(given) - set(_REGISTER_FIELDS))
+    if unknown:
+        raise InvalidInput(
+            f"register {quoted(region)}: unknown field(s) {listed(unknown)}; a register body "
+            f"has {list(_REGISTER_FIELDS)}"
+        )
+    return given
 
 
 def _allow(scope: Scope, method: str) -> None:
@@ -330,7 +411,7 @@ def decode_infer(
             f'"shape", "data"}}]}}, got a JSON {type(payload).__name__}'
         )
     parameters = _object(payload.get("parameters"), "parameters")
-    inputs = _inputs(
+    inputs, placed = _inputs(
         payload.get("inputs"), binary, may_hold_booleans=b"true" in header or b"false" in header
     )
     outputs = _outputs(payload.get("outputs"))
@@ -343,7 +424,7 @@ def decode_infer(
     request_id = payload.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidInput(f"id: expected a string, got {json_shown(request_id)}")
-    decoded = InferCall(inputs, parameters, outputs, request_id, binary_output)
+    decoded = InferCall(inputs, parameters, outputs, request_id, binary_output, placed=placed)
     return decoded, call_budget_ms(decoded, default_ms, timeout_header_ms(call.timeout_header))
 
 
@@ -355,18 +436,31 @@ def _object(value: Any, field: str) -> dict[str, Any]:
     return value
 
 
-def _inputs(value: Any, binary: memoryview, *, may_hold_booleans: bool) -> dict[str, Any]:
+def _inputs(
+    value: Any, binary: memoryview, *, may_hold_booleans: bool
+) -> tuple[dict[str, Any], list[PlacedInput]]:
     if not isinstance(value, list) or not value:
         raise InvalidInput(
             'inputs: expected a non-empty list of {"name", "datatype", "shape", "data"}'
         )
     arrays = {}
+    placed: list[PlacedInput] = []
     offset = 0  # into the binary data: each input's bytes follow the previous one's
     for i, given in enumerate(value):
         name, datatype, shape = _described(i, given)
-        if name in arrays:
+        if name in arrays or any(p.name == name for p in placed):
             raise InvalidInput(f"inputs: {quoted(name)} is given twice")
-        size = _object(given.get("parameters"), f"inputs[{i}].parameters").get("binary_data_size")
+        parameters = _object(given.get("parameters"), f"inputs[{i}].parameters")
+        size = parameters.get("binary_data_size")
+        where = shared_memory.placement(parameters, f"input {quoted(name)}")
+        if where is not None:
+            if size is not None or "data" in given:
+                raise InvalidInput(
+                    f"input {quoted(name)}: give its data one way: data, binary_data_size "
+                    "and the bytes, or a shared-memory region"
+                )
+            placed.append(PlacedInput(name, datatype, shape, where))
+            continue
         if size is None:
             if "data" not in given:
                 raise InvalidInput(
@@ -384,7 +478,7 @@ def _inputs(value: Any, binary: memoryview, *, may_hold_booleans: bool) -> dict[
             f"the body has {len(binary) - offset} bytes of binary data that no input's "
             "binary_data_size accounts for"
         )
-    return arrays
+    return arrays, placed
 
 
 def _described(i: int, given: Any) -> tuple[str, str, list[Any]]:
@@ -421,15 +515,22 @@ def _outputs(value: Any) -> list[RequestedOutput]:
         if not isinstance(given, dict) or not isinstance(given.get("name"), str):
             raise InvalidInput(f"outputs[{i}]: expected an object with a name")
         parameters = _object(given.get("parameters"), f"outputs[{i}].parameters")
-        unknown = sorted(set(parameters) - {"binary_data"})
+        unknown = sorted(set(parameters) - {"binary_data", *shared_memory.PARAMETERS})
         if unknown:
             raise InvalidInput(
-                f"outputs[{i}].parameters: {unknown} not supported; an output takes binary_data"
+                f"outputs[{i}].parameters: {unknown} not supported; an output takes binary_data "
+                f"or {list(shared_memory.PARAMETERS)}"
             )
         binary = parameters.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
             raise InvalidInput(f"outputs[{i}].parameters.binary_data: expected true or false")
-        outputs.append(RequestedOutput(given["name"], binary))
+        where = shared_memory.placement(parameters, f"output {quoted(given['name'])}")
+        if where is not None and binary:
+            raise InvalidInput(
+                f"output {quoted(given['name'])}: binary_data true and a shared-memory region; "
+                "choose one"
+            )
+        outputs.append(RequestedOutput(given["name"], binary, where))
     return outputs
 
 
@@ -444,7 +545,9 @@ def encode_infer(answer: InferAnswer, call: InferCall) -> tuple[bytes, list[tupl
             "datatype": tensor.datatype,
             "shape": list(tensor.values.shape),
         }
-        if tensor.binary:
+        if tensor.placement is not None:  # written there already (Inference.run)
+            entry["parameters"] = tensor.placement.parameters(tensor.values.nbytes)
+        elif tensor.binary:
             raw = tensors.to_bytes(tensor.values)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)

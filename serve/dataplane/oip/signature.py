@@ -21,13 +21,14 @@ finiteness, discrete ranges) are the policy's own checks, as for any request.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from serve.contract import PolicyContract, TensorRole
 from serve.dataplane.messages import InferenceRequest
+from serve.dataplane.oip.shared_memory import PlacedInput, Placement
 from serve.dataplane.oip.tensors import DTYPES, datatype_of
 from serve.errors import InvalidInput, listed, quoted
 from serve.types import Answer, OutputKind
@@ -66,6 +67,7 @@ class TensorMetadata:
 class RequestedOutput:
     name: str
     binary: bool | None = None  # the binary tensor data extension: None = the request's default
+    placement: Placement | None = None  # written to system shared memory, not answered
 
 
 @dataclass(slots=True)
@@ -78,6 +80,7 @@ class InferCall:
     id: str = ""
     binary_output: bool = False  # HTTP: outputs not named otherwise go as binary data
     chosen: list[RequestedOutput] | None = None  # the outputs it gets, once checked
+    placed: list[PlacedInput] = field(default_factory=list)  # inputs in system shared memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,7 @@ class OutputTensor:
     datatype: str
     values: np.ndarray  # in the advertised dtype, batch axis first
     binary: bool
+    placement: Placement | None = None  # written there: the answer carries no data
 
 
 class Signature:
@@ -230,8 +234,18 @@ class Signature:
                 values = answer[output.name]
             array = np.asarray(values).astype(DTYPES[meta.datatype], copy=False)
             binary = call.binary_output if output.binary is None else output.binary
-            tensors.append(OutputTensor(output.name, meta.datatype, array, binary))
+            tensors.append(
+                OutputTensor(output.name, meta.datatype, array, binary, output.placement)
+            )
         return tensors
+
+    def output_bytes(self, name: str, rows: int) -> int:
+        """The bytes output ``name`` takes for a call of ``rows`` rows."""
+        meta = self._by_name[name]
+        count = 1
+        for dim in meta.shape:
+            count *= rows if dim == -1 else dim
+        return count * DTYPES[meta.datatype].itemsize
 
 
 def config_dims(shape: tuple[int, ...]) -> tuple[list[int], bool]:

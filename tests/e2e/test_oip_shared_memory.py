@@ -1,0 +1,268 @@
+"""Triton's system shared-memory extension against a real server, with Triton's own clients.
+
+``tritonclient.http`` and ``tritonclient.grpc`` create regions with
+``tritonclient.utils.shared_memory``, register them with ``rlserve serve --allow-client-shm``,
+and infer with inputs and outputs in shared memory: the answers equal the same call with
+ordinary tensors. Every bad call is answered clearly; the extension is off by default; every
+region a test made is destroyed, and nothing of them is left in /dev/shm.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.conftest import DEMO
+from tests.e2e.server import Server, free_port
+
+PREFIX = "rlserve-e2e-"
+MAX_REGIONS = 3
+TRANSPORTS = ["http"]
+OUTPUTS = ("actions", "log_probs", "values", "logits")
+
+
+class Shm:
+    """A server with system shared memory on, clients for both transports, and the regions
+    the tests create (destroyed at the end)."""
+
+    def __init__(self, server: Server, grpc_port: int) -> None:
+        self.server = server
+        self.urls = {"http": server.url.removeprefix("http://"), "grpc": f"127.0.0.1:{grpc_port}"}
+        self.handles: list[Any] = []
+
+    def client(self, transport: str) -> Any:
+        module = triton_http if transport == "http" else triton_grpc
+        return module.InferenceServerClient(self.urls[transport])
+
+    def region(self, size: int) -> tuple[Any, str]:
+        """A new shared-memory object of ``size`` bytes: its handle and its key."""
+        key = f"/{PREFIX}{uuid.uuid4().hex}"
+        handle = shm.create_shared_memory_region(key.lstrip("/"), key, size)
+        self.handles.append(handle)
+        return handle, key
+
+
+def start(repository: Path, tmp: Path, *flags: str) -> tuple[Server, int]:
+    grpc_port = free_port()
+    server = Server.rlserve(repository, "--grpc-port", str(grpc_port), *flags, log=tmp / "log")
+    server.wait_ready()
+    return server, grpc_port
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("shm") / "repository"
+    shutil.copytree(DEMO, repo / "cartpole")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def served(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shm]:
+    tmp = tmp_path_factory.mktemp("shm-server")
+    server, grpc_port = start(
+        repository, tmp, "--allow-client-shm", "--shm-max-regions", str(MAX_REGIONS)
+    )
+    served = Shm(server, grpc_port)
+    yield served
+    server.stop()
+    for handle in served.handles:
+        shm.destroy_shared_memory_region(handle)
+    assert [name for name in Path("/dev/shm").iterdir() if name.name.startswith(PREFIX)] == []
+
+
+@pytest.fixture
+def shm_server(served: Shm) -> Iterator[Shm]:
+    """The shared server, with no region registered after each test."""
+    yield served
+    for transport in TRANSPORTS:
+        with served.client(transport) as client:
+            client.unregister_system_shared_memory()
+
+
+def module_of(transport: str) -> Any:
+    return triton_http if transport == "http" else triton_grpc
+
+
+def obs(n: int) -> np.ndarray:
+    return np.random.default_rng(n).uniform(-0.2, 0.2, (n, 4)).astype(np.float32)
+
+
+def ordinary(client: Any, transport: str, values: np.ndarray) -> dict[str, np.ndarray]:
+    module = module_of(transport)
+    given = module.InferInput("obs", list(values.shape), "FP32")
+    given.set_data_from_numpy(values)
+    result = client.infer(
+        "cartpole",
+        [given],
+        outputs=[module.InferRequestedOutput(name) for name in OUTPUTS],
+        parameters={"deterministic": True},
+    )
+    return {name: result.as_numpy(name) for name in OUTPUTS}
+
+
+def statuses(client: Any, transport: str, name: str = "") -> dict[str, dict[str, int | str]]:
+    """Regions by name, as the server tells them (either transport's shape)."""
+    if transport == "http":
+        listed = client.get_system_shared_memory_status(name)
+        return {r["name"]: {k: r[k] for k in ("key", "offset", "byte_size")} for r in listed}
+    answer = client.get_system_shared_memory_status(name)
+    return {
+        n: {"key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+        for n, r in answer.regions.items()
+    }
+
+
+def refusal(call: Any) -> InferenceServerException:
+    with pytest.raises(InferenceServerException) as caught:
+        call()
+    return caught.value
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_inputs_and_outputs_in_shared_memory_answer_as_ordinary_tensors(
+    shm_server: Shm, transport: str
+) -> None:
+    module, rows = module_of(transport), obs(3)
+    handle, key = shm_server.region(4096)
+    # A window from byte 128 of the object: the call's offsets count from there.
+    shm.set_shared_memory_region(handle, [rows], offset=128 + 16)
+    with shm_server.client(transport) as client:
+        client.register_system_shared_memory("io", key, 2048, offset=128)
+        assert statuses(client, transport) == {"io": {"key": key, "offset": 128, "byte_size": 2048}}
+        assert statuses(client, transport, "io") == statuses(client, transport)
+        given = module.InferInput("obs", [3, 4], "FP32")
+        given.set_shared_memory("io", rows.nbytes, offset=16)
+        wanted = []
+        for i, name in enumerate(OUTPUTS):
+            output = module.InferRequestedOutput(name)
+            if name != "values":  # one output answered in the call, the others in place
+                output.set_shared_memory("io", 256, offset=512 + 256 * i)
+            wanted.append(output)
+        result = client.infer(
+            "cartpole", [given], outputs=wanted, parameters={"deterministic": True}
+        )
+        expected = ordinary(client, transport, rows)
+    for i, name in enumerate(OUTPUTS):
+        want = expected[name]
+        if name == "values":
+            np.testing.assert_array_equal(result.as_numpy(name), want)
+            continue
+        got = shm.get_contents_as_numpy(handle, want.dtype, want.shape, offset=128 + 512 + 256 * i)
+        np.testing.assert_array_equal(got, want, err_msg=name)
+        output = result.get_output(name)
+        if transport == "http":
+            assert "data" not in output
+            parameters = output["parameters"]
+            assert parameters["shared_memory_region"] == "io"
+            assert parameters["shared_memory_byte_size"] == want.nbytes
+            assert parameters["shared_memory_offset"] == 512 + 256 * i
+        else:
+            assert output.parameters["shared_memory_region"].string_param == "io"
+            assert output.parameters["shared_memory_byte_size"].int64_param == want.nbytes
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_unregistering_closes_one_region_or_all(shm_server: Shm, transport: str) -> None:
+    _, key = shm_server.region(64)
+    with shm_server.client(transport) as client:
+        client.register_system_shared_memory("a", key, 32)
+        client.register_system_shared_memory("b", key, 32, offset=32)
+        client.unregister_system_shared_memory("a")
+        assert list(statuses(client, transport)) == ["b"]
+        client.unregister_system_shared_memory("a")  # no longer registered: no error, as Triton
+        client.unregister_system_shared_memory()
+        assert statuses(client, transport) == {}
+        error = refusal(lambda: client.get_system_shared_memory_status("b"))
+        assert "no shared-memory region 'b' is registered" in error.message()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_bad_calls_are_answered_naming_what_is_wrong(shm_server: Shm, transport: str) -> None:
+    module = module_of(transport)
+    handle, key = shm_server.region(256)
+    shm.set_shared_memory_region(handle, [obs(2)])
+
+    def infer(client: Any, region: str, size: int, offset: int = 0, out: int = 256) -> Any:
+        given = module.InferInput("obs", [2, 4], "FP32")
+        given.set_shared_memory(region, size, offset=offset)
+        output = module.InferRequestedOutput("actions")
+        output.set_shared_memory("r", out, offset=64)
+        return lambda: client.infer("cartpole", [given], outputs=[output])
+
+    with shm_server.client(transport) as client:
+        client.register_system_shared_memory("r", key, 128)
+        cases = {
+            "no shared-memory region 'nope' is registered": infer(client, "nope", 32),
+            "runs past region 'r' of 128 bytes": infer(client, "r", 32, offset=100),
+            "does not match shape [2, 4] of FP32, which takes 32 bytes": infer(client, "r", 16),
+            "is too small; this call's output takes 16 bytes": infer(client, "r", 32, out=8),
+            "key '/a/b' is not a shared-memory name": lambda: client.register_system_shared_memory(
+                "s", "/a/b", 8
+            ),
+            "key '/../etc/passwd' is not a shared-memory name": lambda: (
+                client.register_system_shared_memory("s", "/../etc/passwd", 8)
+            ),
+            "region 'r' is already registered": lambda: client.register_system_shared_memory(
+                "r", key, 8
+            ),
+            "runs past the end of": lambda: client.register_system_shared_memory("s", key, 512),
+            "no shared-memory object": lambda: client.register_system_shared_memory(
+                "s", f"/{PREFIX}absent", 8
+            ),
+        }
+        for expected, call in cases.items():
+            assert expected in refusal(call).message(), expected
+        for i in range(1, MAX_REGIONS):
+            client.register_system_shared_memory(f"more-{i}", key, 8)
+        error = refusal(lambda: client.register_system_shared_memory("one-too-many", key, 8))
+        assert "the most shm_max_regions allows" in error.message()
+
+
+def test_http_statuses_and_cuda_shared_memory_refused(shm_server: Shm) -> None:
+    with httpx.Client(base_url=shm_server.server.url, timeout=10) as http:
+        unknown = http.get("/v2/systemsharedmemory/region/nope/status")
+        assert (unknown.status_code, unknown.json()["code"]) == (404, "not_found")
+        twice = http.post("/v2/systemsharedmemory/region/x/register", content=b"{")
+        assert twice.status_code == 400
+        wrong = http.get("/v2/systemsharedmemory/region/x/register")
+        assert wrong.status_code == 405
+        cuda = http.get("/v2/cudasharedmemory/status")
+        assert (cuda.status_code, cuda.json()["code"]) == (400, "unsupported")
+        assert "CUDA shared memory is not served" in cuda.json()["error"]
+        extensions = http.get("/v2").json()["extensions"]
+        assert "system_shared_memory" in extensions
+        assert "cuda_shared_memory" not in extensions
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_the_extension_is_off_by_default_naming_the_setting(
+    repository: Path, tmp_path: Path, transport: str
+) -> None:
+    server, grpc_port = start(repository, tmp_path)
+    try:
+        off = Shm(server, grpc_port)
+        with off.client(transport) as client:
+            error = refusal(lambda: client.register_system_shared_memory("r", "/x", 8))
+            assert "--allow-client-shm" in error.message()
+            assert "--allow-client-shm" in refusal(client.get_system_shared_memory_status).message()
+            given = module_of(transport).InferInput("obs", [1, 4], "FP32")
+            given.set_shared_memory("r", 16)
+            assert (
+                "--allow-client-shm" in refusal(lambda: client.infer("cartpole", [given])).message()
+            )
+            metadata = client.get_server_metadata()
+            listed = metadata["extensions"] if transport == "http" else metadata.extensions
+            assert "system_shared_memory" not in listed
+    finally:
+        server.stop()
