@@ -49,7 +49,7 @@ from serve.dataplane.json_body import PredictBodyDecoder
 from serve.dataplane.messages import InferenceRequest, InferenceResponse, Prepared
 from serve.dataplane.result_cache import CacheSettings, ResultCache, cache_key
 from serve.dataplane.routing import Route, Router
-from serve.dataplane.row_calls import Placement, RowCalls
+from serve.dataplane.row_calls import PreparedOn, RowCalls
 from serve.dataplane.scheduler import Scheduler
 from serve.dataplane.wire import JSON_OPTIONS, timeout_header_ms
 from serve.errors import (
@@ -147,9 +147,9 @@ class PredictFrontend:
         self.rows.admit(route, deadline, spent_on="reading the body")  # before decoding
         cache = None if route.scheduler.held else route.result_cache  # held: answers wait
 
-        def prepare(placement: Placement) -> tuple[Prepared, bytes | None]:
+        def prepare(where: PreparedOn) -> tuple[Prepared, bytes | None]:
             # a worker thread decodes with a parser of its own (simdjson's are not shared)
-            bodies = self.bodies if placement is Placement.LOOP else _decoder()
+            bodies = self.bodies if where is PreparedOn.LOOP else _decoder()
             return _prepare(route, body, call, deadline.at, bodies, cache)
 
         prepared, key = await self.rows.prepare(len(body), prepare)

@@ -37,8 +37,8 @@ INLINE_BYTES = INLINE_BODY_BYTES
 T = TypeVar("T")
 
 
-class Placement(Enum):
-    """Where a call's preparation runs: work that keeps state per thread needs to know."""
+class PreparedOn(Enum):
+    """Where a call is prepared: work that keeps state per thread needs to know."""
 
     LOOP = "loop"
     THREAD = "thread"
@@ -58,12 +58,12 @@ class RowCalls:
         route.scheduler.admit(1, deadline.at)
 
     @staticmethod
-    async def prepare(size: int, work: Callable[[Placement], T]) -> T:
+    async def prepare(size: int, work: Callable[[PreparedOn], T]) -> T:
         """Step 3: ``work`` on the loop for a call of ``size`` bytes up to INLINE_BYTES,
         else on a worker thread."""
         if size <= INLINE_BYTES:
-            return work(Placement.LOOP)
-        return await asyncio.to_thread(work, Placement.THREAD)
+            return work(PreparedOn.LOOP)
+        return await asyncio.to_thread(work, PreparedOn.THREAD)
 
     @staticmethod
     async def submit(route: Route, prepared: Prepared, deadline: Deadline) -> InferenceResponse:
