@@ -1,11 +1,12 @@
 """The protocol-neutral messages of language-model serving.
 
 A frontend (the native JSON routes; an OpenAI-compatible one) decodes a call into a
-:class:`GenerationSpec` or a :class:`ScoreSpec`: what the caller asked, as text. The model
-version that serves it tokenizes and checks it into a :class:`Generation` or a
-:class:`Scoring`. The scheduler decodes; a generation's stream yields a
-:class:`TokenEvent` per token and ends with a :class:`GenerationResult`; a scoring ends
-with a :class:`ScoreResult`. Nothing here knows a wire format.
+:class:`GenerationSpec` or a :class:`ScoreSpec`: what the caller asked, as text (a
+generation's prompt may be token ids). The model version that serves it tokenizes and
+checks it into a :class:`Generation` or a :class:`Scoring`. The scheduler decodes; a
+generation's stream yields a :class:`TokenEvent` per token and ends with a
+:class:`GenerationResult`; a scoring ends with a :class:`ScoreResult`. Nothing here
+knows a wire format.
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ class FinishReason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class GenerationSpec:
-    """A generate call as the caller wrote it: a prompt or chat messages, and the sampling
-    parameters it gave (None: the version's generation defaults)."""
+    """A generate call as the caller wrote it: a prompt (text, or token ids) or chat
+    messages, and the sampling parameters it gave (None: the version's generation
+    defaults)."""
 
-    prompt: str | None
+    prompt: str | tuple[int, ...] | None
     messages: tuple[dict[str, Any], ...] | None
     max_new_tokens: int | None
     temperature: float | None

@@ -7,8 +7,9 @@ metadata, the tokenizer loaded, and the golden prompts decoded greedily
 
 A version checks and tokenizes the calls routed to it (:meth:`LanguageModel.
 prepare_generation`, :meth:`LanguageModel.prepare_scoring`): the prompt must leave room for
-a new token in the context, and ``max_new_tokens`` must fit what is left. Parameters a call
-leaves out come from the contract's generation defaults.
+a new token in the context (a prompt given as token ids: ids in the vocabulary), and
+``max_new_tokens`` is cut to what is left. Parameters a call leaves out come from the
+contract's generation defaults.
 
 It sits where actor-critic versions sit (a model's lifecycle, the manager), so it also
 answers the predict path's calls, by saying that a language model is asked through
@@ -28,6 +29,7 @@ from serve.contract import METADATA_KEY
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.runtime import ProviderReport, Session
 from serve.errors import ContractError, InvalidInput, ModelLoadError
+from serve.json_shown import json_shown
 from serve.lm import contract as lm_contract
 from serve.lm import greedy
 from serve.lm.contract import LanguageModelContract
@@ -89,21 +91,18 @@ class LanguageModel:
     # ------------------------------------------------------------------ calls
 
     def prepare_generation(self, spec: GenerationSpec) -> Generation:
-        """Tokenize a generate call and check it fits this version's context."""
-        prompt_ids = self._prompt_ids(spec.prompt, spec.messages)
+        """Tokenize a generate call (or check its token ids) against this version's
+        vocabulary and context. ``max_new_tokens`` beyond what the context leaves after
+        the prompt is cut to it: the generation stops when the context is full
+        (``finish_reason`` length), as vLLM does."""
+        if isinstance(spec.prompt, tuple):
+            prompt_ids = self._checked_ids(spec.prompt)
+        else:
+            prompt_ids = self._prompt_ids(spec.prompt, spec.messages)
         room = self.context_length - len(prompt_ids)
         defaults = self.contract.generation_defaults
-        if spec.max_new_tokens is None:
-            max_new_tokens = min(defaults.max_new_tokens, room)
-        elif spec.max_new_tokens > room:
-            raise InvalidInput(
-                f"max_new_tokens: {spec.max_new_tokens} is beyond the context: model "
-                f"{self.name!r} holds {self.context_length} tokens (prompt and new tokens "
-                f"together) and this prompt takes {len(prompt_ids)}, so at most {room} new "
-                "tokens fit"
-            )
-        else:
-            max_new_tokens = spec.max_new_tokens
+        asked = defaults.max_new_tokens if spec.max_new_tokens is None else spec.max_new_tokens
+        max_new_tokens = min(asked, room)
         temperature = spec.temperature
         if temperature is None:
             temperature = defaults.temperature if defaults.do_sample else 0.0
@@ -127,7 +126,8 @@ class LanguageModel:
             if total > self.context_length:
                 raise InvalidInput(
                     f"completions[{index}]: {len(ids)} tokens after a prompt of "
-                    f"{len(prompt_ids)} make {total}, beyond model {self.name!r}'s context of "
+                    f"{len(prompt_ids)} make {total}, beyond model {json_shown(self.name)}'s "
+                    f"context of "
                     f"{self.context_length} tokens"
                 )
             completions.append(ids)
@@ -148,11 +148,26 @@ class LanguageModel:
             ids = self.codec.encode_prompt(prompt or "")
         if not ids:
             raise InvalidInput(f"{field}: encodes to no tokens; give some text")
+        return self._fitting(field, ids)
+
+    def _checked_ids(self, ids: tuple[int, ...]) -> tuple[int, ...]:
+        """A prompt given as token ids: every id in this version's vocabulary."""
+        vocabulary = self.contract.vocab_size
+        for index, token in enumerate(ids):
+            if token >= vocabulary:
+                raise InvalidInput(
+                    f"prompt[{index}]: token id {token} is not in model "
+                    f"{json_shown(self.name)}'s vocabulary: its ids are 0 to {vocabulary - 1}"
+                )
+        return self._fitting("prompt", ids)
+
+    def _fitting(self, field: str, ids: Sequence[int]) -> tuple[int, ...]:
+        """A prompt's ids, when they leave room in the context for a new token."""
         if len(ids) >= self.context_length:
             raise InvalidInput(
-                f"{field}: {len(ids)} tokens, longer than model {self.name!r} can take: its "
-                f"context holds {self.context_length} tokens, the prompt and at least one new "
-                f"token, so a prompt may have at most {self.context_length - 1}"
+                f"{field}: {len(ids)} tokens, longer than model {json_shown(self.name)} can "
+                f"take: its context holds {self.context_length} tokens, the prompt and at "
+                f"least one new token, so a prompt may have at most {self.context_length - 1}"
             )
         return tuple(ids)
 

@@ -30,7 +30,7 @@ def generation_spec(
     payload: dict[str, Any], request_id: str, received_at: float, deadline: float
 ) -> GenerationSpec:
     _known(payload, GENERATE_FIELDS)
-    prompt, messages = _prompt(payload)
+    prompt, messages = _prompt(payload, token_ids=True)
     return GenerationSpec(
         prompt,
         messages,
@@ -76,7 +76,10 @@ def _known(payload: dict[str, Any], fields: tuple[str, ...]) -> None:
         raise InvalidInput(f"unknown field(s) {unknown}; a request may have {list(fields)}")
 
 
-def _prompt(payload: dict[str, Any]) -> tuple[str | None, tuple[dict[str, Any], ...] | None]:
+def _prompt(
+    payload: dict[str, Any], *, token_ids: bool = False
+) -> tuple[Any, tuple[dict[str, Any], ...] | None]:
+    """The prompt (text; with ``token_ids``, also a list of token ids) or the messages."""
     prompt, messages = payload.get("prompt"), payload.get("messages")
     if (prompt is None) == (messages is None):
         raise InvalidInput(
@@ -85,11 +88,29 @@ def _prompt(payload: dict[str, Any]) -> tuple[str | None, tuple[dict[str, Any], 
         )
     if messages is not None:
         return None, _messages(messages)
+    if token_ids and isinstance(prompt, list):
+        return _token_ids(prompt), None
     if not isinstance(prompt, str):
-        raise InvalidInput(f"prompt: expected a string of text, got {json_shown(prompt)}")
+        valid = "a string of text or a list of token ids" if token_ids else "a string of text"
+        raise InvalidInput(f"prompt: expected {valid}, got {json_shown(prompt)}")
     if not prompt:
         raise InvalidInput("prompt: empty; give at least one character of text")
     return prompt, None
+
+
+def _token_ids(value: list[Any]) -> tuple[int, ...]:
+    """A prompt given as token ids: integers >= 0 (the version checks them against its
+    vocabulary)."""
+    if not value:
+        raise InvalidInput(
+            "prompt: an empty list of token ids; give at least one token id, or the prompt as text"
+        )
+    for index, token in enumerate(value):
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise InvalidInput(
+                f"prompt[{index}]: expected a token id (an integer >= 0), got {json_shown(token)}"
+            )
+    return tuple(value)
 
 
 def _messages(value: Any) -> tuple[dict[str, Any], ...]:

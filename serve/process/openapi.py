@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 
+from serve.lm.frontends.openai_requests import MAX_PROMPTS
 from serve.types import OutputKind
 
 
@@ -39,14 +40,19 @@ class PredictRequest(BaseModel):
 
 
 class GenerateRequest(BaseModel):
-    prompt: str | None = Field(None, description="the prompt, as text (or give messages)")
+    prompt: str | list[int] | None = Field(
+        None, description="the prompt, as text or token ids (or give messages)"
+    )
     messages: list[dict[str, str]] | None = Field(
         None,
         description="a chat, rendered with the model's chat template (or give prompt)",
         examples=[[{"role": "user", "content": "Tell me about the fox."}]],
     )
     max_new_tokens: int | None = Field(
-        None, ge=1, description="new tokens at most (default: the model's generation defaults)"
+        None,
+        ge=1,
+        description="new tokens at most (default: the model's generation defaults); "
+        "generation stops when the context is full (finish_reason length)",
     )
     temperature: float | None = Field(None, ge=0, description="0: greedy")
     top_p: float | None = Field(None, gt=0, le=1)
@@ -77,7 +83,7 @@ class _OpenAIRequest(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     seed: int | None = Field(None, ge=0)
     stop: str | list[str] | None = None
-    n: Literal[1] | None = Field(None, description="one choice per request")
+    n: Literal[1] | None = Field(None, description="one choice per prompt")
     stream: bool = Field(False, description="data: chunks, then data: [DONE]")
     stream_options: dict[str, bool] | None = Field(
         None, description='{"include_usage": true}: a last chunk with the token counts'
@@ -86,8 +92,14 @@ class _OpenAIRequest(BaseModel):
 
 
 class CompletionRequest(_OpenAIRequest):
-    prompt: str | list[str] = Field(description="one prompt, as text", examples=["The cat"])
-    max_tokens: int | None = Field(None, ge=1)
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(
+        description=f"a prompt (text, or token ids), or a list of prompts (up to {MAX_PROMPTS}): "
+        "one choice each, in order",
+        examples=["The cat", [[265, 422], [11, 12]]],
+    )
+    max_tokens: int | None = Field(
+        None, ge=1, description="new tokens at most; generation stops when the context is full"
+    )
     logprobs: Literal[0] | None = Field(
         None, description="0: the chosen tokens' log-probs (top alternatives are not computed)"
     )

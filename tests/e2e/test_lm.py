@@ -127,6 +127,28 @@ def test_a_chat_is_rendered_as_transformers_renders_it(
     assert answer["text"] == reference.text(ids)
 
 
+def test_a_prompt_of_token_ids_is_the_prompt_they_encode(
+    server: Server, reference: Transformers
+) -> None:
+    prompt_ids = reference.tokenizer(PROMPTS[1])["input_ids"]  # as clients tokenize
+    as_text = generate(server.url, {"prompt": PROMPTS[1], "max_new_tokens": 20}).json()
+    as_ids = generate(server.url, {"prompt": prompt_ids, "max_new_tokens": 20}).json()
+    assert as_ids["token_ids"] == as_text["token_ids"]
+    assert as_ids["text"] == as_text["text"]
+    assert as_ids["prompt_tokens"] == as_text["prompt_tokens"] == len(prompt_ids)
+
+
+def test_max_new_tokens_past_the_context_generates_up_to_it(server: Server) -> None:
+    body = {"prompt": PROMPTS[1], "max_new_tokens": 400, "ignore_eos": True, "temperature": 0}
+    answer = generate(server.url, body).json()
+    assert answer["finish_reason"] == "length"
+    assert answer["prompt_tokens"] + answer["completion_tokens"] == 256  # the context
+    streamed = generate(server.url, {**body, "stream": True}).text.strip().split("\n\n")
+    name, data = streamed[-1].split("\n")
+    assert name == "event: result"
+    assert json.loads(data.split(": ", 1)[1])["token_ids"] == answer["token_ids"]
+
+
 def test_scores_are_those_of_transformers(server: Server, reference: Transformers) -> None:
     prompt = "Tell me about the cat."
     completions = [" The cat sleeps in the garden.", " Rain falls on the roof.", " The"]
@@ -284,8 +306,8 @@ def test_a_tight_deadline_is_answered_504(server: Server) -> None:
     [
         ("/v1/models/nope/generate", {"prompt": "The"}, 404, ["model 'nope'", "llama"]),
         (f"/v1/models/{MODEL}/generate", {"prompt": ""}, 422, ["prompt: empty"]),
-        (f"/v1/models/{MODEL}/generate", {"prompt": "The", "max_new_tokens": 400}, 422,
-         ["max_new_tokens: 400 is beyond the context", "256", "at most 254"]),
+        (f"/v1/models/{MODEL}/generate", {"prompt": [1, 99999]}, 422,
+         ["prompt[1]: token id 99999 is not in model \"llama\"'s vocabulary", "ids are 0 to"]),
         (f"/v1/models/{MODEL}/generate", {"prompt": "The cat " * 200}, 422,
          ["prompt: 601 tokens, longer than", "context holds 256 tokens", "at most 255"]),
         (f"/v1/models/{MODEL}/generate", {"prompt": "The", "temperature": -1}, 422,

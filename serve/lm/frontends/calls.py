@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -27,7 +27,7 @@ from serve.dataplane.kinds import ModelKind
 from serve.dataplane.routing import Route, Router
 from serve.dataplane.wire import decode_object, timeout_header_ms
 from serve.errors import NotFound
-from serve.lm.messages import GenerationSpec, TokenEvent
+from serve.lm.messages import Generation, GenerationSpec, TokenEvent
 from serve.lm.model import LanguageModel
 from serve.lm.scheduling.generation_stream import GenerationStream
 from serve.lm.scheduling.scheduler import ContinuousBatchScheduler
@@ -55,10 +55,11 @@ class Admitted:
 
 class CancelOnDisconnect:
     """While the answer is being produced, watch for the client going away (its body is
-    read, so the next message is the disconnect) and give up on the generation then."""
+    read, so the next message is the disconnect) and give up on the call's generations
+    then."""
 
-    def __init__(self, receive: Receive, stream: GenerationStream) -> None:
-        self._receive, self._stream = receive, stream
+    def __init__(self, receive: Receive, *streams: GenerationStream) -> None:
+        self._receive, self._streams = receive, streams
         self._watch: asyncio.Task[Message] | None = None
         self.gone = False
 
@@ -76,7 +77,8 @@ class CancelOnDisconnect:
             return
         if watch.result().get("type") == "http.disconnect":
             self.gone = True
-            self._stream.cancel()
+            for stream in self._streams:
+                stream.cancel()
 
 
 class LanguageModelCalls:
@@ -114,11 +116,11 @@ class LanguageModelCalls:
         return decode_object(body)
 
     @staticmethod
-    def admit(admitted: Admitted, spent_on: str) -> None:
-        """Refuse a call whose deadline passed (504) or that the queue has no room for
-        (429), before any work in proportion to it."""
+    def admit(admitted: Admitted, spent_on: str, requests: int = 1) -> None:
+        """Refuse a call whose deadline passed (504) or whose ``requests`` (generations)
+        the queue has no room for (429), before any work in proportion to it."""
         admitted.deadline.check(spent_on)
-        admitted.scheduler.admit(1, admitted.deadline.at)
+        admitted.scheduler.admit(requests, admitted.deadline.at)
 
     @staticmethod
     async def prepare(exchange: Exchange, prepare: Callable[[Spec], Work], spec: Spec) -> Work:
@@ -133,8 +135,28 @@ class LanguageModelCalls:
         """Tokenize a generation on the version it was routed to and queue it (``tokens``:
         its token events are wanted)."""
         generation = await self.prepare(exchange, admitted.version.prepare_generation, spec)
+        (stream,) = self.queue(admitted, [generation], tokens=tokens)
+        return stream
+
+    @staticmethod
+    def queue(
+        admitted: Admitted, generations: Sequence[Generation], *, tokens: bool
+    ) -> list[GenerationStream]:
+        """Queue a call's prepared generations together (in one turn of the event loop, so
+        they join the same batches and a version swap pins them alike); when one is refused,
+        none stays queued."""
         admitted.deadline.check("validating it")
-        return admitted.scheduler.submit_generation(generation, admitted.pinned, tokens=tokens)
+        streams: list[GenerationStream] = []
+        try:
+            for generation in generations:
+                streams.append(
+                    admitted.scheduler.submit_generation(generation, admitted.pinned, tokens=tokens)
+                )
+        except BaseException:
+            for stream in streams:
+                stream.cancel()
+            raise
+        return streams
 
 
 def generation_parts(route: Route, action: str) -> tuple[ContinuousBatchScheduler, LanguageModel]:

@@ -34,8 +34,18 @@ def fingerprint(model: str, version: int) -> str:
 
 
 @dataclass(slots=True)
+class _ChoiceText:
+    """What one choice's streamed chunks carried so far."""
+
+    detokenizer: Detokenizer | None = None  # its tokens' texts, for their log-probs
+    offset: int = 0  # completions: characters so far
+    first: bool = True  # chat: the role not yet sent
+
+
+@dataclass(slots=True)
 class Answer:
-    """One call's answer, whole (:meth:`body`) or as chunks (:meth:`chunks`, :meth:`end`)."""
+    """One call's answer, whole (:meth:`body`) or as chunks (:meth:`chunks`,
+    :meth:`finished`, :meth:`end`): one choice per prompt, ``index`` 0..choices-1."""
 
     endpoint: Endpoint
     request_id: str
@@ -44,9 +54,11 @@ class Answer:
     logprobs: bool
     include_usage: bool = False
     codec: TextCodec | None = None  # tokens' texts for their log-probs
-    _detokenizer: Detokenizer | None = field(default=None, init=False)
-    _offset: int = field(default=0, init=False)  # completions: characters so far
-    _first: bool = field(default=True, init=False)  # chat: the role not yet sent
+    choices: int = 1
+    _texts: list[_ChoiceText] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        self._texts = [_ChoiceText() for _ in range(self.choices)]
 
     @property
     def id(self) -> str:
@@ -59,54 +71,70 @@ class Answer:
 
     # ------------------------------------------------------------------ whole
 
-    def body(self, result: GenerationResult) -> dict[str, Any]:
-        logprobs = None
-        if self.logprobs:
-            pieces = self._pieces(result.token_ids)
-            logprobs = self._logprobs(pieces, result.log_probs)
-        choice: dict[str, Any] = {"index": 0}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": result.text}
-        else:
-            choice["text"] = result.text
-        choice |= {"logprobs": logprobs, "finish_reason": result.finish_reason.value}
+    def body(self, results: Sequence[GenerationResult]) -> dict[str, Any]:
+        """The whole answer: a choice per result, in order; the head names the first's
+        version (a call's prompts queue together, so they run on one version)."""
+        choices = []
+        for index, result in enumerate(results):
+            logprobs = None
+            if self.logprobs:
+                pieces = self._pieces(result.token_ids)
+                logprobs = self._logprobs(self._texts[index], pieces, result.log_probs)
+            choice: dict[str, Any] = {"index": index}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": result.text}
+            else:
+                choice["text"] = result.text
+            choice |= {"logprobs": logprobs, "finish_reason": result.finish_reason.value}
+            choices.append(choice)
         kind = "chat.completion" if self.chat else "text_completion"
-        return {**self._head(kind, result.version), "choices": [choice], "usage": usage(result)}
+        head = self._head(kind, results[0].version)
+        return {**head, "choices": choices, "usage": usage(results)}
 
     # ------------------------------------------------------------------ streamed
 
-    def chunks(self, version: int, events: Iterable[TokenEvent]) -> list[dict[str, Any]]:
-        """The chunks of some token events: one per event that adds text (or whose
-        log-prob is wanted)."""
+    def chunks(
+        self, version: int, events: Iterable[TokenEvent], index: int = 0
+    ) -> list[dict[str, Any]]:
+        """The chunks of choice ``index``'s token events: one per event that adds text (or
+        whose log-prob is wanted)."""
         chunks = []
+        text = self._texts[index]
         for event in events:
             if not event.text and not self.logprobs:
                 continue
             logprobs = None
             if self.logprobs:
-                piece = self._stream_detokenizer().push(event.token_id)
-                logprobs = self._logprobs([piece], [event.log_prob])
-            chunks.append(self._chunk(version, event.text, logprobs, None))
+                piece = self._stream_detokenizer(text).push(event.token_id)
+                logprobs = self._logprobs(text, [piece], [event.log_prob])
+            chunks.append(self._chunk(version, index, event.text, logprobs, None))
         return chunks
 
-    def end(self, result: GenerationResult) -> list[dict[str, Any]]:
-        """The last chunks: the finish reason, then the token counts when asked for."""
-        chunks = [self._chunk(result.version, "", None, result.finish_reason.value)]
-        if self.include_usage:
-            kind = "chat.completion.chunk" if self.chat else "text_completion"
-            chunks.append(
-                {**self._head(kind, result.version), "choices": [], "usage": usage(result)}
-            )
-        return chunks
+    def finished(self, result: GenerationResult, index: int = 0) -> dict[str, Any]:
+        """The chunk that ends choice ``index``: its finish reason."""
+        return self._chunk(result.version, index, "", None, result.finish_reason.value)
+
+    def end(self, results: Sequence[GenerationResult]) -> list[dict[str, Any]]:
+        """The chunks after every choice's end: the token counts, when asked for."""
+        if not self.include_usage:
+            return []
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return [{**self._head(kind, results[0].version), "choices": [], "usage": usage(results)}]
 
     def _chunk(
-        self, version: int, text: str, logprobs: dict[str, Any] | None, finish: str | None
+        self,
+        version: int,
+        index: int,
+        text: str,
+        logprobs: dict[str, Any] | None,
+        finish: str | None,
     ) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0}
+        choice: dict[str, Any] = {"index": index}
         if self.chat:
-            delta: dict[str, Any] = {"content": text} if text or self._first else {}
-            if self._first:
-                delta["role"], self._first = "assistant", False
+            state = self._texts[index]
+            delta: dict[str, Any] = {"content": text} if text or state.first else {}
+            if state.first:
+                delta["role"], state.first = "assistant", False
             choice["delta"] = delta
         else:
             choice["text"] = text
@@ -138,13 +166,15 @@ class Answer:
             pieces[-1] += detokenizer.flush()
         return pieces
 
-    def _stream_detokenizer(self) -> Detokenizer:
-        if self._detokenizer is None:
+    def _stream_detokenizer(self, text: _ChoiceText) -> Detokenizer:
+        if text.detokenizer is None:
             assert self.codec is not None
-            self._detokenizer = Detokenizer(self.codec)
-        return self._detokenizer
+            text.detokenizer = Detokenizer(self.codec)
+        return text.detokenizer
 
-    def _logprobs(self, pieces: list[str], log_probs: Sequence[float]) -> dict[str, Any]:
+    def _logprobs(
+        self, text: _ChoiceText, pieces: list[str], log_probs: Sequence[float]
+    ) -> dict[str, Any]:
         if self.chat:
             content = [
                 {
@@ -158,8 +188,8 @@ class Answer:
             return {"content": content, "refusal": None}
         offsets = []
         for piece in pieces:
-            offsets.append(self._offset)
-            self._offset += len(piece)
+            offsets.append(text.offset)
+            text.offset += len(piece)
         return {
             "tokens": pieces,
             "token_logprobs": list(log_probs),
@@ -168,12 +198,14 @@ class Answer:
         }
 
 
-def usage(result: GenerationResult) -> dict[str, int]:
-    completion = len(result.token_ids)
+def usage(results: Sequence[GenerationResult]) -> dict[str, int]:
+    """The token counts of a call, summed over its choices (as the OpenAI API counts)."""
+    prompt = sum(result.prompt_tokens for result in results)
+    completion = sum(len(result.token_ids) for result in results)
     return {
-        "prompt_tokens": result.prompt_tokens,
+        "prompt_tokens": prompt,
         "completion_tokens": completion,
-        "total_tokens": result.prompt_tokens + completion,
+        "total_tokens": prompt + completion,
     }
 
 

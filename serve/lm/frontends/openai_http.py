@@ -22,6 +22,8 @@ headers X-Policy-Version and X-Policy-SHA256 name the version that generated the
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import aclosing
 from typing import Any
 
 import orjson
@@ -29,17 +31,18 @@ from starlette.types import Receive, Scope, Send
 
 from serve.dataplane.http_calls import Disconnected, Exchange, stamp
 from serve.errors import InvalidInput, MethodNotAllowed, RLServeError
+from serve.json_shown import json_shown
 from serve.lm.frontends.calls import (
     SSE_HEADERS,
     Admitted,
     CancelOnDisconnect,
     LanguageModelCalls,
     generation_parts,
-    next_events,
 )
+from serve.lm.frontends.merged_streams import Finished, merged
 from serve.lm.frontends.openai_answers import Answer, error
 from serve.lm.frontends.openai_requests import Endpoint, OpenAICall, parse
-from serve.lm.messages import GenerationSpec
+from serve.lm.messages import Generation, GenerationResult, GenerationSpec
 from serve.lm.requests import generation_spec
 from serve.lm.scheduling.generation_stream import GenerationStream
 from serve.lm.text import TextCodec
@@ -77,13 +80,19 @@ class OpenAIFrontend:
         payload = await self.calls.decode(exchange, await self.calls.read(exchange))
         request = parse(endpoint, payload)
         admitted = self.calls.route(call, request.model, None, f"POST {endpoint.value}")
-        self.calls.admit(admitted, "reading the body")  # overloaded: refuse before tokenizing
+        choices = len(request.bodies)
+        if choices > admitted.scheduler.max_queue_rows:
+            raise InvalidInput(
+                f"prompt: {choices} prompts given; model {json_shown(admitted.model)} queues "
+                f"at most {admitted.scheduler.max_queue_rows} requests (its max_queue_rows "
+                "setting), and each prompt is one: send fewer prompts per call"
+            )
+        # overloaded: refuse before tokenizing
+        self.calls.admit(admitted, "reading the body", choices)
         streaming = request.options.stream
-        try:
-            spec = self._spec(exchange, request, admitted)
-            stream = await self.calls.submit(exchange, admitted, spec, tokens=streaming)
-        except InvalidInput as exc:
-            raise request.renamed(exc) from None
+        specs = self._specs(exchange, request, admitted)
+        generations = await self.calls.prepare(exchange, self._preparer(request, admitted), specs)
+        streams = self.calls.queue(admitted, generations, tokens=streaming)
         answer = Answer(
             endpoint,
             call.request_id,
@@ -91,56 +100,99 @@ class OpenAIFrontend:
             admitted.model,
             request.options.logprobs,
             request.options.include_usage,
+            choices=choices,
         )
-        with CancelOnDisconnect(exchange.receive, stream) as watch:
+        with CancelOnDisconnect(exchange.receive, *streams) as watch:
             try:
                 if streaming:
-                    await self._stream(exchange, admitted, stream, answer, watch)
+                    await self._stream(exchange, admitted, streams, answer, watch)
                     return
-                result = await stream.result()
+                results = [await stream.result() for stream in streams]
             except RLServeError:
+                _give_up(streams)
                 if watch.gone:
                     raise Disconnected from None  # nobody is left to answer
                 raise
+        first = results[0]
         if answer.logprobs:
-            answer.codec = self._codec(admitted, result.version)
-        await exchange.json(200, answer.body(result), stamp(result.version, result.sha256))
+            answer.codec = self._codec(admitted, first.version)
+        await exchange.json(200, answer.body(results), stamp(first.version, first.sha256))
 
     async def _stream(
         self,
         exchange: Exchange,
         admitted: Admitted,
-        stream: GenerationStream,
+        streams: list[GenerationStream],
         answer: Answer,
         watch: CancelOnDisconnect,
     ) -> None:
-        events = await next_events(stream)  # raises the error that ends it before any token
-        version = stream.model_version or 0
-        if answer.logprobs:
-            answer.codec = self._codec(admitted, version)
-        await exchange.start(200, [*SSE_HEADERS, *stamp(version, stream.model_sha256)])
-        try:
-            while True:
-                chunks = answer.chunks(version, events)
-                if chunks:
-                    await exchange.chunk(_data(chunks))
-                events = await next_events(stream)
-        except StopAsyncIteration:
-            result = await stream.result()
-            await exchange.chunk(_data(answer.end(result)) + _DONE, last=True)
-        except RLServeError as exc:
-            if watch.gone:
-                raise Disconnected from None
-            failure = error(exc)
-            self.calls.http.refused(exchange.call, exc, failure.status)
-            await exchange.chunk(_data([failure.body]) + _DONE, last=True)
+        """Every choice's chunks as its tokens come (several prompts: interleaved, each
+        with its index), each choice's finish reason, then the token counts of all."""
+        results: list[GenerationResult | None] = [None] * len(streams)
+        async with aclosing(merged(streams)) as happened:
+            item = await anext(happened)  # raises the error that ends a stream before any token
+            version = streams[item.index].model_version or 0
+            if answer.logprobs:
+                answer.codec = self._codec(admitted, version)
+            await exchange.start(
+                200, [*SSE_HEADERS, *stamp(version, streams[item.index].model_sha256)]
+            )
+            held = b""  # a finish chunk, written with what comes next
+            try:
+                while True:
+                    if isinstance(item, Finished):
+                        results[item.index] = item.result
+                        held += _data([answer.finished(item.result, item.index)])
+                    else:
+                        version = streams[item.index].model_version or version
+                        chunks = answer.chunks(version, item.events, item.index)
+                        if chunks:
+                            await exchange.chunk(held + _data(chunks))
+                            held = b""
+                    item = await anext(happened)
+            except StopAsyncIteration:
+                done = [result for result in results if result is not None]
+                await exchange.chunk(held + _data(answer.end(done)) + _DONE, last=True)
+            except RLServeError as exc:
+                _give_up(streams)
+                if watch.gone:
+                    raise Disconnected from None
+                failure = error(exc)
+                self.calls.http.refused(exchange.call, exc, failure.status)
+                await exchange.chunk(held + _data([failure.body]) + _DONE, last=True)
 
     @staticmethod
-    def _spec(exchange: Exchange, request: OpenAICall, admitted: Admitted) -> GenerationSpec:
+    def _specs(exchange: Exchange, request: OpenAICall, admitted: Admitted) -> list[GenerationSpec]:
         call = exchange.call
-        return generation_spec(
-            dict(request.generate), call.request_id, call.received_at, admitted.deadline.at
-        )
+        specs = []
+        for index, body in enumerate(request.bodies):
+            try:
+                specs.append(
+                    generation_spec(
+                        dict(body), call.request_id, call.received_at, admitted.deadline.at
+                    )
+                )
+            except InvalidInput as exc:
+                raise request.renamed(exc, index) from None
+        return specs
+
+    @staticmethod
+    def _preparer(
+        request: OpenAICall, admitted: Admitted
+    ) -> Callable[[list[GenerationSpec]], list[Generation]]:
+        """Tokenize (or check) every choice's prompt on the version the call was routed
+        to, the errors naming the OpenAI fields."""
+
+        def prepare(specs: list[GenerationSpec]) -> list[Generation]:
+            generations = []
+            for index, spec in enumerate(specs):
+                try:
+                    generations.append(admitted.version.prepare_generation(spec))
+                except InvalidInput as exc:
+                    raise request.renamed(exc, index) from None
+            return generations
+
+        return prepare
 
     def _codec(self, admitted: Admitted, version: int) -> TextCodec:
         """The tokenizer of the version that generated (a request not pinned to a version
@@ -153,6 +205,12 @@ class OpenAIFrontend:
         except RLServeError:  # gone already: versions of a model share their tokenizer
             return admitted.version.codec
         return served.codec
+
+
+def _give_up(streams: list[GenerationStream]) -> None:
+    """One choice failed: the call fails, and the others leave the batch."""
+    for stream in streams:
+        stream.cancel()
 
 
 def _data(chunks: list[dict[str, Any]]) -> bytes:

@@ -8,10 +8,15 @@ for ``POST /v1/models/{model}/generate``. Errors found there name the native fie
 call's :meth:`OpenAICall.renamed` names the OpenAI field instead (``max_new_tokens`` is
 ``max_tokens`` here).
 
-What is refused, and why: ``n`` > 1 (one choice per request), top alternatives
+A completions ``prompt`` is what OpenAI's API takes: text, token ids (a list of integers),
+or a list of prompts (texts or token-id lists, up to :data:`MAX_PROMPTS`), each its own
+generation and its own choice (:attr:`OpenAICall.bodies`: one native generate body per
+choice).
+
+What is refused, and why: ``n`` > 1 (one choice per prompt), top alternatives
 (``logprobs`` > 0 on completions, ``top_logprobs`` > 0 on chat: only the chosen token's
-log-prob is computed), prompts as token ids or several prompts in one call, tools,
-structured output, penalties and logit biases. ``user`` is accepted and ignored.
+log-prob is computed), tools, structured output, penalties and logit biases. ``user`` is
+accepted and ignored.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from typing import Any
 from serve.errors import InvalidInput
 from serve.json_shown import json_shown
 
-__all__ = ["Endpoint", "OpenAICall", "Options", "parse"]
+__all__ = ["MAX_PROMPTS", "Endpoint", "OpenAICall", "Options", "parse"]
+
+MAX_PROMPTS = 256  # prompts in one completions call (each is a queued request)
 
 
 class Endpoint(StrEnum):
@@ -45,15 +52,21 @@ class Options:
 class OpenAICall:
     endpoint: Endpoint
     model: str
-    generate: dict[str, Any]  # the native generate fields (serve.lm.requests)
+    bodies: tuple[dict[str, Any], ...]  # one native generate body per choice (serve.lm.requests)
     options: Options
     names: dict[str, str]  # native field name -> the OpenAI name the caller used
+    listed: bool = False  # the prompt was a list of prompts: choice i's is prompt[i]
 
-    def renamed(self, error: InvalidInput) -> InvalidInput:
-        """An error about a native field, naming the OpenAI field instead."""
+    def renamed(self, error: InvalidInput, index: int = 0) -> InvalidInput:
+        """An error about a native field of choice ``index``'s body, naming the OpenAI
+        field instead (``prompt[index]`` for a prompt of a list)."""
         field, sep, rest = error.message.partition(":")
+        if not sep:
+            return error
+        if self.listed and (field == "prompt" or field.startswith("prompt[")):
+            return InvalidInput(f"prompt[{index}]{field.removeprefix('prompt')}:{rest}")
         name = self.names.get(field)
-        if not sep or name is None:
+        if name is None:
             return error
         return InvalidInput(f"{name}:{rest}")
 
@@ -114,13 +127,15 @@ def parse(endpoint: Endpoint, payload: dict[str, Any]) -> OpenAICall:
     if chat:
         generate["messages"] = _messages(payload.get("messages"))
         budget, names["max_new_tokens"] = _chat_budget(payload)
+        prompts, listed = [None], False
     else:
-        generate["prompt"] = _prompt(payload.get("prompt"))
+        prompts, listed = _prompts(payload.get("prompt"))
         budget = payload.get("max_tokens")
     if budget is not None:
         generate["max_new_tokens"] = budget
     options = _options(payload, chat=chat)
-    return OpenAICall(endpoint, _model(payload.get("model")), generate, options, names)
+    bodies = tuple(generate if chat else {**generate, "prompt": p} for p in prompts)
+    return OpenAICall(endpoint, _model(payload.get("model")), bodies, options, names, listed)
 
 
 def _known(payload: dict[str, Any], fields: frozenset[str], endpoint: Endpoint) -> None:
@@ -141,26 +156,31 @@ def _model(value: Any) -> str:
     return value
 
 
-def _prompt(value: Any) -> Any:
-    """The one prompt of a completions call, as text (``[text]`` is one prompt too); any
-    other value goes on for serve.lm.requests to refuse, naming it."""
+def _prompts(value: Any) -> tuple[list[Any], bool]:
+    """The prompts of a completions call, and whether they came as a list of prompts: text
+    or token ids (a list of integers) is one prompt; a list of texts or of token-id lists
+    is one prompt each. The prompts themselves (text, or token ids) are checked as the
+    native generate's ``prompt`` (serve.lm.requests), which names what is wrong."""
     if not isinstance(value, list):
-        return value
+        return [value], False
     if not value:
-        raise InvalidInput("prompt: an empty list; give the prompt as a string of text")
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in value) or all(
-        isinstance(v, list) for v in value
-    ):
         raise InvalidInput(
-            "prompt: token ids are not taken here; send the prompt as text (the model's "
-            "tokenizer encodes it)"
+            "prompt: an empty list; give the prompt as text, as token ids (a list of "
+            "integers), or a list of prompts (texts or token-id lists)"
         )
-    if len(value) > 1:
+    if any(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return [value], False  # token ids: the native check names any that is not one
+    if len(value) > MAX_PROMPTS:
         raise InvalidInput(
-            f"prompt: {len(value)} prompts given; this server completes one prompt per "
-            "request: send one request per prompt"
+            f"prompt: {len(value)} prompts given; this server completes at most "
+            f"{MAX_PROMPTS} prompts per call: send the rest in another call"
         )
-    return value[0]
+    for index, prompt in enumerate(value):
+        if prompt is None:
+            raise InvalidInput(
+                f"prompt[{index}]: expected a string of text or a list of token ids, got null"
+            )
+    return list(value), True
 
 
 def _messages(value: Any) -> Any:

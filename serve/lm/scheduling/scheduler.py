@@ -74,6 +74,11 @@ class ContinuousBatchScheduler:
     def submit_scoring(self, scoring: Scoring, version: int | None) -> asyncio.Future[ScoreResult]:
         return self._loop_side.submit_scoring(scoring, version)
 
+    @property
+    def max_queue_rows(self) -> int:
+        """Requests the queue holds at most (a call of more could never be admitted)."""
+        return self._loop_side.max_queue
+
     def admit(self, rows: int, deadline: float) -> None:
         self._loop_side.admit(rows)
 

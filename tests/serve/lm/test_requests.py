@@ -31,7 +31,11 @@ def test_a_full_body_is_read():
         ({}, "prompt, messages: give exactly one"),
         ({"prompt": "w1", "messages": []}, "prompt, messages: give exactly one"),
         ({"prompt": ""}, "prompt: empty"),
-        ({"prompt": 3}, "prompt: expected a string of text, got 3"),
+        ({"prompt": 3}, "prompt: expected a string of text or a list of token ids, got 3"),
+        ({"prompt": []}, "prompt: an empty list of token ids"),
+        ({"prompt": [3, -1]}, r"prompt\[1\]: expected a token id \(an integer >= 0\), got -1"),
+        ({"prompt": [3, False]}, r"prompt\[1\]: expected a token id .*, got false"),
+        ({"prompt": [[3]]}, r"prompt\[0\]: expected a token id .*, got \[3\]"),
         ({"messages": []}, "messages: expected a non-empty list"),
         (
             {"messages": [{"role": "user"}]},
@@ -76,16 +80,40 @@ def test_a_wrong_score_field_is_named(payload, message):
         score_spec(payload, "id", 0.0, 1.0)
 
 
-def test_the_version_checks_prompt_and_max_new_tokens_against_its_context():
+def test_a_score_prompt_is_text():
+    with pytest.raises(InvalidInput, match=r"prompt: expected a string of text, got \[3, 4\]"):
+        score_spec({"prompt": [3, 4], "completions": ["w1"]}, "id", 0.0, 1.0)
+
+
+def test_the_version_checks_the_prompt_against_its_context_and_cuts_max_new_tokens():
     model = fakes.language_model(context_length=8)
-    with pytest.raises(InvalidInput, match="prompt: 8 tokens, longer than model 'fake' can take"):
+    with pytest.raises(InvalidInput, match='prompt: 8 tokens, longer than model "fake" can take'):
         model.prepare_generation(spec(prompt="w1 w2 w3 w4 w5 w6 w7"))
-    with pytest.raises(InvalidInput, match="max_new_tokens: 6 is beyond the context"):
-        model.prepare_generation(spec(prompt="w1 w2", max_new_tokens=6))
     fits = model.prepare_generation(spec(prompt="w1 w2", max_new_tokens=5))
     assert fits.prompt_ids == (fakes.BOS, fakes.word("w1"), fakes.word("w2"))
     assert fits.max_new_tokens == 5
+    # beyond the context: generated up to it (finish_reason length), as vLLM does
+    assert model.prepare_generation(spec(prompt="w1 w2", max_new_tokens=6)).max_new_tokens == 5
     assert model.prepare_generation(spec(prompt="w1 w2")).max_new_tokens == 5  # room, not 8
+    ignoring = model.prepare_generation(spec(prompt="w1 w2", max_new_tokens=99, ignore_eos=True))
+    assert ignoring.max_new_tokens == 5
+
+
+def test_a_prompt_of_token_ids_is_checked_against_the_vocabulary():
+    model = fakes.language_model(context_length=8)
+    ids = [fakes.BOS, fakes.word("w1"), fakes.word("w2")]
+    as_ids = model.prepare_generation(spec(prompt=ids, max_new_tokens=3))
+    assert as_ids.prompt_ids == model.prepare_generation(spec(prompt="w1 w2")).prompt_ids
+    assert as_ids.max_new_tokens == 3
+    assert model.prepare_generation(spec(prompt=[fakes.VOCAB - 1])).prompt_ids == (63,)
+    with pytest.raises(InvalidInput) as caught:
+        model.prepare_generation(spec(prompt=[3, fakes.VOCAB]))
+    assert caught.value.message == (
+        f'prompt[1]: token id {fakes.VOCAB} is not in model "fake"\'s vocabulary: its ids are '
+        f"0 to {fakes.VOCAB - 1}"
+    )
+    with pytest.raises(InvalidInput, match="prompt: 8 tokens, longer than"):
+        model.prepare_generation(spec(prompt=[3] * 8))
 
 
 def test_defaults_fill_what_a_call_leaves_out():

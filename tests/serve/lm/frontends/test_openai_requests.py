@@ -9,7 +9,8 @@ import pytest
 from serve.errors import InvalidInput, NotFound, QueueFull
 from serve.lm.frontends.openai_answers import error
 from serve.lm.frontends.openai_http import match
-from serve.lm.frontends.openai_requests import Endpoint, parse
+from serve.lm.frontends.openai_requests import MAX_PROMPTS, Endpoint, OpenAICall, parse
+from serve.lm.requests import generation_spec
 
 
 def test_a_completion_becomes_the_native_generate_fields() -> None:
@@ -20,12 +21,9 @@ def test_a_completion_becomes_the_native_generate_fields() -> None:
          "stream_options": {"include_usage": True}},
     )  # fmt: skip
     assert call.model == "m"
-    assert call.generate == {
-        "prompt": "The cat",
-        "max_new_tokens": 5,
-        "temperature": 0,
-        "stop": ".",
-    }
+    assert call.bodies == (
+        {"prompt": "The cat", "max_new_tokens": 5, "temperature": 0, "stop": "."},
+    )
     assert (call.options.stream, call.options.include_usage, call.options.logprobs) == (
         True,
         True,
@@ -37,10 +35,11 @@ def test_a_chat_takes_text_parts_and_either_budget_name() -> None:
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     messages = [{"role": "user", "content": parts}]
     call = parse(Endpoint.CHAT, {"model": "m", "messages": messages, "max_tokens": 3})
-    assert call.generate["messages"] == [{"role": "user", "content": "ab"}]
-    assert call.generate["max_new_tokens"] == 3
+    (body,) = call.bodies
+    assert body["messages"] == [{"role": "user", "content": "ab"}]
+    assert body["max_new_tokens"] == 3
     newer = parse(Endpoint.CHAT, {"model": "m", "messages": messages, "max_completion_tokens": 4})
-    assert newer.generate["max_new_tokens"] == 4
+    assert newer.bodies[0]["max_new_tokens"] == 4
     renamed = newer.renamed(InvalidInput("max_new_tokens: 4 is beyond the context"))
     assert renamed.message == "max_completion_tokens: 4 is beyond the context"
 
@@ -51,8 +50,11 @@ def test_a_chat_takes_text_parts_and_either_budget_name() -> None:
         (Endpoint.COMPLETIONS, {"prompt": "a", "n": 2}, "n: 2 is not supported"),
         (Endpoint.COMPLETIONS, {"prompt": "a", "echo": True}, "echo: true is not supported"),
         (Endpoint.COMPLETIONS, {"prompt": "a", "logprobs": True}, "got true"),
-        (Endpoint.COMPLETIONS, {"prompt": [1, 2]}, "prompt: token ids"),
-        (Endpoint.COMPLETIONS, {"prompt": ["a", "b"]}, "prompt: 2 prompts"),
+        (Endpoint.COMPLETIONS, {"prompt": []}, "prompt: an empty list; give the prompt as text"),
+        (Endpoint.COMPLETIONS, {"prompt": ["a"] * 257},
+         "prompt: 257 prompts given; this server completes at most 256 prompts per call"),
+        (Endpoint.COMPLETIONS, {"prompt": ["a", None]},
+         "prompt[1]: expected a string of text or a list of token ids, got null"),
         (Endpoint.COMPLETIONS, {"prompt": "a", "logprobs": 1}, "logprobs: 1 asks"),
         (Endpoint.COMPLETIONS, {"prompt": "a", "logprobs": True}, "logprobs: expected an integer"),
         (Endpoint.COMPLETIONS, {"prompt": "a", "messages": []}, "messages: not a field"),
@@ -74,6 +76,60 @@ def test_what_is_not_supported_is_refused_by_name(
 ) -> None:
     with pytest.raises(InvalidInput) as caught:
         parse(endpoint, {"model": "m", **body})
+    assert words in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("prompt", "prompts", "listed"),
+    [
+        ("The cat", ["The cat"], False),
+        ([265, 422], [[265, 422]], False),  # token ids: one prompt
+        (["The cat"], ["The cat"], True),
+        (["The cat", "A dog"], ["The cat", "A dog"], True),
+        ([[265, 422], [11, 12]], [[265, 422], [11, 12]], True),
+        (["The cat", [11, 12]], ["The cat", [11, 12]], True),
+    ],
+)
+def test_prompts_come_as_text_token_ids_or_lists_of_either(
+    prompt: Any, prompts: list[Any], listed: bool
+) -> None:
+    call = parse(Endpoint.COMPLETIONS, {"model": "m", "prompt": prompt, "max_tokens": 3})
+    assert [body["prompt"] for body in call.bodies] == prompts
+    assert all(body["max_new_tokens"] == 3 for body in call.bodies)
+    assert call.listed is listed
+
+
+def test_as_many_prompts_as_the_bound_are_taken() -> None:
+    call = parse(Endpoint.COMPLETIONS, {"model": "m", "prompt": ["a"] * MAX_PROMPTS})
+    assert len(call.bodies) == MAX_PROMPTS
+
+
+def checked(call: OpenAICall, index: int) -> None:
+    """Choice ``index``'s body as the frontend checks it, its errors renamed."""
+    try:
+        generation_spec(dict(call.bodies[index]), "id", 0.0, 1.0)
+    except InvalidInput as exc:
+        raise call.renamed(exc, index) from None
+
+
+@pytest.mark.parametrize(
+    ("prompt", "index", "words"),
+    [
+        ([265, -1], 0, "prompt[1]: expected a token id (an integer >= 0), got -1"),
+        ([265, True], 0, "prompt[1]: expected a token id (an integer >= 0), got true"),
+        ([265, "a"], 0, 'prompt[1]: expected a token id (an integer >= 0), got "a"'),
+        ([[265], []], 1, "prompt[1]: an empty list of token ids"),
+        ([[265], [11, 2.5]], 1, "prompt[1][1]: expected a token id (an integer >= 0), got 2.5"),
+        ([[265], [[11]]], 1, "prompt[1][0]: expected a token id (an integer >= 0), got [11]"),
+        (["a", ""], 1, "prompt[1]: empty"),
+        (["a", 3.5], 1, "prompt[1]: expected a string of text or a list of token ids, got 3.5"),
+        ({"text": "a"}, 0, 'prompt: expected a string of text or a list of token ids, got {"text"'),
+    ],
+)  # fmt: skip
+def test_a_wrong_prompt_is_named_where_it_is(prompt: Any, index: int, words: str) -> None:
+    call = parse(Endpoint.COMPLETIONS, {"model": "m", "prompt": prompt})
+    with pytest.raises(InvalidInput) as caught:
+        checked(call, index)
     assert words in caught.value.message
 
 
