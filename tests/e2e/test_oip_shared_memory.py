@@ -28,7 +28,7 @@ from tests.e2e.server import Server, free_port
 
 PREFIX = "rlserve-e2e-"
 MAX_REGIONS = 3
-TRANSPORTS = ["http"]
+TRANSPORTS = ["http", "grpc"]
 OUTPUTS = ("actions", "log_probs", "values", "logits")
 
 

@@ -18,6 +18,14 @@ necessarily in order: match answers by ``id``), and a call that fails is answere
 client to read them count): at the bound it is not read, and grpc's flow control holds the
 client back. At shutdown a stream takes no new calls, answers those in flight and ends.
 
+With system shared memory on (``serve.dataplane.oip.shared_memory``), the
+``SystemSharedMemory*`` RPCs register, list and unregister regions, and an input or requested
+output whose parameters name a ``shared_memory_region`` is read from or written to it: such an
+input has no entry in ``raw_input_contents`` (as tritonclient sends it), and such an output is
+answered after the others, with its shared-memory parameters and no ``raw_output_contents``
+entry, so that the entries line up with the outputs before it. The ``CudaSharedMemory*`` RPCs
+are refused.
+
 ``grpc.health.v1.Health`` answers SERVING while the server is ready (Kubernetes' gRPC
 probe asks it).
 """
@@ -28,26 +36,28 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from serve import __version__
-from serve.dataplane.oip import tensors
-from serve.dataplane.oip.catalog import EXTENSIONS, PLATFORM, Catalog, repository_index
+from serve.dataplane.oip import shared_memory, tensors
+from serve.dataplane.oip.catalog import PLATFORM, Catalog, extensions, repository_index
 from serve.dataplane.oip.infer import InferAnswer, Inference, call_budget_ms
 from serve.dataplane.oip.proto import inference_pb2 as pb
 from serve.dataplane.oip.proto import inference_pb2_grpc as pb_grpc
 from serve.dataplane.oip.proto import model_config_pb2 as config_pb
-from serve.dataplane.oip.signature import InferCall, RequestedOutput, config_dims
+from serve.dataplane.oip.shared_memory import PlacedInput, Placement
+from serve.dataplane.oip.signature import InferCall, OutputTensor, RequestedOutput, config_dims
 from serve.dataplane.routing import Route
 from serve.errors import ConfigError, InvalidInput, RLServeError, internal_error, listed, quoted
 from serve.json_shown import json_shown
 from serve.status import grpc_status, grpc_trailers
 
 log = logging.getLogger("rlserve.grpc")
+T = TypeVar("T")
 
 # The longest error message a status carries, in bytes as grpc sends it: well inside the
 # 8 KiB of metadata grpc's clients take without refusing some answers.
@@ -100,7 +110,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelReadyResponse(ready=not route.scheduler.held)
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
-        return pb.ServerMetadataResponse(name="rlserve", version=__version__, extensions=EXTENSIONS)
+        listed = extensions(self.inference.shared_memory.enabled)
+        return pb.ServerMetadataResponse(name="rlserve", version=__version__, extensions=listed)
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
         route = await self._route(request.name, request.version, context)
@@ -159,6 +170,41 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 for e in repository_index(self.catalog)
             ]
         )
+
+    # ------------------------------------------------------------------ shared memory
+
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
+        regions = await _answered(
+            context, lambda: self.inference.shared_memory.status(request.name)
+        )
+        status = pb.SystemSharedMemoryStatusResponse.RegionStatus
+        return pb.SystemSharedMemoryStatusResponse(
+            regions={
+                r.name: status(name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size)
+                for r in regions
+            }
+        )
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:  # noqa: N802
+        registry = self.inference.shared_memory
+        await _answered(
+            context,
+            lambda: registry.register(request.name, request.key, request.offset, request.byte_size),
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:  # noqa: N802
+        await _answered(context, lambda: self.inference.shared_memory.unregister(request.name))
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
+        await _abort(context, shared_memory.refuse_cuda())
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:  # noqa: N802
+        await _abort(context, shared_memory.refuse_cuda())
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:  # noqa: N802
+        await _abort(context, shared_memory.refuse_cuda())
 
     async def _route(self, model: str, version: str, context: Any) -> Route:
         try:
@@ -265,6 +311,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return encode_infer(answer, call)
 
 
+async def _answered(context: Any, call: Callable[[], T]) -> T:
+    """What ``call`` returns; its RLServeError becomes the call's status."""
+    try:
+        return call()
+    except RLServeError as exc:
+        await _abort(context, exc)
+        raise  # abort raises; this keeps the type checker informed
+
+
 async def _abort(context: Any, error: RLServeError) -> None:
     context.set_trailing_metadata(grpc_trailers(error))
     await context.abort(grpc_status(error), status_message(error.message))
@@ -305,49 +360,68 @@ def _wire_bytes(text: str) -> int:
 
 
 def decode_infer(request: Any) -> InferCall:
-    parameters = {key: _parameter(value) for key, value in request.parameters.items()}
+    parameters = _parameters(request.parameters)
     if "binary_data_output" in parameters:  # as over REST, though answers here always go raw
         _boolean("parameters.binary_data_output", parameters["binary_data_output"])
-    return InferCall(_arrays(request), parameters, _outputs(request), request.id)
+    arrays, placed = _arrays(request)
+    return InferCall(arrays, parameters, _outputs(request), request.id, placed=placed)
 
 
-def _arrays(request: Any) -> dict[str, np.ndarray]:
+def _parameters(given: Any) -> dict[str, Any]:
+    return {key: _parameter(value) for key, value in given.items()}
+
+
+def _arrays(request: Any) -> tuple[dict[str, np.ndarray], list[PlacedInput]]:
+    """The inputs given in the call, and those in shared memory (no raw entry of their own)."""
     raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
+    placements = [
+        shared_memory.placement(_parameters(given.parameters), f"input {quoted(given.name)}")
+        for given in request.inputs
+    ]
+    carried = sum(where is None for where in placements)
+    if raw and len(raw) != carried:
         raise InvalidInput(
-            f"raw_input_contents: {len(raw)} entries for {len(request.inputs)} inputs; give "
-            "one per input, in input order, or none and use contents"
+            f"raw_input_contents: {len(raw)} entries for {carried} inputs not in shared memory; "
+            "give one per such input, in input order, or none and use contents"
         )
     arrays: dict[str, np.ndarray] = {}
-    for i, given in enumerate(request.inputs):
-        if given.name in arrays:
+    placed: list[PlacedInput] = []
+    entries = iter(raw)
+    for given, where in zip(request.inputs, placements, strict=True):
+        if given.name in arrays or any(p.name == given.name for p in placed):
             raise InvalidInput(f"inputs: {quoted(given.name)} is given twice")
         shape = list(given.shape)
-        if raw and given.HasField("contents"):
+        if (raw or where is not None) and given.HasField("contents"):
             raise InvalidInput(
-                f"input {quoted(given.name)}: give its data in raw_input_contents or in "
-                "contents, not both"
+                f"input {quoted(given.name)}: give its data one way: in raw_input_contents, in "
+                "contents or in shared memory"
             )
-        if raw:
-            arrays[given.name] = tensors.from_bytes(given.name, given.datatype, shape, raw[i])
+        if where is not None:
+            placed.append(PlacedInput(given.name, given.datatype, shape, where))
+        elif raw:
+            arrays[given.name] = tensors.from_bytes(
+                given.name, given.datatype, shape, next(entries)
+            )
         else:
             arrays[given.name] = _from_contents(given, shape)
-    return arrays
+    return arrays, placed
 
 
 def _outputs(request: Any) -> list[RequestedOutput]:
     outputs = []
     for output in request.outputs:
-        unknown = sorted(set(output.parameters) - {"binary_data"})
+        parameters = _parameters(output.parameters)
+        unknown = sorted(set(parameters) - {"binary_data", *shared_memory.PARAMETERS})
         if unknown:
             raise InvalidInput(
-                f"outputs: {quoted(output.name)} parameters {listed(unknown)} are not supported"
+                f"outputs: {quoted(output.name)} parameters {listed(unknown)} are not supported; "
+                f"an output takes binary_data or {list(shared_memory.PARAMETERS)}"
             )
-        if "binary_data" in output.parameters:  # accepted, and changes nothing: answers go raw
-            binary = _parameter(output.parameters["binary_data"])
-            if binary is not None:
-                _boolean(f"outputs: {quoted(output.name)} parameters.binary_data", binary)
-        outputs.append(RequestedOutput(output.name))
+        binary = parameters.get("binary_data")  # accepted, and changes nothing: answers go raw
+        if binary is not None:
+            _boolean(f"outputs: {quoted(output.name)} parameters.binary_data", binary)
+        where = shared_memory.placement(parameters, f"output {quoted(output.name)}")
+        outputs.append(RequestedOutput(output.name, None, where))
     return outputs
 
 
@@ -376,18 +450,41 @@ def _parameter(value: Any) -> Any:
 
 
 def encode_infer(answer: InferAnswer, call: InferCall) -> Any:
+    """The answer: outputs carried in it first, each with its raw_output_contents entry, then
+    those written to shared memory, with their parameters and no entry."""
     response = answer.response
+    carried = [t for t in answer.tensors if t.placement is None]
+    placed = [t for t in answer.tensors if t.placement is not None]
     output = pb.ModelInferResponse.InferOutputTensor
     return pb.ModelInferResponse(
         model_name=response.model,
         model_version=str(response.version),
         id=call.id,
         parameters={"model_sha256": pb.InferParameter(string_param=response.sha256)},
-        outputs=[
-            output(name=t.name, datatype=t.datatype, shape=t.values.shape) for t in answer.tensors
+        outputs=[output(name=t.name, datatype=t.datatype, shape=t.values.shape) for t in carried]
+        + [
+            output(
+                name=t.name,
+                datatype=t.datatype,
+                shape=t.values.shape,
+                parameters=_placed_parameters(t),
+            )
+            for t in placed
         ],
-        raw_output_contents=[tensors.to_bytes(t.values) for t in answer.tensors],
+        raw_output_contents=[tensors.to_bytes(t.values) for t in carried],
     )
+
+
+def _placed_parameters(tensor: OutputTensor) -> dict[str, Any]:
+    where: Placement | None = tensor.placement
+    assert where is not None
+    given = where.parameters(tensor.values.nbytes)
+    return {
+        key: pb.InferParameter(string_param=value)
+        if isinstance(value, str)
+        else pb.InferParameter(int64_param=value)
+        for key, value in given.items()
+    }
 
 
 def _data_type(datatype: str) -> Any:

@@ -30,6 +30,12 @@ OUR_RPCS = {
     "ModelConfig",
     "ModelStatistics",
     "RepositoryIndex",
+    "SystemSharedMemoryStatus",
+    "SystemSharedMemoryRegister",
+    "SystemSharedMemoryUnregister",
+    "CudaSharedMemoryStatus",
+    "CudaSharedMemoryRegister",
+    "CudaSharedMemoryUnregister",
 }
 
 # (service module, model-config module): every builder below runs against both sides.
@@ -315,7 +321,32 @@ def _repository_index(side: Side) -> Message:
     return m
 
 
+def _shared_memory_status(side: Side) -> Message:
+    service, _ = side
+    m = service.SystemSharedMemoryStatusResponse()
+    region = m.regions["io"]
+    region.name, region.key, region.offset, region.byte_size = "io", "/obs", 2**40, 2**63 + 1
+    return m
+
+
+def _shared_memory_register(side: Side) -> Message:
+    service, _ = side
+    return service.SystemSharedMemoryRegisterRequest(
+        name="io", key="/obs", offset=4096, byte_size=2**33
+    )
+
+
+def _cuda_shared_memory(side: Side) -> Message:
+    service, _ = side
+    return service.CudaSharedMemoryRegisterRequest(
+        name="gpu", raw_handle=b"\x00\xff", device_id=-1, byte_size=64
+    )
+
+
 BUILDERS = [
+    _shared_memory_status,
+    _shared_memory_register,
+    _cuda_shared_memory,
     _infer_request,
     _infer_response,
     _stream_response,

@@ -8,8 +8,8 @@ Written for rlserve. The service name, message names, field names, numbers and t
 facts: they must stay exactly as Triton's `inference.GRPCInferenceService` has them, so that
 tritonclient and perf_analyzer talk to us unchanged. tests/serve/dataplane/test_oip_proto.py
 checks them against the descriptors tritonclient ships. Rpcs of Triton's service that are not
-declared here (shared memory, repository load/unload, trace and log settings) are answered
-UNIMPLEMENTED by grpc itself.
+declared here (repository load/unload, trace and log settings) are answered UNIMPLEMENTED by
+grpc itself.
 
 Regenerate the Python modules with `make proto` after editing this file.
 """
@@ -66,6 +66,18 @@ class GRPCInferenceServiceStub:
     """Per-model counters and cumulative durations of successful and failed inferences."""
     RepositoryIndex: _grpc.UnaryUnaryMultiCallable[_inference_pb2.RepositoryIndexRequest, _inference_pb2.RepositoryIndexResponse]
     """The models in the repository and the state of each version."""
+    SystemSharedMemoryStatus: _grpc.UnaryUnaryMultiCallable[_inference_pb2.SystemSharedMemoryStatusRequest, _inference_pb2.SystemSharedMemoryStatusResponse]
+    """System shared memory (served once allow_client_shm is on): the regions registered, one
+    or all.
+    """
+    SystemSharedMemoryRegister: _grpc.UnaryUnaryMultiCallable[_inference_pb2.SystemSharedMemoryRegisterRequest, _inference_pb2.SystemSharedMemoryRegisterResponse]
+    """Maps a window of a POSIX shared-memory object as a named region."""
+    SystemSharedMemoryUnregister: _grpc.UnaryUnaryMultiCallable[_inference_pb2.SystemSharedMemoryUnregisterRequest, _inference_pb2.SystemSharedMemoryUnregisterResponse]
+    """Closes one region, or all of them; the objects themselves stay (the client owns them)."""
+    CudaSharedMemoryStatus: _grpc.UnaryUnaryMultiCallable[_inference_pb2.CudaSharedMemoryStatusRequest, _inference_pb2.CudaSharedMemoryStatusResponse]
+    """CUDA shared memory: declared so that its calls get rlserve's own refusal."""
+    CudaSharedMemoryRegister: _grpc.UnaryUnaryMultiCallable[_inference_pb2.CudaSharedMemoryRegisterRequest, _inference_pb2.CudaSharedMemoryRegisterResponse]
+    CudaSharedMemoryUnregister: _grpc.UnaryUnaryMultiCallable[_inference_pb2.CudaSharedMemoryUnregisterRequest, _inference_pb2.CudaSharedMemoryUnregisterResponse]
 
 @_typing.type_check_only
 class GRPCInferenceServiceAsyncStub(GRPCInferenceServiceStub):
@@ -94,6 +106,18 @@ class GRPCInferenceServiceAsyncStub(GRPCInferenceServiceStub):
     """Per-model counters and cumulative durations of successful and failed inferences."""
     RepositoryIndex: _aio.UnaryUnaryMultiCallable[_inference_pb2.RepositoryIndexRequest, _inference_pb2.RepositoryIndexResponse]  # type: ignore[assignment]
     """The models in the repository and the state of each version."""
+    SystemSharedMemoryStatus: _aio.UnaryUnaryMultiCallable[_inference_pb2.SystemSharedMemoryStatusRequest, _inference_pb2.SystemSharedMemoryStatusResponse]  # type: ignore[assignment]
+    """System shared memory (served once allow_client_shm is on): the regions registered, one
+    or all.
+    """
+    SystemSharedMemoryRegister: _aio.UnaryUnaryMultiCallable[_inference_pb2.SystemSharedMemoryRegisterRequest, _inference_pb2.SystemSharedMemoryRegisterResponse]  # type: ignore[assignment]
+    """Maps a window of a POSIX shared-memory object as a named region."""
+    SystemSharedMemoryUnregister: _aio.UnaryUnaryMultiCallable[_inference_pb2.SystemSharedMemoryUnregisterRequest, _inference_pb2.SystemSharedMemoryUnregisterResponse]  # type: ignore[assignment]
+    """Closes one region, or all of them; the objects themselves stay (the client owns them)."""
+    CudaSharedMemoryStatus: _aio.UnaryUnaryMultiCallable[_inference_pb2.CudaSharedMemoryStatusRequest, _inference_pb2.CudaSharedMemoryStatusResponse]  # type: ignore[assignment]
+    """CUDA shared memory: declared so that its calls get rlserve's own refusal."""
+    CudaSharedMemoryRegister: _aio.UnaryUnaryMultiCallable[_inference_pb2.CudaSharedMemoryRegisterRequest, _inference_pb2.CudaSharedMemoryRegisterResponse]  # type: ignore[assignment]
+    CudaSharedMemoryUnregister: _aio.UnaryUnaryMultiCallable[_inference_pb2.CudaSharedMemoryUnregisterRequest, _inference_pb2.CudaSharedMemoryUnregisterResponse]  # type: ignore[assignment]
 
 class GRPCInferenceServiceServicer(metaclass=_abc_1.ABCMeta):
     """The inference service: health, metadata, inference and the Triton extensions rlserve serves."""
@@ -179,5 +203,53 @@ class GRPCInferenceServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_inference_pb2.RepositoryIndexResponse, _abc.Awaitable[_inference_pb2.RepositoryIndexResponse]]:
         """The models in the repository and the state of each version."""
+
+    @_abc_1.abstractmethod
+    def SystemSharedMemoryStatus(
+        self,
+        request: _inference_pb2.SystemSharedMemoryStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_inference_pb2.SystemSharedMemoryStatusResponse, _abc.Awaitable[_inference_pb2.SystemSharedMemoryStatusResponse]]:
+        """System shared memory (served once allow_client_shm is on): the regions registered, one
+        or all.
+        """
+
+    @_abc_1.abstractmethod
+    def SystemSharedMemoryRegister(
+        self,
+        request: _inference_pb2.SystemSharedMemoryRegisterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_inference_pb2.SystemSharedMemoryRegisterResponse, _abc.Awaitable[_inference_pb2.SystemSharedMemoryRegisterResponse]]:
+        """Maps a window of a POSIX shared-memory object as a named region."""
+
+    @_abc_1.abstractmethod
+    def SystemSharedMemoryUnregister(
+        self,
+        request: _inference_pb2.SystemSharedMemoryUnregisterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_inference_pb2.SystemSharedMemoryUnregisterResponse, _abc.Awaitable[_inference_pb2.SystemSharedMemoryUnregisterResponse]]:
+        """Closes one region, or all of them; the objects themselves stay (the client owns them)."""
+
+    @_abc_1.abstractmethod
+    def CudaSharedMemoryStatus(
+        self,
+        request: _inference_pb2.CudaSharedMemoryStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_inference_pb2.CudaSharedMemoryStatusResponse, _abc.Awaitable[_inference_pb2.CudaSharedMemoryStatusResponse]]:
+        """CUDA shared memory: declared so that its calls get rlserve's own refusal."""
+
+    @_abc_1.abstractmethod
+    def CudaSharedMemoryRegister(
+        self,
+        request: _inference_pb2.CudaSharedMemoryRegisterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_inference_pb2.CudaSharedMemoryRegisterResponse, _abc.Awaitable[_inference_pb2.CudaSharedMemoryRegisterResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CudaSharedMemoryUnregister(
+        self,
+        request: _inference_pb2.CudaSharedMemoryUnregisterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_inference_pb2.CudaSharedMemoryUnregisterResponse, _abc.Awaitable[_inference_pb2.CudaSharedMemoryUnregisterResponse]]: ...
 
 def add_GRPCInferenceServiceServicer_to_server(servicer: GRPCInferenceServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -15,7 +15,8 @@ import tritonclient.http as triton
 from serve.dataplane.http_calls import Call
 from serve.dataplane.messages import InferenceResponse
 from serve.dataplane.oip.infer import InferAnswer
-from serve.dataplane.oip.rest import decode_infer, encode_infer
+from serve.dataplane.oip.rest import V2Path, decode_infer, encode_infer, match
+from serve.dataplane.oip.shared_memory import Placement
 from serve.dataplane.oip.signature import InferCall, OutputTensor, RequestedOutput
 from serve.dataplane.oip.tensors import DTYPES
 from serve.errors import InvalidInput, MalformedRequest
@@ -589,3 +590,97 @@ def test_a_decoded_call_and_its_encoded_answer_agree() -> None:
     assert client.get_response()["id"] == "round-trip"
     assert client.get_output("logits")["data"] == LOGITS.reshape(-1).tolist()
     np.testing.assert_array_equal(client.as_numpy("actions"), ACTIONS)
+
+
+# --- system shared memory ---------------------------------------------------------------------
+
+
+def shm(region: str, size: int, offset: int | None = None) -> dict[str, Any]:
+    given: dict[str, Any] = {"shared_memory_region": region, "shared_memory_byte_size": size}
+    if offset is not None:
+        given["shared_memory_offset"] = offset
+    return given
+
+
+def test_the_shared_memory_routes_name_their_region_and_action() -> None:
+    assert match("/v2/systemsharedmemory/status") == V2Path(None, None, "shm_status")
+    assert match("/v2/systemsharedmemory/unregister") == V2Path(None, None, "shm_unregister")
+    assert match("/v2/systemsharedmemory/region/io/register") == V2Path(
+        None, None, "shm_register", "io"
+    )
+    # tritonclient percent-encodes a name; it arrives decoded, '/' included
+    assert match("/v2/systemsharedmemory/region/a/b/status") == V2Path(
+        None, None, "shm_status", "a/b"
+    )
+    for path in ("/v2/systemsharedmemory", "/v2/systemsharedmemory/region//status"):
+        assert match(path) == V2Path(None, None, "unknown"), path
+    assert match("/v2/cudasharedmemory/region/g/register") == V2Path(None, None, "cuda_shm")
+
+
+def test_inputs_and_outputs_in_shared_memory_are_placed_not_decoded() -> None:
+    body, length = binary_body(
+        {
+            "inputs": [
+                fp32("obs", [2, 4], parameters=shm("io", 32, 8)),
+                sized("mode", "INT64", [2], 16),
+            ],
+            "outputs": [
+                {"name": "actions", "parameters": {"binary_data": False, **shm("io", 16)}},
+                {"name": "values"},
+            ],
+        },
+        np.array([2, 0], np.int64).tobytes(),
+    )
+    call = decode(body, length)
+    assert list(call.inputs) == ["mode"]
+    [placed] = call.placed
+    assert (placed.name, placed.shape, placed.placement) == ("obs", [2, 4], Placement("io", 8, 32))
+    assert [(o.name, o.placement) for o in call.outputs] == [
+        ("actions", Placement("io", 0, 16)),
+        ("values", None),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("payload", "wanted"),
+    [
+        ({"inputs": [fp32("obs", [1, 4], data=[0] * 4, parameters=shm("io", 16))]}, "one way"),
+        ({"inputs": [fp32("obs", [1, 4], parameters={"shared_memory_byte_size": 16})]}, "both"),
+        ({"inputs": [fp32("obs", [1, 4], parameters=shm("io", -1))]}, "a byte count"),
+        (
+            {
+                "inputs": [fp32("obs", [1, 4], data=[0] * 4)],
+                "outputs": [
+                    {"name": "actions", "parameters": {"binary_data": True, **shm("r", 8)}}
+                ],
+            },
+            "choose one",
+        ),
+    ],
+)
+def test_a_placement_given_wrongly_is_refused(payload: dict[str, Any], wanted: str) -> None:
+    with pytest.raises(InvalidInput, match=wanted):
+        decode(orjson.dumps(payload))
+
+
+def test_an_output_in_shared_memory_is_answered_with_its_parameters_and_no_data() -> None:
+    actions: np.ndarray = np.array([1, 0], np.int64)
+    tensors = [
+        OutputTensor("actions", "INT64", actions, False, Placement("io", 64, 256)),
+        OutputTensor("values", "FP32", np.array([0.5, 1.5], np.float32), True),
+    ]
+    response = InferenceResponse("cartpole", 3, SHA, {}, False)
+    body, headers = encode_infer(InferAnswer(response, tensors), InferCall({}, {}, []))
+    length = int(dict(headers)[b"inference-header-content-length"])
+    header = orjson.loads(body[:length])
+    assert header["outputs"][0] == {
+        "name": "actions",
+        "datatype": "INT64",
+        "shape": [2],
+        "parameters": {
+            "shared_memory_region": "io",
+            "shared_memory_byte_size": 16,
+            "shared_memory_offset": 64,
+        },
+    }
+    assert len(body) - length == 8  # the values' bytes alone

@@ -21,6 +21,7 @@ from serve.dataplane.oip.rpc import (
     encode_infer,
     status_message,
 )
+from serve.dataplane.oip.shared_memory import Placement
 from serve.dataplane.oip.signature import InferCall, OutputTensor, RequestedOutput
 from serve.dataplane.oip.tensors import DTYPES
 from serve.errors import InvalidInput, MalformedRequest
@@ -165,7 +166,8 @@ def test_raw_contents_need_one_entry_per_input() -> None:
         raw_input_contents=[OBS.tobytes()],
     )
     with pytest.raises(
-        InvalidInput, match="raw_input_contents: 1 entries for 2 inputs; give one per input"
+        InvalidInput,
+        match="raw_input_contents: 1 entries for 2 inputs not in shared memory; give one per",
     ):
         decode_infer(request)
     request.raw_input_contents.extend([b"\x00" * 16, b"\x00"])
@@ -213,8 +215,59 @@ def test_dimensions_past_what_any_request_carries_are_malformed(shape: list[int]
 def test_raw_and_typed_contents_together_are_refused() -> None:
     given = raw_request(("obs", "FP32", np.zeros((1, 4), np.float32)))
     given.inputs[0].contents.fp32_contents.extend([0.0] * 4)
-    with pytest.raises(InvalidInput, match="not both"):
+    with pytest.raises(InvalidInput, match="give its data one way"):
         decode_infer(given)
+
+
+def shm_parameters(region: str, size: int, offset: int = 0) -> dict[str, Any]:
+    given = {
+        "shared_memory_region": pb.InferParameter(string_param=region),
+        "shared_memory_byte_size": pb.InferParameter(int64_param=size),
+    }
+    if offset:
+        given["shared_memory_offset"] = pb.InferParameter(int64_param=offset)
+    return given
+
+
+def test_inputs_and_outputs_in_shared_memory_are_placed_and_take_no_raw_entry() -> None:
+    mode: np.ndarray = np.array([2, 0], np.int64)
+    request = pb.ModelInferRequest(
+        inputs=[
+            Input(
+                name="obs", datatype="FP32", shape=[2, 4], parameters=shm_parameters("io", 32, 8)
+            ),
+            Input(name="mode", datatype="INT64", shape=[2]),
+        ],
+        raw_input_contents=[mode.tobytes()],  # only the input not in shared memory has one
+        outputs=[
+            Output(name="actions", parameters=shm_parameters("io", 16, 64)),
+            Output(name="values"),
+        ],
+    )
+    call = decode_infer(request)
+    assert list(call.inputs) == ["mode"]
+    np.testing.assert_array_equal(call.inputs["mode"], mode)
+    [placed] = call.placed
+    assert (placed.name, placed.datatype, placed.shape) == ("obs", "FP32", [2, 4])
+    assert placed.placement == Placement("io", 8, 32)
+    assert [(o.name, o.placement) for o in call.outputs] == [
+        ("actions", Placement("io", 64, 16)),
+        ("values", None),
+    ]
+    request.raw_input_contents.append(b"\x00" * 32)  # an entry for the placed input too
+    with pytest.raises(InvalidInput, match="2 entries for 1 inputs not in shared memory"):
+        decode_infer(request)
+
+
+def test_a_placement_needs_its_region_and_byte_size() -> None:
+    half = {"shared_memory_region": pb.InferParameter(string_param="io")}
+    request = pb.ModelInferRequest(
+        inputs=[Input(name="obs", datatype="FP32", shape=[1, 4], parameters=half)]
+    )
+    with pytest.raises(
+        InvalidInput, match="give both shared_memory_region and shared_memory_byte_size"
+    ):
+        decode_infer(request)
 
 
 def test_an_input_given_twice_is_refused() -> None:
@@ -357,6 +410,23 @@ def encoded(call_id: str = "call-9") -> Any:
     ]
     response = InferenceResponse("cartpole", 4, SHA, {}, False)
     return encode_infer(InferAnswer(response, tensors), InferCall({}, {}, [], call_id))
+
+
+def test_outputs_in_shared_memory_come_last_with_their_parameters_and_no_raw_entry() -> None:
+    tensors = [
+        OutputTensor("actions", "INT64", ACTIONS, False, Placement("io", 64, 256)),
+        OutputTensor("logits", "FP32", LOGITS, False),
+    ]
+    response = InferenceResponse("cartpole", 4, SHA, {}, False)
+    message = encode_infer(InferAnswer(response, tensors), InferCall({}, {}, [], "c"))
+    assert [o.name for o in message.outputs] == ["logits", "actions"]
+    assert list(message.raw_output_contents) == [LOGITS.tobytes()]
+    placed = message.outputs[1].parameters
+    assert placed["shared_memory_region"].string_param == "io"
+    assert placed["shared_memory_byte_size"].int64_param == ACTIONS.nbytes
+    assert placed["shared_memory_offset"].int64_param == 64
+    read = InferResult(triton_pb.ModelInferResponse.FromString(message.SerializeToString()))
+    np.testing.assert_array_equal(read.as_numpy("logits"), LOGITS)
 
 
 def test_an_answer_carries_model_version_id_and_sha256() -> None:
