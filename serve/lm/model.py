@@ -28,8 +28,7 @@ import numpy as np
 from serve.contract import METADATA_KEY
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.runtime import ProviderReport, Session
-from serve.errors import ContractError, InvalidInput, ModelLoadError
-from serve.json_shown import json_shown
+from serve.errors import ContractError, InvalidInput, ModelLoadError, quoted
 from serve.lm import contract as lm_contract
 from serve.lm import greedy
 from serve.lm.contract import LanguageModelContract
@@ -126,9 +125,8 @@ class LanguageModel:
             if total > self.context_length:
                 raise InvalidInput(
                     f"completions[{index}]: {len(ids)} tokens after a prompt of "
-                    f"{len(prompt_ids)} make {total}, beyond model {json_shown(self.name)}'s "
-                    f"context of "
-                    f"{self.context_length} tokens"
+                    f"{len(prompt_ids)} make {total}, beyond the context of model "
+                    f"{quoted(self.name)}: {self.context_length} tokens"
                 )
             completions.append(ids)
         return Scoring(spec, self.version, prompt_ids, tuple(completions))
@@ -156,8 +154,8 @@ class LanguageModel:
         for index, token in enumerate(ids):
             if token >= vocabulary:
                 raise InvalidInput(
-                    f"prompt[{index}]: token id {token} is not in model "
-                    f"{json_shown(self.name)}'s vocabulary: its ids are 0 to {vocabulary - 1}"
+                    f"prompt[{index}]: token id {token} is outside the vocabulary of model "
+                    f"{quoted(self.name)}: its ids are 0 to {vocabulary - 1}"
                 )
         return self._fitting("prompt", ids)
 
@@ -165,7 +163,7 @@ class LanguageModel:
         """A prompt's ids, when they leave room in the context for a new token."""
         if len(ids) >= self.context_length:
             raise InvalidInput(
-                f"{field}: {len(ids)} tokens, longer than model {json_shown(self.name)} can "
+                f"{field}: {len(ids)} tokens, longer than model {quoted(self.name)} can "
                 f"take: its context holds {self.context_length} tokens, the prompt and at "
                 f"least one new token, so a prompt may have at most {self.context_length - 1}"
             )

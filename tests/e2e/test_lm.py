@@ -307,7 +307,7 @@ def test_a_tight_deadline_is_answered_504(server: Server) -> None:
         ("/v1/models/nope/generate", {"prompt": "The"}, 404, ["model 'nope'", "llama"]),
         (f"/v1/models/{MODEL}/generate", {"prompt": ""}, 422, ["prompt: empty"]),
         (f"/v1/models/{MODEL}/generate", {"prompt": [1, 99999]}, 422,
-         ["prompt[1]: token id 99999 is not in model \"llama\"'s vocabulary", "ids are 0 to"]),
+         ["prompt[1]: token id 99999 is outside the vocabulary of model 'llama'", "ids are 0 to"]),
         (f"/v1/models/{MODEL}/generate", {"prompt": "The cat " * 200}, 422,
          ["prompt: 601 tokens, longer than", "context holds 256 tokens", "at most 255"]),
         (f"/v1/models/{MODEL}/generate", {"prompt": "The", "temperature": -1}, 422,

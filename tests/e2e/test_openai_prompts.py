@@ -144,7 +144,7 @@ def test_bad_prompts_are_400_and_say_what_is_wrong(server: Server, client: OpenA
     size = vocabulary(server)
     cases: list[tuple[Any, str, list[str]]] = [
         ([1, size], "prompt[1]",
-         [f"prompt[1]: token id {size} is not in model \"llama\"'s vocabulary",
+         [f"prompt[1]: token id {size} is outside the vocabulary of model 'llama'",
           f"its ids are 0 to {size - 1}"]),
         ([[1, 2], [3, size + 5]], "prompt[1][1]", [f"prompt[1][1]: token id {size + 5}"]),
         ([1, -2], "prompt[1]", ["prompt[1]: expected a token id (an integer >= 0), got -2"]),

@@ -30,8 +30,7 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from serve.dataplane.http_calls import Disconnected, Exchange, stamp
-from serve.errors import InvalidInput, MethodNotAllowed, RLServeError
-from serve.json_shown import json_shown
+from serve.errors import InvalidInput, MethodNotAllowed, RLServeError, quoted
 from serve.lm.frontends.calls import (
     SSE_HEADERS,
     Admitted,
@@ -83,7 +82,7 @@ class OpenAIFrontend:
         choices = len(request.bodies)
         if choices > admitted.scheduler.max_queue_rows:
             raise InvalidInput(
-                f"prompt: {choices} prompts given; model {json_shown(admitted.model)} queues "
+                f"prompt: {choices} prompts given; model {quoted(admitted.model)} queues "
                 f"at most {admitted.scheduler.max_queue_rows} requests (its max_queue_rows "
                 "setting), and each prompt is one: send fewer prompts per call"
             )

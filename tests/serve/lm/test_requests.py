@@ -87,7 +87,7 @@ def test_a_score_prompt_is_text():
 
 def test_the_version_checks_the_prompt_against_its_context_and_cuts_max_new_tokens():
     model = fakes.language_model(context_length=8)
-    with pytest.raises(InvalidInput, match='prompt: 8 tokens, longer than model "fake" can take'):
+    with pytest.raises(InvalidInput, match="prompt: 8 tokens, longer than model 'fake' can take"):
         model.prepare_generation(spec(prompt="w1 w2 w3 w4 w5 w6 w7"))
     fits = model.prepare_generation(spec(prompt="w1 w2", max_new_tokens=5))
     assert fits.prompt_ids == (fakes.BOS, fakes.word("w1"), fakes.word("w2"))
@@ -109,7 +109,7 @@ def test_a_prompt_of_token_ids_is_checked_against_the_vocabulary():
     with pytest.raises(InvalidInput) as caught:
         model.prepare_generation(spec(prompt=[3, fakes.VOCAB]))
     assert caught.value.message == (
-        f'prompt[1]: token id {fakes.VOCAB} is not in model "fake"\'s vocabulary: its ids are '
+        f"prompt[1]: token id {fakes.VOCAB} is outside the vocabulary of model 'fake': its ids are "
         f"0 to {fakes.VOCAB - 1}"
     )
     with pytest.raises(InvalidInput, match="prompt: 8 tokens, longer than"):
