@@ -6,6 +6,7 @@ serving the tiny TRL policy (``tiny_policies``) exported by ``rlserve export lm`
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -110,6 +111,18 @@ def test_several_prompts_stream_their_choices_tagged_with_their_index(client: Op
         assert all(c.finish_reason is None for c in own[:-1])
     assert {c.choices[0].index for c in texts} == {0, 1, 2}
     assert {c.id for c in chunks} == {chunks[0].id}
+    # with log-probs: each choice's tokens and offsets are its own
+    logged = complete(client, PROMPTS, **fields, logprobs=0)
+    streamed = list(
+        client.completions.create(model=MODEL, prompt=PROMPTS, **fields, logprobs=0, stream=True)
+    )
+    for choice in logged.choices:
+        assert choice.logprobs is not None
+        own = [c.choices[0].logprobs for c in streamed if c.choices[0].index == choice.index]
+        tokens = [t for lp in own if lp is not None for t in lp.tokens or []]
+        offsets = [o for lp in own if lp is not None for o in lp.text_offset or []]
+        assert tokens == choice.logprobs.tokens
+        assert offsets == choice.logprobs.text_offset
 
 
 def test_max_tokens_past_the_context_stops_at_it_with_finish_reason_length(
@@ -133,6 +146,28 @@ def test_max_tokens_past_the_context_stops_at_it_with_finish_reason_length(
     plain = complete(client, PROMPTS[0], max_tokens=1000, temperature=0)
     assert plain.usage is not None
     assert plain.usage.total_tokens <= CONTEXT
+
+
+def test_a_call_of_more_prompts_than_the_queue_holds_is_400_naming_the_setting(
+    exported: Exported, tmp_path: Path
+) -> None:
+    repository = lm_repository(exported, tmp_path, 1)
+    config = repository / MODEL / "config.yaml"
+    config.write_text(config.read_text() + "max_queue_rows: 2\n")
+    small = Server.rlserve(repository, log=tmp_path / "log")
+    small.wait_ready()
+    try:
+        with OpenAI(base_url=f"{small.url}/v1", api_key="unused", max_retries=0) as queued:
+            assert len(complete(queued, PROMPTS[:2], max_tokens=3).choices) == 2
+            with pytest.raises(openai.BadRequestError) as caught:
+                complete(queued, PROMPTS, max_tokens=3)
+    finally:
+        small.stop()
+    body = caught.value.body
+    assert isinstance(body, dict)
+    assert body["param"] == "prompt"
+    assert "3 prompts given; model 'llama' queues at most 2 requests" in body["message"]
+    assert "max_queue_rows" in body["message"]
 
 
 def vocabulary(server: Server) -> int:
