@@ -16,6 +16,7 @@ from openai import OpenAI
 from openai.types import Completion
 
 from tests.e2e.conftest import LM_MODEL, Exported, lm_repository
+from tests.e2e.lm_busy import busy_decoding
 from tests.e2e.server import Server
 
 MODEL = LM_MODEL
@@ -146,6 +147,35 @@ def test_max_tokens_past_the_context_stops_at_it_with_finish_reason_length(
     plain = complete(client, PROMPTS[0], max_tokens=1000, temperature=0)
     assert plain.usage is not None
     assert plain.usage.total_tokens <= CONTEXT
+
+
+def test_a_deadline_that_passes_while_several_prompts_stream_is_an_error_event(
+    server: Server, client: OpenAI
+) -> None:
+    received: list[Any] = []
+    with busy_decoding(server.url, MODEL):  # beside the busy ones they cannot finish in 60 ms
+        stream = client.completions.create(
+            model=MODEL,
+            prompt=PROMPTS,
+            max_tokens=240,
+            temperature=25.0,  # EOS as rare as any other token
+            seed=3,
+            stream=True,
+            extra_headers={"X-Request-Timeout-Ms": "60"},
+        )
+
+        def read() -> None:
+            for chunk in stream:
+                received.append(chunk)
+
+        with pytest.raises(openai.APIError) as caught:
+            read()
+    assert received  # it started in time
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["code"] == "deadline_exceeded"
+    described = httpx.get(f"{server.url}/v1/models/{MODEL}", timeout=30).json()
+    assert described["scheduler"]["queued_requests"] == 0
+    assert len(complete(client, PROMPTS, max_tokens=3).choices) == 3  # and it still serves
 
 
 def test_a_call_of_more_prompts_than_the_queue_holds_is_400_naming_the_setting(
