@@ -9,6 +9,7 @@ region a test made is destroyed, and nothing of them is left in /dev/shm.
 
 from __future__ import annotations
 
+import queue
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -266,3 +267,36 @@ def test_the_extension_is_off_by_default_naming_the_setting(
             assert "system_shared_memory" not in listed
     finally:
         server.stop()
+
+
+def test_calls_on_a_grpc_stream_read_and_write_shared_memory(shm_server: Shm) -> None:
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    handle, key = shm_server.region(8 * 1024)
+    steps = {i: obs(i + 1) for i in range(4)}
+    with shm_server.client("grpc") as client:
+        client.register_system_shared_memory("s", key, 8 * 1024)
+        expected = {i: ordinary(client, "grpc", rows)["actions"] for i, rows in steps.items()}
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        for i, rows in steps.items():  # each call its own 1 KiB: inputs, then actions
+            shm.set_shared_memory_region(handle, [rows], offset=1024 * i)
+            given = triton_grpc.InferInput("obs", list(rows.shape), "FP32")
+            given.set_shared_memory("s", rows.nbytes, offset=1024 * i)
+            actions = triton_grpc.InferRequestedOutput("actions")
+            actions.set_shared_memory("s", 512, offset=1024 * i + 512)
+            client.async_stream_infer(
+                "cartpole",
+                [given],
+                outputs=[actions],
+                request_id=str(i),
+                parameters={"deterministic": True},
+            )
+        answered = set()
+        for _ in steps:
+            result, error = answers.get(timeout=10)
+            assert error is None, error
+            answered.add(int(result.get_response().id))
+        client.stop_stream()
+    assert answered == set(steps)
+    for i, want in expected.items():
+        got = shm.get_contents_as_numpy(handle, np.int64, want.shape, offset=1024 * i + 512)
+        np.testing.assert_array_equal(got, want, err_msg=str(i))
