@@ -39,6 +39,7 @@ from serve.dataplane.http_calls import (
     ErrorAnswer,
     Exchange,
     HttpCalls,
+    allow,
     error_headers,
     plain_error,
     read_body,
@@ -55,7 +56,6 @@ from serve.dataplane.wire import JSON_OPTIONS, timeout_header_ms
 from serve.errors import (
     ErrorCode,
     InvalidInput,
-    MethodNotAllowed,
     QueueFull,
     RLServeError,
 )
@@ -122,10 +122,7 @@ class PredictFrontend:
 
     async def _handle(self, exchange: Exchange, *, path: PredictPath) -> None:
         scope = exchange.scope
-        if scope["method"] != "POST":
-            raise MethodNotAllowed(
-                f"{scope['method']} {scope['path']}: predict routes accept POST only"
-            )
+        allow(scope, "POST")
         body, headers = await self._predict(exchange.call, exchange.receive, path)
         await exchange.answer(200, body, [*headers, JSON_HEADER])
 

@@ -30,7 +30,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from serve.access import given_request_id, log_exchange, new_request_id
 from serve.dataplane.wire import too_large
-from serve.errors import RLServeError, internal_error
+from serve.errors import MethodNotAllowed, RLServeError, internal_error, quoted
 from serve.metrics import Metrics
 from serve.status import http_headers, http_status
 
@@ -194,6 +194,15 @@ class HttpCalls:
         if exchange.metered:
             self.refused(exchange.call, error, answer.status)
         await exchange.json(answer.status, answer.body, error_headers(error))
+
+
+def allow(scope: Scope, method: str) -> None:
+    """MethodNotAllowed (405) unless the call's method is ``method``: the one check of
+    every data-plane route."""
+    if scope["method"] != method:
+        raise MethodNotAllowed(
+            f"{scope['method']} {quoted(scope['path'])}: this route accepts {method} only"
+        )
 
 
 def error_headers(error: RLServeError) -> Headers:

@@ -46,6 +46,7 @@ from serve.dataplane.http_calls import (
     ErrorAnswer,
     Exchange,
     HttpCalls,
+    allow,
     read_body,
     stamp,
 )
@@ -59,7 +60,6 @@ from serve.dataplane.wire import timeout_header_ms
 from serve.errors import (
     InvalidInput,
     MalformedRequest,
-    MethodNotAllowed,
     NotFound,
     RLServeError,
     ServiceUnavailable,
@@ -180,7 +180,7 @@ class OipRestFrontend:
             exchange.metered = False  # metadata and health: not inference calls
             await exchange.json(200, self._get(scope, path), [])
             return
-        _allow(scope, "POST")
+        allow(scope, "POST")
         route = self.inference.route(path.model or "", path.version)
         call.model, call.version = route.model, route.version.version
         body, headers = await self._infer(scope, call, exchange.receive, route)
@@ -193,9 +193,9 @@ class OipRestFrontend:
         if action == "unknown":  # whatever the method: no route answers there
             raise _not_a_route(scope)
         if action == "index":
-            _allow(scope, "POST")
+            allow(scope, "POST")
             return self._index()
-        _allow(scope, "GET")
+        allow(scope, "GET")
         answer = self._answers.get(action)
         if answer is None:
             raise _not_a_route(scope)
@@ -213,9 +213,9 @@ class OipRestFrontend:
         if path.action == "cuda_shm":
             raise shared_memory.refuse_cuda()
         if path.action == "shm_status":
-            _allow(scope, "GET")
+            allow(scope, "GET")
             return [region.to_json() for region in registry.status(path.region)]
-        _allow(scope, "POST")
+        allow(scope, "POST")
         body = await read_body(
             exchange.receive, exchange.call.declared_length, _REGISTER_BODY_BYTES
         )
@@ -321,13 +321,6 @@ def _register_body(body: bytes, region: str) -> dict[str, Any]:
             f"has {list(_REGISTER_FIELDS)}"
         )
     return given
-
-
-def _allow(scope: Scope, method: str) -> None:
-    if scope["method"] != method:
-        raise MethodNotAllowed(
-            f"{scope['method']} {quoted(scope['path'])}: this route accepts {method} only"
-        )
 
 
 def _no_stats(scope: Scope, path: V2Path) -> Any:

@@ -39,9 +39,9 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from serve.dataplane.http_calls import Disconnected, Exchange, plain_error, stamp
+from serve.dataplane.http_calls import Disconnected, Exchange, allow, plain_error, stamp
 from serve.dataplane.kinds import ModelKind
-from serve.errors import InvalidInput, MethodNotAllowed, RLServeError
+from serve.errors import InvalidInput, RLServeError
 from serve.json_shown import json_shown
 from serve.lm.frontends.calls import (
     SSE_HEADERS,
@@ -103,10 +103,7 @@ class LanguageModelFrontend:
         self, scope: Scope, receive: Receive, send: Send, path: GeneratePath
     ) -> None:
         async def handle(exchange: Exchange) -> None:
-            if scope["method"] != "POST":
-                raise MethodNotAllowed(
-                    f"{scope['method']} {scope['path']}: {path.action.value} accepts POST only"
-                )
+            allow(scope, "POST")
             if path.action is Action.SCORE:
                 await self._score(exchange, path)
             else:

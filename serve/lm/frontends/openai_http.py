@@ -29,8 +29,8 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from serve.dataplane.http_calls import Disconnected, Exchange, stamp
-from serve.errors import InvalidInput, MethodNotAllowed, RLServeError, quoted
+from serve.dataplane.http_calls import Disconnected, Exchange, allow, stamp
+from serve.errors import InvalidInput, RLServeError, quoted
 from serve.lm.frontends.calls import (
     SSE_HEADERS,
     Admitted,
@@ -65,10 +65,7 @@ class OpenAIFrontend:
         self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint
     ) -> None:
         async def handle(exchange: Exchange) -> None:
-            if scope["method"] != "POST":
-                raise MethodNotAllowed(
-                    f"{scope['method']} {scope['path']}: this route accepts POST only"
-                )
+            allow(scope, "POST")
             await self._complete(exchange, endpoint)
 
         await self.calls.http.serve(scope, receive, send, handle, error)
