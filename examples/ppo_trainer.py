@@ -482,7 +482,8 @@ if __name__ == "__main__":
     # version (below). A trainer killed between the two finds the server one version behind
     # its checkpoint: it pushes the checkpoint's weights as that version and goes on. The
     # checkpoint also names the steps of the batch that made it (``done``): a trainer killed
-    # before committing that batch gets it again, and must not train on it twice.
+    # before committing that batch gets it again, and must not train on it twice. ``taken``
+    # holds the run's books up to and including that batch (consumed, dropped, duplicates).
     if active == version - 1:
         resuming = Path(tempfile.mkdtemp(prefix="ppo-trainer-"))
         agent.eval()
@@ -558,8 +559,11 @@ if __name__ == "__main__":
         pushing = time.monotonic()
         done = [(s.episode_id, s.step, s.terminated or s.truncated) for s in batch.steps]
         saving = checkpoint.with_name(checkpoint.name + ".tmp")  # replaced whole: never torn
+        taken = {"consumed": books.consumed, "dropped": books.dropped,
+                 "duplicates": books.duplicates}  # fmt: skip
         torch.save({"version": version + 1, "agent": agent.state_dict(),
-                    "optimizer": optimizer.state_dict(), "done": done}, saving)  # fmt: skip
+                    "optimizer": optimizer.state_dict(), "done": done, "taken": taken},
+                   saving)  # fmt: skip
         os.replace(saving, checkpoint)
         client.push(args.model, version + 1, path)
         shutil.rmtree(path.parent)
