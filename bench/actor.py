@@ -1,11 +1,12 @@
 """A CartPole actor: one gymnasium env stepped with actions the server computes, one by one.
 
-    python -m bench.actor --url http://127.0.0.1:8000 --seconds 8 --client policy|http
+    python -m bench.actor --url http://127.0.0.1:8000 --seconds 8 --client policy|http|lane
 
 For every step the actor POSTs the observation to ``/predict`` and steps the env with the
 returned action, resetting when an episode ends: the loop of an RL actor that keeps its
 policy on a server. ``policy`` uses the project's client (``serve.client.PolicyClient``);
-``http`` a bare ``http.client`` keep-alive connection, so the client's own cost shows.
+``http`` a bare ``http.client`` keep-alive connection, so the client's own cost shows;
+``lane`` the server's local lane (``--lane PATH``: arrays in shared memory, no HTTP).
 Prints one JSON line: client, steps, seconds, steps_per_s, episodes, warmup_steps.
 """
 
@@ -31,6 +32,7 @@ Policy = Callable[[np.ndarray], int]
 class Client(enum.Enum):
     POLICY = "policy"
     HTTP = "http"
+    LANE = "lane"  # the server's local lane (rlserve serve --lane PATH), given as --lane
 
 
 @dataclass
@@ -39,6 +41,9 @@ class ActorArgs:
     seconds: float = field(default=8.0, metadata=arg("seconds of measured stepping"))
     warmup: float = field(default=1.0, metadata=arg("seconds of stepping before measuring"))
     client: Client = field(default=Client.POLICY, metadata=arg("how to call the server"))
+    lane: str | None = field(
+        default=None, metadata=arg("the server's local-lane socket, for --client lane")
+    )
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,7 @@ def main() -> None:
     )
     add_arguments(parser, ActorArgs)
     args = from_namespace(ActorArgs, parser.parse_args())
-    close, policy = _policy(args.client, args.url)
+    close, policy = _policy(args.client, args.url, args.lane)
     try:
         result = run(policy, args.client.value, args.seconds, args.warmup)
     finally:
@@ -103,8 +108,15 @@ class _Stepper:
         return steps, episodes, elapsed
 
 
-def _policy(client: Client, url: str) -> tuple[Callable[[], None], Policy]:
+def _policy(client: Client, url: str, lane: str | None) -> tuple[Callable[[], None], Policy]:
     """A close function and a policy that asks the server at ``url`` for each action."""
+    if client is Client.LANE:
+        from serve.lane_client import LaneClient
+
+        if lane is None:
+            raise SystemExit("--client lane: give the server's lane socket as --lane PATH")
+        lane_client = LaneClient(lane)
+        return lane_client.close, lambda obs: int(lane_client.predict(obs).actions)
     if client is Client.POLICY:
         from serve.client import PolicyClient
 

@@ -12,12 +12,18 @@ An RL actor calls ``predict`` once per environment step, so the client's own cos
 matters as much as the server's: :class:`PolicyClient` keeps one keep-alive connection per
 thread (the standard library's ``http.client``) and encodes with orjson, numpy arrays
 included. :class:`AsyncPolicyClient` does the same over httpx's async connection pool.
+
+On the server's own host, ``PolicyClient(url, lane=path)`` sends predictions through the
+server's local lane (``rlserve serve --lane PATH``; ``serve.lane_client``): arrays in shared
+memory, no HTTP. When no server answers at that path the client says so once (a warning)
+and predicts over HTTP; a call giving ``actions`` to score always goes over HTTP.
 """
 
 from __future__ import annotations
 
 import hashlib
 import http.client
+import logging
 import threading
 import urllib.parse
 from collections.abc import Sequence
@@ -28,30 +34,15 @@ from typing import Any
 import httpx
 import orjson
 
+from serve.lane_client import LaneClient, LaneUnavailable
+from serve.prediction import Prediction, RequestFailed
+
+__all__ = ["AsyncPolicyClient", "PolicyClient", "Prediction", "RequestFailed"]
+
+log = logging.getLogger("rlserve.client")
+
 _DEFAULT_OUTPUTS = ("actions",)
 _JSON = {"Content-Type": "application/json"}
-
-
-class RequestFailed(Exception):
-    def __init__(self, status: int, code: str, message: str, retry_after_s: float | None) -> None:
-        super().__init__(f"{status} {code}: {message}")
-        self.status, self.code, self.message, self.retry_after_s = (
-            status,
-            code,
-            message,
-            retry_after_s,
-        )
-
-
-@dataclass(frozen=True)
-class Prediction:
-    model: str
-    model_version: int
-    model_sha256: str
-    actions: Any = None
-    log_probs: Any = None
-    values: Any = None
-    distribution: Any = None
 
 
 @dataclass(frozen=True)
@@ -243,8 +234,16 @@ class _KeepAlive:
 class PolicyClient:
     """Thread-safe: each thread that uses it gets its own connection."""
 
-    def __init__(self, url: str, *, admin_token: str | None = None, timeout_s: float = 10.0):
+    def __init__(
+        self,
+        url: str,
+        *,
+        admin_token: str | None = None,
+        timeout_s: float = 10.0,
+        lane: str | Path | None = None,
+    ):
         self._http = _KeepAlive(url, timeout_s, _auth(admin_token))
+        self._lane = None if lane is None else LaneClient(lane, timeout_s=timeout_s)
 
     def __enter__(self) -> PolicyClient:
         return self
@@ -254,6 +253,8 @@ class PolicyClient:
 
     def close(self) -> None:
         self._http.close()
+        if self._lane is not None:
+            self._lane.close()
 
     def _send(self, call: _Call) -> Any:
         return _result(self._http.send(call))
@@ -270,6 +271,15 @@ class PolicyClient:
         actions: Any = None,
         timeout_ms: float | None = None,
     ) -> Prediction:
+        if self._lane is not None and actions is None:
+            try:
+                return self._lane.predict(
+                    observations, model=model, version=version, deterministic=deterministic,
+                    seed=seed, outputs=outputs, timeout_ms=timeout_ms,
+                )  # fmt: skip
+            except LaneUnavailable as exc:
+                log.warning("%s; predicting over HTTP from now on", exc)
+                self._lane = None
         call = _predict_call(
             observations, model, version, deterministic, seed, outputs, actions, timeout_ms
         )

@@ -209,6 +209,23 @@ class Settings(BaseSettings, ModelSettings):
         1024 * 1024 * 1024, description="the largest system shared-memory region registered"
     )
 
+    # The local lane (serve/dataplane/lane/, docs/lane.md).
+    lane: Path | None = Field(
+        None,
+        description="also serve the local lane at this Unix socket path: processes of this "
+        "user on this host call with arrays in shared memory, no HTTP (PolicyClient(url, "
+        "lane=PATH), rlserve collect --lane PATH); one server process only (workers 1); "
+        "unset: no lane",
+    )
+    lane_max_rows: PositiveInt = Field(
+        4096,
+        description="the most rows one local-lane call may carry (a lane's slot is "
+        "sized for the rows its client says it will send, up to this)",
+    )
+    lane_max_connections: PositiveInt = Field(
+        256, description="local-lane clients connected at once, per server process"
+    )
+
     # Live policy updates (see docs/updates.md).
     admin_token: SecretStr | None = Field(
         None,
@@ -287,6 +304,12 @@ class Settings(BaseSettings, ModelSettings):
 
     @model_validator(mode="after")
     def _two_ports(self) -> Settings:
+        if self.lane is not None and self.workers > 1 and "workers" in self.model_fields_set:
+            raise ValueError(
+                f"lane {str(self.lane)!r} with workers {self.workers}: the local lane is served "
+                "by one server process; serve it with workers 1 (one process per core, each "
+                "with a lane of its own path, scales the same way)"
+            )
         if self.grpc_port is not None and self.grpc_port == self.port != 0:
             raise ValueError(
                 f"grpc_port {self.grpc_port} is the HTTP port too; give gRPC a port of its own "

@@ -49,6 +49,7 @@ from serve.dataplane import http as predict
 from serve.dataplane.deadline import LoopTurn
 from serve.dataplane.http_calls import HttpCalls
 from serve.dataplane.kinds import ModelKind
+from serve.dataplane.lane.server import LaneLimits, LaneServer
 from serve.dataplane.oip import rest as oip_rest
 from serve.dataplane.oip import rpc as oip_rpc
 from serve.dataplane.oip.infer import Inference
@@ -86,6 +87,7 @@ class RLServeApp:
         generate: lm_http.LanguageModelFrontend,
         openai: openai_http.OpenAIFrontend,
         turn: LoopTurn,
+        lane: LaneServer | None = None,
     ):
         self.state = state
         self.turn = turn  # every frontend's deadlines read it
@@ -95,6 +97,7 @@ class RLServeApp:
         self.generate = generate
         self.openai = openai
         self.grpc = grpc  # the Open Inference Protocol over gRPC, when grpc_port is set
+        self.lane = lane  # the local lane, when a lane path is set
         self._background: list[asyncio.Task[None]] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -139,12 +142,14 @@ class RLServeApp:
         ]
         if self.state.phases.listen_after_load:
             await self.state.phases.loaded.wait()  # uvicorn listens once startup completes
-        if self.grpc is not None:
-            try:
+        try:
+            if self.grpc is not None:
                 await self.grpc.start()
-            except RLServeError as exc:
-                await send({"type": "lifespan.startup.failed", "message": exc.message})
-                return
+            if self.lane is not None:
+                await self.lane.start()
+        except RLServeError as exc:
+            await send({"type": "lifespan.startup.failed", "message": exc.message})
+            return
         await send({"type": "lifespan.startup.complete"})
         await receive()  # lifespan.shutdown
         self.state.phases.begin_stop()
@@ -152,6 +157,8 @@ class RLServeApp:
             task.cancel()
         if self.grpc is not None:  # no new gRPC calls; those in flight finish
             await self.grpc.stop(self.state.settings.graceful_timeout_s)
+        if self.lane is not None:  # no new lanes; calls in flight finish; lanes close
+            await self.lane.stop(self.state.settings.graceful_timeout_s)
         await self.state.manager.stop()
         await self.frontend.results.close()  # the result cache's writes in flight finish
         self.v2.inference.shared_memory.close()  # unmapped; the clients' objects stay
@@ -199,10 +206,16 @@ def create_app(
             f"{settings.host}:{settings.grpc_port}",
             settings.max_body_bytes,
         )
+    lane = None
+    if settings.lane is not None:
+        limits = LaneLimits(settings.lane_max_rows, settings.lane_max_connections)
+        lane = LaneServer(settings.lane, inference, limits, lambda: phases.draining)
     calls = LanguageModelCalls(manager, http_calls, settings.max_body_bytes, turn=turn)
     generate = lm_http.LanguageModelFrontend(calls, manager.kind_of)
     openai = openai_http.OpenAIFrontend(calls)
-    return RLServeApp(state, _control_app(state), frontend, v2, grpc, generate, openai, turn)
+    return RLServeApp(
+        state, _control_app(state), frontend, v2, grpc, generate, openai, turn, lane=lane
+    )
 
 
 def _control_app(state: ServerState) -> ASGIApp:

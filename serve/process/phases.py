@@ -24,7 +24,9 @@ Shutdown order, on SIGTERM (``serve.process.server.DrainingServer``):
    within ``graceful_timeout_s``; then each model's scheduler answers what is left in its
    queue (runs it, or 504 when its deadline passed), then its thread, if it started one,
    stops. Until this step gRPC calls are served as usual, and the gRPC health service
-   answers NOT_SERVING from step 1 on, like /ready.
+   answers NOT_SERVING from step 1 on, like /ready. The local lane (when ``lane`` is set)
+   stops the same way after gRPC: no new lanes (from step 1 on a hello is refused with
+   503), the calls in flight are answered, then every lane and the socket file go.
 5. The process exits.
 
 SIGINT (Ctrl-C in development) skips the delay of step 2; a second signal forces exit.

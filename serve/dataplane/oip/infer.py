@@ -56,8 +56,9 @@ class Inference:
         self.shared_memory = shared_memory  # this process's registered regions
         self._signatures: dict[str, Signature] = {}  # by sha256 of the version
 
-    def route(self, model: str, version: str | None) -> Route:
-        """Where a call goes; a language model is refused: it takes text, not tensors."""
+    def route(self, model: str | None, version: str | None) -> Route:
+        """Where a call goes (model None: the default model); a language model is refused:
+        it takes text, not tensors."""
         number = None if version is None or version == "" else _version(version)
         route = self.router.resolve(model, number)
         if route.kind is not ModelKind.ROWS:

@@ -120,6 +120,11 @@ class Signature:
         self._inputs_by_name = {i.name: i for i in self.inputs}
         self._kinds_of: dict[tuple[str, ...], list[OutputKind] | None] = {}
 
+    def key_of(self, name: str) -> str | None:
+        """The key of a Dict space's observation that input ``name`` carries, or None."""
+        key = self._keys.get(name)
+        return None if key is None else str(key)
+
     # ------------------------------------------------------------------ calls
 
     def request(

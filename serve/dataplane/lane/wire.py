@@ -1,0 +1,139 @@
+"""The local lane's wire format, the one thing its server and its client share.
+
+A lane is one Unix-socket connection and one shared-memory slot, private to the two
+processes at its ends:
+
+1. **Hello** (client to server): one frame, a little-endian ``u32`` length and that many
+   bytes of JSON: ``{"model": name or null, "version": number or null, "rows": the most
+   rows a call will carry, "outputs": ["actions", ...]}``.
+2. **Welcome** (server to client): one frame of JSON, ``{"layout": ...}``
+   (:class:`Layout`), with the slot's file descriptor passed beside it (``SCM_RIGHTS``): an
+   anonymous ``memfd``, so nothing is ever named in ``/dev/shm`` and the memory goes when
+   both ends have closed it, however they ended. Or ``{"error": {"code", "message"}}``, and
+   the server closes the connection.
+3. **Calls**, one at a time: the client writes its rows at the inputs' offsets and the
+   request header (:data:`REQUEST`), then sends one byte (the doorbell). The server reads
+   the rows (copies them out first), runs them through the same steps as an HTTP or gRPC
+   call, writes the outputs and the answer header (:data:`ANSWER`, with the version that
+   computed them, or an error message at ``message_offset``), and sends one byte back.
+
+Every offset and size the server reads is its own (the layout it made); what the client
+writes there is only data, checked like any request's.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from enum import IntEnum, IntFlag
+from typing import Any
+
+import orjson
+
+DOORBELL = b"\x01"
+MAX_FRAME_BYTES = 64 * 1024  # a hello or a welcome is far smaller
+FRAME = struct.Struct("<I")
+
+# The request header at offset 0: seq, rows, flags, seed, timeout in ms (0: the default).
+REQUEST = struct.Struct("<QIIqd")
+REQUEST_OFFSET = 0
+# The answer header: seq, status, message bytes, version, sha256 (hex), Retry-After in s
+# (0: none), HTTP status of an error (0: none).
+ANSWER = struct.Struct("<QIIQ64sdI")
+ANSWER_OFFSET = 64
+MESSAGE_OFFSET = 256
+MESSAGE_BYTES = 8192  # an error's JSON {"code", "message"}: messages are capped far below
+DATA_OFFSET = MESSAGE_OFFSET + MESSAGE_BYTES
+ALIGN = 64
+
+
+# Outputs a hello may ask for: these by name, and "distribution" for all of the
+# distribution's parameters (logits, or mean and log_std), as the predict routes say it.
+OWN_OUTPUTS = ("actions", "log_probs", "values")
+DISTRIBUTION = "distribution"
+
+
+class Flags(IntFlag):
+    DETERMINISTIC = 1
+    SEEDED = 2
+
+
+class Status(IntEnum):
+    OK = 0
+    ERROR = 1  # the message area holds {"code", "message"}
+    RECONNECT = 2  # the model's tensors changed (a new version): say hello again
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    model: str | None
+    version: int | None
+    rows: int
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Area:
+    """Where one tensor's rows sit in the slot."""
+
+    name: str  # the tensor's name in the Open Inference Protocol's terms
+    key: str | None  # the observation's key in a Dict space
+    dtype: str  # numpy's spelling, e.g. "<f4"
+    shape: tuple[int, ...]  # one row's shape
+    offset: int
+    row_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    model: str
+    rows: int  # the most rows a call may carry
+    size: int  # the slot's bytes
+    inputs: tuple[Area, ...]
+    outputs: tuple[Area, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, given: dict[str, Any]) -> Layout:
+        def areas(key: str) -> tuple[Area, ...]:
+            return tuple(
+                Area(
+                    a["name"], a["key"], a["dtype"], tuple(a["shape"]), a["offset"], a["row_bytes"]
+                )
+                for a in given[key]
+            )
+
+        return cls(given["model"], given["rows"], given["size"], areas("inputs"), areas("outputs"))
+
+
+def place(
+    tensors: Sequence[tuple[str, str | None, str, tuple[int, ...], int]], rows: int, start: int
+) -> tuple[list[Area], int]:
+    """Areas for ``(name, key, dtype, row shape, itemsize)`` one after another from
+    ``start``, each aligned; and where the next would start."""
+    areas, offset = [], start
+    for name, key, dtype, shape, itemsize in tensors:
+        count = 1
+        for dim in shape:
+            count *= dim
+        row_bytes = count * itemsize
+        offset = -(-offset // ALIGN) * ALIGN
+        areas.append(Area(name, key, dtype, shape, offset, row_bytes))
+        offset += rows * row_bytes
+    return areas, offset
+
+
+def frame(message: dict[str, Any]) -> bytes:
+    data = orjson.dumps(message)
+    return FRAME.pack(len(data)) + data
+
+
+def frame_length(head: bytes) -> int:
+    """The JSON bytes a frame's head announces; ValueError past MAX_FRAME_BYTES."""
+    (length,) = FRAME.unpack(head)
+    if length > MAX_FRAME_BYTES:
+        raise ValueError(f"a lane frame of {length} bytes; at most {MAX_FRAME_BYTES}")
+    return length

@@ -1,0 +1,276 @@
+"""The local lane's client: predictions from a server on this host, with no HTTP.
+
+    from serve.lane_client import LaneClient
+    with LaneClient("/run/rlserve/lane.sock") as lane:
+        step = lane.predict(obs, model="cartpole", outputs=("actions", "log_probs"))
+
+Rows are written straight into a shared-memory slot the server sized for the model
+(``serve.dataplane.lane.wire``) and one byte on a Unix socket rings the server; the answer
+comes back the same way, stamped with the version that computed it. Usually reached
+through ``PolicyClient(url, lane=path)``, which keeps HTTP for the rest. Each thread gets
+lanes of its own, one per (model, version, outputs); a lane whose server restarted, or
+whose model's tensors changed with a new version, is opened again once, transparently.
+A failed call raises ``serve.client.RequestFailed`` as over HTTP.
+"""
+
+from __future__ import annotations
+
+import array
+import mmap
+import os
+import socket
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from serve.dataplane.lane import wire
+from serve.prediction import Prediction, RequestFailed
+
+
+class LaneUnavailable(ConnectionError):
+    """No server answers at the lane's path (none started, or it stopped)."""
+
+
+class _Lane:
+    """One open lane: its socket, its slot and its layout."""
+
+    def __init__(self, path: Path, hello: wire.Hello, timeout_s: float) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout_s)
+        try:
+            self.sock.connect(str(path))
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            self.sock.close()
+            raise LaneUnavailable(f"no rlserve local lane at {path}: {exc.strerror}") from exc
+        try:
+            self.layout, self.slot = _handshake(self.sock, hello)
+        except BaseException:
+            self.sock.close()
+            raise
+        self.seq = 0
+        self.inputs = {a.key: a for a in self.layout.inputs}
+        self.dtypes = {
+            a.name: np.dtype(a.dtype) for a in (*self.layout.inputs, *self.layout.outputs)
+        }
+
+    def call(
+        self, rows: dict[str | None, np.ndarray], n: int, deterministic: bool, seed: int | None,
+        timeout_ms: float | None,
+    ) -> tuple[wire.Status, tuple[Any, ...]]:  # fmt: skip
+        slot = self.slot
+        for key, area in self.inputs.items():
+            data = np.ascontiguousarray(rows[key], self.dtypes[area.name])
+            if data.shape[1:] != area.shape:
+                raise ValueError(
+                    f"observations{'' if key is None else f'[{key!r}]'}: rows of shape "
+                    f"{list(area.shape)} expected, got {list(data.shape[1:])}"
+                )
+            slot[area.offset : area.offset + data.nbytes] = data.tobytes()
+        self.seq += 1
+        flags = wire.Flags.DETERMINISTIC if deterministic else wire.Flags(0)
+        if seed is not None:
+            flags |= wire.Flags.SEEDED
+        wire.REQUEST.pack_into(
+            slot, wire.REQUEST_OFFSET, self.seq, n, flags, seed or 0, timeout_ms or 0.0
+        )
+        self.sock.sendall(wire.DOORBELL)
+        if not self.sock.recv(1):
+            raise ConnectionResetError("the server closed the local lane")
+        answer = wire.ANSWER.unpack_from(slot, wire.ANSWER_OFFSET)
+        if answer[0] != self.seq:
+            raise ConnectionResetError("the local lane's answer is for another call")
+        return wire.Status(answer[1]), answer
+
+    def outputs(self, n: int) -> dict[str, np.ndarray]:
+        return {
+            area.name: np.frombuffer(
+                self.slot,
+                self.dtypes[area.name],
+                n * area.row_bytes // self.dtypes[area.name].itemsize,
+                area.offset,
+            )
+            .reshape(n, *area.shape)
+            .copy()
+            for area in self.layout.outputs
+        }
+
+    def error(self, answer: tuple[Any, ...]) -> RequestFailed:
+        _, _, length, _, _, retry_after_s, status = answer
+        body = orjson.loads(self.slot[wire.MESSAGE_OFFSET : wire.MESSAGE_OFFSET + length])
+        return RequestFailed(status, body["code"], body["message"], retry_after_s or None)
+
+    def close(self) -> None:
+        self.sock.close()
+        self.slot.close()
+
+
+class LaneClient:
+    """Thread-safe: each thread that uses it gets lanes of its own."""
+
+    def __init__(self, path: str | Path, *, timeout_s: float = 10.0) -> None:
+        self.path = Path(path)
+        self.timeout_s = timeout_s
+        self._local = threading.local()
+        self._opened: list[_Lane] = []
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> LaneClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def available(self) -> bool:
+        """Whether a server answers at the lane's path now."""
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(self.path))
+            return True
+        except OSError:
+            return False
+        finally:
+            probe.close()
+
+    def predict(
+        self,
+        observations: Any,
+        *,
+        model: str | None = None,
+        version: int | None = None,
+        deterministic: bool = True,
+        seed: int | None = None,
+        outputs: Sequence[str] = ("actions",),
+        timeout_ms: float | None = None,
+    ) -> Prediction:
+        keyed = observations if isinstance(observations, dict) else {None: observations}
+        arrays = {k: np.asarray(v) for k, v in keyed.items()}
+        names = tuple(dict.fromkeys(outputs))
+        for attempt in (1, 2):
+            lane = self._lane(model, version, names, arrays)
+            single = _single(lane, arrays)
+            rows = {k: v[None] if single else v for k, v in arrays.items()}
+            n = len(next(iter(rows.values())))
+            try:
+                status, answer = lane.call(rows, n, deterministic, seed, timeout_ms)
+            except (ConnectionError, BrokenPipeError) as exc:
+                self._drop(lane)  # the server restarted, or stopped: once more on a new lane
+                if attempt == 2:
+                    raise LaneUnavailable(f"the local lane at {self.path} closed: {exc}") from exc
+                continue
+            if status is wire.Status.RECONNECT:  # a version with other tensors: a new slot
+                self._drop(lane)
+                continue
+            if status is wire.Status.ERROR:
+                raise lane.error(answer)
+            return _prediction(lane, answer, lane.outputs(n), single)
+        raise LaneUnavailable(f"the local lane at {self.path} kept changing its layout")
+
+    def _lane(
+        self, model: str | None, version: int | None, outputs: tuple[str, ...],
+        arrays: dict[str | None, np.ndarray],
+    ) -> _Lane:  # fmt: skip
+        lanes: dict[tuple[Any, ...], _Lane] = self._local.__dict__.setdefault("lanes", {})
+        key = (model, version, outputs)
+        lane = lanes.get(key)
+        rows = max((len(v) if v.ndim > 1 else 1) for v in arrays.values())
+        if lane is not None and lane.layout.rows < rows:
+            self._drop(lane)
+            lane = None
+        if lane is None:
+            hello = wire.Hello(model, version, max(rows, 1), outputs)
+            lane = lanes[key] = _Lane(self.path, hello, self.timeout_s)
+            with self._lock:
+                self._opened.append(lane)
+        return lane
+
+    def _drop(self, lane: _Lane) -> None:
+        lanes: dict[tuple[Any, ...], _Lane] = self._local.__dict__.get("lanes", {})
+        for key, value in list(lanes.items()):
+            if value is lane:
+                del lanes[key]
+        lane.close()
+        with self._lock:
+            if lane in self._opened:
+                self._opened.remove(lane)
+
+    def close(self) -> None:
+        with self._lock:
+            for lane in self._opened:
+                lane.close()
+            self._opened.clear()
+        self._local = threading.local()
+
+
+def _handshake(sock: socket.socket, hello: wire.Hello) -> tuple[wire.Layout, mmap.mmap]:
+    sock.sendall(
+        wire.frame(
+            {
+                "model": hello.model,
+                "version": hello.version,
+                "rows": hello.rows,
+                "outputs": list(hello.outputs),
+            }
+        )
+    )
+    fds = array.array("i")
+    head, ancillary, _, _ = sock.recvmsg(wire.FRAME.size, socket.CMSG_SPACE(fds.itemsize))
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    try:
+        if len(head) < wire.FRAME.size:
+            raise ConnectionResetError("the server closed the local lane during its hello")
+        body = _read_exactly(sock, wire.frame_length(head))
+        welcome = orjson.loads(body)
+        if "error" in welcome:
+            error = welcome["error"]
+            raise RequestFailed(error.get("status", 503), error["code"], error["message"], None)
+        layout = wire.Layout.from_json(welcome["layout"])
+        if not fds:
+            raise ConnectionResetError("the server sent no slot with its welcome")
+        return layout, mmap.mmap(fds[0], layout.size)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        more = sock.recv(n - len(data))
+        if not more:
+            raise ConnectionResetError("the server closed the local lane during its hello")
+        data += more
+    return data
+
+
+def _single(lane: _Lane, arrays: dict[str | None, np.ndarray]) -> bool:
+    """Whether the call is one observation (answered without the batch axis)."""
+    if set(arrays) != set(lane.inputs):
+        given = "an array" if None in arrays else f"a dict with keys {sorted(map(str, arrays))}"
+        raise ValueError(f"observations: this model takes {_described(lane)}; got {given}")
+    key, values = next(iter(arrays.items()))
+    return values.ndim == len(lane.inputs[key].shape)
+
+
+def _described(lane: _Lane) -> str:
+    keys = [a.key for a in lane.layout.inputs]
+    return "one array" if keys == [None] else f"a dict with keys {keys}"
+
+
+def _prediction(
+    lane: _Lane, answer: tuple[Any, ...], values: dict[str, np.ndarray], single: bool
+) -> Prediction:
+    version, sha256 = answer[3], answer[4].decode()
+    if single:
+        values = {k: v[0] for k, v in values.items()}
+    distribution = {k: v for k, v in values.items() if k not in wire.OWN_OUTPUTS}
+    return Prediction(
+        lane.layout.model, version, sha256,
+        actions=values.get("actions"), log_probs=values.get("log_probs"),
+        values=values.get("values"), distribution=distribution or None,
+    )  # fmt: skip

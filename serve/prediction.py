@@ -1,0 +1,31 @@
+"""What a client gets back: a prediction, or the error the server answered with.
+
+Shared by the HTTP client (``serve.client``) and the local lane's (``serve.lane_client``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+class RequestFailed(Exception):
+    def __init__(self, status: int, code: str, message: str, retry_after_s: float | None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message, self.retry_after_s = (
+            status,
+            code,
+            message,
+            retry_after_s,
+        )
+
+
+@dataclass(frozen=True)
+class Prediction:
+    model: str
+    model_version: int
+    model_sha256: str
+    actions: Any = None
+    log_probs: Any = None
+    values: Any = None
+    distribution: Any = None

@@ -1,0 +1,156 @@
+"""The local lane against a real server (``rlserve serve --lane PATH``), with the project's
+clients: answers equal HTTP's for the same observations, the lane's rows run in the same
+model's batches as HTTP's, bad input is answered clearly, a killed client costs the server
+nothing, and the server's stop removes its socket (slots are anonymous memfds: nothing is
+ever named in /dev/shm)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from serve.client import PolicyClient, RequestFailed
+from serve.lane_client import LaneClient, LaneUnavailable
+from tests.e2e.conftest import DEMO, ROOT
+from tests.e2e.server import Server
+
+OUTPUTS = ("actions", "log_probs", "values", "distribution")
+
+
+@pytest.fixture(scope="module")
+def lane_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+    tmp = tmp_path_factory.mktemp("lane")
+    repository = tmp / "repository"
+    repository.mkdir()
+    (repository / "cartpole").symlink_to(DEMO)
+    path = tmp / "lane.sock"
+    server = Server.rlserve(repository, "--lane", str(path), log=tmp / "log")
+    server.wait_ready()
+    yield server, path
+    server.stop()
+
+
+def observations(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-0.2, 0.2, (n, 4)).astype(np.float32)
+
+
+def test_lane_answers_equal_http_answers(lane_server: tuple[Server, Path]) -> None:
+    server, path = lane_server
+    rows = observations(16)
+    with LaneClient(path) as lane, PolicyClient(server.url) as http:
+        by_lane = lane.predict(rows, outputs=OUTPUTS)
+        by_http = http.predict(rows, outputs=OUTPUTS)
+        one_lane, one_http = lane.predict(rows[0]), http.predict(rows[0])
+    assert (by_lane.model, by_lane.model_version, by_lane.model_sha256) == (
+        by_http.model, by_http.model_version, by_http.model_sha256,
+    )  # fmt: skip
+    np.testing.assert_array_equal(by_lane.actions, by_http.actions)
+    np.testing.assert_allclose(by_lane.log_probs, by_http.log_probs, rtol=1e-6)
+    np.testing.assert_allclose(by_lane.values, by_http.values, rtol=1e-6)
+    np.testing.assert_allclose(
+        by_lane.distribution["logits"], by_http.distribution["logits"], rtol=1e-6
+    )
+    assert np.ndim(one_lane.actions) == 0  # one observation: no batch axis, as over HTTP
+    assert int(one_lane.actions) == one_http.actions
+
+
+def test_lane_and_http_calls_at_once_get_the_same_answers(
+    lane_server: tuple[Server, Path],
+) -> None:
+    server, path = lane_server
+    rows = observations(64, seed=1)
+    answers: dict[str, list[int]] = {"lane": [], "http": []}
+
+    def run(kind: str) -> None:
+        client = LaneClient(path) if kind == "lane" else PolicyClient(server.url)
+        with client:
+            for row in rows:
+                answers[kind].append(int(client.predict(row).actions))
+
+    with server.client() as metrics:
+        rows_before = server.metric(metrics, "rlserve_batch_rows_sum")
+        threads = [threading.Thread(target=run, args=(k,)) for k in ("lane", "http")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        batched = server.metric(metrics, "rlserve_batch_rows_sum") - rows_before
+    assert answers["lane"] == answers["http"]  # deterministic: the same rows, the same actions
+    assert len(answers["lane"]) == len(rows)
+    assert batched == 2 * len(rows)  # the lane's rows ran in the model's batches, as HTTP's
+
+
+def test_bad_input_is_answered_and_costs_nothing_else(lane_server: tuple[Server, Path]) -> None:
+    _, path = lane_server
+    with LaneClient(path) as lane:
+        with pytest.raises(RequestFailed) as bad:
+            lane.predict(np.array([np.nan, 0, 0, 0], np.float32))
+        assert (bad.value.status, bad.value.code) == (422, "invalid_input")
+        assert "finite" in bad.value.message
+        with pytest.raises(ValueError, match="rows of shape"):
+            lane.predict(np.zeros((2, 5), np.float32))
+        with pytest.raises(RequestFailed) as unknown:
+            lane.predict(observations(1)[0], model="nope")
+        assert unknown.value.status == 404
+        with pytest.raises(RequestFailed) as output:
+            lane.predict(observations(1)[0], outputs=("actions", "q_values"))
+        assert output.value.status == 422
+        assert "q_values" in output.value.message
+        assert lane.predict(observations(1)[0]).model == "cartpole"  # the lane still serves
+
+
+def test_a_killed_client_costs_the_server_nothing(lane_server: tuple[Server, Path]) -> None:
+    server, path = lane_server
+    script = (
+        "import numpy as np, sys\n"
+        "from serve.lane_client import LaneClient\n"
+        "lane = LaneClient(sys.argv[1])\n"
+        "print(lane.predict(np.zeros(4, np.float32)).model, flush=True)\n"
+        "while True: lane.predict(np.zeros(4, np.float32))\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "cartpole"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    child.stdout.close()
+    with LaneClient(path) as lane, server.client() as http:
+        assert lane.predict(observations(1)[0]).model == "cartpole"
+        assert http.get("/health").status_code == 200
+
+
+def test_the_lane_goes_with_its_server(tmp_path: Path) -> None:
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    (repository / "cartpole").symlink_to(DEMO)
+    path = tmp_path / "lane.sock"
+    path.touch()  # not a socket: refused, never removed
+    refused = Server.rlserve(repository, "--lane", str(path), log=tmp_path / "refused")
+    assert refused.process.wait(30) != 0
+    assert path.is_file()
+    assert "not a socket" in refused.output()
+    path.unlink()
+    shm_before = set(os.listdir("/dev/shm"))
+    server = Server.rlserve(repository, "--lane", str(path), log=tmp_path / "log")
+    try:
+        server.wait_ready()
+        assert oct(path.stat().st_mode & 0o777) == oct(0o600)
+        with PolicyClient(server.url, lane=path) as client:
+            assert client.predict(observations(1)[0]).model == "cartpole"
+            assert set(os.listdir("/dev/shm")) == shm_before  # the slot is a memfd
+    finally:
+        server.stop()
+    assert not path.exists()
+    with pytest.raises(LaneUnavailable):
+        LaneClient(path).predict(observations(1)[0])
