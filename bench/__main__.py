@@ -133,7 +133,7 @@ from bench import (
     servers,
     targets,
 )
-from bench.actor import ActorResult, Client
+from bench.actor import OVER_HTTP, ActorResult, Client
 from bench.results import ActorRun, Conditions, LoadRun, RawRun, Results
 from bench.scenarios import Scenario
 from bench.servers import Server, Setup
@@ -339,7 +339,7 @@ def _actor_runs(args: BenchArgs, model: Path, workdir: Path) -> list[ActorRun]:
     _say("cartpole: actor against rlserve serve")
     server = servers.start(servers.SERVE, model, workdir)
     try:
-        return [_actor(args, server, client) for client in Client]
+        return [_actor(args, server, client) for client in OVER_HTTP]
     finally:
         server.stop()
 

@@ -35,6 +35,11 @@ class Client(enum.Enum):
     LANE = "lane"  # the server's local lane (rlserve serve --lane PATH), given as --lane
 
 
+# The clients `python -m bench` runs the actor with (the lane is measured on its own so far:
+# docs/lane.md).
+OVER_HTTP = (Client.POLICY, Client.HTTP)
+
+
 @dataclass
 class ActorArgs:
     url: str = field(metadata=arg("the server's base URL, e.g. http://127.0.0.1:8000"))

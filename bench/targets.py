@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bench import cache, lm, loop, models, oip, overload, ratios, servers
-from bench.actor import Client
+from bench.actor import OVER_HTTP, Client
 from bench.cache import CacheRun, Path_
 from bench.lm import LmRun, ServerRun
 from bench.loop import LoopRun
@@ -52,7 +52,7 @@ def judge(results: Results) -> list[Verdict]:
         _stochastic_loss(results, 64, 0.15),
         _stochastic_loss(results, 8, 0.15),
         _gunicorn_cpu(results, 0.10),
-        *(_actor(results, client, ACTOR_MINIMUM[client]) for client in Client),
+        *(_actor(results, client, ACTOR_MINIMUM[client]) for client in OVER_HTTP),
         overload_verdict(results.overload),
         *oip_verdicts(results.oip),
         *loop_verdicts(results.loop),
