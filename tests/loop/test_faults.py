@@ -89,7 +89,10 @@ class Audit(threading.Thread):
 
 
 def lines(log: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    """The trainer's finished update lines; a line it is still writing (no newline yet) is
+    left for the next look."""
+    text = log.read_text() if log.exists() else ""
+    return [json.loads(line) for line in text.split("\n")[:-1]]
 
 
 def wait_for_updates(log: Path, n: int, process: subprocess.Popen[str], err: Path) -> None:
