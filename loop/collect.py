@@ -53,6 +53,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
@@ -237,6 +238,7 @@ class RolloutWorker:
         request_timeout_s: float = 10.0,
         vectorization: Vectorization = "auto",
         buffer_options: BufferOptions | None = None,
+        lane: str | Path | None = None,
     ) -> None:
         if retry_for_s < 0:
             raise ConfigError(f"retry_for_s must be >= 0, got {retry_for_s}")
@@ -259,7 +261,7 @@ class RolloutWorker:
                     "record holds one array: wrap the env to flatten them"
                 )
             try:
-                self.client = PolicyClient(server, timeout_s=request_timeout_s)
+                self.client = PolicyClient(server, timeout_s=request_timeout_s, lane=lane)
             except ValueError as e:
                 raise ConfigError(f"server {server!r}: give it as http://HOST:PORT") from e
             opened.pop_all()

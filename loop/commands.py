@@ -17,6 +17,7 @@ import os
 import sys
 import textwrap
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from serve.cli.arguments import add_arguments as add_dataclass_arguments
@@ -117,6 +118,16 @@ class CollectArgs:
             metavar="NAME",
         ),
     )
+    lane: str | None = field(
+        default=None,
+        metadata=arg(
+            "the server's local lane (rlserve serve --lane PATH), when this worker runs on the "
+            "server's host: actions come through shared memory instead of HTTP, and over "
+            "--server's HTTP if the lane is not there or goes away (default: "
+            "inference_cluster.lane from --config, else HTTP only)",
+            metavar="PATH",
+        ),
+    )
     steps: int | None = field(
         default=None,
         metadata=arg(
@@ -178,6 +189,7 @@ class Resolved:
     retry_for_s: float
     vectorization: str
     buffer_options: BufferOptions | None
+    lane: str | None = None
 
 
 def resolve(args: CollectArgs) -> Resolved:
@@ -200,6 +212,7 @@ def resolve(args: CollectArgs) -> Resolved:
             num_envs=_first(args.num_envs, 8), seed=args.seed, model=args.model,
             retry_for_s=_first(args.retry_for_s, 60.0),
             vectorization=_first(args.vectorization, "auto"), buffer_options=None,
+            lane=args.lane,
         )  # fmt: skip
     loaded = loop_config.load(*files)
     rollout = loaded.rollout
@@ -213,11 +226,16 @@ def resolve(args: CollectArgs) -> Resolved:
         retry_for_s=_first(args.retry_for_s, rollout.retry_for_s),
         vectorization=_first(args.vectorization, rollout.vectorization),
         buffer_options=loaded.buffer_options(),
+        lane=_first(args.lane, _path(loaded.inference_cluster.lane)),
     )
 
 
 def _first(flag: T | None, fallback: T) -> T:
     return fallback if flag is None else flag
+
+
+def _path(path: Path | None) -> str | None:
+    return None if path is None else str(path)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -243,10 +261,12 @@ def run(namespace: argparse.Namespace) -> int:
         retry_for_s=given.retry_for_s,
         vectorization=cast("Vectorization", given.vectorization),  # argparse or pydantic checked it
         buffer_options=given.buffer_options,
+        lane=given.lane,
     ) as worker:
         _progress(
             f"worker {worker.worker_id}-{worker.run_id}: {given.num_envs} x {given.env} "
             f"-> {given.buffer}, asking {given.server}"
+            + (f" (local lane {given.lane})" if given.lane else "")
         )
         if args.metrics_port is not None:
             from loop.worker_metrics import serve_metrics

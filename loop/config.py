@@ -237,6 +237,12 @@ class InferenceCluster(_Section):
         default=None, description="the model to ask and push; None: the default"
     )
     request_timeout_s: float = Field(default=10.0, gt=0, description="one predict or push")
+    lane: Path | None = Field(
+        default=None,
+        description="the server's local lane (rlserve serve --lane PATH), for workers on the "
+        "server's host: predictions go through shared memory, and over HTTP if the lane is "
+        "not there; None: HTTP only",
+    )
 
 
 class TrainingCluster(_Section):

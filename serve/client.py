@@ -15,8 +15,9 @@ included. :class:`AsyncPolicyClient` does the same over httpx's async connection
 
 On the server's own host, ``PolicyClient(url, lane=path)`` sends predictions through the
 server's local lane (``rlserve serve --lane PATH``; ``serve.lane_client``): arrays in shared
-memory, no HTTP. When no server answers at that path the client says so once (a warning)
-and predicts over HTTP; a call giving ``actions`` to score always goes over HTTP.
+memory, no HTTP. When no server answers at that path the client says so (a warning) and
+predicts over HTTP, trying the lane again every ``LANE_RETRY_S`` seconds (a restarted server
+is found again); a call giving ``actions`` to score always goes over HTTP.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import hashlib
 import http.client
 import logging
 import threading
+import time
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -231,6 +233,9 @@ class _KeepAlive:
 # ---------------------------------------------------------------------- clients
 
 
+LANE_RETRY_S = 10.0  # after the lane failed, predictions go over HTTP this long
+
+
 class PolicyClient:
     """Thread-safe: each thread that uses it gets its own connection."""
 
@@ -244,6 +249,7 @@ class PolicyClient:
     ):
         self._http = _KeepAlive(url, timeout_s, _auth(admin_token))
         self._lane = None if lane is None else LaneClient(lane, timeout_s=timeout_s)
+        self._lane_retry_at = 0.0  # monotonic time; before it, predictions go over HTTP
 
     def __enter__(self) -> PolicyClient:
         return self
@@ -271,15 +277,15 @@ class PolicyClient:
         actions: Any = None,
         timeout_ms: float | None = None,
     ) -> Prediction:
-        if self._lane is not None and actions is None:
+        if self._lane is not None and actions is None and time.monotonic() >= self._lane_retry_at:
             try:
                 return self._lane.predict(
                     observations, model=model, version=version, deterministic=deterministic,
                     seed=seed, outputs=outputs, timeout_ms=timeout_ms,
                 )  # fmt: skip
             except LaneUnavailable as exc:
-                log.warning("%s; predicting over HTTP from now on", exc)
-                self._lane = None
+                log.warning("%s; predicting over HTTP, the lane again in %gs", exc, LANE_RETRY_S)
+                self._lane_retry_at = time.monotonic() + LANE_RETRY_S
         call = _predict_call(
             observations, model, version, deterministic, seed, outputs, actions, timeout_ms
         )

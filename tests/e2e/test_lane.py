@@ -6,6 +6,7 @@ ever named in /dev/shm)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -154,3 +155,71 @@ def test_the_lane_goes_with_its_server(tmp_path: Path) -> None:
     assert not path.exists()
     with pytest.raises(LaneUnavailable):
         LaneClient(path).predict(observations(1)[0])
+
+
+def collect(server_url: str, buffer: Path, *flags: str) -> dict[str, object]:
+    """``rlserve collect`` for 256 steps of 4 CartPole envs; its JSON summary."""
+    done = subprocess.run(
+        [sys.executable, "-m", "serve.cli", "collect", "--env", "CartPole-v1",
+         "--server", server_url, "--buffer", buffer.as_uri(), "--num-envs", "4",
+         "--steps", "256", "--retry-for-s", "5", *flags],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    return dict(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_collect_asks_through_the_lane(lane_server: tuple[Server, Path], tmp_path: Path) -> None:
+    _, path = lane_server
+    # Nothing listens on port 9: every step the worker makes came through the lane.
+    summary = collect("http://127.0.0.1:9", tmp_path / "buffer", "--lane", str(path))
+    assert summary["env_steps"] == summary["published"] == 256
+    assert summary["predict_retries"] == 0
+
+
+def test_collect_falls_back_to_http_without_a_lane(
+    lane_server: tuple[Server, Path], tmp_path: Path
+) -> None:
+    server, _ = lane_server
+    summary = collect(server.url, tmp_path / "buffer", "--lane", str(tmp_path / "none.sock"))
+    assert summary["env_steps"] == summary["published"] == 256
+
+
+def test_a_lane_client_survives_a_killed_and_restarted_server(tmp_path: Path) -> None:
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    (repository / "cartpole").symlink_to(DEMO)
+    path = tmp_path / "lane.sock"
+    shm_before = set(os.listdir("/dev/shm"))
+    server = Server.rlserve(repository, "--lane", str(path), log=tmp_path / "log-1")
+    server.wait_ready()
+    with LaneClient(path) as client:
+        before = client.predict(observations(8), outputs=OUTPUTS)
+        server.process.kill()  # SIGKILL: the socket file stays behind
+        server.process.wait(30)
+        with pytest.raises(LaneUnavailable):
+            client.predict(observations(8))
+        restarted = Server.rlserve(repository, "--lane", str(path), log=tmp_path / "log-2")
+        try:
+            restarted.wait_ready()  # the stale socket was taken over
+            after = client.predict(observations(8), outputs=OUTPUTS)  # the same client
+        finally:
+            restarted.stop()
+    np.testing.assert_array_equal(before.actions, after.actions)
+    np.testing.assert_allclose(before.values, after.values, rtol=1e-6)
+    assert set(os.listdir("/dev/shm")) == shm_before
+    assert not path.exists()
+
+
+def test_policy_client_tries_the_lane_again_after_it_failed(
+    lane_server: tuple[Server, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, path = lane_server
+    monkeypatch.setattr("serve.client.LANE_RETRY_S", 0.0)
+    later = tmp_path / "later.sock"
+    # Nothing listens on port 9: a prediction that succeeds came through the lane.
+    with PolicyClient("http://127.0.0.1:9", lane=later) as client:
+        with pytest.raises((OSError, RequestFailed)):
+            client.predict(observations(1)[0])  # no lane yet: over HTTP, which is down
+        later.symlink_to(path)  # the lane appears
+        assert client.predict(observations(1)[0]).model == "cartpole"
