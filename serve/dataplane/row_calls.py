@@ -10,8 +10,9 @@ between the two, every call takes these steps, written here only:
 2. **admit**: refused before any work in proportion to the call when its deadline passed
    (504) or the queue could not serve it in time (429); asked once per call;
 3. **prepare**: the frontend's decoding and the version's validation, on the event loop
-   when the call is small, on a worker thread when it is large (:data:`INLINE_BYTES`), so
-   no call holds the loop in proportion to its size;
+   when the call is small, on a worker thread when it is large (more than
+   ``http_calls.INLINE_BODY_BYTES`` of JSON body or tensors' data), so no call holds the
+   loop in proportion to its size;
 4. **submit**: never queued once its deadline passed; the scheduler answers it with the
    version that computed it, for the frontend to stamp (``http_calls.stamp``).
 
@@ -30,9 +31,6 @@ from serve.dataplane.deadline import Deadline, LoopTurn
 from serve.dataplane.http_calls import INLINE_BODY_BYTES
 from serve.dataplane.messages import InferenceResponse, Prepared
 from serve.dataplane.routing import Route
-
-# Calls of more bytes than this (a JSON body, or tensors' data) are prepared off the loop.
-INLINE_BYTES = INLINE_BODY_BYTES
 
 T = TypeVar("T")
 
@@ -59,9 +57,9 @@ class RowCalls:
 
     @staticmethod
     async def prepare(size: int, work: Callable[[PreparedOn], T]) -> T:
-        """Step 3: ``work`` on the loop for a call of ``size`` bytes up to INLINE_BYTES,
+        """Step 3: ``work`` on the loop for a call of ``size`` bytes up to INLINE_BODY_BYTES,
         else on a worker thread."""
-        if size <= INLINE_BYTES:
+        if size <= INLINE_BODY_BYTES:
             return work(PreparedOn.LOOP)
         return await asyncio.to_thread(work, PreparedOn.THREAD)
 
