@@ -189,7 +189,7 @@ class Resolved:
     retry_for_s: float
     vectorization: str
     buffer_options: BufferOptions | None
-    lane: str | None = None
+    lane: str | Path | None
 
 
 def resolve(args: CollectArgs) -> Resolved:
@@ -226,16 +226,12 @@ def resolve(args: CollectArgs) -> Resolved:
         retry_for_s=_first(args.retry_for_s, rollout.retry_for_s),
         vectorization=_first(args.vectorization, rollout.vectorization),
         buffer_options=loaded.buffer_options(),
-        lane=_first(args.lane, _path(loaded.inference_cluster.lane)),
+        lane=_first(args.lane, loaded.inference_cluster.lane),
     )
 
 
 def _first(flag: T | None, fallback: T) -> T:
     return fallback if flag is None else flag
-
-
-def _path(path: Path | None) -> str | None:
-    return None if path is None else str(path)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
