@@ -106,6 +106,14 @@ class LoadResult:
         return self.requests - self.ok + self.failures
 
     @property
+    def errors_named(self) -> str:
+        """The errors with what they were: ``0``, or ``11 (429 x9, 504 x2)``."""
+        parts = [f"{status} x{n}" for status, n in sorted(self.statuses.items()) if status != 200]
+        if self.failures:
+            parts.append(f"lost connection x{self.failures}")
+        return f"{self.errors} ({', '.join(parts)})" if parts else str(self.errors)
+
+    @property
     def p50_ms(self) -> float:
         return percentile_ms(self.latencies_s, 50)
 

@@ -130,7 +130,7 @@ def _load_row(point: LoadPoint) -> str:
     return (
         f"| {point.model} | {point.provider} | {point.rows} | {point.connections} "
         f"| {load.requests_per_s:,.0f} | {point.rows_per_s:,.0f} | {load.p50_ms:.2f} "
-        f"| {load.p99_ms:.2f} | {load.errors} | {per_batch} "
+        f"| {load.p99_ms:.2f} | {load.errors_named} | {per_batch} "
         f"| {_busy(point.gpu.metrics_utilization)} | {_busy(point.gpu.health_utilization)} "
         f"| {_memory(point.gpu)} |"
     )

@@ -345,10 +345,11 @@ async def test_a_failing_part_fails_the_whole_request_and_drops_the_queued_parts
 async def test_under_a_backlog_cheap_batches_run_back_to_back_in_one_turn(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A chain long enough that a busy machine's pause between two batches cannot end it.
+    # A chain long enough that a busy machine's pause between two batches cannot end it,
+    # and an inline threshold that a slow run on a busy machine cannot cross either.
     monkeypatch.setattr(dynamic_batcher, "CHAIN_S", 10.0)
     model = EchoModel()
-    cycle = lifecycle(model, max_batch_size=2)
+    cycle = lifecycle(model, max_batch_size=2, inline_max_ms=10_000)
     answers = [submit(cycle, [float(i), float(i)]) for i in range(5)]
     batches_in_first_turn: list[int] = []
     asyncio.get_running_loop().call_soon(lambda: batches_in_first_turn.append(len(model.batches)))
