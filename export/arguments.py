@@ -28,6 +28,15 @@ class ActorCriticAlgorithm(StrEnum):
     A2C = "a2c"
 
 
+class Sb3Algorithm(StrEnum):
+    PPO = "ppo"
+    A2C = "a2c"
+    SAC = "sac"
+    TD3 = "td3"
+    DDPG = "ddpg"
+    DQN = "dqn"
+
+
 class LanguageModelAlgorithm(StrEnum):
     DPO = "dpo"
     GRPO = "grpo"
@@ -105,7 +114,7 @@ class CommonArgs(DestinationArgs):
 class Sb3Args(CommonArgs):
     checkpoint: Path = field(
         metadata=arg(
-            "PPO or A2C checkpoint saved by Stable-Baselines3's model.save()",
+            "PPO, A2C, SAC, TD3, DDPG or DQN checkpoint saved by Stable-Baselines3's model.save()",
             positional=True,
             metavar="CHECKPOINT.zip",
         )
@@ -124,8 +133,12 @@ class Sb3Args(CommonArgs):
             "take already-normalised observations)"
         ),
     )
-    algorithm: ActorCriticAlgorithm | None = field(
-        default=None, metadata=arg("force the algorithm (default: read from the checkpoint)")
+    algorithm: Sb3Algorithm | None = field(
+        default=None,
+        metadata=arg(
+            "force the algorithm (default: read from the checkpoint's policy class and "
+            "settings); it must be one of the policy class's algorithms"
+        ),
     )
     image_layout: ImageLayout = field(
         default=ImageLayout.HWC,

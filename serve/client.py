@@ -146,7 +146,7 @@ def _result(reply: _Reply) -> Any:
 
 
 def _prediction(body: dict[str, Any]) -> Prediction:
-    fields = ("actions", "log_probs", "values", "distribution")
+    fields = ("actions", "log_probs", "values", "distribution", "q_values")
     return Prediction(
         body["model"], body["model_version"], body["model_sha256"], *(body.get(f) for f in fields)
     )

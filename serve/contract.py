@@ -32,6 +32,10 @@ METADATA_KEY = "rlserve.policy"
 class Algorithm(StrEnum):
     PPO = "ppo"
     A2C = "a2c"
+    SAC = "sac"
+    TD3 = "td3"
+    DDPG = "ddpg"
+    DQN = "dqn"
     DPO = "dpo"
     GRPO = "grpo"
 
@@ -42,7 +46,8 @@ class TensorRole(StrEnum):
     LOGITS = "logits"  # output: categorical / bernoulli parameters
     MEAN = "mean"  # output: gaussian mean (before clipping)
     LOG_STD = "log_std"  # output: gaussian log standard deviation
-    VALUE = "value"  # output: the critic's state value, shape [batch]
+    VALUE = "value"  # output: the critic's value of the state (off-policy: of the action), [batch]
+    Q_VALUES = "q_values"  # output: a Q-network's value of each discrete action, [batch, n]
 
 
 class _Model(BaseModel):

@@ -1,16 +1,18 @@
 """Action distributions in numpy: the reference for stochastic actions and log-probabilities.
 
 An exported graph outputs the distribution's parameters (logits, or mean and log_std) and
-the deterministic action. Sampling and log-probabilities happen here, on those parameters,
-so that a seed reproduces the same actions anywhere and ``log_prob`` of a given action
-matches the source policy's ``evaluate_actions`` (tests hold it to 1e-5).
+the deterministic action; a deterministic policy (TD3, DDPG, DQN) has no distribution.
+Sampling and log-probabilities happen here, on those parameters, so that a seed reproduces
+the same actions anywhere and ``log_prob`` of a given action matches the source policy's
+``evaluate_actions`` (tests hold it to 1e-5).
 
 Every method works on all rows at once. Sampling is split in two so that a batch can mix
 randomness sources: ``draw(rng, rows)`` takes the random numbers that ``sample_with`` turns
 into actions, and ``sample(rng)`` is the two together. A request's own seed therefore
 gives the same actions whatever other rows share its batch.
 
-Computation is in float64 and results are returned as float32, the policies' precision.
+Computation is in float64 and results are returned as float32, the policies' precision
+(a squashed Gaussian's samples excepted: see ``SquashedDiagGaussian.sample_with``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ class DistributionKind(StrEnum):
     MULTI_CATEGORICAL = "multi_categorical"  # MultiDiscrete: logits [B, sum(nvec)]
     BERNOULLI = "bernoulli"  # MultiBinary: logits [B, n]
     DIAG_GAUSSIAN = "diag_gaussian"  # Box: mean [B, d], log_std [B, d]
+    # Box, SAC: a Gaussian over mean [B, d], log_std [B, d] squashed by tanh into [-1, 1],
+    # which the policy heads rescale to the Box's bounds
+    SQUASHED_DIAG_GAUSSIAN = "squashed_diag_gaussian"
+    DETERMINISTIC = "deterministic"  # TD3, DDPG, DQN: the action alone, nothing to sample
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether the policy has a distribution to sample from and score actions under."""
+        return self is not DistributionKind.DETERMINISTIC
 
 
 class Distribution(Protocol):
@@ -160,10 +171,59 @@ class DiagGaussian:
         return DiagGaussian(self.mean[rows], self.log_std[rows])
 
     def log_prob(self, actions: np.ndarray) -> np.ndarray:
-        mean, log_std = self.mean.astype(np.float64), self.log_std.astype(np.float64)
-        z = (actions.astype(np.float64) - mean) / np.exp(log_std)
-        per_dim = -0.5 * z * z - log_std - _LOG_SQRT_2PI
-        return per_dim.sum(axis=-1).astype(np.float32)
+        return _gaussian_log_prob(self.mean, self.log_std, actions).astype(np.float32)
+
+
+def _gaussian_log_prob(mean: np.ndarray, log_std: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The diagonal Gaussian's log-density of each row of ``x``, in float64."""
+    log_std64 = log_std.astype(np.float64)
+    z = (x.astype(np.float64) - mean.astype(np.float64)) / np.exp(log_std64)
+    per_dim = -0.5 * z * z - log_std64 - _LOG_SQRT_2PI
+    result: np.ndarray = per_dim.sum(axis=-1)
+    return result
+
+
+# SB3's TanhBijector: atanh's argument kept this far inside (-1, 1), and the epsilon of the
+# log-determinant of tanh, log(1 - a^2 + eps).
+_TANH_INSIDE = float(np.finfo(np.float32).eps)
+_TANH_LOG_DET_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class SquashedDiagGaussian:
+    """SAC's policy: u ~ N(mean, exp(log_std)), action tanh(u) in [-1, 1]. ``log_prob``
+    takes actions in [-1, 1] and includes the tanh correction, as Stable-Baselines3's
+    ``SquashedDiagGaussianDistribution`` computes it (the rescaling to the Box's bounds adds
+    a constant that it leaves out, and so does this)."""
+
+    mean: np.ndarray  # [B, d]
+    log_std: np.ndarray  # [B, d]
+
+    def mode(self) -> np.ndarray:
+        return np.tanh(self.mean.astype(np.float64)).astype(np.float32)
+
+    def draw(self, rng: np.random.Generator, rows: int) -> np.ndarray:
+        return rng.standard_normal((rows, self.mean.shape[-1]))
+
+    def sample_with(self, noise: np.ndarray) -> np.ndarray:
+        """In float64: tanh rounds to +-1 in float32 long before it does in float64, and a
+        sampled action's log-probability is computed from this value."""
+        gaussian = self.mean + np.exp(self.log_std.astype(np.float64)) * noise
+        squashed: np.ndarray = np.tanh(gaussian)
+        return squashed
+
+    def sample(self, rng: np.random.Generator) -> np.ndarray:
+        return self.sample_with(self.draw(rng, len(self.mean)))
+
+    def take(self, rows: np.ndarray) -> SquashedDiagGaussian:
+        return SquashedDiagGaussian(self.mean[rows], self.log_std[rows])
+
+    def log_prob(self, actions: np.ndarray) -> np.ndarray:
+        squashed = actions.astype(np.float64)
+        inside = np.clip(squashed, -1.0 + _TANH_INSIDE, 1.0 - _TANH_INSIDE)
+        gaussian = _gaussian_log_prob(self.mean, self.log_std, np.arctanh(inside))
+        correction = np.log(1.0 - squashed * squashed + _TANH_LOG_DET_EPS).sum(axis=-1)
+        return (gaussian - correction).astype(np.float32)
 
 
 def build(
@@ -178,4 +238,8 @@ def build(
         return MultiCategorical(params["logits"], nvec)
     if kind is DistributionKind.BERNOULLI:
         return Bernoulli(params["logits"])
+    if kind is DistributionKind.SQUASHED_DIAG_GAUSSIAN:
+        return SquashedDiagGaussian(params["mean"], params["log_std"])
+    if kind is DistributionKind.DETERMINISTIC:
+        raise ValueError("a deterministic policy has no distribution to build")
     return DiagGaussian(params["mean"], params["log_std"])

@@ -273,4 +273,5 @@ def _prediction(
         lane.layout.model, version, sha256,
         actions=values.get("actions"), log_probs=values.get("log_probs"),
         values=values.get("values"), distribution=distribution or None,
+        q_values=values.get("q_values"),
     )  # fmt: skip

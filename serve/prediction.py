@@ -29,3 +29,4 @@ class Prediction:
     log_probs: Any = None
     values: Any = None
     distribution: Any = None
+    q_values: Any = None  # a Q-network's value of each action (DQN)

@@ -15,6 +15,7 @@ class OutputKind(StrEnum):
     ACTIONS = "actions"
     LOG_PROBS = "log_probs"
     VALUES = "values"
+    Q_VALUES = "q_values"
     DISTRIBUTION = "distribution"
 
 

@@ -1,11 +1,15 @@
 """The exported graph: raw observations in; action, distribution parameters and value out.
 
-``PolicyGraph`` chains three parts that every source provides:
+``PolicyGraph`` chains three parts that every actor-critic source provides:
 
 1. one preprocessing pipeline per observation input (normalisation, HWC to CHW);
 2. a *core*, the source's own network, mapping preprocessed observations to the
    distribution's parameters (``(logits,)`` or ``(mean, log_std)``) and the value ``[B]``;
 3. a head computing the deterministic action from the first parameter.
+
+``ActorGraph`` is for policies whose network computes its action itself (off-policy
+actors, Q-networks): the pipelines, then a core that returns every output in
+``output_specs`` order.
 """
 
 from __future__ import annotations
@@ -13,6 +17,10 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 Parameters = tuple[Tensor, ...]
+
+
+def _prepared(pipelines: nn.ModuleList, inputs: tuple[Tensor, ...]) -> list[Tensor]:
+    return [pipeline(x) for pipeline, x in zip(pipelines, inputs, strict=True)]
 
 
 class PolicyGraph(nn.Module):
@@ -23,6 +31,16 @@ class PolicyGraph(nn.Module):
         self.head = head
 
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
-        prepared = [pipeline(x) for pipeline, x in zip(self.pipelines, inputs, strict=True)]
-        parameters, value = self.core(prepared)
+        parameters, value = self.core(_prepared(self.pipelines, inputs))
         return (self.head(parameters[0]), *parameters, value)
+
+
+class ActorGraph(nn.Module):
+    def __init__(self, pipelines: nn.ModuleList, core: nn.Module) -> None:
+        super().__init__()
+        self.pipelines = pipelines
+        self.core = core
+
+    def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        outputs: tuple[Tensor, ...] = self.core(_prepared(self.pipelines, inputs))
+        return outputs

@@ -5,9 +5,9 @@ float values must satisfy ``|onnx - source| <= tolerance * (1 + |source|)`` elem
 an absolute tolerance near zero that grows with the value's magnitude (float32 carries about
 7 significant digits, so a value of 100 cannot be pinned to 1e-5 absolutely).
 
-The ``log_prob`` row holds :mod:`serve.distributions`, run on onnxruntime's distribution
-parameters, to the source's own log-probabilities of actions sampled from the source's
-distribution.
+The ``log_prob`` row (for a policy with a distribution) holds :mod:`serve.distributions`,
+run on onnxruntime's distribution parameters, to the source's own log-probabilities of
+actions sampled from the source's distribution.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from export.actor_critic.source import Observations, PolicySource
+from export.actor_critic.source import Observations, PolicySource, Sampler
 from export.actor_critic.tensors import input_name, output_specs
 from export.runner import Runner
 from serve.contract import TensorRole, TensorSpec
@@ -67,7 +67,8 @@ def compare(
     theirs = source.reference.outputs(observations)
     specs = output_specs(source.action_space, source.distribution.kind)
     rows = [_row(spec, ours[spec.name], theirs[spec.name], tolerance) for spec in specs]
-    rows.append(_log_prob_row(source, ours, observations, tolerance, seed))
+    if source.sampler is not None:
+        rows.append(_log_prob_row(source, source.sampler, ours, observations, tolerance, seed))
     return ParityReport(rows=rows, samples=len(ours["value"]), tolerance=tolerance)
 
 
@@ -84,12 +85,13 @@ def _row(spec: TensorSpec, ours: np.ndarray, theirs: np.ndarray, tolerance: floa
 
 def _log_prob_row(
     source: PolicySource,
+    sampler: Sampler,
     ours: dict[str, np.ndarray],
     observations: Observations,
     tolerance: float,
     seed: int,
 ) -> ParityRow:
-    sampled = source.reference.sampled_log_prob(observations, seed)
+    sampled = sampler.sampled_log_prob(observations, seed)
     nvec = tuple(source.distribution.nvec) if source.distribution.nvec else None
     distribution = build(source.distribution.kind, ours, nvec)
     log_prob = distribution.log_prob(sampled.actions)

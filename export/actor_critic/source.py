@@ -1,7 +1,9 @@
 """What a source adapter (SB3, a torch module) hands to the export pipeline.
 
 A :class:`PolicySource` is the graph to export plus a :class:`Reference`: the source
-framework's own computation of the same outputs, which parity compares against onnxruntime.
+framework's own computation of the same outputs, which parity compares against onnxruntime;
+and, for a policy with a distribution, a :class:`Sampler`: the source's own samples and
+their log-probabilities.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ class Reference(Protocol):
         """Output name (action, logits or mean and log_std, value) -> the source's values."""
         ...
 
+
+class Sampler(Protocol):
+    """The source's own sampling, for a policy with a distribution."""
+
     def sampled_log_prob(self, observations: Observations, seed: int) -> SampledLogProb: ...
 
 
@@ -45,3 +51,4 @@ class PolicySource:
     action_space: Leaf
     distribution: DistributionSpec
     preprocessing: Preprocessing
+    sampler: Sampler | None  # None: a deterministic policy (no distribution to hold to)

@@ -2,7 +2,8 @@
 
 Inputs are ``obs`` (or ``obs.<key>`` per key of a Dict space) in the dtype
 :func:`serve.spaces.input_dtype` gives; outputs are ``action``, the distribution's parameters
-(``logits``, or ``mean`` and ``log_std``) and ``value``, each with a leading batch axis.
+(``logits``, or ``mean`` and ``log_std``; a Q-network's ``q_values``) and ``value``, each
+with a leading batch axis.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def input_specs(space: Leaf | Dict) -> list[TensorSpec]:
 
 
 def output_specs(action_space: Leaf, kind: DistributionKind) -> list[TensorSpec]:
-    """action, then the distribution parameters, then value: the order the graph returns."""
+    """action, then the distribution parameters (a deterministic policy over discrete
+    actions: its Q-values), then value: the order the graph returns."""
     action_dtype = "float32" if isinstance(action_space, Box) else "int64"
     action = _spec("action", TensorRole.ACTION, action_dtype, leaf_shape(action_space))
     value = _spec("value", TensorRole.VALUE, "float32", ())
@@ -53,7 +55,11 @@ def output_specs(action_space: Leaf, kind: DistributionKind) -> list[TensorSpec]
 
 def _parameter_specs(action_space: Leaf, kind: DistributionKind) -> list[TensorSpec]:
     width = (parameter_width(action_space),)
-    if kind is DistributionKind.DIAG_GAUSSIAN:
+    if kind is DistributionKind.DETERMINISTIC:
+        if isinstance(action_space, Box):
+            return []
+        return [_spec("q_values", TensorRole.Q_VALUES, "float32", width)]
+    if kind in (DistributionKind.DIAG_GAUSSIAN, DistributionKind.SQUASHED_DIAG_GAUSSIAN):
         return [
             _spec("mean", TensorRole.MEAN, "float32", width),
             _spec("log_std", TensorRole.LOG_STD, "float32", width),

@@ -69,16 +69,18 @@ def load_source(options: TorchOptions) -> PolicySource:
     norm = _norm(options.obs_norm, observation_space)
     probe.check_method(module, options.method, observation_space, action_space, norm)
     kind = distribution_for(action_space).kind
+    reference = TorchReference(
+        module=module,
+        method=options.method,
+        kind=kind,
+        norm=norm,
+        action_space=action_space,
+        output_names=[spec.name for spec in output_specs(action_space, kind)],
+    )
     return PolicySource(
         graph=_graph(TorchCore(module, options.method, kind), norm, action_space),
-        reference=TorchReference(
-            module=module,
-            method=options.method,
-            kind=kind,
-            norm=norm,
-            action_space=action_space,
-            output_names=[spec.name for spec in output_specs(action_space, kind)],
-        ),
+        reference=reference,
+        sampler=reference,
         algorithm=options.algorithm,
         provenance=_provenance(options, module),
         observation_space=observation_space,

@@ -1,8 +1,10 @@
-"""Loading a Stable-Baselines3 PPO or A2C checkpoint (.zip) without its environment.
+"""Loading a Stable-Baselines3 checkpoint (.zip) without its environment.
 
-The algorithm is read from the checkpoint's saved settings (PPO has ``clip_range``; A2C has
-``n_steps`` but no ``clip_range``), or forced. Checkpoints this exporter cannot serve
-faithfully are refused with the reason and the fix.
+The policy class says the family (an actor-critic, SAC's, TD3's or DQN's policy); the
+algorithm within it is read from the checkpoint's saved settings (PPO has ``clip_range``,
+A2C ``n_steps`` but no ``clip_range``; DDPG is TD3 with ``policy_delay=1`` and no target
+noise clip), or forced. Checkpoints this exporter cannot serve faithfully are refused with
+the reason and the fix.
 
 Nothing in the checkpoint runs: the zip is size-checked (:mod:`export.sb3.archive`), its
 pickled settings are read by :mod:`export.sb3.pickles` and handed to Stable-Baselines3 as
@@ -15,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any
 
@@ -23,17 +26,39 @@ from export.sb3 import archive, pickles
 from serve.contract import Algorithm
 from serve.errors import ExportError, one_line
 
-_EXPORTABLE = "rlserve exports PPO and A2C actor-critic policies"
+_EXPORTABLE = "rlserve exports Stable-Baselines3's PPO, A2C, SAC, TD3, DDPG and DQN policies"
 _PICKLED = ":serialized:"  # how model.save() marks a cloudpickled setting in its JSON
 _POLICY_CLASS = "policy_class"
+
+
+class PolicyFamily(StrEnum):
+    """The kind of network a policy class is, and so how it is exported."""
+
+    ACTOR_CRITIC = "actor-critic"  # PPO, A2C: a distribution and a state value
+    SAC = "SAC"  # a squashed Gaussian actor and Q-critics
+    TD3 = "TD3"  # TD3 and DDPG: a deterministic actor and Q-critics
+    DQN = "DQN"  # a Q-network, acting greedily
+
+    @property
+    def algorithms(self) -> tuple[Algorithm, ...]:
+        return _ALGORITHMS[self]
+
+
+_ALGORITHMS = {
+    PolicyFamily.ACTOR_CRITIC: (Algorithm.PPO, Algorithm.A2C),
+    PolicyFamily.SAC: (Algorithm.SAC,),
+    PolicyFamily.TD3: (Algorithm.TD3, Algorithm.DDPG),
+    PolicyFamily.DQN: (Algorithm.DQN,),
+}
 
 
 @dataclass(frozen=True)
 class Sb3Checkpoint:
     path: Path
     algorithm: Algorithm
-    model: Any  # stable_baselines3 PPO or A2C
-    trained_under_vecnormalize: bool  # the saved data holds _last_original_obs
+    family: PolicyFamily
+    model: Any  # the stable_baselines3 model (PPO, A2C, SAC, TD3, DDPG or DQN)
+    trained_under_vecnormalize: bool  # known only for actor-critics (see below)
 
 
 def load(path: Path, algorithm: Algorithm | None, *, trust_checkpoint: bool) -> Sb3Checkpoint:
@@ -43,21 +68,30 @@ def load(path: Path, algorithm: Algorithm | None, *, trust_checkpoint: bool) -> 
         raw = archive.settings(file, path)
         restored = _restored(raw, path, trust_checkpoint=trust_checkpoint)
         data = {**raw, **restored}
-        _check_policy_class(data.get("policy_class"), path)
+        family = _family(data.get("policy_class"), path)
         if data.get("use_sde"):
             raise ExportError(
                 f"{path}: the policy uses gSDE (use_sde=True), whose noise depends on the "
                 "latent features; export a policy trained with use_sde=False"
             )
-        chosen = algorithm or _detect_algorithm(data, path)
+        chosen = _chosen(algorithm, family, data, path)
         file.seek(0)
         model = _load_model(chosen, file, path, restored)
     return Sb3Checkpoint(
         path=path,
         algorithm=chosen,
+        family=family,
         model=model,
-        trained_under_vecnormalize=data.get("_last_original_obs") is not None,
+        trained_under_vecnormalize=_trained_under_vecnormalize(data, family),
     )
+
+
+def _trained_under_vecnormalize(data: dict[str, Any], family: PolicyFamily) -> bool:
+    """On-policy algorithms keep ``_last_original_obs`` only under VecNormalize. Off-policy
+    ones keep it either way (without VecNormalize it is the observation before
+    ``_last_obs``), so their checkpoints do not say: for them this is False, and
+    ``--vecnormalize`` is the user's to give (docs/export.md says so)."""
+    return family is PolicyFamily.ACTOR_CRITIC and data.get("_last_original_obs") is not None
 
 
 def _restored(raw: dict[str, Any], path: Path, *, trust_checkpoint: bool) -> dict[str, Any]:
@@ -101,8 +135,9 @@ def _refusal(key: str, name: str, path: Path) -> str:
         short = name.rsplit(".", 1)[-1]
         return (
             f"{path}: unsupported policy class {short}; {_EXPORTABLE} (MlpPolicy, CnnPolicy, "
-            f"MultiInputPolicy), not recurrent or off-policy ones. data['policy_class'] names "
-            f"{name}; " + trust.format(why=", and it is your own subclass of ActorCriticPolicy")
+            f"MultiInputPolicy), not recurrent ones or sb3-contrib's. data['policy_class'] "
+            f"names {name}; "
+            + trust.format(why=", and it is your own subclass of one of SB3's policies")
         )
     return (
         f"{path}: data[{key!r}] is a pickle that names {name}, which a Stable-Baselines3 "
@@ -114,30 +149,61 @@ def _refusal(key: str, name: str, path: Path) -> str:
     )
 
 
-def _check_policy_class(policy_class: Any, path: Path) -> None:
+def _family(policy_class: Any, path: Path) -> PolicyFamily:
     from stable_baselines3.common.policies import ActorCriticPolicy
+    from stable_baselines3.dqn.policies import DQNPolicy
+    from stable_baselines3.sac.policies import SACPolicy
+    from stable_baselines3.td3.policies import TD3Policy
 
     if not isinstance(policy_class, type):
         raise ExportError(
             f"{path}: the checkpoint's policy_class could not be restored ({policy_class!r:.80}); "
             "install the package that defines it, then export again"
         )
-    recurrent = "Recurrent" in policy_class.__name__
-    if not issubclass(policy_class, ActorCriticPolicy) or recurrent:
+    bases = (
+        (ActorCriticPolicy, PolicyFamily.ACTOR_CRITIC),
+        (SACPolicy, PolicyFamily.SAC),
+        (TD3Policy, PolicyFamily.TD3),
+        (DQNPolicy, PolicyFamily.DQN),
+    )
+    if "Recurrent" not in policy_class.__name__:
+        for base, family in bases:
+            if issubclass(policy_class, base):
+                return family
+    raise ExportError(
+        f"{path}: unsupported policy class {policy_class.__name__}; {_EXPORTABLE} "
+        "(MlpPolicy, CnnPolicy, MultiInputPolicy), not recurrent ones or sb3-contrib's"
+    )
+
+
+def _chosen(
+    forced: Algorithm | None, family: PolicyFamily, data: dict[str, Any], path: Path
+) -> Algorithm:
+    if forced is None:
+        return _detect_algorithm(family, data, path)
+    if forced not in family.algorithms:
+        allowed = " or ".join(f"--algorithm {a.value}" for a in family.algorithms)
         raise ExportError(
-            f"{path}: unsupported policy class {policy_class.__name__}; {_EXPORTABLE} "
-            "(MlpPolicy, CnnPolicy, MultiInputPolicy), not recurrent or off-policy ones"
+            f"--algorithm {forced.value}: the checkpoint holds a {family.value} policy "
+            f"({data[_POLICY_CLASS].__name__}), which {forced.value.upper()} does not train; "
+            f"give {allowed}, or leave --algorithm out to read it from the checkpoint"
         )
+    return forced
 
 
-def _detect_algorithm(data: dict[str, Any], path: Path) -> Algorithm:
+def _detect_algorithm(family: PolicyFamily, data: dict[str, Any], path: Path) -> Algorithm:
+    if family is PolicyFamily.TD3:
+        ddpg = data.get("policy_delay") == 1 and data.get("target_noise_clip") == 0.0
+        return Algorithm.DDPG if ddpg else Algorithm.TD3
+    if family is not PolicyFamily.ACTOR_CRITIC:
+        return family.algorithms[0]
     if "clip_range" in data:
         return Algorithm.PPO
     if "n_steps" in data and "gae_lambda" in data:
         return Algorithm.A2C
     raise ExportError(
         f"{path}: cannot tell the algorithm (the checkpoint has neither PPO's clip_range nor "
-        f"A2C's n_steps); {_EXPORTABLE}; pass --algorithm ppo or --algorithm a2c if it is one"
+        f"A2C's n_steps); pass --algorithm ppo or --algorithm a2c if it is one"
     )
 
 
@@ -145,10 +211,9 @@ def _load_model(algorithm: Algorithm, file: IO[bytes], path: Path, restored: dic
     """The model from the open checkpoint; ``restored`` stands in for every pickled setting,
     so Stable-Baselines3 unpickles none of them itself (its state dicts are read with
     ``torch.load(weights_only=True)``)."""
-    from stable_baselines3 import A2C, PPO
+    import stable_baselines3
 
-    classes: dict[Algorithm, Any] = {Algorithm.PPO: PPO, Algorithm.A2C: A2C}
-    cls = classes.get(algorithm)
+    cls = getattr(stable_baselines3, algorithm.value.upper(), None)
     if cls is None:
         raise ExportError(f"--algorithm {algorithm.value}: not exportable; {_EXPORTABLE}")
     try:

@@ -22,17 +22,12 @@ class Sb3Core(nn.Module):
         self.gaussian = gaussian
 
     def forward(self, inputs: list[Tensor]) -> tuple[Parameters, Tensor]:
-        latent_pi, latent_vf = self._latents(self._observation(inputs))
+        latent_pi, latent_vf = self._latents(sb3_observation(self.keys, inputs))
         first = self.policy.action_net(latent_pi)
         value = self.policy.value_net(latent_vf).squeeze(-1)
         if self.gaussian:
             return (first, self.policy.log_std.expand_as(first)), value
         return (first,), value
-
-    def _observation(self, inputs: list[Tensor]) -> Tensor | dict[str, Tensor]:
-        if self.keys == [None]:
-            return inputs[0]
-        return {str(key): x for key, x in zip(self.keys, inputs, strict=True)}
 
     def _latents(self, observation: Tensor | dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         features = self.policy.extract_features(observation)
@@ -42,3 +37,10 @@ class Sb3Core(nn.Module):
         pi_features, vf_features = features
         extractor = self.policy.mlp_extractor
         return extractor.forward_actor(pi_features), extractor.forward_critic(vf_features)
+
+
+def sb3_observation(keys: list[str | None], inputs: list[Tensor]) -> Tensor | dict[str, Tensor]:
+    """The graph's preprocessed inputs as an SB3 policy takes them: one tensor, or a dict."""
+    if keys == [None]:
+        return inputs[0]
+    return {str(key): x for key, x in zip(keys, inputs, strict=True)}

@@ -7,7 +7,8 @@ colleague, a bucket or a hub can run any code when it is loaded.
 
 :func:`loads` admits only the names such a checkpoint needs — gymnasium's spaces, numpy's
 arrays, dtypes and random generators, plain containers, SB3's policy, buffer and schedule
-classes, torch's activation and optimiser classes, VecNormalize and its running statistics —
+classes (replay buffers, train frequencies and action noise of off-policy algorithms too),
+torch's activation and optimiser classes, VecNormalize and its running statistics —
 and refuses any other by name before it is called. ``--trust-checkpoint`` unpickles as
 Stable-Baselines3 itself does.
 """
@@ -91,12 +92,29 @@ _ALLOWED: frozenset[tuple[str, str]] = frozenset(
             )
         },
         *{
+            (f"stable_baselines3.{algorithm.lower()}.policies", name)
+            for algorithm in ("SAC", "TD3", "DQN")
+            for name in (f"{algorithm}Policy", "CnnPolicy", "MultiInputPolicy")
+        },
+        *{
             ("stable_baselines3.common.torch_layers", name)
             for name in ("FlattenExtractor", "NatureCNN", "CombinedExtractor")
         },
         *{
             ("stable_baselines3.common.buffers", name)
-            for name in ("RolloutBuffer", "DictRolloutBuffer")
+            for name in ("RolloutBuffer", "DictRolloutBuffer", "ReplayBuffer", "DictReplayBuffer")
+        },
+        *{
+            ("stable_baselines3.common.type_aliases", name)
+            for name in ("TrainFreq", "TrainFrequencyUnit")
+        },
+        *{
+            ("stable_baselines3.common.noise", name)
+            for name in (
+                "NormalActionNoise",
+                "OrnsteinUhlenbeckActionNoise",
+                "VectorizedActionNoise",
+            )
         },
         *{
             ("stable_baselines3.common.utils", name)

@@ -58,16 +58,23 @@ class Sb3Reference:
         return out
 
     def _policy_input(self, observations: Observations) -> Any:
-        as_sb3: Any = (
-            observations[None]
-            if None in observations
-            else {str(k): v for k, v in observations.items()}
-        )
-        if self.vecnormalize is not None:
-            as_sb3 = self.vecnormalize.normalize_obs(as_sb3)
-        if isinstance(as_sb3, dict):
-            return {k: self._layout(k, v) for k, v in as_sb3.items()}
-        return self._layout(None, as_sb3)
+        return policy_input(observations, self.vecnormalize, self.chw_keys)
 
-    def _layout(self, key: str | None, batch: np.ndarray) -> np.ndarray:
-        return np.transpose(batch, (0, 3, 1, 2)) if key in self.chw_keys else batch
+
+def policy_input(
+    observations: Observations, vecnormalize: Any | None, chw_keys: set[str | None]
+) -> Any:
+    """Raw observations as the SB3 policy saw them in training: normalised by the
+    VecNormalize object's own ``normalize_obs``, image leaves transposed to CHW."""
+    as_sb3: Any = (
+        observations[None] if None in observations else {str(k): v for k, v in observations.items()}
+    )
+    if vecnormalize is not None:
+        as_sb3 = vecnormalize.normalize_obs(as_sb3)
+    if isinstance(as_sb3, dict):
+        return {k: _layout(k, v, chw_keys) for k, v in as_sb3.items()}
+    return _layout(None, as_sb3, chw_keys)
+
+
+def _layout(key: str | None, batch: np.ndarray, chw_keys: set[str | None]) -> np.ndarray:
+    return np.transpose(batch, (0, 3, 1, 2)) if key in chw_keys else batch

@@ -1,24 +1,36 @@
-"""The Stable-Baselines3 source: a PPO or A2C .zip (+ VecNormalize .pkl) as a PolicySource."""
+"""The Stable-Baselines3 source: a .zip (+ VecNormalize .pkl) as a PolicySource.
+
+An actor-critic (PPO, A2C) becomes a ``PolicyGraph`` over the policy's own modules
+(:mod:`export.sb3.graph`); an off-policy actor or Q-network (SAC, TD3, DDPG, DQN) an
+``ActorGraph`` (:mod:`export.sb3.off_policy`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+import numpy as np
+from torch import nn
 
 from export.actor_critic.action_spaces import checked, distribution_for
-from export.actor_critic.graph import PolicyGraph
+from export.actor_critic.graph import ActorGraph, PolicyGraph
 from export.actor_critic.heads import deterministic_action
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.preprocess import observation_pipelines
-from export.actor_critic.source import PolicySource
+from export.actor_critic.source import PolicySource, Reference, Sampler
 from export.actor_critic.tensors import output_specs
 from export.files import sha256_of
 from export.sb3 import checkpoint, vecnormalize
+from export.sb3.checkpoint import PolicyFamily
 from export.sb3.graph import Sb3Core
 from export.sb3.layout import ImageLayout, ObservationLayout, observation_layout
+from export.sb3.off_policy import DqnCore, SacCore, Td3Core
+from export.sb3.off_policy_reference import OffPolicyReference, SacSampler
 from export.sb3.reference import Sb3Reference
-from serve.contract import Algorithm, Normalization, Preprocessing, Source
+from serve.contract import Algorithm, DistributionSpec, Normalization, Preprocessing, Source
+from serve.distributions import DistributionKind
 from serve.errors import ExportError, InvalidInput
 from serve.spaces import Box, Leaf, from_gymnasium, leaves
 
@@ -47,21 +59,96 @@ def load_source(options: Sb3Options) -> PolicySource:
     layout = observation_layout(policy, options.image_layout)
     if norm is not None:
         norm.check_fits(layout.raw_space, f"--vecnormalize {options.vecnormalize}")
-    action_space = _action_space(policy.action_space)
+    action_space = _action_space(policy.action_space, loaded.family)
+    network = (
+        _actor_critic(loaded, normalizer, norm, layout, action_space)
+        if loaded.family is PolicyFamily.ACTOR_CRITIC
+        else _off_policy(loaded, normalizer, norm, layout, action_space)
+    )
     return PolicySource(
-        graph=_graph(policy, layout, norm, action_space),
-        reference=_reference(loaded.model, normalizer, layout, action_space),
+        graph=network.graph,
+        reference=network.reference,
+        sampler=network.sampler,
         algorithm=loaded.algorithm,
         provenance=_provenance(options.checkpoint, policy),
         observation_space=layout.raw_space,
         action_space=action_space,
-        distribution=distribution_for(action_space),
+        distribution=network.distribution,
         preprocessing=Preprocessing(
             normalization=_normalization(norm),
             images=layout.images,
-            action_clip=isinstance(action_space, Box),
+            action_clip=network.action_clip,
         ),
     )
+
+
+@dataclass(frozen=True)
+class _Network:
+    """The family-specific part of a source: graph, references, distribution."""
+
+    graph: nn.Module
+    reference: Reference
+    sampler: Sampler | None
+    distribution: DistributionSpec
+    action_clip: bool  # the graph clips a Gaussian's mean to the Box's bounds
+
+
+def _actor_critic(
+    loaded: checkpoint.Sb3Checkpoint,
+    normalizer: Any | None,
+    norm: NormStats | None,
+    layout: ObservationLayout,
+    action_space: Leaf,
+) -> _Network:
+    policy, gaussian = loaded.model.policy, isinstance(action_space, Box)
+    keys = _keys(layout)
+    graph = PolicyGraph(
+        observation_pipelines(keys, norm, layout.chw_keys),
+        Sb3Core(policy, keys, gaussian=gaussian),
+        deterministic_action(action_space),
+    )
+    distribution = distribution_for(action_space)
+    reference = Sb3Reference(
+        model=loaded.model,
+        vecnormalize=normalizer,
+        chw_keys=layout.chw_keys,
+        output_names=[spec.name for spec in output_specs(action_space, distribution.kind)],
+        gaussian=gaussian,
+    )
+    return _Network(graph, reference, reference, distribution, action_clip=gaussian)
+
+
+def _off_policy(
+    loaded: checkpoint.Sb3Checkpoint,
+    normalizer: Any | None,
+    norm: NormStats | None,
+    layout: ObservationLayout,
+    action_space: Leaf,
+) -> _Network:
+    policy, family, keys = loaded.model.policy, loaded.family, _keys(layout)
+    core: nn.Module
+    if family is PolicyFamily.DQN:
+        core = DqnCore(policy, keys)
+    elif family is PolicyFamily.SAC:
+        core = SacCore(policy, keys, cast(Box, action_space))
+    else:
+        core = Td3Core(policy, keys, cast(Box, action_space))
+    sac = family is PolicyFamily.SAC
+    kind = DistributionKind.SQUASHED_DIAG_GAUSSIAN if sac else DistributionKind.DETERMINISTIC
+    reference = OffPolicyReference(
+        model=loaded.model,
+        family=family,
+        vecnormalize=normalizer,
+        chw_keys=layout.chw_keys,
+        output_names=[spec.name for spec in output_specs(action_space, kind)],
+    )
+    sampler = SacSampler(loaded.model, normalizer, layout.chw_keys) if sac else None
+    graph = ActorGraph(observation_pipelines(keys, norm, layout.chw_keys), core)
+    return _Network(graph, reference, sampler, DistributionSpec(kind=kind), action_clip=False)
+
+
+def _keys(layout: ObservationLayout) -> list[str | None]:
+    return [key for key, _ in leaves(layout.raw_space)]
 
 
 def _check_normalisation_known(trained_under_vecnormalize: bool, options: Sb3Options) -> None:
@@ -77,35 +164,22 @@ def _check_normalisation_known(trained_under_vecnormalize: bool, options: Sb3Opt
         )
 
 
-def _action_space(gym_space: Any) -> Leaf:
+def _action_space(gym_space: Any, family: PolicyFamily) -> Leaf:
     try:
-        return checked(from_gymnasium(gym_space))
+        space = checked(from_gymnasium(gym_space))
     except InvalidInput as exc:
         raise ExportError(f"action_space: {exc.message}") from None
+    continuous = family in (PolicyFamily.SAC, PolicyFamily.TD3)
+    if continuous and not (isinstance(space, Box) and _bounded(space)):
+        raise ExportError(
+            f"action_space: a {family.value} policy acts in a bounded Box (its tanh output "
+            f"is rescaled to the bounds); this one is {space.model_dump_json()[:160]}"
+        )
+    return space
 
 
-def _graph(
-    policy: Any, layout: ObservationLayout, norm: NormStats | None, action_space: Leaf
-) -> PolicyGraph:
-    keys = [key for key, _ in leaves(layout.raw_space)]
-    return PolicyGraph(
-        observation_pipelines(keys, norm, layout.chw_keys),
-        Sb3Core(policy, keys, gaussian=isinstance(action_space, Box)),
-        deterministic_action(action_space),
-    )
-
-
-def _reference(
-    model: Any, normalizer: Any | None, layout: ObservationLayout, action_space: Leaf
-) -> Sb3Reference:
-    kind = distribution_for(action_space).kind
-    return Sb3Reference(
-        model=model,
-        vecnormalize=normalizer,
-        chw_keys=layout.chw_keys,
-        output_names=[spec.name for spec in output_specs(action_space, kind)],
-        gaussian=isinstance(action_space, Box),
-    )
+def _bounded(space: Box) -> bool:
+    return bool(np.isfinite(space.low_array).all() and np.isfinite(space.high_array).all())
 
 
 def _provenance(path: Path, policy: Any) -> Source:

@@ -5,15 +5,18 @@ value. :class:`PolicyHeads` adds what needs randomness or a given action, vector
 the whole batch:
 
 - ``actions``: the graph's action, or for rows of stochastic requests an action sampled
-  from the distribution (clipped to a Box's bounds when the contract says so);
+  from the distribution (clipped to a Box's bounds when the contract says so; a squashed
+  Gaussian's, in [-1, 1], rescaled to them);
 - ``log_probs``: the log-probability of the action each row took (sampled, deterministic,
   or given by the request to be scored), when any request of the batch needs them.
 
 Randomness comes in one draw per batch for requests without a seed. A request with a seed
 draws from its own generator, exactly what ``Distribution.sample(np.random.default_rng(
 seed))`` draws for its rows alone, so a seed gives the same actions whatever shares the
-batch. Outputs are named by role: ``actions``, ``values``, ``log_probs``, and the
-distribution's parameters ``logits`` or ``mean`` and ``log_std``.
+batch. Outputs are named by role: ``actions``, ``values``, ``q_values``, ``log_probs``, and
+the distribution's parameters ``logits`` or ``mean`` and ``log_std``. A deterministic
+policy (TD3, DDPG, DQN) has no distribution: its requests never need one (the policy
+refuses those that would).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 from serve import distributions
 from serve.contract import PolicyContract, TensorRole
 from serve.dataplane.messages import Prepared
+from serve.distributions import DistributionKind
 from serve.spaces import Box, leaf_shape
 from serve.types import OutputKind, Outputs, PredictOptions
 
@@ -42,23 +46,29 @@ class PolicyHeads:
         names = {o.role: o.name for o in contract.outputs}
         self._action = names[TensorRole.ACTION]
         self._value = names.get(TensorRole.VALUE)
+        self._q_values = names.get(TensorRole.Q_VALUES)
+        self.has_q_values = self._q_values is not None
         self.parameters = {role.value: names[role] for role in PARAMETER_ROLES if role in names}
         self._kind = contract.distribution.kind
+        self.stochastic = self._kind.stochastic
         self._nvec = tuple(contract.distribution.nvec or ()) or None
         space = contract.action_space
         self._action_shape = leaf_shape(space)  # type: ignore[arg-type]
-        clip = isinstance(space, Box) and contract.preprocessing.action_clip
-        self._clip = (
-            (space.low_array, space.high_array) if isinstance(space, Box) and clip else None
-        )
+        self._bounds = (space.low_array, space.high_array) if isinstance(space, Box) else None
+        self._squashed = self._kind is DistributionKind.SQUASHED_DIAG_GAUSSIAN
+        self._clip = self._bounds is not None and contract.preprocessing.action_clip
         self._rng = np.random.default_rng()  # used by one batch at a time
 
     def __call__(self, graph: Outputs, requests: Sequence[Prepared]) -> Outputs:
         outputs = {"actions": graph[self._action]}
         if self._value is not None:
             outputs["values"] = graph[self._value]
+        if self._q_values is not None:
+            outputs["q_values"] = graph[self._q_values]
         for role, name in self.parameters.items():
             outputs[role] = graph[name]
+        if not self.stochastic:
+            return outputs  # the policy refused every request that needed a distribution
         first = requests[0].options
         alike = first.seed is None and all(
             r.options is first and r.evaluate is None for r in requests
@@ -84,7 +94,8 @@ class PolicyHeads:
                 stop = start + request.rows
                 options = request.options
                 if request.evaluate is not None and needs_distribution(options):
-                    taken[start:stop] = request.evaluate.reshape(taken[start:stop].shape)
+                    given = self._from_env(request.evaluate)
+                    taken[start:stop] = given.reshape(taken[start:stop].shape)
                 elif not options.deterministic:
                     sampled[start:stop] = True
                     if options.seed is not None:
@@ -121,13 +132,27 @@ class PolicyHeads:
         outputs["actions"] = env_actions
 
     def _to_env(self, sampled: np.ndarray) -> np.ndarray:
-        """Sampled actions as the environment takes them: in the action space's shape,
-        clipped to a Box's bounds when the contract clips."""
+        """Sampled actions as the environment takes them: in the action space's shape;
+        squashed ones ([-1, 1]) rescaled to a Box's bounds, others clipped to them when the
+        contract clips."""
         shaped = sampled.reshape(len(sampled), *self._action_shape)
-        if self._clip is None:
+        if self._bounds is None or not (self._squashed or self._clip):
             return shaped
-        low, high = self._clip
+        low, high = self._bounds
+        if self._squashed:
+            rescaled = low + 0.5 * (shaped.astype(np.float64) + 1.0) * (high - low)
+            return rescaled.astype(np.float32)
         return np.clip(shaped, low, high).astype(np.float32)
+
+    def _from_env(self, given: np.ndarray) -> np.ndarray:
+        """Actions given in the environment's space, where the distribution scores them:
+        a squashed policy's into [-1, 1]."""
+        if self._bounds is None or not self._squashed:
+            return given
+        low, high = self._bounds
+        flat = given.reshape(len(given), -1).astype(np.float64)
+        scaled: np.ndarray = 2.0 * (flat - low.reshape(-1)) / (high - low).reshape(-1) - 1.0
+        return scaled
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""The served version of an actor-critic policy (PPO, A2C): validation, batched execution,
+"""The served version of a policy from observations to actions (actor-critics: PPO, A2C;
+off-policy actors and Q-networks: SAC, TD3, DDPG, DQN): validation, batched execution,
 answers.
 
 Built once per loaded version: the contract's compiled observation validator
@@ -24,7 +25,7 @@ from serve.dataplane.messages import InferenceRequest, Prepared
 from serve.dataplane.runtime import CPU, Session
 from serve.errors import InvalidInput
 from serve.spaces import ObservationBounds, parse_observations
-from serve.types import Answer, OutputKind, Outputs
+from serve.types import Answer, OutputKind, Outputs, PredictOptions
 
 
 class ActorCriticPolicy:
@@ -62,6 +63,8 @@ class ActorCriticPolicy:
         given = inputs.get("actions")
         evaluate = None if given is None else self._given_actions(given, batch.rows, batch.single)
         options = predict_options(request.parameters)
+        if not self._heads.stochastic and needs_distribution(options):
+            raise InvalidInput(self._no_distribution(options))
         return Prepared(
             self._observations.feeds(batch),
             batch.rows,
@@ -72,6 +75,17 @@ class ActorCriticPolicy:
             request.received_at,
             request.deadline,
             batch.out_of_bounds,
+        )
+
+    def _no_distribution(self, options: PredictOptions) -> str:
+        asked = "log_probs" if OutputKind.LOG_PROBS in options.outputs else "deterministic: false"
+        algorithm = self.contract.algorithm.value.upper()
+        return (
+            f"{asked}: model {self.name!r} is a deterministic {algorithm} policy, with no "
+            "distribution to sample from or score actions under; send deterministic: true "
+            "(the default) and ask for outputs among actions, values"
+            + (", q_values" if self._heads.has_q_values else "")
+            + " (exploration noise is the caller's to add)"
         )
 
     def _given_actions(self, value: Any, rows: int, single: bool) -> np.ndarray:
@@ -110,6 +124,8 @@ class ActorCriticPolicy:
             answer["log_probs"] = outputs["log_probs"][rows]
         if OutputKind.VALUES in wanted and "values" in outputs:
             answer["values"] = outputs["values"][rows]
+        if OutputKind.Q_VALUES in wanted and "q_values" in outputs:
+            answer["q_values"] = outputs["q_values"][rows]
         if OutputKind.DISTRIBUTION in wanted:
             answer["distribution"] = {role: outputs[role][rows] for role in self._heads.parameters}
         return answer

@@ -35,10 +35,10 @@ def test_gsde_policies_are_refused(models_dir: Path) -> None:
         load_source(Sb3Options(path))
 
 
-def test_off_policy_algorithms_are_refused(models_dir: Path) -> None:
-    path = models_dir / "sac.zip"
-    SAC("MlpPolicy", "Pendulum-v1", buffer_size=100, device="cpu").save(path)
-    with pytest.raises(ExportError, match="unsupported policy class SACPolicy; rlserve exports"):
+def test_off_policy_gsde_policies_are_refused_too(models_dir: Path) -> None:
+    path = models_dir / "sac_gsde.zip"
+    SAC("MlpPolicy", "Pendulum-v1", buffer_size=100, use_sde=True, device="cpu").save(path)
+    with pytest.raises(ExportError, match=r"gSDE \(use_sde=True\)"):
         load_source(Sb3Options(path))
 
 

@@ -57,7 +57,7 @@ def test_gaussian_log_probs_match_torch() -> None:
     np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", list(DistributionKind))
+@pytest.mark.parametrize("kind", [kind for kind in DistributionKind if kind.stochastic])
 def test_a_seed_reproduces_the_same_samples(kind: DistributionKind) -> None:
     params = {
         "logits": RNG.standard_normal((8, 4)),
@@ -79,3 +79,35 @@ def test_categorical_samples_follow_the_probabilities() -> None:
 def test_the_bernoulli_mode_is_one_exactly_for_positive_logits() -> None:
     logits = np.array([[-1.0, 0.0, 1e-6, 2.0]])
     assert build(DistributionKind.BERNOULLI, {"logits": logits}).mode().tolist() == [[0, 0, 1, 1]]
+
+
+def test_squashed_gaussian_log_probs_match_stable_baselines3() -> None:
+    from stable_baselines3.common.distributions import SquashedDiagGaussianDistribution
+
+    mean = RNG.standard_normal((64, 2)).astype(np.float32)
+    log_std = RNG.uniform(-2, 0.5, (64, 2)).astype(np.float32)
+    gaussian = mean + np.exp(log_std) * RNG.standard_normal((64, 2))
+    actions = np.tanh(gaussian)  # in [-1, 1], away from the float32 edge
+    params = {"mean": mean, "log_std": log_std}
+    dist = build(DistributionKind.SQUASHED_DIAG_GAUSSIAN, params)
+    sb3 = SquashedDiagGaussianDistribution(2).proba_distribution(
+        torch.from_numpy(mean).double(), torch.from_numpy(log_std).double()
+    )
+    theirs = sb3.log_prob(torch.from_numpy(actions), gaussian_actions=torch.from_numpy(gaussian))
+    np.testing.assert_allclose(dist.log_prob(actions), theirs.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_squashed_gaussian_samples_stay_inside_and_their_mode_is_tanh_of_the_mean() -> None:
+    params = {"mean": np.array([[0.0, 3.0, -30.0]]), "log_std": np.array([[2.0, 2.0, 2.0]])}
+    dist = build(DistributionKind.SQUASHED_DIAG_GAUSSIAN, params)
+    drawn = np.concatenate([dist.sample(np.random.default_rng(i)) for i in range(200)])
+    assert np.all(np.abs(drawn) <= 1.0)
+    np.testing.assert_allclose(dist.mode(), np.tanh(params["mean"]), rtol=1e-6)
+    # An action at the bound (a client may send one to be scored) has a finite log-prob.
+    assert np.isfinite(dist.log_prob(np.array([[1.0, -1.0, 1.0]]))).all()
+
+
+def test_a_deterministic_policy_has_no_distribution_to_build() -> None:
+    assert not DistributionKind.DETERMINISTIC.stochastic
+    with pytest.raises(ValueError, match="no distribution"):
+        build(DistributionKind.DETERMINISTIC, {})

@@ -50,7 +50,7 @@ ALIGN = 64
 
 # Outputs a hello may ask for: these by name, and "distribution" for all of the
 # distribution's parameters (logits, or mean and log_std), as the predict routes say it.
-OWN_OUTPUTS = ("actions", "log_probs", "values")
+OWN_OUTPUTS = ("actions", "log_probs", "values", "q_values")
 DISTRIBUTION = "distribution"
 
 

@@ -5,8 +5,9 @@ Built once per loaded version from its policy contract (cached by the version's 
 - **inputs**: the contract's observation tensors, by their graph input names (``obs``, or
   one per key of a Dict space), datatype and shape from the contract with ``-1`` for the
   batch axis; and, not listed in the metadata, ``actions``: given actions to score.
-- **outputs**: ``actions``, ``log_probs``, ``values`` (when the policy has a critic) and
-  the distribution's parameters (``logits``, or ``mean`` and ``log_std``).
+- **outputs**: ``actions``, ``log_probs`` (when the policy has a distribution), ``values``
+  (when it has a critic), ``q_values`` (a Q-network's) and the distribution's parameters
+  (``logits``, or ``mean`` and ``log_std``).
 - **parameters** of a request: ``deterministic`` (bool), ``seed`` (int), ``outputs`` (a
   comma-separated list, as an alternative to requesting outputs by name), ``timeout``
   (microseconds, Triton's name for a request deadline) and ``binary_data_output``; and,
@@ -50,6 +51,7 @@ _KIND_OF = {
     "actions": OutputKind.ACTIONS,
     "log_probs": OutputKind.LOG_PROBS,
     "values": OutputKind.VALUES,
+    "q_values": OutputKind.Q_VALUES,
 }
 
 
@@ -104,12 +106,13 @@ class Signature:
         self._keys = {spec.name: spec.key for spec in contract.inputs}
         self._dict_space = any(key is not None for key in self._keys.values())
         self._actions = _from_spec(ACTIONS, contract, TensorRole.ACTION)
-        outputs = [
-            self._actions,
-            TensorMetadata("log_probs", "FP32", (-1,)),
-        ]
+        outputs = [self._actions]
+        if contract.distribution.kind.stochastic:
+            outputs.append(TensorMetadata("log_probs", "FP32", (-1,)))
         if contract.output(TensorRole.VALUE) is not None:
             outputs.append(_from_spec("values", contract, TensorRole.VALUE))
+        if contract.output(TensorRole.Q_VALUES) is not None:
+            outputs.append(_from_spec("q_values", contract, TensorRole.Q_VALUES))
         for role in (TensorRole.LOGITS, TensorRole.MEAN, TensorRole.LOG_STD):
             if contract.output(role) is not None:
                 outputs.append(_from_spec(role.value, contract, role))

@@ -1,0 +1,96 @@
+"""The cores of off-policy SB3 graphs: SAC's, TD3's (and DDPG's) and DQN's own modules.
+
+Each returns every output in ``output_specs`` order (an ``ActorGraph`` core):
+
+- **SAC**: ``actor.get_action_dist_params`` gives the Gaussian's mean and (clamped)
+  log_std before tanh; the action is ``tanh(mean)`` rescaled to the Box's bounds, as
+  ``predict(deterministic=True)`` answers.
+- **TD3, DDPG**: the actor's tanh output rescaled to the Box's bounds.
+- **DQN**: the Q-network's values; the action is their argmax.
+
+The value of a continuous policy is the critics' estimate of its deterministic action,
+``min_i Q_i(s, a)`` (the smaller critic, as SAC's and TD3's targets take it); a DQN's is
+``max_a Q(s, a)``. The critics are run module by module, as ``ContinuousCritic.forward``
+runs them without its gradient switch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from export.sb3.graph import sb3_observation
+from serve.spaces import Box
+
+
+class Rescale(nn.Module):
+    """An action in [-1, 1] to the Box's bounds: ``low + (a + 1) / 2 * (high - low)``
+    (SB3's ``unscale_action``), in the space's shape."""
+
+    low: Tensor
+    high: Tensor
+
+    def __init__(self, space: Box) -> None:
+        super().__init__()
+        self.register_buffer("low", _flat(space.low_array))
+        self.register_buffer("high", _flat(space.high_array))
+        self.shape = space.shape
+
+    def forward(self, scaled: Tensor) -> Tensor:
+        action = self.low + 0.5 * (scaled + 1.0) * (self.high - self.low)
+        return action.reshape(scaled.shape[0], *self.shape)
+
+
+def critic_value(critic: Any, observation: Tensor | dict[str, Tensor], scaled: Tensor) -> Tensor:
+    """``min_i Q_i(s, a)`` for actions in [-1, 1], shape [B]."""
+    features = critic.extract_features(observation, critic.features_extractor)
+    joined = torch.cat([features, scaled], dim=1)
+    values = torch.cat([q_net(joined) for q_net in critic.q_networks], dim=1)
+    return values.min(dim=1).values
+
+
+class SacCore(nn.Module):
+    def __init__(self, policy: Any, keys: list[str | None], space: Box) -> None:
+        super().__init__()
+        self.policy = policy
+        self.keys = keys
+        self.rescale = Rescale(space)
+
+    def forward(self, inputs: list[Tensor]) -> tuple[Tensor, ...]:
+        observation = sb3_observation(self.keys, inputs)
+        mean, log_std, _ = self.policy.actor.get_action_dist_params(observation)
+        scaled = torch.tanh(mean)
+        value = critic_value(self.policy.critic, observation, scaled)
+        return self.rescale(scaled), mean, log_std, value
+
+
+class Td3Core(nn.Module):
+    def __init__(self, policy: Any, keys: list[str | None], space: Box) -> None:
+        super().__init__()
+        self.policy = policy
+        self.keys = keys
+        self.rescale = Rescale(space)
+
+    def forward(self, inputs: list[Tensor]) -> tuple[Tensor, ...]:
+        observation = sb3_observation(self.keys, inputs)
+        scaled = self.policy.actor(observation)
+        value = critic_value(self.policy.critic, observation, scaled)
+        return self.rescale(scaled), value
+
+
+class DqnCore(nn.Module):
+    def __init__(self, policy: Any, keys: list[str | None]) -> None:
+        super().__init__()
+        self.policy = policy
+        self.keys = keys
+
+    def forward(self, inputs: list[Tensor]) -> tuple[Tensor, ...]:
+        q_values = self.policy.q_net(sb3_observation(self.keys, inputs))
+        return q_values.argmax(dim=-1), q_values, q_values.max(dim=-1).values
+
+
+def _flat(bound: np.ndarray) -> Tensor:
+    return torch.as_tensor(np.asarray(bound, dtype=np.float32).reshape(-1))

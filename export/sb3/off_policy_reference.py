@@ -1,0 +1,77 @@
+"""Stable-Baselines3's own answers for an off-policy checkpoint: what parity holds it to.
+
+Actions come from ``model.predict(deterministic=True)``; SAC's mean and log_std from
+``actor.get_action_dist_params``; values from ``policy.critic`` (the smaller critic) on the
+actor's deterministic action in [-1, 1], or from ``q_net``'s largest Q-value; a DQN's
+Q-values from ``q_net``. SAC's samples and their log-probabilities come from its own
+``SquashedDiagGaussianDistribution``, computed in float64 from the pre-tanh sample (so that
+the comparison measures the graph's parameters, not float32's rounding near +-1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from export.actor_critic.source import Observations, SampledLogProb
+from export.sb3.checkpoint import PolicyFamily
+from export.sb3.reference import policy_input
+
+
+@dataclass(frozen=True)
+class OffPolicyReference:
+    model: Any  # SAC, TD3, DDPG or DQN
+    family: PolicyFamily
+    vecnormalize: Any | None
+    chw_keys: set[str | None]
+    output_names: list[str]  # action, [mean, log_std | q_values], value
+
+    def outputs(self, observations: Observations) -> dict[str, np.ndarray]:
+        prepared = policy_input(observations, self.vecnormalize, self.chw_keys)
+        actions, _ = self.model.predict(prepared, deterministic=True)
+        policy = self.model.policy
+        with torch.no_grad():
+            obs, _ = policy.obs_to_tensor(prepared)
+            rest = self._rest(policy, obs)
+        values = [np.asarray(actions), *(t.numpy() for t in rest)]
+        return dict(zip(self.output_names, values, strict=True))
+
+    def _rest(self, policy: Any, obs: Any) -> list[torch.Tensor]:
+        if self.family is PolicyFamily.DQN:
+            q_values = policy.q_net(obs)
+            return [q_values, q_values.max(dim=-1).values]
+        if self.family is PolicyFamily.SAC:
+            mean, log_std, _ = policy.actor.get_action_dist_params(obs)
+            scaled = policy.actor(obs, deterministic=True)
+            return [mean, log_std, _smaller_critic(policy, obs, scaled)]
+        return [_smaller_critic(policy, obs, policy.actor(obs))]
+
+
+@dataclass(frozen=True)
+class SacSampler:
+    model: Any  # SAC
+    vecnormalize: Any | None
+    chw_keys: set[str | None]
+
+    def sampled_log_prob(self, observations: Observations, seed: int) -> SampledLogProb:
+        """Actions in [-1, 1] sampled by SAC's distribution, and their log-probabilities."""
+        policy = self.model.policy
+        prepared = policy_input(observations, self.vecnormalize, self.chw_keys)
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            obs, _ = policy.obs_to_tensor(prepared)
+            mean, log_std, _ = policy.actor.get_action_dist_params(obs)
+            distribution = policy.actor.action_dist.proba_distribution(mean, log_std)
+            gaussian = distribution.distribution.rsample().double()
+            double = policy.actor.action_dist.proba_distribution(mean.double(), log_std.double())
+            actions = torch.tanh(gaussian)
+            log_prob = double.log_prob(actions, gaussian_actions=gaussian)
+        return SampledLogProb(actions.numpy(), log_prob.numpy())
+
+
+def _smaller_critic(policy: Any, obs: Any, scaled: torch.Tensor) -> torch.Tensor:
+    values = torch.cat(policy.critic(obs, scaled), dim=1)
+    return values.min(dim=1).values
