@@ -35,6 +35,8 @@ class Sb3Algorithm(StrEnum):
     TD3 = "td3"
     DDPG = "ddpg"
     DQN = "dqn"
+    QRDQN = "qrdqn"
+    TQC = "tqc"
 
 
 class LanguageModelAlgorithm(StrEnum):
@@ -114,7 +116,8 @@ class CommonArgs(DestinationArgs):
 class Sb3Args(CommonArgs):
     checkpoint: Path = field(
         metadata=arg(
-            "PPO, A2C, SAC, TD3, DDPG or DQN checkpoint saved by Stable-Baselines3's model.save()",
+            "PPO, A2C, SAC, TD3, DDPG or DQN checkpoint saved by Stable-Baselines3's "
+            "model.save() (or QR-DQN, TQC: sb3-contrib's)",
             positional=True,
             metavar="CHECKPOINT.zip",
         )

@@ -36,6 +36,8 @@ class Algorithm(StrEnum):
     TD3 = "td3"
     DDPG = "ddpg"
     DQN = "dqn"
+    QRDQN = "qrdqn"  # sb3-contrib
+    TQC = "tqc"  # sb3-contrib
     DPO = "dpo"
     GRPO = "grpo"
 

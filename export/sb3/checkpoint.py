@@ -26,7 +26,10 @@ from export.sb3 import archive, pickles
 from serve.contract import Algorithm
 from serve.errors import ExportError, one_line
 
-_EXPORTABLE = "rlserve exports Stable-Baselines3's PPO, A2C, SAC, TD3, DDPG and DQN policies"
+_EXPORTABLE = (
+    "rlserve exports Stable-Baselines3's PPO, A2C, SAC, TD3, DDPG and DQN policies and "
+    "sb3-contrib's QR-DQN and TQC"
+)
 _PICKLED = ":serialized:"  # how model.save() marks a cloudpickled setting in its JSON
 _POLICY_CLASS = "policy_class"
 
@@ -38,6 +41,8 @@ class PolicyFamily(StrEnum):
     SAC = "SAC"  # a squashed Gaussian actor and Q-critics
     TD3 = "TD3"  # TD3 and DDPG: a deterministic actor and Q-critics
     DQN = "DQN"  # a Q-network, acting greedily
+    QRDQN = "QR-DQN"  # a quantile Q-network (sb3-contrib), acting greedily on the means
+    TQC = "TQC"  # SAC's actor and quantile critics (sb3-contrib)
 
     @property
     def algorithms(self) -> tuple[Algorithm, ...]:
@@ -49,6 +54,8 @@ _ALGORITHMS = {
     PolicyFamily.SAC: (Algorithm.SAC,),
     PolicyFamily.TD3: (Algorithm.TD3, Algorithm.DDPG),
     PolicyFamily.DQN: (Algorithm.DQN,),
+    PolicyFamily.QRDQN: (Algorithm.QRDQN,),
+    PolicyFamily.TQC: (Algorithm.TQC,),
 }
 
 
@@ -135,7 +142,7 @@ def _refusal(key: str, name: str, path: Path) -> str:
         short = name.rsplit(".", 1)[-1]
         return (
             f"{path}: unsupported policy class {short}; {_EXPORTABLE} (MlpPolicy, CnnPolicy, "
-            f"MultiInputPolicy), not recurrent ones or sb3-contrib's. data['policy_class'] "
+            f"MultiInputPolicy), not recurrent ones. data['policy_class'] "
             f"names {name}; "
             + trust.format(why=", and it is your own subclass of one of SB3's policies")
         )
@@ -160,20 +167,31 @@ def _family(policy_class: Any, path: Path) -> PolicyFamily:
             f"{path}: the checkpoint's policy_class could not be restored ({policy_class!r:.80}); "
             "install the package that defines it, then export again"
         )
-    bases = (
+    bases = [
         (ActorCriticPolicy, PolicyFamily.ACTOR_CRITIC),
         (SACPolicy, PolicyFamily.SAC),
         (TD3Policy, PolicyFamily.TD3),
         (DQNPolicy, PolicyFamily.DQN),
-    )
+        *_contrib_bases(),
+    ]
     if "Recurrent" not in policy_class.__name__:
         for base, family in bases:
             if issubclass(policy_class, base):
                 return family
     raise ExportError(
         f"{path}: unsupported policy class {policy_class.__name__}; {_EXPORTABLE} "
-        "(MlpPolicy, CnnPolicy, MultiInputPolicy), not recurrent ones or sb3-contrib's"
+        "(MlpPolicy, CnnPolicy, MultiInputPolicy), not recurrent or action-masked ones"
     )
+
+
+def _contrib_bases() -> list[tuple[type, PolicyFamily]]:
+    """sb3-contrib's policy classes, when it is installed (the export extra installs it)."""
+    try:
+        from sb3_contrib.qrdqn.policies import QRDQNPolicy
+        from sb3_contrib.tqc.policies import TQCPolicy
+    except ImportError:
+        return []
+    return [(QRDQNPolicy, PolicyFamily.QRDQN), (TQCPolicy, PolicyFamily.TQC)]
 
 
 def _chosen(
@@ -211,9 +229,7 @@ def _load_model(algorithm: Algorithm, file: IO[bytes], path: Path, restored: dic
     """The model from the open checkpoint; ``restored`` stands in for every pickled setting,
     so Stable-Baselines3 unpickles none of them itself (its state dicts are read with
     ``torch.load(weights_only=True)``)."""
-    import stable_baselines3
-
-    cls = getattr(stable_baselines3, algorithm.value.upper(), None)
+    cls = _algorithm_class(algorithm)
     if cls is None:
         raise ExportError(f"--algorithm {algorithm.value}: not exportable; {_EXPORTABLE}")
     try:
@@ -226,3 +242,14 @@ def _load_model(algorithm: Algorithm, file: IO[bytes], path: Path, restored: dic
         ) from None
     model.policy.set_training_mode(False)
     return model
+
+
+def _algorithm_class(algorithm: Algorithm) -> Any:
+    import stable_baselines3
+
+    name = algorithm.value.upper()
+    if algorithm in (Algorithm.QRDQN, Algorithm.TQC):
+        import sb3_contrib
+
+        return getattr(sb3_contrib, name)
+    return getattr(stable_baselines3, name, None)

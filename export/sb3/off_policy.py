@@ -1,4 +1,5 @@
-"""The cores of off-policy SB3 graphs: SAC's, TD3's (and DDPG's) and DQN's own modules.
+"""The cores of off-policy SB3 graphs: SAC's, TD3's (and DDPG's) and DQN's own modules, and
+sb3-contrib's TQC (SAC's actor, quantile critics) and QR-DQN (a quantile Q-network).
 
 Each returns every output in ``output_specs`` order (an ``ActorGraph`` core):
 
@@ -6,16 +7,18 @@ Each returns every output in ``output_specs`` order (an ``ActorGraph`` core):
   log_std before tanh; the action is ``tanh(mean)`` rescaled to the Box's bounds, as
   ``predict(deterministic=True)`` answers.
 - **TD3, DDPG**: the actor's tanh output rescaled to the Box's bounds.
-- **DQN**: the Q-network's values; the action is their argmax.
+- **DQN**: the Q-network's values; the action is their argmax. **QR-DQN**: the Q-values are
+  the means of each action's quantiles, as its ``_predict`` takes them.
 
 The value of a continuous policy is the critics' estimate of its deterministic action,
-``min_i Q_i(s, a)`` (the smaller critic, as SAC's and TD3's targets take it); a DQN's is
-``max_a Q(s, a)``. The critics are run module by module, as ``ContinuousCritic.forward``
-runs them without its gradient switch.
+``min_i Q_i(s, a)`` (the smaller critic, as SAC's and TD3's targets take it; TQC: the mean
+of every critic's quantiles); a DQN's is ``max_a Q(s, a)``. The critics are run module by
+module, as ``ContinuousCritic.forward`` runs them, without its gradient switch.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -44,26 +47,40 @@ class Rescale(nn.Module):
         return action.reshape(scaled.shape[0], *self.shape)
 
 
-def critic_value(critic: Any, observation: Tensor | dict[str, Tensor], scaled: Tensor) -> Tensor:
-    """``min_i Q_i(s, a)`` for actions in [-1, 1], shape [B]."""
+class CriticValue(StrEnum):
+    """How a policy's critics make one value of a state and action."""
+
+    SMALLER = "smaller"  # SAC, TD3, DDPG: min over the critics' Q-values
+    QUANTILE_MEAN = "quantile_mean"  # TQC: the mean of every critic's quantiles
+
+
+def critic_value(
+    critic: Any, observation: Tensor | dict[str, Tensor], scaled: Tensor, rule: CriticValue
+) -> Tensor:
+    """The critics' value of actions in [-1, 1], shape [B]."""
     features = critic.extract_features(observation, critic.features_extractor)
     joined = torch.cat([features, scaled], dim=1)
     values = torch.cat([q_net(joined) for q_net in critic.q_networks], dim=1)
+    if rule is CriticValue.QUANTILE_MEAN:
+        return values.mean(dim=1)
     return values.min(dim=1).values
 
 
 class SacCore(nn.Module):
-    def __init__(self, policy: Any, keys: list[str | None], space: Box) -> None:
+    """SAC's or TQC's squashed Gaussian actor (the same ``Actor`` interface)."""
+
+    def __init__(self, policy: Any, keys: list[str | None], space: Box, rule: CriticValue) -> None:
         super().__init__()
         self.policy = policy
         self.keys = keys
         self.rescale = Rescale(space)
+        self.rule = rule
 
     def forward(self, inputs: list[Tensor]) -> tuple[Tensor, ...]:
         observation = sb3_observation(self.keys, inputs)
         mean, log_std, _ = self.policy.actor.get_action_dist_params(observation)
         scaled = torch.tanh(mean)
-        value = critic_value(self.policy.critic, observation, scaled)
+        value = critic_value(self.policy.critic, observation, scaled, self.rule)
         return self.rescale(scaled), mean, log_std, value
 
 
@@ -77,7 +94,7 @@ class Td3Core(nn.Module):
     def forward(self, inputs: list[Tensor]) -> tuple[Tensor, ...]:
         observation = sb3_observation(self.keys, inputs)
         scaled = self.policy.actor(observation)
-        value = critic_value(self.policy.critic, observation, scaled)
+        value = critic_value(self.policy.critic, observation, scaled, CriticValue.SMALLER)
         return self.rescale(scaled), value
 
 
@@ -89,6 +106,18 @@ class DqnCore(nn.Module):
 
     def forward(self, inputs: list[Tensor]) -> tuple[Tensor, ...]:
         q_values = self.policy.q_net(sb3_observation(self.keys, inputs))
+        return q_values.argmax(dim=-1), q_values, q_values.max(dim=-1).values
+
+
+class QrDqnCore(nn.Module):
+    def __init__(self, policy: Any, keys: list[str | None]) -> None:
+        super().__init__()
+        self.policy = policy
+        self.keys = keys
+
+    def forward(self, inputs: list[Tensor]) -> tuple[Tensor, ...]:
+        quantiles = self.policy.quantile_net(sb3_observation(self.keys, inputs))
+        q_values = quantiles.mean(dim=1)  # [B, n_quantiles, n_actions] -> [B, n_actions]
         return q_values.argmax(dim=-1), q_values, q_values.max(dim=-1).values
 
 

@@ -1,9 +1,10 @@
 """Stable-Baselines3's own answers for an off-policy checkpoint: what parity holds it to.
 
-Actions come from ``model.predict(deterministic=True)``; SAC's mean and log_std from
-``actor.get_action_dist_params``; values from ``policy.critic`` (the smaller critic) on the
-actor's deterministic action in [-1, 1], or from ``q_net``'s largest Q-value; a DQN's
-Q-values from ``q_net``. SAC's samples and their log-probabilities come from its own
+Actions come from ``model.predict(deterministic=True)``; SAC's (and TQC's) mean and log_std
+from ``actor.get_action_dist_params``; values from ``policy.critic`` (the smaller critic;
+TQC: the mean of its quantiles) on the actor's deterministic action in [-1, 1], or from the
+largest Q-value; a DQN's Q-values from ``q_net``, a QR-DQN's as the means of
+``quantile_net``'s quantiles. SAC's samples and their log-probabilities come from its own
 ``SquashedDiagGaussianDistribution``, computed in float64 from the pre-tanh sample (so that
 the comparison measures the graph's parameters, not float32's rounding near +-1).
 """
@@ -40,19 +41,23 @@ class OffPolicyReference:
         return dict(zip(self.output_names, values, strict=True))
 
     def _rest(self, policy: Any, obs: Any) -> list[torch.Tensor]:
-        if self.family is PolicyFamily.DQN:
-            q_values = policy.q_net(obs)
+        family = self.family
+        if family in (PolicyFamily.DQN, PolicyFamily.QRDQN):
+            dqn = family is PolicyFamily.DQN
+            q_values = policy.q_net(obs) if dqn else policy.quantile_net(obs).mean(dim=1)
             return [q_values, q_values.max(dim=-1).values]
-        if self.family is PolicyFamily.SAC:
+        if family in (PolicyFamily.SAC, PolicyFamily.TQC):
             mean, log_std, _ = policy.actor.get_action_dist_params(obs)
             scaled = policy.actor(obs, deterministic=True)
+            if family is PolicyFamily.TQC:  # quantiles [B, critics, quantiles]
+                return [mean, log_std, policy.critic(obs, scaled).mean(dim=(1, 2))]
             return [mean, log_std, _smaller_critic(policy, obs, scaled)]
         return [_smaller_critic(policy, obs, policy.actor(obs))]
 
 
 @dataclass(frozen=True)
 class SacSampler:
-    model: Any  # SAC
+    model: Any  # SAC or TQC
     vecnormalize: Any | None
     chw_keys: set[str | None]
 

@@ -97,6 +97,11 @@ _ALLOWED: frozenset[tuple[str, str]] = frozenset(
             for name in (f"{algorithm}Policy", "CnnPolicy", "MultiInputPolicy")
         },
         *{
+            (f"sb3_contrib.{algorithm.lower()}.policies", name)
+            for algorithm in ("QRDQN", "TQC")
+            for name in (f"{algorithm}Policy", "CnnPolicy", "MultiInputPolicy")
+        },
+        *{
             ("stable_baselines3.common.torch_layers", name)
             for name in ("FlattenExtractor", "NatureCNN", "CombinedExtractor")
         },

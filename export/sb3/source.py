@@ -26,7 +26,7 @@ from export.sb3 import checkpoint, vecnormalize
 from export.sb3.checkpoint import PolicyFamily
 from export.sb3.graph import Sb3Core
 from export.sb3.layout import ImageLayout, ObservationLayout, observation_layout
-from export.sb3.off_policy import DqnCore, SacCore, Td3Core
+from export.sb3.off_policy import CriticValue, DqnCore, QrDqnCore, SacCore, Td3Core
 from export.sb3.off_policy_reference import OffPolicyReference, SacSampler
 from export.sb3.reference import Sb3Reference
 from serve.contract import Algorithm, DistributionSpec, Normalization, Preprocessing, Source
@@ -129,11 +129,15 @@ def _off_policy(
     core: nn.Module
     if family is PolicyFamily.DQN:
         core = DqnCore(policy, keys)
+    elif family is PolicyFamily.QRDQN:
+        core = QrDqnCore(policy, keys)
     elif family is PolicyFamily.SAC:
-        core = SacCore(policy, keys, cast(Box, action_space))
+        core = SacCore(policy, keys, cast(Box, action_space), CriticValue.SMALLER)
+    elif family is PolicyFamily.TQC:
+        core = SacCore(policy, keys, cast(Box, action_space), CriticValue.QUANTILE_MEAN)
     else:
         core = Td3Core(policy, keys, cast(Box, action_space))
-    sac = family is PolicyFamily.SAC
+    sac = family in (PolicyFamily.SAC, PolicyFamily.TQC)
     kind = DistributionKind.SQUASHED_DIAG_GAUSSIAN if sac else DistributionKind.DETERMINISTIC
     reference = OffPolicyReference(
         model=loaded.model,
@@ -169,7 +173,7 @@ def _action_space(gym_space: Any, family: PolicyFamily) -> Leaf:
         space = checked(from_gymnasium(gym_space))
     except InvalidInput as exc:
         raise ExportError(f"action_space: {exc.message}") from None
-    continuous = family in (PolicyFamily.SAC, PolicyFamily.TD3)
+    continuous = family in (PolicyFamily.SAC, PolicyFamily.TD3, PolicyFamily.TQC)
     if continuous and not (isinstance(space, Box) and _bounded(space)):
         raise ExportError(
             f"action_space: a {family.value} policy acts in a bounded Box (its tanh output "

@@ -1,10 +1,11 @@
-"""Off-policy SB3 policies (SAC, TD3, DDPG, DQN): trained here, exported through the CLI with
-their parity gate, served by a real server, and answering as Stable-Baselines3 does."""
+"""Off-policy SB3 policies (SAC, TD3, DDPG, DQN; sb3-contrib's QR-DQN, TQC): trained here,
+exported through the CLI with their parity gate, served by a real server, and answering as
+Stable-Baselines3 does."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import contextlib
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,12 +15,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from sb3_contrib import QRDQN, TQC
 from stable_baselines3 import DDPG, DQN, SAC, TD3
 
-from serve import contract
+from serve import cli, contract
 from tests.e2e.server import Server
 
-STEPS = 300  # enough for 200 gradient steps; parity does not need a good policy
+STEPS = 200  # 100 gradient steps (DQN's: 25); parity does not need a good policy
 SETTINGS = {"learning_starts": 100, "buffer_size": 1_000, "seed": 0, "device": "cpu"}
 
 
@@ -38,6 +40,8 @@ POLICIES = [
     OffPolicy("td3", TD3, "Pendulum-v1", "deterministic", ["action", "value"]),
     OffPolicy("ddpg", DDPG, "Pendulum-v1", "deterministic", ["action", "value"]),
     OffPolicy("dqn", DQN, "CartPole-v1", "deterministic", ["action", "q_values", "value"]),
+    OffPolicy("qrdqn", QRDQN, "CartPole-v1", "deterministic", ["action", "q_values", "value"]),
+    OffPolicy("tqc", TQC, "Pendulum-v1", SQUASHED, ["action", "mean", "log_std", "value"]),
 ]  # fmt: skip
 BY_NAME = {p.name: p for p in POLICIES}
 
@@ -50,9 +54,19 @@ class Trained:
     export_stdout: str
 
 
-def rlserve(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "serve.cli", *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+@dataclass(frozen=True)
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def rlserve(*args: str | Path) -> Ran:
+    """The CLI in this process (torch is imported already): what it exits with and prints."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main([str(a) for a in args])
+    return Ran(code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -132,24 +146,33 @@ def test_served_actions_and_values_are_the_source_policy_s(
     answer = predict(server, name, {"observations": obs.tolist(), "outputs": ["actions", "values"]})
     expected, _ = trained.model.predict(obs, deterministic=True)
     served = np.asarray(answer["actions"])
-    if name == "dqn":
+    if name in ("dqn", "qrdqn"):
         np.testing.assert_array_equal(served, expected)
     else:
         np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-5)
-    policy = trained.model.policy
+    np.testing.assert_allclose(answer["values"], value_of(trained, obs), rtol=1e-4, atol=1e-4)
+
+
+def value_of(trained: Trained, obs: np.ndarray) -> np.ndarray:
+    """The source's value: the critics' of the deterministic action, or the largest Q."""
+    policy, name = trained.model.policy, trained.policy.name
     with torch.no_grad():
         tensor = torch.as_tensor(obs)
         if name == "dqn":
             value = policy.q_net(tensor).max(dim=1).values
+        elif name == "qrdqn":
+            value = policy.quantile_net(tensor).mean(dim=1).max(dim=1).values
+        elif name == "tqc":
+            value = policy.critic(tensor, policy.actor(tensor, deterministic=True)).mean(dim=(1, 2))
         else:
-            scaled = (
-                policy.actor(tensor) if name != "sac" else policy.actor(tensor, deterministic=True)
-            )
+            sac = name == "sac"
+            scaled = policy.actor(tensor, deterministic=True) if sac else policy.actor(tensor)
             value = torch.cat(policy.critic(tensor, scaled), dim=1).min(dim=1).values
-    np.testing.assert_allclose(answer["values"], value.numpy(), rtol=1e-4, atol=1e-4)
+    result: np.ndarray = value.numpy()
+    return result
 
 
-@pytest.mark.parametrize("name", ["td3", "dqn"])
+@pytest.mark.parametrize("name", ["td3", "dqn", "qrdqn"])
 def test_a_whole_episode_through_the_server_replays_the_source_s(
     repository: tuple[Path, dict[str, Trained]], server: Server, name: str
 ) -> None:
@@ -169,10 +192,11 @@ def test_a_whole_episode_through_the_server_replays_the_source_s(
             break
 
 
-def test_sac_samples_are_seeded_inside_the_bounds_and_scored_as_sb3_scores_them(
-    repository: tuple[Path, dict[str, Trained]], server: Server
+@pytest.mark.parametrize("name", ["sac", "tqc"])
+def test_squashed_samples_are_seeded_inside_the_bounds_and_scored_as_sb3_scores_them(
+    repository: tuple[Path, dict[str, Trained]], server: Server, name: str
 ) -> None:
-    model = repository[1]["sac"].model
+    model = repository[1][name].model
     obs = observations("Pendulum-v1", 32, seed=5)
     body = {
         "observations": obs.tolist(),
@@ -180,9 +204,9 @@ def test_sac_samples_are_seeded_inside_the_bounds_and_scored_as_sb3_scores_them(
         "seed": 7,
         "outputs": ["actions", "log_probs", "distribution"],
     }
-    first, again = predict(server, "sac", body), predict(server, "sac", body)
+    first, again = predict(server, name, body), predict(server, name, body)
     assert first["actions"] == again["actions"]  # a seed gives the same actions
-    other = predict(server, "sac", {**body, "seed": 8})
+    other = predict(server, name, {**body, "seed": 8})
     assert other["actions"] != first["actions"]
     actions = np.asarray(first["actions"], dtype=np.float64)
     assert np.all(np.abs(actions) <= 2.0)  # Pendulum's torque bounds, never clipped past
@@ -197,7 +221,7 @@ def test_sac_samples_are_seeded_inside_the_bounds_and_scored_as_sb3_scores_them(
     # Given actions are scored the same way: the log-prob of what the caller took.
     scored = predict(
         server,
-        "sac",
+        name,
         {"observations": obs.tolist(), "actions": first["actions"], "outputs": ["log_probs"]},
     )
     np.testing.assert_allclose(scored["log_probs"], expected, rtol=1e-4, atol=1e-4)
@@ -233,6 +257,7 @@ def test_dqn_answers_its_q_values_on_the_json_routes_and_on_v2(
         ("td3", {"deterministic": False}, "deterministic: false"),
         ("ddpg", {"deterministic": False, "seed": 1}, "deterministic: false"),
         ("dqn", {"outputs": ["actions", "log_probs"]}, "log_probs"),
+        ("qrdqn", {"deterministic": False}, "deterministic: false"),
     ],
 )
 def test_a_deterministic_policy_refuses_sampling_and_log_probs_saying_what_is_valid(
