@@ -37,6 +37,7 @@ class Sb3Algorithm(StrEnum):
     DQN = "dqn"
     QRDQN = "qrdqn"
     TQC = "tqc"
+    MASKABLE_PPO = "maskable_ppo"
 
 
 class LanguageModelAlgorithm(StrEnum):
@@ -117,7 +118,7 @@ class Sb3Args(CommonArgs):
     checkpoint: Path = field(
         metadata=arg(
             "PPO, A2C, SAC, TD3, DDPG or DQN checkpoint saved by Stable-Baselines3's "
-            "model.save() (or QR-DQN, TQC: sb3-contrib's)",
+            "model.save() (or QR-DQN, TQC, MaskablePPO: sb3-contrib's)",
             positional=True,
             metavar="CHECKPOINT.zip",
         )

@@ -38,12 +38,14 @@ class Algorithm(StrEnum):
     DQN = "dqn"
     QRDQN = "qrdqn"  # sb3-contrib
     TQC = "tqc"  # sb3-contrib
+    MASKABLE_PPO = "maskable_ppo"  # sb3-contrib: PPO acting under action masks
     DPO = "dpo"
     GRPO = "grpo"
 
 
 class TensorRole(StrEnum):
     OBSERVATION = "observation"  # input: one leaf of the observation space
+    ACTION_MASK = "action_mask"  # input: bool [batch, n], True where an action is legal
     ACTION = "action"  # output: the deterministic action, in the environment's action space
     LOGITS = "logits"  # output: categorical / bernoulli parameters
     MEAN = "mean"  # output: gaussian mean (before clipping)
@@ -106,6 +108,7 @@ class Exporter(_Model):
 class GoldenVector(_Model):
     observations: Any  # a batch of observations in request JSON form
     outputs: dict[str, Any]  # output tensor name -> expected values
+    action_masks: Any = None  # for a policy with an action mask: one row per observation
 
 
 class PolicyContract(_Model):
@@ -134,10 +137,27 @@ class PolicyContract(_Model):
     def output(self, role: TensorRole) -> TensorSpec | None:
         return next((o for o in self.outputs if o.role is role), None)
 
+    @property
+    def action_mask(self) -> TensorSpec | None:
+        """The action-mask input of a policy that takes one (MaskablePPO)."""
+        return next((i for i in self.inputs if i.role is TensorRole.ACTION_MASK), None)
+
     def observation_feeds(self, observations: Any) -> dict[str, np.ndarray]:
         """Graph inputs for observations in request form (validated against the space)."""
         batch = parse_observations(self.observation_space, observations)
-        return {spec.name: batch.arrays[spec.key] for spec in self.inputs}
+        return {
+            spec.name: batch.arrays[spec.key]
+            for spec in self.inputs
+            if spec.role is TensorRole.OBSERVATION
+        }
+
+    def golden_feeds(self, golden: GoldenVector) -> dict[str, np.ndarray]:
+        """Graph inputs for a golden vector: its observations, and its masks if any."""
+        feeds = self.observation_feeds(golden.observations)
+        mask = self.action_mask
+        if mask is not None:
+            feeds[mask.name] = np.asarray(golden.action_masks, dtype=bool)
+        return feeds
 
 
 def parse(text: str, origin: str) -> PolicyContract:
@@ -230,7 +250,7 @@ def check_golden(contract: PolicyContract, run: Runner) -> list[str]:
     """Re-run the golden vectors; returns one line per mismatch (empty when the file is intact)."""
     problems: list[str] = []
     for i, golden in enumerate(contract.golden):
-        outputs = run(contract.observation_feeds(golden.observations))
+        outputs = run(contract.golden_feeds(golden))
         for name, expected in golden.outputs.items():
             problem = _compare(outputs.get(name), np.asarray(expected), contract.golden_atol)
             if problem:

@@ -5,9 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Literal, cast
 
+import numpy as np
+
 from export.actor_critic.observations import request_form
 from export.actor_critic.source import Observations, PolicySource
-from export.actor_critic.tensors import input_name, input_specs, output_specs
+from export.actor_critic.tensors import graph_feeds, input_specs, output_specs
 from export.runner import Runner
 from serve import __version__
 from serve.contract import SCHEMA, Exporter, GoldenVector, PolicyContract
@@ -18,20 +20,33 @@ GOLDEN_ATOL = 1e-4
 
 
 def golden_vectors(
-    source: PolicySource, run: Runner, observations: Observations
+    source: PolicySource, run: Runner, observations: Observations, action_masks: np.ndarray | None
 ) -> list[GoldenVector]:
-    """The first observations, one per vector, with every output onnxruntime gives for them.
+    """The first observations, one per vector (with its mask, for a masked policy), with every
+    output onnxruntime gives for them.
 
     Each is run exactly as a loader will re-run it: parsed from its request JSON form.
     """
-    return [_golden(source, run, request_form(observations, row)) for row in range(GOLDEN_COUNT)]
+    return [
+        _golden(
+            source,
+            run,
+            request_form(observations, row),
+            None if action_masks is None else action_masks[row : row + 1],
+        )
+        for row in range(GOLDEN_COUNT)
+    ]
 
 
-def _golden(source: PolicySource, run: Runner, request: object) -> GoldenVector:
+def _golden(
+    source: PolicySource, run: Runner, request: object, masks: np.ndarray | None
+) -> GoldenVector:
     batch = parse_observations(source.observation_space, request)
-    outputs = run({input_name(key): array for key, array in batch.arrays.items()})
+    outputs = run(graph_feeds(batch.arrays, masks))
     return GoldenVector(
-        observations=request, outputs={name: value.tolist() for name, value in outputs.items()}
+        observations=request,
+        outputs={name: value.tolist() for name, value in outputs.items()},
+        action_masks=None if masks is None else masks.tolist(),
     )
 
 
@@ -44,7 +59,9 @@ def build_contract(
         source=source.provenance,
         observation_space=source.observation_space,
         action_space=source.action_space,
-        inputs=input_specs(source.observation_space),
+        inputs=input_specs(
+            source.observation_space, source.action_space, action_masks=source.action_masks
+        ),
         outputs=output_specs(source.action_space, source.distribution.kind),
         distribution=source.distribution,
         preprocessing=source.preprocessing,

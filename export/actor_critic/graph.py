@@ -14,9 +14,11 @@ actors, Q-networks): the pipelines, then a core that returns every output in
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 Parameters = tuple[Tensor, ...]
+ILLEGAL_LOGIT = -1e8  # sb3-contrib's HUGE_NEG
 
 
 def _prepared(pipelines: nn.ModuleList, inputs: tuple[Tensor, ...]) -> list[Tensor]:
@@ -33,6 +35,18 @@ class PolicyGraph(nn.Module):
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
         parameters, value = self.core(_prepared(self.pipelines, inputs))
         return (self.head(parameters[0]), *parameters, value)
+
+
+class MaskedPolicyGraph(PolicyGraph):
+    """A policy graph whose last input is an action mask (bool [B, n]): the logits of
+    illegal actions are set to -1e8 before the action is taken from them, as sb3-contrib's
+    ``MaskableCategorical`` sets them, so no illegal action is chosen nor sampled."""
+
+    def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        *observations, mask = inputs
+        parameters, value = self.core(_prepared(self.pipelines, tuple(observations)))
+        logits = torch.where(mask, parameters[0], torch.full_like(parameters[0], ILLEGAL_LOGIT))
+        return (self.head(logits), logits, value)
 
 
 class ActorGraph(nn.Module):

@@ -15,7 +15,7 @@ import numpy as np
 from export.actor_critic.source import Observations
 from export.files import require_file
 from serve.errors import ExportError, InvalidInput
-from serve.spaces import Dict, Leaf, leaves, parse_observations, sample
+from serve.spaces import Dict, Discrete, Leaf, MultiDiscrete, leaves, parse_observations, sample
 
 _EXPECTED = "a .npy array of raw observations, or an .npz with one array per Dict key"
 
@@ -23,6 +23,25 @@ _EXPECTED = "a .npy array of raw observations, or an .npz with one array per Dic
 def sampled(space: Leaf | Dict, count: int, seed: int) -> Observations:
     rng = np.random.default_rng(seed)
     return {key: sample(leaf, rng, count) for key, leaf in leaves(space)}
+
+
+def sampled_masks(action_space: Leaf, count: int, seed: int) -> np.ndarray:
+    """Random action masks (bool [count, n]) leaving at least one legal action per row, in
+    each dimension of a MultiDiscrete space; the first row allows every action."""
+    parts = (
+        list(action_space.nvec)
+        if isinstance(action_space, MultiDiscrete)
+        else [action_space.n if isinstance(action_space, Discrete) else 1]
+    )
+    rng = np.random.default_rng(seed + 1)
+    masks = []
+    for size in parts:
+        part = rng.random((count, size)) < 0.6
+        part[np.arange(count), rng.integers(0, size, count)] = True
+        masks.append(part)
+    joined = np.concatenate(masks, axis=1)
+    joined[0] = True
+    return joined
 
 
 def from_file(space: Leaf | Dict, path: Path) -> Observations:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from export.actor_critic.source import Observations, PolicySource, Sampler
-from export.actor_critic.tensors import input_name, output_specs
+from export.actor_critic.source import Observations, PolicySource, SampledLogProb
+from export.actor_critic.tensors import graph_feeds, output_specs
 from export.runner import Runner
 from serve.contract import TensorRole, TensorSpec
 from serve.distributions import build
@@ -61,14 +61,20 @@ class ParityReport:
 
 
 def compare(
-    source: PolicySource, run: Runner, observations: Observations, tolerance: float, seed: int
+    source: PolicySource,
+    run: Runner,
+    observations: Observations,
+    action_masks: np.ndarray | None,
+    tolerance: float,
+    seed: int,
 ) -> ParityReport:
-    ours = run({input_name(key): array for key, array in observations.items()})
-    theirs = source.reference.outputs(observations)
+    ours = run(graph_feeds(observations, action_masks))
+    theirs = source.reference.outputs(observations, action_masks)
     specs = output_specs(source.action_space, source.distribution.kind)
     rows = [_row(spec, ours[spec.name], theirs[spec.name], tolerance) for spec in specs]
     if source.sampler is not None:
-        rows.append(_log_prob_row(source, source.sampler, ours, observations, tolerance, seed))
+        sampled = source.sampler.sampled_log_prob(observations, action_masks, seed)
+        rows.append(_log_prob_row(source, sampled, ours, tolerance))
     return ParityReport(rows=rows, samples=len(ours["value"]), tolerance=tolerance)
 
 
@@ -84,14 +90,8 @@ def _row(spec: TensorSpec, ours: np.ndarray, theirs: np.ndarray, tolerance: floa
 
 
 def _log_prob_row(
-    source: PolicySource,
-    sampler: Sampler,
-    ours: dict[str, np.ndarray],
-    observations: Observations,
-    tolerance: float,
-    seed: int,
+    source: PolicySource, sampled: SampledLogProb, ours: dict[str, np.ndarray], tolerance: float
 ) -> ParityRow:
-    sampled = sampler.sampled_log_prob(observations, seed)
     nvec = tuple(source.distribution.nvec) if source.distribution.nvec else None
     distribution = build(source.distribution.kind, ours, nvec)
     log_prob = distribution.log_prob(sampled.actions)

@@ -19,7 +19,7 @@ from export.actor_critic.contract_builder import GOLDEN_COUNT, build_contract, g
 from export.actor_critic.embedding import default_opset, with_contract
 from export.actor_critic.parity import ParityReport, compare
 from export.actor_critic.source import Observations, PolicySource
-from export.actor_critic.tensors import input_specs, output_specs
+from export.actor_critic.tensors import input_specs, output_specs, parameter_width
 from export.onnx_export import to_onnx
 from export.runner import runner
 from serve import contract
@@ -55,11 +55,19 @@ def export_policy(
     model = onnx_bytes(source, parity.seed)
     run = runner(model)
     checked = parity_observations(source, parity)
-    progress(f"checking parity on {observations.count(checked)} observations")
-    report = compare(source, run, checked, parity.tolerance, parity.seed)
+    rows = observations.count(checked)
+    masks = (
+        observations.sampled_masks(source.action_space, rows, parity.seed)
+        if source.action_masks
+        else None
+    )
+    progress(
+        f"checking parity on {rows} observations" + (" and masks" if masks is not None else "")
+    )
+    report = compare(source, run, checked, masks, parity.tolerance, parity.seed)
     if not report.passed:
         return ExportOutcome(report, None)
-    golden = golden_vectors(source, run, checked)
+    golden = golden_vectors(source, run, checked, masks)
     policy = build_contract(source, destination.version, default_opset(model), golden)
     progress(f"writing {destination.version_dir / writer.MODEL_FILE}")
     path = writer.write(destination, with_contract(model, policy), check=verify_file)
@@ -82,7 +90,13 @@ def onnx_bytes(source: PolicySource, seed: int) -> bytes:
         torch.from_numpy(sample(leaf, rng, _EXAMPLE_BATCH))
         for _, leaf in leaves(source.observation_space)
     ]
-    inputs = input_specs(source.observation_space)
+    if source.action_masks:
+        example.append(
+            torch.ones(_EXAMPLE_BATCH, parameter_width(source.action_space), dtype=torch.bool)
+        )
+    inputs = input_specs(
+        source.observation_space, source.action_space, action_masks=source.action_masks
+    )
     outputs = output_specs(source.action_space, source.distribution.kind)
     return to_onnx(source.graph, example, [i.name for i in inputs], [o.name for o in outputs])
 

@@ -30,15 +30,20 @@ class SampledLogProb:
 
 
 class Reference(Protocol):
-    def outputs(self, observations: Observations) -> dict[str, np.ndarray]:
-        """Output name (action, logits or mean and log_std, value) -> the source's values."""
+    def outputs(
+        self, observations: Observations, action_masks: np.ndarray | None
+    ) -> dict[str, np.ndarray]:
+        """Output name (action, logits or mean and log_std, value) -> the source's values;
+        ``action_masks`` (bool [B, n]) for a policy that takes them, else None."""
         ...
 
 
 class Sampler(Protocol):
     """The source's own sampling, for a policy with a distribution."""
 
-    def sampled_log_prob(self, observations: Observations, seed: int) -> SampledLogProb: ...
+    def sampled_log_prob(
+        self, observations: Observations, action_masks: np.ndarray | None, seed: int
+    ) -> SampledLogProb: ...
 
 
 @dataclass(frozen=True)
@@ -52,3 +57,4 @@ class PolicySource:
     distribution: DistributionSpec
     preprocessing: Preprocessing
     sampler: Sampler | None  # None: a deterministic policy (no distribution to hold to)
+    action_masks: bool = False  # the graph takes an action mask after the observations

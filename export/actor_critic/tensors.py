@@ -9,6 +9,9 @@ with a leading batch axis.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+
+import numpy as np
 
 from serve.contract import TensorRole, TensorSpec
 from serve.distributions import DistributionKind
@@ -25,14 +28,16 @@ from serve.spaces import (
 )
 
 BATCH = "batch"
+MASK_INPUT = "action_mask"
 
 
 def input_name(key: str | None) -> str:
     return "obs" if key is None else f"obs.{key}"
 
 
-def input_specs(space: Leaf | Dict) -> list[TensorSpec]:
-    return [
+def input_specs(space: Leaf | Dict, action_space: Leaf, *, action_masks: bool) -> list[TensorSpec]:
+    """The observation inputs, then the action mask (bool [B, n]) when the policy takes one."""
+    specs = [
         TensorSpec(
             name=input_name(key),
             role=TensorRole.OBSERVATION,
@@ -42,6 +47,22 @@ def input_specs(space: Leaf | Dict) -> list[TensorSpec]:
         )
         for key, leaf in leaves(space)
     ]
+    if action_masks:
+        width: list[int | str] = [BATCH, parameter_width(action_space)]
+        specs.append(
+            TensorSpec(name=MASK_INPUT, role=TensorRole.ACTION_MASK, dtype="bool", shape=width)
+        )
+    return specs
+
+
+def graph_feeds(
+    observations: Mapping[str | None, np.ndarray], action_masks: np.ndarray | None
+) -> dict[str, np.ndarray]:
+    """onnxruntime's feeds: each observation leaf by its input name, and the masks."""
+    feeds = {input_name(key): array for key, array in observations.items()}
+    if action_masks is not None:
+        feeds[MASK_INPUT] = action_masks
+    return feeds
 
 
 def output_specs(action_space: Leaf, kind: DistributionKind) -> list[TensorSpec]:

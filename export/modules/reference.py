@@ -30,14 +30,18 @@ class TorchReference:
     action_space: Leaf
     output_names: list[str]  # action, parameters..., value
 
-    def outputs(self, observations: Observations) -> dict[str, np.ndarray]:
+    def outputs(
+        self, observations: Observations, action_masks: np.ndarray | None
+    ) -> dict[str, np.ndarray]:
         distribution, value = self._call(observations)
         action = distributions.mode(distribution, self.kind).numpy()
         parameters = [p.numpy() for p in distributions.parameters(distribution, self.kind)]
         values = [self._clipped(action), *parameters, value.reshape(-1).numpy()]
         return dict(zip(self.output_names, values, strict=True))
 
-    def sampled_log_prob(self, observations: Observations, seed: int) -> SampledLogProb:
+    def sampled_log_prob(
+        self, observations: Observations, action_masks: np.ndarray | None, seed: int
+    ) -> SampledLogProb:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             distribution, _ = self._call(observations)

@@ -28,7 +28,7 @@ from serve.errors import ExportError, one_line
 
 _EXPORTABLE = (
     "rlserve exports Stable-Baselines3's PPO, A2C, SAC, TD3, DDPG and DQN policies and "
-    "sb3-contrib's QR-DQN and TQC"
+    "sb3-contrib's QR-DQN, TQC and MaskablePPO"
 )
 _PICKLED = ":serialized:"  # how model.save() marks a cloudpickled setting in its JSON
 _POLICY_CLASS = "policy_class"
@@ -38,6 +38,7 @@ class PolicyFamily(StrEnum):
     """The kind of network a policy class is, and so how it is exported."""
 
     ACTOR_CRITIC = "actor-critic"  # PPO, A2C: a distribution and a state value
+    MASKABLE = "maskable actor-critic"  # MaskablePPO (sb3-contrib): the same, under masks
     SAC = "SAC"  # a squashed Gaussian actor and Q-critics
     TD3 = "TD3"  # TD3 and DDPG: a deterministic actor and Q-critics
     DQN = "DQN"  # a Q-network, acting greedily
@@ -51,6 +52,7 @@ class PolicyFamily(StrEnum):
 
 _ALGORITHMS = {
     PolicyFamily.ACTOR_CRITIC: (Algorithm.PPO, Algorithm.A2C),
+    PolicyFamily.MASKABLE: (Algorithm.MASKABLE_PPO,),
     PolicyFamily.SAC: (Algorithm.SAC,),
     PolicyFamily.TD3: (Algorithm.TD3, Algorithm.DDPG),
     PolicyFamily.DQN: (Algorithm.DQN,),
@@ -98,7 +100,8 @@ def _trained_under_vecnormalize(data: dict[str, Any], family: PolicyFamily) -> b
     ones keep it either way (without VecNormalize it is the observation before
     ``_last_obs``), so their checkpoints do not say: for them this is False, and
     ``--vecnormalize`` is the user's to give (docs/export.md says so)."""
-    return family is PolicyFamily.ACTOR_CRITIC and data.get("_last_original_obs") is not None
+    on_policy = family in (PolicyFamily.ACTOR_CRITIC, PolicyFamily.MASKABLE)
+    return on_policy and data.get("_last_original_obs") is not None
 
 
 def _restored(raw: dict[str, Any], path: Path, *, trust_checkpoint: bool) -> dict[str, Any]:
@@ -180,18 +183,23 @@ def _family(policy_class: Any, path: Path) -> PolicyFamily:
                 return family
     raise ExportError(
         f"{path}: unsupported policy class {policy_class.__name__}; {_EXPORTABLE} "
-        "(MlpPolicy, CnnPolicy, MultiInputPolicy), not recurrent or action-masked ones"
+        "(MlpPolicy, CnnPolicy, MultiInputPolicy), not recurrent ones"
     )
 
 
 def _contrib_bases() -> list[tuple[type, PolicyFamily]]:
     """sb3-contrib's policy classes, when it is installed (the export extra installs it)."""
     try:
+        from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
         from sb3_contrib.qrdqn.policies import QRDQNPolicy
         from sb3_contrib.tqc.policies import TQCPolicy
     except ImportError:
         return []
-    return [(QRDQNPolicy, PolicyFamily.QRDQN), (TQCPolicy, PolicyFamily.TQC)]
+    return [
+        (MaskableActorCriticPolicy, PolicyFamily.MASKABLE),
+        (QRDQNPolicy, PolicyFamily.QRDQN),
+        (TQCPolicy, PolicyFamily.TQC),
+    ]
 
 
 def _chosen(
@@ -248,8 +256,13 @@ def _algorithm_class(algorithm: Algorithm) -> Any:
     import stable_baselines3
 
     name = algorithm.value.upper()
-    if algorithm in (Algorithm.QRDQN, Algorithm.TQC):
+    contrib = {
+        Algorithm.QRDQN: "QRDQN",
+        Algorithm.TQC: "TQC",
+        Algorithm.MASKABLE_PPO: "MaskablePPO",
+    }
+    if algorithm in contrib:
         import sb3_contrib
 
-        return getattr(sb3_contrib, name)
+        return getattr(sb3_contrib, contrib[algorithm])
     return getattr(stable_baselines3, name, None)

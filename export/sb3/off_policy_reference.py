@@ -30,7 +30,9 @@ class OffPolicyReference:
     chw_keys: set[str | None]
     output_names: list[str]  # action, [mean, log_std | q_values], value
 
-    def outputs(self, observations: Observations) -> dict[str, np.ndarray]:
+    def outputs(
+        self, observations: Observations, action_masks: np.ndarray | None
+    ) -> dict[str, np.ndarray]:
         prepared = policy_input(observations, self.vecnormalize, self.chw_keys)
         actions, _ = self.model.predict(prepared, deterministic=True)
         policy = self.model.policy
@@ -61,7 +63,9 @@ class SacSampler:
     vecnormalize: Any | None
     chw_keys: set[str | None]
 
-    def sampled_log_prob(self, observations: Observations, seed: int) -> SampledLogProb:
+    def sampled_log_prob(
+        self, observations: Observations, action_masks: np.ndarray | None, seed: int
+    ) -> SampledLogProb:
         """Actions in [-1, 1] sampled by SAC's distribution, and their log-probabilities."""
         policy = self.model.policy
         prepared = policy_input(observations, self.vecnormalize, self.chw_keys)

@@ -97,6 +97,18 @@ _ALLOWED: frozenset[tuple[str, str]] = frozenset(
             for name in (f"{algorithm}Policy", "CnnPolicy", "MultiInputPolicy")
         },
         *{
+            ("sb3_contrib.common.maskable.policies", f"Maskable{name}")
+            for name in (
+                "ActorCriticPolicy",
+                "ActorCriticCnnPolicy",
+                "MultiInputActorCriticPolicy",
+            )
+        },
+        *{
+            ("sb3_contrib.common.maskable.buffers", name)
+            for name in ("MaskableRolloutBuffer", "MaskableDictRolloutBuffer")
+        },
+        *{
             (f"sb3_contrib.{algorithm.lower()}.policies", name)
             for algorithm in ("QRDQN", "TQC")
             for name in (f"{algorithm}Policy", "CnnPolicy", "MultiInputPolicy")

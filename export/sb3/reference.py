@@ -14,24 +14,30 @@ from typing import Any
 import numpy as np
 import torch
 
+from export.actor_critic.graph import ILLEGAL_LOGIT
 from export.actor_critic.source import Observations, SampledLogProb
 
 
 @dataclass(frozen=True)
 class Sb3Reference:
-    model: Any  # PPO or A2C
+    model: Any  # PPO, A2C or MaskablePPO
     vecnormalize: Any | None  # the unpickled VecNormalize, when one was given
     chw_keys: set[str | None]  # leaves VecTransposeImage turned from HWC into CHW
     output_names: list[str]  # action, parameters..., value
     gaussian: bool
 
-    def outputs(self, observations: Observations) -> dict[str, np.ndarray]:
+    def outputs(
+        self, observations: Observations, action_masks: np.ndarray | None
+    ) -> dict[str, np.ndarray]:
         prepared = self._policy_input(observations)
-        actions, _ = self.model.predict(prepared, deterministic=True)
+        masked = {} if action_masks is None else {"action_masks": action_masks}
+        actions, _ = self.model.predict(prepared, deterministic=True, **masked)
         policy = self.model.policy
         with torch.no_grad():
             obs, _ = policy.obs_to_tensor(prepared)
             first = self._first_parameter(obs)
+            if action_masks is not None:  # as MaskableCategorical masks them
+                first = torch.where(torch.as_tensor(action_masks), first, ILLEGAL_LOGIT)
             value = policy.predict_values(obs).flatten().numpy()
         parameters = [first.numpy()]
         if self.gaussian:
@@ -39,13 +45,16 @@ class Sb3Reference:
         values = [np.asarray(actions), *parameters, value]
         return dict(zip(self.output_names, values, strict=True))
 
-    def sampled_log_prob(self, observations: Observations, seed: int) -> SampledLogProb:
+    def sampled_log_prob(
+        self, observations: Observations, action_masks: np.ndarray | None, seed: int
+    ) -> SampledLogProb:
         policy = self.model.policy
+        masked = {} if action_masks is None else {"action_masks": action_masks}
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             obs, _ = policy.obs_to_tensor(self._policy_input(observations))
-            actions = policy.get_distribution(obs).sample()
-            _, log_prob, _ = policy.evaluate_actions(obs, actions)
+            actions = policy.get_distribution(obs, **masked).sample()
+            _, log_prob, _ = policy.evaluate_actions(obs, actions, **masked)
         return SampledLogProb(actions.numpy(), log_prob.numpy())
 
     def _first_parameter(self, obs: Any) -> torch.Tensor:

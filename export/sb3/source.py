@@ -15,7 +15,7 @@ import numpy as np
 from torch import nn
 
 from export.actor_critic.action_spaces import checked, distribution_for
-from export.actor_critic.graph import ActorGraph, PolicyGraph
+from export.actor_critic.graph import ActorGraph, MaskedPolicyGraph, PolicyGraph
 from export.actor_critic.heads import deterministic_action
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.preprocess import observation_pipelines
@@ -32,7 +32,7 @@ from export.sb3.reference import Sb3Reference
 from serve.contract import Algorithm, DistributionSpec, Normalization, Preprocessing, Source
 from serve.distributions import DistributionKind
 from serve.errors import ExportError, InvalidInput
-from serve.spaces import Box, Leaf, from_gymnasium, leaves
+from serve.spaces import Box, Discrete, Leaf, MultiDiscrete, from_gymnasium, leaves
 
 
 @dataclass(frozen=True)
@@ -62,13 +62,14 @@ def load_source(options: Sb3Options) -> PolicySource:
     action_space = _action_space(policy.action_space, loaded.family)
     network = (
         _actor_critic(loaded, normalizer, norm, layout, action_space)
-        if loaded.family is PolicyFamily.ACTOR_CRITIC
+        if loaded.family in (PolicyFamily.ACTOR_CRITIC, PolicyFamily.MASKABLE)
         else _off_policy(loaded, normalizer, norm, layout, action_space)
     )
     return PolicySource(
         graph=network.graph,
         reference=network.reference,
         sampler=network.sampler,
+        action_masks=loaded.family is PolicyFamily.MASKABLE,
         algorithm=loaded.algorithm,
         provenance=_provenance(options.checkpoint, policy),
         observation_space=layout.raw_space,
@@ -102,7 +103,8 @@ def _actor_critic(
 ) -> _Network:
     policy, gaussian = loaded.model.policy, isinstance(action_space, Box)
     keys = _keys(layout)
-    graph = PolicyGraph(
+    graph_class = MaskedPolicyGraph if loaded.family is PolicyFamily.MASKABLE else PolicyGraph
+    graph = graph_class(
         observation_pipelines(keys, norm, layout.chw_keys),
         Sb3Core(policy, keys, gaussian=gaussian),
         deterministic_action(action_space),
@@ -173,6 +175,11 @@ def _action_space(gym_space: Any, family: PolicyFamily) -> Leaf:
         space = checked(from_gymnasium(gym_space))
     except InvalidInput as exc:
         raise ExportError(f"action_space: {exc.message}") from None
+    if family is PolicyFamily.MASKABLE and not isinstance(space, Discrete | MultiDiscrete):
+        raise ExportError(
+            "action_space: rlserve serves action masks for Discrete and MultiDiscrete action "
+            f"spaces; this MaskablePPO policy acts in {space.model_dump_json()[:160]}"
+        )
     continuous = family in (PolicyFamily.SAC, PolicyFamily.TD3, PolicyFamily.TQC)
     if continuous and not (isinstance(space, Box) and _bounded(space)):
         raise ExportError(

@@ -16,7 +16,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from serve.actor_critic import masks
 from serve.actor_critic.heads import PolicyHeads, needs_distribution
+from serve.actor_critic.masks import ActionMasks
 from serve.actor_critic.validation import ObservationValidator, predict_options
 from serve.contract import PolicyContract
 from serve.dataplane.batching import bucket, buckets_for
@@ -48,6 +50,9 @@ class ActorCriticPolicy:
         self._session = session
         self._observations = ObservationValidator(contract, bounds=observation_bounds)
         self._heads = PolicyHeads(contract)
+        mask = contract.action_mask
+        self._mask_name = None if mask is None else mask.name
+        self._masks = None if mask is None else ActionMasks(contract.action_space, mask.shape[1])
         # GPU providers run best at a few warmed shapes (engines and kernels are planned per
         # shape): batches are padded to them. On the CPU every extra row is compute wasted.
         gpu = self.provider != CPU
@@ -65,8 +70,17 @@ class ActorCriticPolicy:
         options = predict_options(request.parameters)
         if not self._heads.stochastic and needs_distribution(options):
             raise InvalidInput(self._no_distribution(options))
+        feeds = self._observations.feeds(batch)
+        given_masks = inputs.get(masks.FIELD)
+        if self._masks is not None and self._mask_name is not None:
+            feeds[self._mask_name] = self._masks(given_masks, batch.rows, single=batch.single)
+        elif given_masks is not None:
+            raise InvalidInput(
+                f"{masks.FIELD}: model {self.name!r} takes no action masks (its policy may "
+                "take every action); leave them out"
+            )
         return Prepared(
-            self._observations.feeds(batch),
+            feeds,
             batch.rows,
             batch.single,
             options,
@@ -131,7 +145,7 @@ class ActorCriticPolicy:
         return answer
 
     def warm_up(self, sizes: Sequence[int]) -> dict[int, float]:
-        golden = self.contract.observation_feeds(self.contract.golden[0].observations)
+        golden = self.contract.golden_feeds(self.contract.golden[0])
         seconds = {}
         for size in sizes:
             feeds = {k: _fill(v, size) for k, v in golden.items()}

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from serve.contract import PolicyContract
+from serve.contract import PolicyContract, TensorRole
 from serve.errors import InvalidInput
 from serve.json_shown import json_shown
 from serve.spaces import Box, Dict, ObservationBatch, ObservationBounds, parse_observations
@@ -45,7 +45,9 @@ class ObservationValidator:
     def __init__(self, contract: PolicyContract, *, bounds: ObservationBounds) -> None:
         self.space = contract.observation_space
         self.bounds = bounds
-        self.input_names = {spec.key: spec.name for spec in contract.inputs}
+        self.input_names = {
+            spec.key: spec.name for spec in contract.inputs if spec.role is TensorRole.OBSERVATION
+        }
         self._fast = _fast_path(self.space, bounds)
 
     def __call__(self, value: Any) -> ObservationBatch:

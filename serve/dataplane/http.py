@@ -63,7 +63,7 @@ from serve.versions import path_version
 
 log = logging.getLogger("rlserve.predict")
 
-INPUTS = ("observations", "actions")
+INPUTS = ("observations", "actions", "action_masks")
 REFUSING_S = 0.1  # after a 429, calls are checked from their headers for this long
 EARLY_ANSWER_S = 0.01  # a model's early 429 (its message, Retry-After) is this fresh
 _QUEUE_FULL = ErrorCode.QUEUE_FULL.value

@@ -31,11 +31,17 @@ class PredictRequest(BaseModel):
         description="Optional: actions already taken, one per observation; log_probs then "
         "scores these actions instead of choosing new ones (what a trainer needs).",
     )
+    action_masks: Any = Field(
+        None,
+        description="For a policy that acts under action masks (MaskablePPO): one row of "
+        "booleans per observation, true where an action is legal (the contract's "
+        "action_mask input gives the width).",
+    )
     deterministic: bool = Field(True, description="the policy's mode, or a sampled action")
     seed: int | None = Field(None, ge=0, description="makes sampled actions reproducible")
     outputs: list[OutputKind] = Field(
         default=[OutputKind.ACTIONS],
-        description="what to return: actions, log_probs, values, distribution",
+        description="what to return: actions, log_probs, values, q_values, distribution",
     )
 
 

@@ -4,7 +4,8 @@ Built once per loaded version from its policy contract (cached by the version's 
 
 - **inputs**: the contract's observation tensors, by their graph input names (``obs``, or
   one per key of a Dict space), datatype and shape from the contract with ``-1`` for the
-  batch axis; and, not listed in the metadata, ``actions``: given actions to score.
+  batch axis; ``action_mask`` (BOOL) for a policy that takes one; and, not listed in the
+  metadata, ``actions``: given actions to score.
 - **outputs**: ``actions``, ``log_probs`` (when the policy has a distribution), ``values``
   (when it has a critic), ``q_values`` (a Q-network's) and the distribution's parameters
   (``logits``, or ``mean`` and ``log_std``).
@@ -35,6 +36,7 @@ from serve.errors import InvalidInput, listed, quoted
 from serve.types import Answer, OutputKind
 
 ACTIONS = "actions"
+ACTION_MASKS = "action_masks"  # the request input a masked policy reads its masks from
 # Request parameters rlserve reads; any other is refused, naming these. Triton's clients
 # send triton_enable_empty_final_response on every gRPC call: it only matters to decoupled
 # models (several responses per request), which a policy never is, so it is accepted as is.
@@ -98,11 +100,19 @@ class Signature:
     """A version's tensors by protocol name, and the mapping of calls and answers."""
 
     def __init__(self, contract: PolicyContract) -> None:
-        self.inputs = [
+        observations = [
             TensorMetadata(spec.name, datatype_of(spec.dtype), _shape(spec.shape))
             for spec in contract.inputs
             if spec.role is TensorRole.OBSERVATION
         ]
+        mask = contract.action_mask
+        self._mask = (
+            None
+            if mask is None
+            else TensorMetadata(mask.name, datatype_of(mask.dtype), _shape(mask.shape))
+        )
+        self._observation_inputs = observations
+        self.inputs = observations if self._mask is None else [*observations, self._mask]
         self._keys = {spec.name: spec.key for spec in contract.inputs}
         self._dict_space = any(key is not None for key in self._keys.values())
         self._actions = _from_spec(ACTIONS, contract, TensorRole.ACTION)
@@ -123,6 +133,10 @@ class Signature:
         self._inputs_by_name = {i.name: i for i in self.inputs}
         self._kinds_of: dict[tuple[str, ...], list[OutputKind] | None] = {}
 
+    @property
+    def takes_action_mask(self) -> bool:
+        return self._mask is not None
+
     def key_of(self, name: str) -> str | None:
         """The key of a Dict space's observation that input ``name`` carries, or None."""
         key = self._keys.get(name)
@@ -139,6 +153,8 @@ class Signature:
         given = call.inputs.get(ACTIONS)
         if given is not None:
             inputs["actions"] = self._given_actions(given)
+        if self._mask is not None:
+            inputs[ACTION_MASKS] = call.inputs[self._mask.name]
         parameters = self._parameters(call)
         return InferenceRequest(inputs, parameters, request_id, received_at, deadline)
 
@@ -159,8 +175,8 @@ class Signature:
         if len(rows) > 1:
             raise InvalidInput(f"inputs: every input needs the same batch size; got {sorted(rows)}")
         if not self._dict_space:
-            return tensors[self.inputs[0].name]
-        return {str(self._keys[meta.name]): tensors[meta.name] for meta in self.inputs}
+            return tensors[self._observation_inputs[0].name]
+        return {str(self._keys[meta.name]): tensors[meta.name] for meta in self._observation_inputs}
 
     def _given_actions(self, values: np.ndarray) -> np.ndarray:
         _check(self._actions, values)

@@ -53,7 +53,7 @@ def exported(observation_space: dict[str, Any], action_space: dict[str, Any]) ->
     assert not isinstance(actions, Dict)
     return written.model_copy(
         update={
-            "inputs": input_specs(written.observation_space),
+            "inputs": input_specs(written.observation_space, actions, action_masks=False),
             "outputs": output_specs(actions, written.distribution.kind),
         }
     )
