@@ -40,8 +40,8 @@ class ClippedMean(nn.Module):
 
     def __init__(self, space: Box) -> None:
         super().__init__()
-        self.register_buffer("low", _flat_float32(space.low_array))
-        self.register_buffer("high", _flat_float32(space.high_array))
+        self.register_buffer("low", flat_float32(space.low_array))
+        self.register_buffer("high", flat_float32(space.high_array))
         self.shape = space.shape
 
     def forward(self, mean: Tensor) -> Tensor:
@@ -59,5 +59,6 @@ def deterministic_action(space: Leaf) -> nn.Module:
     return Positive()
 
 
-def _flat_float32(bound: np.ndarray) -> Tensor:
+def flat_float32(bound: np.ndarray) -> Tensor:
+    """A Box bound as a flat float32 tensor (a buffer of the graph)."""
     return torch.as_tensor(np.asarray(bound, dtype=np.float32).reshape(-1))

@@ -21,10 +21,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
+from export.actor_critic.heads import flat_float32
 from export.sb3.graph import sb3_observation
 from serve.spaces import Box
 
@@ -38,8 +38,8 @@ class Rescale(nn.Module):
 
     def __init__(self, space: Box) -> None:
         super().__init__()
-        self.register_buffer("low", _flat(space.low_array))
-        self.register_buffer("high", _flat(space.high_array))
+        self.register_buffer("low", flat_float32(space.low_array))
+        self.register_buffer("high", flat_float32(space.high_array))
         self.shape = space.shape
 
     def forward(self, scaled: Tensor) -> Tensor:
@@ -119,7 +119,3 @@ class QrDqnCore(nn.Module):
         quantiles = self.policy.quantile_net(sb3_observation(self.keys, inputs))
         q_values = quantiles.mean(dim=1)  # [B, n_quantiles, n_actions] -> [B, n_actions]
         return q_values.argmax(dim=-1), q_values, q_values.max(dim=-1).values
-
-
-def _flat(bound: np.ndarray) -> Tensor:
-    return torch.as_tensor(np.asarray(bound, dtype=np.float32).reshape(-1))

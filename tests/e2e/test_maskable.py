@@ -14,11 +14,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import tritonclient.grpc as triton_grpc
 from gymnasium import spaces
 from sb3_contrib import MaskablePPO
 
 from serve import cli, contract
-from tests.e2e.server import Server
+from tests.e2e.server import Server, free_port
 
 ACTIONS = 5
 
@@ -82,10 +83,16 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, str]:
 
 
 @pytest.fixture(scope="module")
+def grpc_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
 def server(
-    trained: tuple[Any, Path, str], tmp_path_factory: pytest.TempPathFactory
+    trained: tuple[Any, Path, str], grpc_port: int, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
-    running = Server.rlserve(trained[1], log=tmp_path_factory.mktemp("maskable_server") / "log")
+    log = tmp_path_factory.mktemp("maskable_server") / "log"
+    running = Server.rlserve(trained[1], "--grpc-port", str(grpc_port), log=log)
     running.wait_ready()
     yield running
     running.stop()
@@ -202,3 +209,19 @@ def test_v2_takes_the_mask_as_a_bool_tensor(trained: tuple[Any, Path, str], serv
     np.testing.assert_array_equal(answer.json()["outputs"][0]["data"], expected)
     assert missing.status_code == 422
     assert "missing ['action_mask']" in missing.json()["error"]
+
+
+def test_grpc_takes_the_mask_as_a_bool_tensor(
+    trained: tuple[Any, Path, str], server: Server, grpc_port: int
+) -> None:
+    model = trained[0]
+    obs, masks = batch(8, seed=6)
+    observed = triton_grpc.InferInput("obs", list(obs.shape), "FP32")
+    observed.set_data_from_numpy(obs)
+    masked = triton_grpc.InferInput("action_mask", list(masks.shape), "BOOL")
+    masked.set_data_from_numpy(masks)
+    wanted = [triton_grpc.InferRequestedOutput("actions")]
+    with triton_grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
+        result = client.infer("masked", [observed, masked], outputs=wanted)
+    expected, _ = model.predict(obs, deterministic=True, action_masks=masks)
+    np.testing.assert_array_equal(result.as_numpy("actions"), expected)
