@@ -23,9 +23,13 @@ if TYPE_CHECKING:
     from export.lm.source import CausalLM
 
 
-class ActorCriticAlgorithm(StrEnum):
+class TorchAlgorithm(StrEnum):
     PPO = "ppo"
     A2C = "a2c"
+    SAC = "sac"
+    TD3 = "td3"
+    DDPG = "ddpg"
+    DQN = "dqn"
 
 
 class Sb3Algorithm(StrEnum):
@@ -215,10 +219,13 @@ class TorchArgs(CommonArgs):
             metavar="JSON",
         ),
     )
-    method: str = field(
-        default="get_dist_and_value",
+    method: str | None = field(
+        default=None,
         metadata=arg(
-            "method returning (torch distribution, value) for a batch of observations",
+            "method to call on a batch of observations; it returns (torch distribution, "
+            "value) for ppo and a2c (default get_dist_and_value), and for the off-policy "
+            "algorithms (default forward) the Q-values (dqn), the action in the Box's bounds "
+            "(td3, ddpg) or (mean, log_std) before tanh (sac)",
             metavar="NAME",
         ),
     )
@@ -230,8 +237,9 @@ class TorchArgs(CommonArgs):
             metavar="STATS.npz",
         ),
     )
-    algorithm: ActorCriticAlgorithm = field(
-        default=ActorCriticAlgorithm.PPO, metadata=arg("algorithm the module was trained with")
+    algorithm: TorchAlgorithm = field(
+        default=TorchAlgorithm.PPO,
+        metadata=arg("algorithm the module was trained with (what its method returns)"),
     )
 
     def load_source(self) -> PolicySource:

@@ -9,7 +9,7 @@ import numpy as np
 
 from export.actor_critic.observations import request_form
 from export.actor_critic.source import Observations, PolicySource
-from export.actor_critic.tensors import graph_feeds, input_specs, output_specs
+from export.actor_critic.tensors import graph_feeds, input_specs
 from export.runner import Runner
 from serve import __version__
 from serve.contract import SCHEMA, Exporter, GoldenVector, PolicyContract
@@ -62,7 +62,7 @@ def build_contract(
         inputs=input_specs(
             source.observation_space, source.action_space, action_masks=source.action_masks
         ),
-        outputs=output_specs(source.action_space, source.distribution.kind),
+        outputs=source.output_specs(),
         distribution=source.distribution,
         preprocessing=source.preprocessing,
         policy_version=version,

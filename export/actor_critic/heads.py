@@ -2,7 +2,7 @@
 
 Categorical: argmax of the logits. MultiDiscrete: argmax per dimension. MultiBinary:
 ``logits > 0`` (sigmoid rounded). Box: the Gaussian mean clipped to the space's bounds, in
-the space's shape.
+the space's shape; for a squashed (tanh) actor, ``Rescale`` maps [-1, 1] to the bounds.
 """
 
 from __future__ import annotations
@@ -47,6 +47,24 @@ class ClippedMean(nn.Module):
     def forward(self, mean: Tensor) -> Tensor:
         clipped = torch.maximum(torch.minimum(mean, self.high), self.low)
         return clipped.reshape(mean.shape[0], *self.shape)
+
+
+class Rescale(nn.Module):
+    """An action in [-1, 1] to the Box's bounds: ``low + (a + 1) / 2 * (high - low)``
+    (SB3's ``unscale_action``), in the space's shape."""
+
+    low: Tensor
+    high: Tensor
+
+    def __init__(self, space: Box) -> None:
+        super().__init__()
+        self.register_buffer("low", flat_float32(space.low_array))
+        self.register_buffer("high", flat_float32(space.high_array))
+        self.shape = space.shape
+
+    def forward(self, scaled: Tensor) -> Tensor:
+        action = self.low + 0.5 * (scaled + 1.0) * (self.high - self.low)
+        return action.reshape(scaled.shape[0], *self.shape)
 
 
 def deterministic_action(space: Leaf) -> nn.Module:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from export.actor_critic.source import Observations, PolicySource, SampledLogProb
-from export.actor_critic.tensors import graph_feeds, output_specs
+from export.actor_critic.tensors import graph_feeds
 from export.runner import Runner
 from serve.contract import TensorRole, TensorSpec
 from serve.distributions import build
@@ -70,12 +70,12 @@ def compare(
 ) -> ParityReport:
     ours = run(graph_feeds(observations, action_masks))
     theirs = source.reference.outputs(observations, action_masks)
-    specs = output_specs(source.action_space, source.distribution.kind)
+    specs = source.output_specs()
     rows = [_row(spec, ours[spec.name], theirs[spec.name], tolerance) for spec in specs]
     if source.sampler is not None:
         sampled = source.sampler.sampled_log_prob(observations, action_masks, seed)
         rows.append(_log_prob_row(source, sampled, ours, tolerance))
-    return ParityReport(rows=rows, samples=len(ours["value"]), tolerance=tolerance)
+    return ParityReport(rows=rows, samples=len(ours["action"]), tolerance=tolerance)
 
 
 def _row(spec: TensorSpec, ours: np.ndarray, theirs: np.ndarray, tolerance: float) -> ParityRow:

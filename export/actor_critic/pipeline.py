@@ -19,7 +19,7 @@ from export.actor_critic.contract_builder import GOLDEN_COUNT, build_contract, g
 from export.actor_critic.embedding import default_opset, with_contract
 from export.actor_critic.parity import ParityReport, compare
 from export.actor_critic.source import Observations, PolicySource
-from export.actor_critic.tensors import input_specs, output_specs, parameter_width
+from export.actor_critic.tensors import input_specs, parameter_width
 from export.onnx_export import to_onnx
 from export.runner import runner
 from serve import contract
@@ -97,7 +97,7 @@ def onnx_bytes(source: PolicySource, seed: int) -> bytes:
     inputs = input_specs(
         source.observation_space, source.action_space, action_masks=source.action_masks
     )
-    outputs = output_specs(source.action_space, source.distribution.kind)
+    outputs = source.output_specs()
     return to_onnx(source.graph, example, [i.name for i in inputs], [o.name for o in outputs])
 
 

@@ -14,7 +14,8 @@ from typing import Protocol
 import numpy as np
 from torch import nn
 
-from serve.contract import Algorithm, DistributionSpec, Preprocessing, Source
+from export.actor_critic.tensors import output_specs
+from serve.contract import Algorithm, DistributionSpec, Preprocessing, Source, TensorSpec
 from serve.spaces import Dict, Leaf
 
 # Raw environment observations, one array per leaf key (None: a space that is not a Dict).
@@ -58,3 +59,7 @@ class PolicySource:
     preprocessing: Preprocessing
     sampler: Sampler | None  # None: a deterministic policy (no distribution to hold to)
     action_masks: bool = False  # the graph takes an action mask after the observations
+    value: bool = True  # the graph outputs a value (an actor without its critic does not)
+
+    def output_specs(self) -> list[TensorSpec]:
+        return output_specs(self.action_space, self.distribution.kind, value=self.value)

@@ -65,13 +65,16 @@ def graph_feeds(
     return feeds
 
 
-def output_specs(action_space: Leaf, kind: DistributionKind) -> list[TensorSpec]:
+def output_specs(
+    action_space: Leaf, kind: DistributionKind, *, value: bool = True
+) -> list[TensorSpec]:
     """action, then the distribution parameters (a deterministic policy over discrete
-    actions: its Q-values), then value: the order the graph returns."""
+    actions: its Q-values), then value (unless the policy has none, as an actor exported
+    without its critic): the order the graph returns."""
     action_dtype = "float32" if isinstance(action_space, Box) else "int64"
     action = _spec("action", TensorRole.ACTION, action_dtype, leaf_shape(action_space))
-    value = _spec("value", TensorRole.VALUE, "float32", ())
-    return [action, *_parameter_specs(action_space, kind), value]
+    values = [_spec("value", TensorRole.VALUE, "float32", ())] if value else []
+    return [action, *_parameter_specs(action_space, kind), *values]
 
 
 def _parameter_specs(action_space: Leaf, kind: DistributionKind) -> list[TensorSpec]:

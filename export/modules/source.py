@@ -16,16 +16,16 @@ import torch
 from torch import Tensor, nn
 
 from export.actor_critic.action_spaces import checked, distribution_for
-from export.actor_critic.graph import Parameters, PolicyGraph
+from export.actor_critic.graph import ActorGraph, Parameters, PolicyGraph
 from export.actor_critic.heads import deterministic_action
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.preprocess import observation_pipelines
 from export.actor_critic.source import PolicySource
 from export.actor_critic.tensors import output_specs
 from export.files import sha256_of
-from export.modules import distributions, obs_norm, probe, spaces, target
+from export.modules import distributions, obs_norm, off_policy, probe, spaces, target
 from export.modules.reference import TorchReference
-from serve.contract import Algorithm, Normalization, Preprocessing, Source
+from serve.contract import Algorithm, DistributionSpec, Normalization, Preprocessing, Source
 from serve.distributions import DistributionKind
 from serve.errors import ExportError
 from serve.spaces import Box, Dict, Leaf
@@ -40,9 +40,15 @@ class TorchOptions:
     env: str | None = None
     observation_space: str | None = None  # JSON
     action_space: str | None = None  # JSON
-    method: str = DEFAULT_METHOD
+    method: str | None = None  # None: DEFAULT_METHOD, or forward for off-policy modules
     obs_norm: Path | None = None
     algorithm: Algorithm = Algorithm.PPO
+
+    @property
+    def method_name(self) -> str:
+        if self.method is not None:
+            return self.method
+        return "forward" if self.algorithm in off_policy.OFF_POLICY else DEFAULT_METHOD
 
 
 class TorchCore(nn.Module):
@@ -67,18 +73,20 @@ def load_source(options: TorchOptions) -> PolicySource:
     action_space = checked(resolved.action)
     module = _module(options)
     norm = _norm(options.obs_norm, observation_space)
-    probe.check_method(module, options.method, observation_space, action_space, norm)
+    if options.algorithm in off_policy.OFF_POLICY:
+        return _off_policy(options, module, norm, observation_space, action_space)
+    probe.check_method(module, options.method_name, observation_space, action_space, norm)
     kind = distribution_for(action_space).kind
     reference = TorchReference(
         module=module,
-        method=options.method,
+        method=options.method_name,
         kind=kind,
         norm=norm,
         action_space=action_space,
         output_names=[spec.name for spec in output_specs(action_space, kind)],
     )
     return PolicySource(
-        graph=_graph(TorchCore(module, options.method, kind), norm, action_space),
+        graph=_graph(TorchCore(module, options.method_name, kind), norm, action_space),
         reference=reference,
         sampler=reference,
         algorithm=options.algorithm,
@@ -89,6 +97,36 @@ def load_source(options: TorchOptions) -> PolicySource:
         preprocessing=Preprocessing(
             normalization=_normalization(norm), action_clip=isinstance(action_space, Box)
         ),
+    )
+
+
+def _off_policy(
+    options: TorchOptions,
+    module: nn.Module,
+    norm: NormStats | None,
+    observation_space: Leaf,
+    action_space: Leaf,
+) -> PolicySource:
+    algorithm, method = options.algorithm, options.method_name
+    off_policy.check(module, method, algorithm, observation_space, action_space, norm)
+    sac = algorithm is Algorithm.SAC
+    kind = DistributionKind.SQUASHED_DIAG_GAUSSIAN if sac else DistributionKind.DETERMINISTIC
+    value = algorithm is Algorithm.DQN  # an actor comes without its critic
+    core = off_policy.OffPolicyCore(module, method, algorithm, action_space)
+    names = [spec.name for spec in output_specs(action_space, kind, value=value)]
+    reference = off_policy.OffPolicyReference(core, norm, names)
+    pipelines = observation_pipelines([None], norm, chw_keys=set())
+    return PolicySource(
+        graph=ActorGraph(pipelines, core),
+        reference=reference,
+        sampler=reference if sac else None,
+        value=value,
+        algorithm=algorithm,
+        provenance=_provenance(options, module),
+        observation_space=observation_space,
+        action_space=action_space,
+        distribution=DistributionSpec(kind=kind),
+        preprocessing=Preprocessing(normalization=_normalization(norm), action_clip=False),
     )
 
 
@@ -119,10 +157,15 @@ def _module(options: TorchOptions) -> nn.Module:
     module = target.resolve(options.target)
     if options.checkpoint is not None:
         target.load_state_dict(module, options.checkpoint)
-    if not callable(getattr(module, options.method, None)):
+    if not callable(getattr(module, options.method_name, None)):
+        returns = (
+            "its off-policy output (Q-values, an action, or mean and log_std)"
+            if options.algorithm in off_policy.OFF_POLICY
+            else "(distribution, value)"
+        )
         raise ExportError(
-            f"--method {options.method}: {type(module).__name__} has no such method; name the "
-            "method that returns (distribution, value) for a batch of observations"
+            f"--method {options.method_name}: {type(module).__name__} has no such method; "
+            f"name the method that returns {returns} for a batch of observations"
         )
     return module.eval()
 

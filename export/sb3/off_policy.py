@@ -24,27 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from export.actor_critic.heads import flat_float32
+from export.actor_critic.heads import Rescale
 from export.sb3.graph import sb3_observation
 from serve.spaces import Box
-
-
-class Rescale(nn.Module):
-    """An action in [-1, 1] to the Box's bounds: ``low + (a + 1) / 2 * (high - low)``
-    (SB3's ``unscale_action``), in the space's shape."""
-
-    low: Tensor
-    high: Tensor
-
-    def __init__(self, space: Box) -> None:
-        super().__init__()
-        self.register_buffer("low", flat_float32(space.low_array))
-        self.register_buffer("high", flat_float32(space.high_array))
-        self.shape = space.shape
-
-    def forward(self, scaled: Tensor) -> Tensor:
-        action = self.low + 0.5 * (scaled + 1.0) * (self.high - self.low)
-        return action.reshape(scaled.shape[0], *self.shape)
 
 
 class CriticValue(StrEnum):

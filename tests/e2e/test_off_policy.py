@@ -20,6 +20,7 @@ from stable_baselines3 import DDPG, DQN, SAC, TD3
 
 from serve import cli, contract
 from tests.e2e.server import Server
+from tests.export import cleanrl_agents
 
 STEPS = 200  # 100 gradient steps (DQN's: 25); parity does not need a good policy
 SETTINGS = {"learning_starts": 100, "buffer_size": 1_000, "seed": 0, "device": "cpu"}
@@ -44,6 +45,13 @@ POLICIES = [
     OffPolicy("tqc", TQC, "Pendulum-v1", SQUASHED, ["action", "mean", "log_std", "value"]),
 ]  # fmt: skip
 BY_NAME = {p.name: p for p in POLICIES}
+AGENTS = Path(cleanrl_agents.__file__)
+# CleanRL-style modules through `rlserve export torch --algorithm ...`: name, factory, env
+TORCH_MODULES = [
+    ("torch_dqn", "make_q_network", "CartPole-v1"),
+    ("torch_td3", "make_td3_actor", "Pendulum-v1"),
+    ("torch_sac", "make_sac_actor", "Pendulum-v1"),
+]
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,12 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
             )
             assert done.returncode == 0, done.stderr
             trained[policy.name] = Trained(policy, model, checkpoint, done.stdout)
+        for name, factory, env_id in TORCH_MODULES:
+            done = rlserve(
+                "export", "torch", f"{AGENTS}:{factory}", "--env", env_id, "--algorithm",
+                name.removeprefix("torch_"), "--name", name, "--model-repository", repo,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
     finally:
         torch.set_num_threads(previous)
     return repo, trained
@@ -295,3 +309,29 @@ def test_a_forced_algorithm_must_be_one_the_policy_class_trains(
     assert "--algorithm ppo: the checkpoint holds a SAC policy (SACPolicy)" in done.stderr
     assert "give --algorithm sac" in done.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_cleanrl_style_off_policy_modules_export_and_serve_what_their_forward_says(
+    repository: tuple[Path, dict[str, Trained]], server: Server
+) -> None:
+    pendulum, cartpole = observations("Pendulum-v1", 32, seed=7), observations("CartPole-v1", 32, 7)
+    with torch.no_grad():
+        q_values = cleanrl_agents.make_q_network()(torch.as_tensor(cartpole)).numpy()
+        td3 = cleanrl_agents.make_td3_actor()(torch.as_tensor(pendulum)).numpy()
+        mean, _ = cleanrl_agents.make_sac_actor()(torch.as_tensor(pendulum))
+    wanted = {"outputs": ["actions", "values", "q_values"]}
+    dqn = predict(server, "torch_dqn", {"observations": cartpole.tolist(), **wanted})
+    np.testing.assert_array_equal(dqn["actions"], q_values.argmax(axis=1))
+    np.testing.assert_allclose(dqn["q_values"], q_values, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dqn["values"], q_values.max(axis=1), rtol=1e-5, atol=1e-5)
+    actor = predict(server, "torch_td3", {"observations": pendulum.tolist(), **wanted})
+    np.testing.assert_allclose(actor["actions"], td3, rtol=1e-5, atol=1e-5)
+    assert "values" not in actor  # an actor exported without its critic has none
+    greedy = predict(server, "torch_sac", {"observations": pendulum.tolist()})
+    np.testing.assert_allclose(greedy["actions"], 2.0 * np.tanh(mean.numpy()), rtol=1e-5, atol=1e-5)
+    body = {"observations": pendulum.tolist(), "deterministic": False, "seed": 1}
+    sampled = predict(server, "torch_sac", body)
+    assert sampled == predict(server, "torch_sac", body)
+    assert np.all(np.abs(np.asarray(sampled["actions"])) <= 2.0)
+    policy = contract.read(repository[0] / "torch_sac" / "1" / "model.onnx")
+    assert (policy.algorithm.value, policy.distribution.kind.value) == ("sac", SQUASHED)

@@ -97,3 +97,57 @@ def make_multidiscrete_agent() -> MultiDiscreteAgent:
 
 
 pendulum_agent = make_pendulum_agent()  # an instance, for the MODULE:INSTANCE form
+
+
+# The shape of CleanRL's off-policy modules (dqn.py, td3_continuous_action.py,
+# sac_continuous_action.py): what their forward returns, on Pendulum's and CartPole's spaces.
+LOG_STD_MAX, LOG_STD_MIN = 2, -5
+
+
+class QNetwork(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.network = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 2))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.network(x)
+
+
+class Td3Actor(nn.Module):
+    action_scale: Tensor
+    action_bias: Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.fc_mu = nn.Linear(3, 16), nn.Linear(16, 1)
+        self.register_buffer("action_scale", torch.tensor([2.0]))  # Pendulum: [-2, 2]
+        self.register_buffer("action_bias", torch.tensor([0.0]))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.tanh(self.fc_mu(torch.relu(self.fc(x)))) * self.action_scale + self.action_bias
+
+
+class SacActor(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.fc_mean, self.fc_logstd = nn.Linear(3, 16), nn.Linear(16, 1), nn.Linear(16, 1)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        x = torch.relu(self.fc(x))
+        log_std = torch.tanh(self.fc_logstd(x))
+        return self.fc_mean(x), LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
+
+
+def make_q_network() -> QNetwork:
+    torch.manual_seed(0)
+    return QNetwork()
+
+
+def make_td3_actor() -> Td3Actor:
+    torch.manual_seed(0)
+    return Td3Actor()
+
+
+def make_sac_actor() -> SacActor:
+    torch.manual_seed(0)
+    return SacActor()
