@@ -19,6 +19,7 @@ from sb3_contrib import QRDQN, TQC
 from stable_baselines3 import DDPG, DQN, SAC, TD3
 
 from serve import cli, contract
+from serve.lane_client import LaneClient
 from tests.e2e.server import Server
 from tests.export import cleanrl_agents
 
@@ -106,11 +107,14 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
 
 
 @pytest.fixture(scope="module")
-def server(
-    repository: tuple[Path, dict[str, Trained]], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    log = tmp_path_factory.mktemp("off_policy_server") / "log"
-    running = Server.rlserve(repository[0], log=log)
+def server_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("off_policy_server")  # its log, and its local lane
+
+
+@pytest.fixture(scope="module")
+def server(repository: tuple[Path, dict[str, Trained]], server_dir: Path) -> Iterator[Server]:
+    lane = server_dir / "lane"
+    running = Server.rlserve(repository[0], "--lane", str(lane), log=server_dir / "log")
     running.wait_ready()
     yield running
     running.stop()
@@ -335,3 +339,27 @@ def test_cleanrl_style_off_policy_modules_export_and_serve_what_their_forward_sa
     assert np.all(np.abs(np.asarray(sampled["actions"])) <= 2.0)
     policy = contract.read(repository[0] / "torch_sac" / "1" / "model.onnx")
     assert (policy.algorithm.value, policy.distribution.kind.value) == ("sac", SQUASHED)
+
+
+def test_the_local_lane_answers_q_values_and_squashed_samples_as_http_does(
+    server: Server, server_dir: Path
+) -> None:
+    with LaneClient(server_dir / "lane") as lane:
+        cartpole, pendulum = (
+            observations("CartPole-v1", 4, seed=8),
+            observations("Pendulum-v1", 4, 8),
+        )
+        wanted = ("actions", "q_values", "values")
+        over_lane = lane.predict(cartpole, model="dqn", outputs=wanted)
+        over_http = predict(
+            server, "dqn", {"observations": cartpole.tolist(), "outputs": list(wanted)}
+        )
+        np.testing.assert_array_equal(over_lane.actions, over_http["actions"])
+        np.testing.assert_allclose(over_lane.q_values, over_http["q_values"], rtol=1e-6)
+        body = {"deterministic": False, "seed": 2, "outputs": ["actions", "log_probs"]}
+        sampled = lane.predict(
+            pendulum, model="sac", deterministic=False, seed=2, outputs=("actions", "log_probs")
+        )
+        expected = predict(server, "sac", {"observations": pendulum.tolist(), **body})
+        np.testing.assert_allclose(sampled.actions, expected["actions"], rtol=1e-6)
+        np.testing.assert_allclose(sampled.log_probs, expected["log_probs"], rtol=1e-5)
