@@ -141,6 +141,8 @@ def _refusal(key: str, name: str, path: Path) -> str:
         "your team saved it{why}), pass --trust-checkpoint to load it as Stable-Baselines3 "
         "does"
     )
+    if key == _POLICY_CLASS and "Recurrent" in name:
+        return _recurrent(path, name.rsplit(".", 1)[-1])
     if key == _POLICY_CLASS:
         short = name.rsplit(".", 1)[-1]
         return (
@@ -177,10 +179,11 @@ def _family(policy_class: Any, path: Path) -> PolicyFamily:
         (DQNPolicy, PolicyFamily.DQN),
         *_contrib_bases(),
     ]
-    if "Recurrent" not in policy_class.__name__:
-        for base, family in bases:
-            if issubclass(policy_class, base):
-                return family
+    if "Recurrent" in policy_class.__name__:
+        raise ExportError(_recurrent(path, policy_class.__name__))
+    for base, family in bases:
+        if issubclass(policy_class, base):
+            return family
     raise ExportError(
         f"{path}: unsupported policy class {policy_class.__name__}; {_EXPORTABLE} "
         "(MlpPolicy, CnnPolicy, MultiInputPolicy), not recurrent ones"
@@ -200,6 +203,15 @@ def _contrib_bases() -> list[tuple[type, PolicyFamily]]:
         (QRDQNPolicy, PolicyFamily.QRDQN),
         (TQCPolicy, PolicyFamily.TQC),
     ]
+
+
+def _recurrent(path: Path, short: str) -> str:
+    return (
+        f"{path}: {short} is a recurrent policy (RecurrentPPO), which rlserve does not export "
+        "yet: its LSTM state would have to travel with every request. The closest supported: "
+        "PPO or MaskablePPO on frame-stacked observations (VecFrameStack), exported as any "
+        "feed-forward policy"
+    )
 
 
 def _chosen(
@@ -241,7 +253,8 @@ def _load_model(algorithm: Algorithm, file: IO[bytes], path: Path, restored: dic
     if cls is None:
         raise ExportError(f"--algorithm {algorithm.value}: not exportable; {_EXPORTABLE}")
     try:
-        model = cls.load(file, device="cpu", custom_objects=restored, print_system_info=False)
+        custom = {**restored, **_without_her(restored)}
+        model = cls.load(file, device="cpu", custom_objects=custom, print_system_info=False)
     except Exception as exc:  # SB3 surfaces pickle, torch and key errors unchanged
         raise ExportError(
             f"{path}: Stable-Baselines3 could not load it as {algorithm.value.upper()} "
@@ -250,6 +263,16 @@ def _load_model(algorithm: Algorithm, file: IO[bytes], path: Path, restored: dic
         ) from None
     model.policy.set_training_mode(False)
     return model
+
+
+def _without_her(restored: dict[str, Any]) -> dict[str, Any]:
+    """A HER replay buffer needs its environment to be built, and the policy does not need
+    it: such a checkpoint loads with SB3's default buffer instead (the weights are the same;
+    the goal-conditioned Dict observations are served as any Dict space)."""
+    buffer = restored.get("replay_buffer_class")
+    if getattr(buffer, "__name__", None) != "HerReplayBuffer":
+        return {}
+    return {"replay_buffer_class": None, "replay_buffer_kwargs": {}}
 
 
 def _algorithm_class(algorithm: Algorithm) -> Any:

@@ -121,6 +121,8 @@ _ALLOWED: frozenset[tuple[str, str]] = frozenset(
             ("stable_baselines3.common.buffers", name)
             for name in ("RolloutBuffer", "DictRolloutBuffer", "ReplayBuffer", "DictReplayBuffer")
         },
+        ("stable_baselines3.her.her_replay_buffer", "HerReplayBuffer"),
+        ("stable_baselines3.her.goal_selection_strategy", "GoalSelectionStrategy"),
         *{
             ("stable_baselines3.common.type_aliases", name)
             for name in ("TrainFreq", "TrainFrequencyUnit")

@@ -121,3 +121,72 @@ def test_a_parity_file_that_does_not_fit_the_space_is_refused(
     with pytest.raises(ExportError, match=r"wrong.npy: expected shape \(4,\)"):
         export_policy(source, parity, writer.destination(tmp_path, "p", None), lambda _: None)
     assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_a_recurrent_policy_is_refused_naming_the_closest_supported_one(
+    models_dir: Path, trust: bool
+) -> None:
+    from sb3_contrib import RecurrentPPO
+
+    path = models_dir / "recurrent.zip"
+    if not path.exists():
+        RecurrentPPO("MlpLstmPolicy", "CartPole-v1", n_steps=16, device="cpu").save(path)
+    with pytest.raises(ExportError, match="recurrent policy \\(RecurrentPPO\\)") as refused:
+        load_source(Sb3Options(path, trust_checkpoint=trust))
+    assert "frame-stacked observations (VecFrameStack)" in refused.value.message
+    assert "--trust-checkpoint" not in refused.value.message  # trusting it would not help
+
+
+class _Reach(gym.Env[dict[str, np.ndarray], np.ndarray]):
+    """A goal-conditioned task (HER's Dict layout): move a point to a goal."""
+
+    def __init__(self) -> None:
+        box = gym.spaces.Box(-1, 1, (2,), np.float32)
+        names = ("observation", "achieved_goal", "desired_goal")
+        self.observation_space = gym.spaces.Dict({name: box for name in names})  # type: ignore[assignment]
+        self.action_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+        self._pos = self._goal = np.zeros(2, np.float32)
+        self._t = 0
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        return {"observation": self._pos, "achieved_goal": self._pos, "desired_goal": self._goal}
+
+    def reset(
+        self, *, seed: int | None = None, options: object = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, object]]:
+        super().reset(seed=seed)
+        self._pos, self._t = np.zeros(2, np.float32), 0
+        self._goal = self.np_random.uniform(-1, 1, 2).astype(np.float32)
+        return self._obs(), {}
+
+    def compute_reward(self, achieved: np.ndarray, desired: np.ndarray, info: object) -> np.ndarray:
+        return -(np.linalg.norm(achieved - desired, axis=-1) > 0.1).astype(np.float32)
+
+    def step(
+        self, action: np.ndarray
+    ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, object]]:
+        self._pos = np.clip(self._pos + 0.1 * action, -1, 1).astype(np.float32)
+        self._t += 1
+        reward = float(self.compute_reward(self._pos, self._goal, {}))
+        return self._obs(), reward, False, self._t >= 20, {}
+
+
+def test_a_sac_policy_trained_with_her_exports_with_its_goal_conditioned_dict(
+    models_dir: Path, tmp_path: Path
+) -> None:
+    from stable_baselines3 import HerReplayBuffer
+
+    path = models_dir / "her.zip"
+    settings = {"n_sampled_goal": 4, "goal_selection_strategy": "future"}
+    model = SAC(
+        "MultiInputPolicy", _Reach(), replay_buffer_class=HerReplayBuffer,
+        replay_buffer_kwargs=settings, learning_starts=40, buffer_size=500, seed=0, device="cpu",
+    )  # fmt: skip
+    model.learn(60)
+    model.save(path)
+    written = contract.read(_export(Sb3Options(path), tmp_path))
+    assert written.algorithm.value == "sac"
+    assert sorted(i.name for i in written.inputs) == [
+        "obs.achieved_goal", "obs.desired_goal", "obs.observation",
+    ]  # fmt: skip
