@@ -34,7 +34,9 @@ class Positive(nn.Module):
         return (logits > 0).to(torch.int64)
 
 
-class ClippedMean(nn.Module):
+class _BoxBounds(nn.Module):
+    """A head that maps flat actions into a Box: its bounds as buffers, and its shape."""
+
     low: Tensor
     high: Tensor
 
@@ -44,23 +46,16 @@ class ClippedMean(nn.Module):
         self.register_buffer("high", flat_float32(space.high_array))
         self.shape = space.shape
 
+
+class ClippedMean(_BoxBounds):
     def forward(self, mean: Tensor) -> Tensor:
         clipped = torch.maximum(torch.minimum(mean, self.high), self.low)
         return clipped.reshape(mean.shape[0], *self.shape)
 
 
-class Rescale(nn.Module):
+class Rescale(_BoxBounds):
     """An action in [-1, 1] to the Box's bounds: ``low + (a + 1) / 2 * (high - low)``
     (SB3's ``unscale_action``), in the space's shape."""
-
-    low: Tensor
-    high: Tensor
-
-    def __init__(self, space: Box) -> None:
-        super().__init__()
-        self.register_buffer("low", flat_float32(space.low_array))
-        self.register_buffer("high", flat_float32(space.high_array))
-        self.shape = space.shape
 
     def forward(self, scaled: Tensor) -> Tensor:
         action = self.low + 0.5 * (scaled + 1.0) * (self.high - self.low)

@@ -87,17 +87,15 @@ class DqnCore(nn.Module):
         self.keys = keys
 
     def forward(self, inputs: list[Tensor]) -> tuple[Tensor, ...]:
-        q_values = self.policy.q_net(sb3_observation(self.keys, inputs))
+        q_values = self.q_values(sb3_observation(self.keys, inputs))
         return q_values.argmax(dim=-1), q_values, q_values.max(dim=-1).values
 
+    def q_values(self, observation: Tensor | dict[str, Tensor]) -> Tensor:
+        result: Tensor = self.policy.q_net(observation)
+        return result
 
-class QrDqnCore(nn.Module):
-    def __init__(self, policy: Any, keys: list[str | None]) -> None:
-        super().__init__()
-        self.policy = policy
-        self.keys = keys
 
-    def forward(self, inputs: list[Tensor]) -> tuple[Tensor, ...]:
-        quantiles = self.policy.quantile_net(sb3_observation(self.keys, inputs))
-        q_values = quantiles.mean(dim=1)  # [B, n_quantiles, n_actions] -> [B, n_actions]
-        return q_values.argmax(dim=-1), q_values, q_values.max(dim=-1).values
+class QrDqnCore(DqnCore):
+    def q_values(self, observation: Tensor | dict[str, Tensor]) -> Tensor:
+        quantiles = self.policy.quantile_net(observation)
+        return quantiles.mean(dim=1)  # [B, n_quantiles, n_actions] -> [B, n_actions]

@@ -21,7 +21,8 @@ FIELD = "action_masks"
 
 
 class ActionMasks:
-    def __init__(self, action_space: Leaf | Dict, width: int | str) -> None:
+    def __init__(self, name: str, action_space: Leaf | Dict, width: int | str) -> None:
+        self.name = name  # the graph input the masks feed
         self.width = int(width)  # the contract's shape [batch, width]
         if isinstance(action_space, MultiDiscrete):
             self._parts = list(action_space.nvec)

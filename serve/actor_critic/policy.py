@@ -51,8 +51,9 @@ class ActorCriticPolicy:
         self._observations = ObservationValidator(contract, bounds=observation_bounds)
         self._heads = PolicyHeads(contract)
         mask = contract.action_mask
-        self._mask_name = None if mask is None else mask.name
-        self._masks = None if mask is None else ActionMasks(contract.action_space, mask.shape[1])
+        self._masks = (
+            None if mask is None else ActionMasks(mask.name, contract.action_space, mask.shape[1])
+        )
         # GPU providers run best at a few warmed shapes (engines and kernels are planned per
         # shape): batches are padded to them. On the CPU every extra row is compute wasted.
         gpu = self.provider != CPU
@@ -72,8 +73,8 @@ class ActorCriticPolicy:
             raise InvalidInput(self._no_distribution(options))
         feeds = self._observations.feeds(batch)
         given_masks = inputs.get(masks.FIELD)
-        if self._masks is not None and self._mask_name is not None:
-            feeds[self._mask_name] = self._masks(given_masks, batch.rows, single=batch.single)
+        if self._masks is not None:
+            feeds[self._masks.name] = self._masks(given_masks, batch.rows, single=batch.single)
         elif given_masks is not None:
             raise InvalidInput(
                 f"{masks.FIELD}: model {self.name!r} takes no action masks (its policy may "

@@ -11,7 +11,7 @@ from serve.spaces import Discrete, MultiDiscrete
 
 
 def test_a_single_mask_and_a_batch_of_them_become_bool_rows() -> None:
-    masks = ActionMasks(Discrete(n=3), 3)
+    masks = ActionMasks("action_mask", Discrete(n=3), 3)
     assert masks([1, 0, 1], 1, single=True).tolist() == [[True, False, True]]
     rows = masks(np.array([[True, False, False], [False, False, True]]), 2, single=False)
     assert rows.dtype == np.bool_
@@ -19,7 +19,7 @@ def test_a_single_mask_and_a_batch_of_them_become_bool_rows() -> None:
 
 
 def test_each_dimension_of_a_multidiscrete_space_needs_a_legal_action() -> None:
-    masks = ActionMasks(MultiDiscrete(nvec=(2, 3)), 5)
+    masks = ActionMasks("action_mask", MultiDiscrete(nvec=(2, 3)), 5)
     assert masks([True, False, False, False, True], 1, single=True).shape == (1, 5)
     with pytest.raises(
         InvalidInput, match=r"action_masks\[0\]: no legal action in action dimension 1"
@@ -38,5 +38,5 @@ def test_each_dimension_of_a_multidiscrete_space_needs_a_legal_action() -> None:
 )
 def test_what_is_not_a_mask_is_refused_saying_what_one_is(value: object, fragment: str) -> None:
     with pytest.raises(InvalidInput, match="action_masks: ") as refused:
-        ActionMasks(Discrete(n=3), 3)(value, 1, single=True)
+        ActionMasks("action_mask", Discrete(n=3), 3)(value, 1, single=True)
     assert fragment in refused.value.message
