@@ -154,7 +154,7 @@ def test_rollback_is_immediate(server: Server, versions: list[Path]) -> None:
         report = admin.rollback("swap")
         assert admin.predict(OBS).model_version == 1
     assert report["previous_version"] == 2
-    assert report["swap_s"] < 0.01
+    assert report["swap_s"] < 0.05  # no load: the previous version is still warm
 
 
 def test_hold_serves_nothing_until_resume(server: Server) -> None:

@@ -70,7 +70,7 @@ async def test_a_request_that_finds_the_model_idle_runs_at_once() -> None:
     cycle = lifecycle(model, max_batch_size=16, max_wait_ms=0)
     started = time.monotonic()
     assert await answer(cycle, [1.0]) == {"y": [2.0]}
-    assert time.monotonic() - started < 0.005  # no deliberate wait for company
+    assert time.monotonic() - started < 0.05  # no deliberate wait for company
     await cycle.scheduler.stop()
 
 
@@ -109,7 +109,8 @@ async def test_a_full_batch_does_not_wait_out_max_wait() -> None:
 
 async def test_cheap_batches_run_on_the_event_loop_and_expensive_ones_on_a_thread() -> None:
     cheap, slow = EchoModel(), EchoModel(run_s=0.002)
-    on_loop = lifecycle(cheap, inline_max_ms=1.0)
+    # an echo cannot take a second even on a loaded machine; a 2 ms sleep always passes 0.5 ms
+    on_loop = lifecycle(cheap, inline_max_ms=1_000)
     off_loop = lifecycle(slow, inline_max_ms=0.5)
     for _ in range(3):
         await answer(on_loop, [1.0])
