@@ -54,6 +54,7 @@ from serve.dataplane.row_calls import PreparedOn, RowCalls
 from serve.dataplane.scheduler import Scheduler
 from serve.dataplane.wire import JSON_OPTIONS, timeout_header_ms
 from serve.errors import (
+    DeadlineExceeded,
     ErrorCode,
     InvalidInput,
     QueueFull,
@@ -66,6 +67,10 @@ log = logging.getLogger("rlserve.predict")
 INPUTS = ("observations", "actions", "action_masks")
 REFUSING_S = 0.1  # after a 429, calls are checked from their headers for this long
 EARLY_ANSWER_S = 0.01  # a model's early 429 (its message, Retry-After) is this fresh
+# A connection whose call was refused from its headers is read again only after this: the
+# Retry-After its 429 gave (at least a second). A client that sends again at once waits
+# unread, and its call is judged from when the pause began (``refuse_early``).
+READ_AGAIN_AFTER_S = 1.0
 _QUEUE_FULL = ErrorCode.QUEUE_FULL.value
 PARAMETERS = ("deterministic", "seed", "outputs")
 FIELDS = (*INPUTS, *PARAMETERS)
@@ -170,13 +175,25 @@ class PredictFrontend:
         return answer, headers
 
     def refuse_early(
-        self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]
-    ) -> bytes | None:
-        """The whole HTTP answer (429) for a predict call its model would refuse now,
-        decided from the request line and headers alone; None to serve the call as usual.
-        The HTTP protocol (``serve.process.protocol``) asks before it starts a call, so an
-        overloaded server refuses for the cost of parsing headers, not of a whole call."""
-        if method != b"POST" or time.monotonic() > self._refusing_until or self.calls.draining():
+        self,
+        method: bytes,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        unread_since: float | None,
+    ) -> EarlyRefusal | None:
+        """The refusal (429, or 504 once its deadline passed) of a predict call its model
+        would refuse now, decided from the request line and headers alone; None to serve the
+        call as usual. ``unread_since`` is when the protocol stopped reading the call's
+        connection after refusing the call before, if its bytes waited unread since; the
+        call's deadline counts from then. The HTTP protocol (``serve.process.protocol``) asks
+        before it starts a call, so an overloaded server refuses for the cost of parsing
+        headers, not of a whole call, and reads the connection again only
+        ``READ_AGAIN_AFTER_S`` later: a client that ignores Retry-After cannot keep the
+        process busy refusing it."""
+        if method != b"POST" or self.calls.draining():
+            return None
+        now = time.monotonic()
+        if unread_since is None and now > self._refusing_until:
             return None  # nothing was refused lately: calls go their usual way
         raw_path = target.partition(b"?")[0]
         gate = self._gates.get(raw_path)  # the common case, in a few dictionary lookups
@@ -189,16 +206,42 @@ class PredictFrontend:
             asked = timeout_header_ms(None if timeout is None else timeout.decode())
         except RLServeError:
             return None  # the call itself will say what is wrong
-        deadline = self.rows.turn.deadline(time.monotonic(), budget_ms(gate.default_ms, asked))
-        if gate.scheduler.would_admit(1, deadline.at):
+        received_at = now if unread_since is None else unread_since
+        deadline = self.rows.turn.deadline(received_at, budget_ms(gate.default_ms, asked))
+        late = deadline.at <= now
+        if not late and (now > self._refusing_until or gate.scheduler.would_admit(1, deadline.at)):
             return None
         call = start_call({"headers": headers})
+        call.received_at = received_at
         try:
             route = self.router.resolve(gate.path.model, None)
         except RLServeError:
             return None
         call.model, call.version = route.model, route.version.version
-        return self._early_answer(call, route, deadline.at, gate.path)
+        if late:
+            too_late = self._late_answer(call, deadline.budget_ms, gate.path)
+            return EarlyRefusal(too_late, READ_AGAIN_AFTER_S)
+        refused = self._early_answer(call, route, deadline.at, gate.path)
+        return None if refused is None else EarlyRefusal(refused, READ_AGAIN_AFTER_S)
+
+    def _late_answer(self, call: Call, budget: float, path: PredictPath) -> bytes:
+        """The 504 of a call whose deadline passed while its connection was not read."""
+        error = DeadlineExceeded(
+            f"the request's deadline of {budget:g} ms passed before it was read: it was sent "
+            "before the Retry-After of the 429 answered on this connection had passed; "
+            "it was not run"
+        )
+        self.calls.refused(call, error, 504)
+        if self.calls.access_log:
+            scope: Scope = {"method": "POST", "path": _path_of(path), "client": None}
+            log_exchange(scope, call.request_id, 504, time.monotonic() - call.received_at)
+        body = orjson.dumps(error.to_json())
+        return (
+            b"HTTP/1.1 504 Gateway Timeout\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nx-request-id: %s\r\n\r\n"
+            % (len(body), call.request_id.encode("latin-1"))
+            + body
+        )
 
     def _gate_for(self, raw_path: bytes) -> _Gate | None:
         """A predict path's model scheduler, remembered for the next calls; only paths
@@ -251,6 +294,15 @@ def _path_of(path: PredictPath) -> str:
         return "/predict"
     version = "" if path.version is None else f"/versions/{path.version}"
     return f"/v1/models/{path.model}{version}/predict"
+
+
+@dataclass(frozen=True, slots=True)
+class EarlyRefusal:
+    """A call refused from its headers: its whole HTTP answer, and how long its connection
+    is left unread after it."""
+
+    answer: bytes
+    read_again_after_s: float
 
 
 @dataclass(frozen=True, slots=True)

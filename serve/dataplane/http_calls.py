@@ -40,6 +40,10 @@ Headers = list[tuple[bytes, bytes]]
 JSON_HEADER = (b"content-type", b"application/json")
 _CLOSE_HEADER = (b"connection", b"close")
 
+# The ASGI scope extension of a call whose bytes waited unread while the server paused its
+# connection: {"since": monotonic seconds}. Its deadline counts from then.
+UNREAD_SINCE = "rlserve.unread"
+
 
 # Bodies up to this size are decoded and validated on the event loop (a few milliseconds
 # at most); larger ones on a worker thread, so no request holds the loop in proportion to
@@ -64,8 +68,12 @@ class Disconnected(Exception):
 
 
 def start_call(scope: Scope) -> Call:
-    """The call's request id, deadline header and declared length, in one pass over headers."""
-    call = Call("", time.monotonic())
+    """The call's request id, deadline header and declared length, in one pass over headers;
+    received now, or when the server stopped reading its connection if its bytes waited
+    unread since (``UNREAD_SINCE``, set by ``serve.process.protocol``)."""
+    extensions = scope.get("extensions")
+    unread = None if extensions is None else extensions.get(UNREAD_SINCE)
+    call = Call("", time.monotonic() if unread is None else unread["since"])
     for name, value in scope["headers"]:
         if name == b"x-request-id":
             call.request_id = given_request_id(value) or ""

@@ -13,31 +13,46 @@ writes per request: no timer per request); the server sweeps its connections eve
   kept-alive connection) to the end of the request's headers;
 - ``body_timeout_s``: from the end of the headers to the end of the body.
 
+An answer whose head declares its length goes out in one write with its body
+(:class:`OneWrite`): uvicorn writes the head and the body separately, two system calls
+where one does, and on a small answer the second costs as much as the first.
+
 It also lets the predict frontend refuse a call from its headers alone
 (``PredictFrontend.refuse_early``): for a while after any 429, a call its model would
 refuse is answered here, before uvicorn builds a request cycle and an ASGI task for
 it, and its body is skipped as it arrives. Under overload refusals are most of the answers,
-so their cost decides how much of the process is left for the requests admitted.
+so their cost decides how much of the process is left for the requests admitted. The
+connection is then not read for the pause the refusal asks (its Retry-After): a client
+that sends again at once, ignoring it, would otherwise keep the process refusing it as
+fast as it can. Its next call, when its bytes were already waiting as reading resumed, is
+judged as having arrived when the pause began.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import logging
+import termios
+import time
 from collections.abc import Callable
 from enum import Enum
+from typing import Any
 
 import orjson
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from serve.dataplane.http import EarlyRefusal
+from serve.dataplane.http_calls import UNREAD_SINCE
 from serve.errors import RequestTimeout
 
 log = logging.getLogger("rlserve.protocol")
 
 SWEEP_S = 1.0
 
-# (method, request target, headers) -> a whole HTTP answer to send instead, or None
-Gate = Callable[[bytes, bytes, list[tuple[bytes, bytes]]], bytes | None]
+# (method, request target, headers, unread since) -> a refusal to send instead, or None
+Gate = Callable[[bytes, bytes, list[tuple[bytes, bytes]], float | None], EarlyRefusal | None]
 
 
 class Reading(Enum):
@@ -57,6 +72,8 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._reading, self._reading_since = Reading.HEADERS, self.loop.time()
         self._skipping = False  # the call being read was answered from its headers
+        self._paused_at: float | None = None  # not read since a refusal (monotonic s)
+        self._unread_since: float | None = None  # the next call's bytes waited from then
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -64,15 +81,40 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._reading, self._reading_since = Reading.BODY, self.loop.time()
+        unread_since, self._unread_since = self._unread_since, None
         if self.gate is not None and self._between_calls():
-            answer = self.gate(self.parser.get_method(), self.url, self.headers)
-            if answer is not None:
-                self._skipping = True
-                self.transport.write(answer)
-                if not self.parser.should_keep_alive():
-                    self.transport.close()
+            refusal = self.gate(self.parser.get_method(), self.url, self.headers, unread_since)
+            if refusal is not None:
+                self._refuse(refusal)
                 return
         super().on_headers_complete()
+        if unread_since is not None:  # its deadline counts from then (``start_call``)
+            self.scope["extensions"] = {UNREAD_SINCE: {"since": unread_since}}
+        cycle = self.cycle
+        if cycle is not None and cycle.transport is self.transport:
+            cycle.transport = OneWrite(self.transport, cycle)  # type: ignore[assignment]
+
+    def _refuse(self, refusal: EarlyRefusal) -> None:
+        """Answer a call from its headers, skip its body, and leave the connection unread
+        for the refusal's pause."""
+        self._skipping = True
+        self.transport.write(refusal.answer)
+        if not self.parser.should_keep_alive():
+            self.transport.close()
+        elif refusal.read_again_after_s > 0 and self._paused_at is None:
+            self.flow.pause_reading()
+            self._paused_at = time.monotonic()
+            self.loop.call_later(refusal.read_again_after_s, self._read_again)
+
+    def _read_again(self) -> None:
+        """The pause after a refusal is over: bytes already waiting were sent during it."""
+        paused_at, self._paused_at = self._paused_at, None
+        if self.transport.is_closing():
+            return
+        if unread_bytes(self.transport):
+            self._unread_since = paused_at
+        self._reading_since = self.loop.time()  # the pause was ours, not the client's
+        self.flow.resume_reading()
 
     def on_body(self, body: bytes) -> None:
         if not self._skipping:
@@ -95,7 +137,9 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
     def check_timeouts(self, now: float) -> None:
         """Answer 408 and close when the request being read is overdue."""
         reading = getattr(self, "_reading", Reading.NOTHING)
-        if reading is Reading.NOTHING or self.transport.is_closing():
+        if reading is Reading.NOTHING or self._paused_at is not None:
+            return  # nothing is being read, or the server chose not to read
+        if self.transport.is_closing():
             return
         limit = self.header_timeout_s if reading is Reading.HEADERS else self.body_timeout_s
         if now - self._reading_since <= limit:
@@ -120,6 +164,70 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         )
         self.transport.write(head + body)
         self.transport.close()
+
+
+def unread_bytes(transport: asyncio.BaseTransport) -> bool:
+    """Whether bytes wait unread in the connection's socket."""
+    raw = transport.get_extra_info("socket")
+    if raw is None:
+        return False
+    pending = array.array("i", [0])
+    try:
+        fcntl.ioctl(raw.fileno(), termios.FIONREAD, pending, True)
+    except OSError:
+        return False
+    return pending[0] > 0
+
+
+class OneWrite:
+    """A call's view of its connection: the head of an answer that declares its length is
+    held until its body is written, and both go out in one write.
+
+    uvicorn writes an answer's head when the application sends ``http.response.start`` and
+    its body at ``http.response.body``; the data-plane frontends send both back to back
+    (``http_calls.Exchange.answer``). A head is held only when a ``Content-Length`` says the
+    body follows (not for a stream, whose head goes out at once, nor for HEAD, which has no
+    body); anything else done with the connection writes a held head first.
+    """
+
+    __slots__ = ("_cycle", "_head", "_headed", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, cycle: RequestResponseCycle) -> None:
+        self._transport, self._cycle = transport, cycle
+        self._head: bytes | None = None
+        self._headed = False  # the answer's head was written (or is held)
+
+    def write(self, data: bytes) -> None:
+        if self._head is not None:
+            data, self._head = self._head + data, None
+        elif not self._headed and self._cycle.response_started:  # this is the head
+            self._headed = True
+            if self._body_follows():
+                self._head = data
+                return
+        self._transport.write(data)
+
+    def _body_follows(self) -> bool:
+        """Whether the answer whose head is being written declares a body to follow."""
+        cycle = self._cycle
+        return (
+            cycle.chunked_encoding is False
+            and cycle.expected_content_length > 0
+            and cycle.scope["method"] != "HEAD"
+        )
+
+    def flush(self) -> None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        self.flush()  # whatever else is done with the connection comes after the head
+        return getattr(self._transport, name)
 
 
 def configured(

@@ -6,13 +6,10 @@ by the gunicorn worker (``serve.process.worker``).
 
 from __future__ import annotations
 
-import array
 import asyncio
-import fcntl
 import os
 import signal
 import socket
-import termios
 import time
 from types import FrameType
 from typing import Any
@@ -127,12 +124,4 @@ def _idle_with_unread_bytes(connection: Any) -> bool:
     transport = getattr(connection, "transport", None)
     if transport is None or transport.is_closing():
         return False
-    raw = transport.get_extra_info("socket")
-    if raw is None:
-        return False
-    pending = array.array("i", [0])
-    try:
-        fcntl.ioctl(raw.fileno(), termios.FIONREAD, pending, True)
-    except OSError:
-        return False
-    return pending[0] > 0
+    return protocol.unread_bytes(transport)

@@ -1,11 +1,14 @@
 """Refusals under overload cost little and break nothing: a call its model would refuse is
-answered 429 from its headers, and the connection goes on serving."""
+answered 429 from its headers, its connection is read again after the Retry-After (a call
+sent before then waits unread and is judged from when the wait began), and the connection
+goes on serving."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import threading
+import time
 from pathlib import Path
 
 from serve.client import PolicyClient
@@ -14,12 +17,13 @@ from tests.e2e.server import Server
 
 TOKEN = "overload-test-token"
 OBS = [0.01, -0.02, 0.03, 0.04]
+CONFIG = "max_queue_rows: 2\ndefault_deadline_ms: 20000\n"  # the held calls wait it out
 
 
 def test_a_refused_call_is_answered_from_its_headers_and_the_connection_lives_on(
     repository: Path, tmp_path: Path
 ) -> None:
-    repo = only(repository, tmp_path, "cartpole", config="max_queue_rows: 2\n")
+    repo = only(repository, tmp_path, "cartpole", config=CONFIG)
     env = {"RLSERVE_ADMIN_TOKEN": TOKEN}
     server = Server.rlserve(repo, env=env, log=tmp_path / "log")
     server.wait_ready()
@@ -41,25 +45,45 @@ def test_a_refused_call_is_answered_from_its_headers_and_the_connection_lives_on
             connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
             body = json.dumps({"observations": OBS})
             headers = {"Content-Type": "application/json", "X-Request-Id": "refused-1"}
-            refusals = []
-            for _ in range(3):  # the same connection, its bodies skipped each time
-                connection.request("POST", "/predict", body, headers)
+            budgets = (None, None, "500", None, None, None)  # X-Request-Timeout-Ms of each
+            refusals, took, took_elsewhere = [], [], []
+            answers: list[http.client.HTTPResponse] = []
+            for budget in budgets:
+                sent = headers if budget is None else {**headers, "X-Request-Timeout-Ms": budget}
+                started = time.monotonic()
+                connection.request("POST", "/predict", body, sent)  # its body skipped
                 refused = connection.getresponse()
                 refusals.append((refused.status, json.loads(refused.read())))
-            answer = refused
+                took.append(time.monotonic() - started)
+                answers.append(refused)
+                started = time.monotonic()
+                elsewhere = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+                elsewhere.request("POST", "/predict", body, headers)  # a new connection
+                took_elsewhere.append((elsewhere.getresponse().status, time.monotonic() - started))
+                elsewhere.close()
+                if budget == "500":  # sent at once after the first early refusal
+                    time.sleep(1.1)  # what its Retry-After asked, this once
             admin.resume("cartpole")
             for waiter in waiters:
                 waiter.join(5)
+            time.sleep(1.1)  # the Retry-After
             connection.request("POST", "/predict", body, {"Content-Type": "application/json"})
             served = connection.getresponse()
             served_body = json.loads(served.read())
             connection.close()
     finally:
         server.stop()
-    assert [status for status, _ in refusals] == [429, 429, 429]
+    # a 429 goes the whole way (the 1st, and the 4th after a second without one); for 0.1 s
+    # after it refusals come from the headers, and their connection is not read for a second:
+    # a call sent at once waits it out, and is answered 504 when its deadline (500 ms)
+    # passed unread, 429 when it did not (20 s)
+    assert [status for status, _ in refusals] == [429, 429, 504, 429, 429, 429]
+    assert all(status == 429 and seconds < 0.5 for status, seconds in took_elsewhere)
+    assert [seconds > 0.9 for seconds in took] == [False, False, True, False, False, True]
     assert refusals[0][1]["error"]["code"] == "queue_full"
+    assert "passed before it was read" in refusals[2][1]["error"]["message"]
     assert "queue full" in refusals[0][1]["error"]["message"]
-    assert answer.getheader("retry-after") is not None
-    assert answer.getheader("x-request-id") == "refused-1"
+    assert answers[0].getheader("retry-after") is not None
+    assert answers[0].getheader("x-request-id") == "refused-1"
     assert (served.status, served_body["model_version"]) == (200, 1)
     assert queued == [1, 1]

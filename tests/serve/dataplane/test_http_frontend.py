@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import httpx
 import numpy as np
@@ -197,14 +198,18 @@ async def test_a_call_the_model_would_refuse_is_answered_from_its_headers() -> N
     async with serving(max_queue_rows=1) as (app, client):
         scheduler = app.state.manager.lifecycle("cartpole").scheduler
         headers = [(b"content-type", b"application/json"), (b"x-request-id", b"early-1")]
-        idle = app.frontend.refuse_early(b"POST", b"/predict", headers)
+        refuse = app.frontend.refuse_early
+        idle = refuse(b"POST", b"/predict", headers, None)
         scheduler.hold()
         queued = asyncio.create_task(client.post("/predict", json={"observations": OBS}))
         await asyncio.sleep(0.05)
-        not_yet = app.frontend.refuse_early(b"POST", b"/predict", headers)  # nothing refused
+        not_yet = refuse(b"POST", b"/predict", headers, None)  # nothing refused
         first = await client.post("/predict", json={"observations": OBS})  # refused in full
-        refused = app.frontend.refuse_early(b"POST", b"/v1/models/cartpole/predict?x=1", headers)
-        other_route = app.frontend.refuse_early(b"POST", b"/v1/models", headers)
+        refused = refuse(b"POST", b"/v1/models/cartpole/predict?x=1", headers, None)
+        other_route = refuse(b"POST", b"/v1/models", headers, None)
+        # sent while its connection was left unread after a refusal, 2 s ago: past its 1 s
+        late = refuse(b"POST", b"/predict", headers, time.monotonic() - 2.0)
+        waited = refuse(b"POST", b"/predict", headers, time.monotonic() - 0.1)
         scheduler.resume()
         assert (await queued).status_code == 200
     assert idle is None
@@ -212,12 +217,21 @@ async def test_a_call_the_model_would_refuse_is_answered_from_its_headers() -> N
     assert first.status_code == 429
     assert other_route is None
     assert refused is not None
-    head, body = refused.split(b"\r\n\r\n", 1)
+    assert refused.read_again_after_s >= 1.0  # the connection waits out its Retry-After
+    head, body = refused.answer.split(b"\r\n\r\n", 1)
     assert head.startswith(b"HTTP/1.1 429 Too Many Requests\r\n")
     assert b"\r\nretry-after: " in head
     assert b"\r\nx-request-id: early-1" in head
     assert f"content-length: {len(body)}".encode() in head
     assert b'"code":"queue_full"' in body
+    assert waited is not None  # within its deadline, and its model would still refuse it
+    assert waited.answer.startswith(b"HTTP/1.1 429 ")
+    assert late is not None
+    head, body = late.answer.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 504 Gateway Timeout\r\n")
+    assert f"content-length: {len(body)}".encode() in head
+    assert b'"code":"deadline_exceeded"' in body
+    assert b"passed before it was read" in body
 
 
 async def test_refusals_quote_the_clients_values_as_json() -> None:
