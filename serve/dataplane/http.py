@@ -65,7 +65,9 @@ from serve.versions import path_version
 log = logging.getLogger("rlserve.predict")
 
 INPUTS = ("observations", "actions", "action_masks")
-REFUSING_S = 0.1  # after a 429, calls are checked from their headers for this long
+REFUSING_S = 0.1  # after a 429 or 504, calls are checked from their headers for this long
+# What says the process is overloaded: a call refused, or one whose deadline passed.
+_OVERLOADED = frozenset((ErrorCode.QUEUE_FULL, ErrorCode.DEADLINE_EXCEEDED))
 EARLY_ANSWER_S = 0.01  # a model's early 429 (its message, Retry-After) is this fresh
 # A connection whose call was refused from its headers is read again only after this: the
 # Retry-After its 429 gave (at least a second). A client that sends again at once waits
@@ -132,7 +134,7 @@ class PredictFrontend:
         await exchange.answer(200, body, [*headers, JSON_HEADER])
 
     def _render(self, error: RLServeError) -> ErrorAnswer:
-        if error.code is ErrorCode.QUEUE_FULL:  # overloaded: refuse the next calls from headers
+        if error.code in _OVERLOADED:  # refuse the next calls from their headers
             self._refusing_until = time.monotonic() + REFUSING_S
         return plain_error(error)
 
@@ -179,21 +181,16 @@ class PredictFrontend:
         method: bytes,
         target: bytes,
         headers: list[tuple[bytes, bytes]],
-        unread_since: float | None,
+        received_at: float,
     ) -> EarlyRefusal | None:
         """The refusal (429, or 504 once its deadline passed) of a predict call its model
         would refuse now, decided from the request line and headers alone; None to serve the
-        call as usual. ``unread_since`` is when the protocol stopped reading the call's
-        connection after refusing the call before, if its bytes waited unread since; the
-        call's deadline counts from then. The HTTP protocol (``serve.process.protocol``) asks
-        before it starts a call, so an overloaded server refuses for the cost of parsing
-        headers, not of a whole call, and reads the connection again only
-        ``READ_AGAIN_AFTER_S`` later: a client that ignores Retry-After cannot keep the
-        process busy refusing it."""
-        if method != b"POST" or self.calls.draining():
-            return None
-        now = time.monotonic()
-        if unread_since is None and now > self._refusing_until:
+        call as usual. ``received_at`` is when the call's bytes arrived (``RECEIVED_AT``).
+        The HTTP protocol (``serve.process.protocol``) asks before it starts a call, so an
+        overloaded server refuses for the cost of parsing headers, not of a whole call, and
+        reads the connection again only ``READ_AGAIN_AFTER_S`` later: a client that ignores
+        Retry-After cannot keep the process busy refusing it."""
+        if method != b"POST" or time.monotonic() > self._refusing_until or self.calls.draining():
             return None  # nothing was refused lately: calls go their usual way
         raw_path = target.partition(b"?")[0]
         gate = self._gates.get(raw_path)  # the common case, in a few dictionary lookups
@@ -206,10 +203,11 @@ class PredictFrontend:
             asked = timeout_header_ms(None if timeout is None else timeout.decode())
         except RLServeError:
             return None  # the call itself will say what is wrong
-        received_at = now if unread_since is None else unread_since
         deadline = self.rows.turn.deadline(received_at, budget_ms(gate.default_ms, asked))
-        late = deadline.at <= now
-        if not late and (now > self._refusing_until or gate.scheduler.would_admit(1, deadline.at)):
+        late = deadline.at <= time.monotonic()
+        # its handler runs about a turn of the loop from now: admissible then?
+        due = deadline.at - self.rows.turn.seconds
+        if not late and gate.scheduler.would_admit(1, due):
             return None
         call = start_call({"headers": headers})
         call.received_at = received_at
@@ -221,15 +219,15 @@ class PredictFrontend:
         if late:
             too_late = self._late_answer(call, deadline.budget_ms, gate.path)
             return EarlyRefusal(too_late, READ_AGAIN_AFTER_S)
-        refused = self._early_answer(call, route, deadline.at, gate.path)
+        refused = self._early_answer(call, route, due, gate.path)
         return None if refused is None else EarlyRefusal(refused, READ_AGAIN_AFTER_S)
 
     def _late_answer(self, call: Call, budget: float, path: PredictPath) -> bytes:
-        """The 504 of a call whose deadline passed while its connection was not read."""
+        """The 504 of a call whose deadline passed before it was read: it waited unread
+        after a refusal, or the loop is so overloaded that its wait ate the budget."""
         error = DeadlineExceeded(
-            f"the request's deadline of {budget:g} ms passed before it was read: it was sent "
-            "before the Retry-After of the 429 answered on this connection had passed; "
-            "it was not run"
+            f"the request's deadline of {budget:g} ms passed before it was read (after a "
+            "429, a connection is read again once its Retry-After has passed); it was not run"
         )
         self.calls.refused(call, error, 504)
         if self.calls.access_log:

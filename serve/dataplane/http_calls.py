@@ -40,9 +40,12 @@ Headers = list[tuple[bytes, bytes]]
 JSON_HEADER = (b"content-type", b"application/json")
 _CLOSE_HEADER = (b"connection", b"close")
 
-# The ASGI scope extension of a call whose bytes waited unread while the server paused its
-# connection: {"since": monotonic seconds}. Its deadline counts from then.
-UNREAD_SINCE = "rlserve.unread"
+# The ASGI scope extension saying when a call's bytes arrived: {"at": monotonic seconds}.
+# Its deadline counts from then. The HTTP protocol (``serve.process.protocol``) sets it when
+# it parses the call's first bytes, or to when it stopped reading the connection if they
+# waited unread since: under load a call parsed in one turn of the event loop is handled in
+# a later one, and the wait counts against its deadline.
+RECEIVED_AT = "rlserve.received"
 
 
 # Bodies up to this size are decoded and validated on the event loop (a few milliseconds
@@ -69,11 +72,10 @@ class Disconnected(Exception):
 
 def start_call(scope: Scope) -> Call:
     """The call's request id, deadline header and declared length, in one pass over headers;
-    received now, or when the server stopped reading its connection if its bytes waited
-    unread since (``UNREAD_SINCE``, set by ``serve.process.protocol``)."""
+    received when the server says its bytes arrived (``RECEIVED_AT``), else now."""
     extensions = scope.get("extensions")
-    unread = None if extensions is None else extensions.get(UNREAD_SINCE)
-    call = Call("", time.monotonic() if unread is None else unread["since"])
+    received = None if extensions is None else extensions.get(RECEIVED_AT)
+    call = Call("", time.monotonic() if received is None else received["at"])
     for name, value in scope["headers"]:
         if name == b"x-request-id":
             call.request_id = given_request_id(value) or ""

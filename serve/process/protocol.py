@@ -26,6 +26,11 @@ connection is then not read for the pause the refusal asks (its Retry-After): a 
 that sends again at once, ignoring it, would otherwise keep the process refusing it as
 fast as it can. Its next call, when its bytes were already waiting as reading resumed, is
 judged as having arrived when the pause began.
+
+Every call's deadline counts from when its first bytes were parsed here (the ASGI scope
+extension ``http_calls.RECEIVED_AT``), not from when its handler runs: under load the
+calls read in one turn of the event loop are handled in the next, and that wait is the
+caller's too.
 """
 
 from __future__ import annotations
@@ -44,15 +49,15 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from serve.dataplane.http import EarlyRefusal
-from serve.dataplane.http_calls import UNREAD_SINCE
+from serve.dataplane.http_calls import RECEIVED_AT
 from serve.errors import RequestTimeout
 
 log = logging.getLogger("rlserve.protocol")
 
 SWEEP_S = 1.0
 
-# (method, request target, headers, unread since) -> a refusal to send instead, or None
-Gate = Callable[[bytes, bytes, list[tuple[bytes, bytes]], float | None], EarlyRefusal | None]
+# (method, request target, headers, received at) -> a refusal to send instead, or None
+Gate = Callable[[bytes, bytes, list[tuple[bytes, bytes]], float], EarlyRefusal | None]
 
 
 class Reading(Enum):
@@ -74,22 +79,23 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         self._skipping = False  # the call being read was answered from its headers
         self._paused_at: float | None = None  # not read since a refusal (monotonic s)
         self._unread_since: float | None = None  # the next call's bytes waited from then
+        self._began_at = time.monotonic()  # when the call being read began to arrive
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._reading, self._reading_since = Reading.HEADERS, self.loop.time()
+        self._began_at = time.monotonic()  # the call's first bytes are read now
 
     def on_headers_complete(self) -> None:
         self._reading, self._reading_since = Reading.BODY, self.loop.time()
-        unread_since, self._unread_since = self._unread_since, None
+        received_at, self._unread_since = self._unread_since or self._began_at, None
         if self.gate is not None and self._between_calls():
-            refusal = self.gate(self.parser.get_method(), self.url, self.headers, unread_since)
+            refusal = self.gate(self.parser.get_method(), self.url, self.headers, received_at)
             if refusal is not None:
                 self._refuse(refusal)
                 return
         super().on_headers_complete()
-        if unread_since is not None:  # its deadline counts from then (``start_call``)
-            self.scope["extensions"] = {UNREAD_SINCE: {"since": unread_since}}
+        self.scope["extensions"] = {RECEIVED_AT: {"at": received_at}}  # see ``start_call``
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:
             cycle.transport = OneWrite(self.transport, cycle)  # type: ignore[assignment]

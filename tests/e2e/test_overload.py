@@ -81,7 +81,8 @@ def test_a_refused_call_is_answered_from_its_headers_and_the_connection_lives_on
     assert all(status == 429 and seconds < 0.5 for status, seconds in took_elsewhere)
     assert [seconds > 0.9 for seconds in took] == [False, False, True, False, False, True]
     assert refusals[0][1]["error"]["code"] == "queue_full"
-    assert "passed before it was read" in refusals[2][1]["error"]["message"]
+    assert refusals[2][1]["error"]["code"] == "deadline_exceeded"
+    assert "500 ms passed" in refusals[2][1]["error"]["message"]
     assert "queue full" in refusals[0][1]["error"]["message"]
     assert answers[0].getheader("retry-after") is not None
     assert answers[0].getheader("x-request-id") == "refused-1"

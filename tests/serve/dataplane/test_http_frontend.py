@@ -199,14 +199,14 @@ async def test_a_call_the_model_would_refuse_is_answered_from_its_headers() -> N
         scheduler = app.state.manager.lifecycle("cartpole").scheduler
         headers = [(b"content-type", b"application/json"), (b"x-request-id", b"early-1")]
         refuse = app.frontend.refuse_early
-        idle = refuse(b"POST", b"/predict", headers, None)
+        idle = refuse(b"POST", b"/predict", headers, time.monotonic())
         scheduler.hold()
         queued = asyncio.create_task(client.post("/predict", json={"observations": OBS}))
         await asyncio.sleep(0.05)
-        not_yet = refuse(b"POST", b"/predict", headers, None)  # nothing refused
+        not_yet = refuse(b"POST", b"/predict", headers, time.monotonic())  # nothing refused
         first = await client.post("/predict", json={"observations": OBS})  # refused in full
-        refused = refuse(b"POST", b"/v1/models/cartpole/predict?x=1", headers, None)
-        other_route = refuse(b"POST", b"/v1/models", headers, None)
+        refused = refuse(b"POST", b"/v1/models/cartpole/predict?x=1", headers, time.monotonic())
+        other_route = refuse(b"POST", b"/v1/models", headers, time.monotonic())
         # sent while its connection was left unread after a refusal, 2 s ago: past its 1 s
         late = refuse(b"POST", b"/predict", headers, time.monotonic() - 2.0)
         waited = refuse(b"POST", b"/predict", headers, time.monotonic() - 0.1)
