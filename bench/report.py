@@ -373,16 +373,18 @@ and the probe on core 1.
   two saturation goodputs.
 - **"{factor}x"** is {factor} times the concurrency of peak goodput, not {factor} times its request
   rate. wrk is a closed loop that ignores Retry-After: a refused request is sent again at
-  once, so the server always holds {factor} x C* requests and pays for every refusal. An
-  open loop at {factor}x the peak rate cannot be generated here (wrk 4 has no rate mode; Python
-  cannot send that fast from one core), and no single Python process could even refuse
-  requests that fast.
+  once. The server leaves the connection of a call refused from its headers unread for the
+  second its Retry-After asks (`serve/process/protocol.py`), so such a connection waits
+  instead of making the server pay for refusal after refusal; its next request is judged
+  as sent when the wait began, and is mostly answered 504. An open loop at {factor}x the
+  peak rate cannot be generated here (wrk 4 has no rate mode; Python cannot send that fast
+  from one core), and no single Python process could even refuse requests that fast.
 - **Admitted latency** comes from a probe: {probe} of the overload connections are Python
   threads (`bench/probe.py`) that behave like wrk's but time each request from the client,
   from {ramp} s after the start to the end; the admitted p50/p99 are those of their 2xx
   answers, including the wait before the server reads a request. wrk's percentiles mix
-  every status; so does the server's `rlserve_request_latency_seconds`, which also starts
-  only when the handler sees the request.
+  every status; so does the server's `rlserve_request_latency_seconds`, which starts when
+  the server parses the request's first bytes.
 - **Counts**: the statuses are wrk's; *errors* are socket errors, statuses other than
   2xx, 429, 503 and 504, and probe requests lost to a connection error. *Late 2xx* are the
   probe's 2xx answers slower than the deadline. *Server CPU µs/answer* is the server
