@@ -35,6 +35,7 @@ from serve.access import log_exchange
 from serve.dataplane.deadline import budget_ms
 from serve.dataplane.http_calls import (
     JSON_HEADER,
+    READ_AGAIN_AFTER_S,
     Call,
     ErrorAnswer,
     Exchange,
@@ -69,10 +70,6 @@ REFUSING_S = 0.1  # after a 429 or 504, calls are checked from their headers for
 # What says the process is overloaded: a call refused, or one whose deadline passed.
 _OVERLOADED = frozenset((ErrorCode.QUEUE_FULL, ErrorCode.DEADLINE_EXCEEDED))
 EARLY_ANSWER_S = 0.01  # a model's early 429 (its message, Retry-After) is this fresh
-# A connection whose call was refused from its headers is read again only after this: the
-# Retry-After its 429 gave (at least a second). A client that sends again at once waits
-# unread, and its call is judged from when the pause began (``refuse_early``).
-READ_AGAIN_AFTER_S = 1.0
 _QUEUE_FULL = ErrorCode.QUEUE_FULL.value
 PARAMETERS = ("deterministic", "seed", "outputs")
 FIELDS = (*INPUTS, *PARAMETERS)
@@ -185,7 +182,7 @@ class PredictFrontend:
     ) -> EarlyRefusal | None:
         """The refusal (429, or 504 once its deadline passed) of a predict call its model
         would refuse now, decided from the request line and headers alone; None to serve the
-        call as usual. ``received_at`` is when the call's bytes arrived (``RECEIVED_AT``).
+        call as usual. ``received_at`` is when the call's bytes arrived (``Arrival``).
         The HTTP protocol (``serve.process.protocol``) asks before it starts a call, so an
         overloaded server refuses for the cost of parsing headers, not of a whole call, and
         reads the connection again only ``READ_AGAIN_AFTER_S`` later: a client that ignores

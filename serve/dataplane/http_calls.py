@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,12 +40,28 @@ Headers = list[tuple[bytes, bytes]]
 JSON_HEADER = (b"content-type", b"application/json")
 _CLOSE_HEADER = (b"connection", b"close")
 
-# The ASGI scope extension saying when a call's bytes arrived: {"at": monotonic seconds}.
-# Its deadline counts from then. The HTTP protocol (``serve.process.protocol``) sets it when
-# it parses the call's first bytes, or to when it stopped reading the connection if they
-# waited unread since: under load a call parsed in one turn of the event loop is handled in
-# a later one, and the wait counts against its deadline.
-RECEIVED_AT = "rlserve.received"
+# The ASGI scope extension by which the HTTP protocol (``serve.process.protocol``) and a call
+# tell each other about the call's connection: an :class:`Arrival`.
+ARRIVAL = "rlserve.arrival"
+# After a 429, its connection is read again only after this: the least Retry-After a 429
+# gives. A client that sends again at once waits unread, and its call is judged from when
+# the pause began.
+READ_AGAIN_AFTER_S = 1.0
+
+
+@dataclass(slots=True)
+class Arrival:
+    """When a call's bytes arrived (monotonic seconds), and how long its connection is to
+    be left unread after its answer.
+
+    The protocol sets ``received_at`` when it parses the call's first bytes, or to when it
+    stopped reading the connection if they waited unread since; the call's deadline counts
+    from then (under load a call parsed in one turn of the event loop is handled in a later
+    one, and the wait is the caller's too). A call answered 429 sets
+    ``read_again_after_s``."""
+
+    received_at: float
+    read_again_after_s: float = 0.0
 
 
 # Bodies up to this size are decoded and validated on the event loop (a few milliseconds
@@ -72,10 +88,9 @@ class Disconnected(Exception):
 
 def start_call(scope: Scope) -> Call:
     """The call's request id, deadline header and declared length, in one pass over headers;
-    received when the server says its bytes arrived (``RECEIVED_AT``), else now."""
-    extensions = scope.get("extensions")
-    received = None if extensions is None else extensions.get(RECEIVED_AT)
-    call = Call("", time.monotonic() if received is None else received["at"])
+    received when the server says its bytes arrived (:class:`Arrival`), else now."""
+    arrival = arrival_of(scope)
+    call = Call("", time.monotonic() if arrival is None else arrival.received_at)
     for name, value in scope["headers"]:
         if name == b"x-request-id":
             call.request_id = given_request_id(value) or ""
@@ -86,6 +101,12 @@ def start_call(scope: Scope) -> Call:
     if not call.request_id:
         call.request_id = new_request_id()
     return call
+
+
+def arrival_of(scope: Mapping[str, Any]) -> Arrival | None:
+    """The call's :class:`Arrival`, where its server is rlserve's HTTP protocol."""
+    extensions = scope.get("extensions")
+    return None if extensions is None else extensions.get(ARRIVAL)
 
 
 async def read_body(receive: Receive, declared: int | None, limit: int) -> bytes:
@@ -203,6 +224,8 @@ class HttpCalls:
         answer = render(error)
         if exchange.metered:
             self.refused(exchange.call, error, answer.status)
+        if answer.status == 429 and (arrival := arrival_of(exchange.scope)) is not None:
+            arrival.read_again_after_s = READ_AGAIN_AFTER_S  # its Retry-After, at least
         await exchange.json(answer.status, answer.body, error_headers(error))
 
 

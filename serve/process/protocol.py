@@ -18,17 +18,18 @@ An answer whose head declares its length goes out in one write with its body
 where one does, and on a small answer the second costs as much as the first.
 
 It also lets the predict frontend refuse a call from its headers alone
-(``PredictFrontend.refuse_early``): for a while after any 429, a call its model would
-refuse is answered here, before uvicorn builds a request cycle and an ASGI task for
+(``PredictFrontend.refuse_early``): for a while after any 429 or 504, a call its model
+would refuse is answered here, before uvicorn builds a request cycle and an ASGI task for
 it, and its body is skipped as it arrives. Under overload refusals are most of the answers,
 so their cost decides how much of the process is left for the requests admitted. The
-connection is then not read for the pause the refusal asks (its Retry-After): a client
-that sends again at once, ignoring it, would otherwise keep the process refusing it as
-fast as it can. Its next call, when its bytes were already waiting as reading resumed, is
+connection is then not read for the pause the refusal asks (its Retry-After), as after any
+429 a call answers (``on_response_complete``, asked by ``Arrival.read_again_after_s``): a
+client that sends again at once, ignoring it, would otherwise keep the process refusing it
+as fast as it can. Its next call, when its bytes were already waiting as reading resumed, is
 judged as having arrived when the pause began.
 
 Every call's deadline counts from when its first bytes were parsed here (the ASGI scope
-extension ``http_calls.RECEIVED_AT``), not from when its handler runs: under load the
+extension ``http_calls.ARRIVAL``), not from when its handler runs: under load the
 calls read in one turn of the event loop are handled in the next, and that wait is the
 caller's too.
 """
@@ -49,7 +50,7 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from serve.dataplane.http import EarlyRefusal
-from serve.dataplane.http_calls import RECEIVED_AT
+from serve.dataplane.http_calls import ARRIVAL, Arrival, arrival_of
 from serve.errors import RequestTimeout
 
 log = logging.getLogger("rlserve.protocol")
@@ -95,7 +96,8 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
                 self._refuse(refusal)
                 return
         super().on_headers_complete()
-        self.scope["extensions"] = {RECEIVED_AT: {"at": received_at}}  # see ``start_call``
+        # ours, so a typed object rather than the dict ASGI's own extensions are
+        self.scope["extensions"] = {ARRIVAL: Arrival(received_at)}  # type: ignore[dict-item]
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:
             cycle.transport = OneWrite(self.transport, cycle)  # type: ignore[assignment]
@@ -107,10 +109,25 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.write(refusal.answer)
         if not self.parser.should_keep_alive():
             self.transport.close()
-        elif refusal.read_again_after_s > 0 and self._paused_at is None:
+        else:
+            self._pause(refusal.read_again_after_s)
+
+    def on_response_complete(self) -> None:
+        """After uvicorn's bookkeeping, the pause a call answered 429 asked for."""
+        super().on_response_complete()
+        cycle = self.cycle
+        if cycle is None or self.pipeline or self.transport.is_closing():
+            return  # a call read behind this one is already in: nothing to hold back
+        arrival = arrival_of(cycle.scope)
+        if arrival is not None and arrival.read_again_after_s > 0:
+            self._pause(arrival.read_again_after_s)
+
+    def _pause(self, seconds: float) -> None:
+        """Leave the connection unread for ``seconds`` (a pause under way goes on)."""
+        if seconds > 0 and self._paused_at is None:
             self.flow.pause_reading()
             self._paused_at = time.monotonic()
-            self.loop.call_later(refusal.read_again_after_s, self._read_again)
+            self.loop.call_later(seconds, self._read_again)
 
     def _read_again(self) -> None:
         """The pause after a refusal is over: bytes already waiting were sent during it."""
