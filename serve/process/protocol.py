@@ -213,31 +213,23 @@ class OneWrite:
     body); anything else done with the connection writes a held head first.
     """
 
-    __slots__ = ("_cycle", "_head", "_headed", "_transport")
+    __slots__ = ("_cycle", "_head", "_transport")
 
     def __init__(self, transport: asyncio.Transport, cycle: RequestResponseCycle) -> None:
-        self._transport, self._cycle = transport, cycle
+        self._transport = transport
+        self._cycle: RequestResponseCycle | None = cycle  # until the answer's head is written
         self._head: bytes | None = None
-        self._headed = False  # the answer's head was written (or is held)
 
     def write(self, data: bytes) -> None:
         if self._head is not None:
             data, self._head = self._head + data, None
-        elif not self._headed and self._cycle.response_started:  # this is the head
-            self._headed = True
-            if self._body_follows():
+        elif self._cycle is not None and self._cycle.response_started:  # this is the head
+            follows = _body_follows(self._cycle)
+            self._cycle = None  # no longer needed: the cycle holds us, so no cycle is left
+            if follows:
                 self._head = data
                 return
         self._transport.write(data)
-
-    def _body_follows(self) -> bool:
-        """Whether the answer whose head is being written declares a body to follow."""
-        cycle = self._cycle
-        return (
-            cycle.chunked_encoding is False
-            and cycle.expected_content_length > 0
-            and cycle.scope["method"] != "HEAD"
-        )
 
     def flush(self) -> None:
         if self._head is not None:
@@ -251,6 +243,15 @@ class OneWrite:
     def __getattr__(self, name: str) -> Any:
         self.flush()  # whatever else is done with the connection comes after the head
         return getattr(self._transport, name)
+
+
+def _body_follows(cycle: RequestResponseCycle) -> bool:
+    """Whether the answer whose head is being written declares a body to follow."""
+    return (
+        cycle.chunked_encoding is False
+        and cycle.expected_content_length > 0
+        and cycle.scope["method"] != "HEAD"
+    )
 
 
 def configured(

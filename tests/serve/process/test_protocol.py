@@ -5,6 +5,7 @@ refusal's pause."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -182,3 +183,21 @@ async def test_a_refused_connection_is_read_again_only_after_the_pause() -> None
     assert (first, elsewhere, waited) == (b"/refuse", b"/json", b"/json")
     assert sent_at <= first_at <= waited_at <= refused_at  # judged from when the pause began
     assert elsewhere_at > refused_at  # another connection: from when its bytes came
+
+
+async def test_answered_calls_leave_no_reference_cycles() -> None:
+    """A cycle per call would be freed only by the collector: a young collection every few
+    thousand calls, each long enough to show in the tail latency."""
+    async with serving() as served:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        await exchange(reader, writer, get("/json"))  # the connection's own objects exist
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(200):
+                await exchange(reader, writer, get("/json"))
+            cyclic = gc.collect()
+        finally:
+            gc.enable()
+        writer.close()
+    assert cyclic < 50  # 200 calls: not one cycle each
