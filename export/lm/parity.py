@@ -20,7 +20,8 @@ import numpy as np
 from export.lm.golden import Prompt, PromptKind, Reference
 from serve.lm import greedy
 from serve.lm.contract import CacheLayout, LanguageModelContract
-from serve.lm.greedy import Runner, empty_cache, forward, log_softmax
+from serve.lm.greedy import Runner, empty_cache, forward
+from serve.lm.sampling import log_softmax
 
 _BATCH_ROWS = 3
 

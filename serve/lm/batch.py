@@ -17,8 +17,16 @@ import numpy as np
 
 from serve.lm.cache import KVCache, merge
 from serve.lm.decoder import Decoder
-from serve.lm.messages import TokenEvent
-from serve.lm.sampling import Sampler, choose_rows, chosen_log_probs, greedy_rows
+from serve.lm.messages import PromptLogProbs, TokenEvent
+from serve.lm.sampling import (
+    Alternatives,
+    Sampler,
+    choose_rows,
+    chosen_log_probs,
+    greedy_rows,
+    log_softmax,
+    top_alternatives,
+)
 from serve.lm.sequence import DecodingSequence
 
 __all__ = ["DecodeBatch"]
@@ -37,6 +45,7 @@ class DecodeBatch(Generic[Owner]):
         self._samplers: list[Sampler] = []  # the running rows'
         self._tokens = np.empty(0, np.int64)  # the running rows' last tokens: the next input
         self._greedy = True  # every running row chooses greedily: one argmax for the batch
+        self._alternatives: list[tuple[int, int]] = []  # (row, k) of rows that want the top k
         self._joining: list[tuple[Owner, DecodingSequence, KVCache]] = []
 
     def __len__(self) -> int:
@@ -56,10 +65,19 @@ class DecodeBatch(Generic[Owner]):
     def prefill(self, owner: Owner, sequence: DecodingSequence) -> TokenEvent:
         """Run the sequence's prompt and choose its first token; unless that ends it, it
         joins the batch at the next step."""
-        logits, cache = self.decoder.prefill(sequence.generation.prompt_ids)
+        generation = sequence.generation
+        positions, cache = self.decoder.prefill(generation.prompt_ids)
+        if generation.spec.echo:
+            k = generation.spec.top_logprobs
+            sequence.prompt = _scored_prompt(positions, generation.prompt_ids, k)
+        logits = positions[-1]
         token = sequence.choose(logits)
-        log_prob = chosen_log_probs(logits[None, :], np.asarray([token]))[0]
-        event = sequence.accept(token, float(log_prob))
+        if generation.spec.top_logprobs:
+            log_prob, top = _with_alternatives(logits, token, generation.spec.top_logprobs)
+            event = sequence.accept(token, log_prob, top)
+        else:
+            log_prob = chosen_log_probs(logits[None, :], np.asarray([token]))[0]
+            event = sequence.accept(token, float(log_prob))
         if sequence.finish is None:
             self._joining.append((owner, sequence, cache))
         return event
@@ -77,10 +95,14 @@ class DecodeBatch(Generic[Owner]):
             chosen = choose_rows(logits, self._samplers)
             log_probs = chosen_log_probs(logits, chosen)
         self._tokens = chosen
+        tokens, chosen_lps = chosen.tolist(), log_probs.tolist()
+        tops: list[Alternatives] = [()] * len(sequences)
+        for row, k in self._alternatives:  # rows that asked for them
+            chosen_lps[row], tops[row] = _with_alternatives(logits[row], tokens[row], k)
         emitted = [
-            (owner, sequence, sequence.accept(token, log_prob))
-            for owner, sequence, token, log_prob in zip(
-                self._owners, sequences, chosen.tolist(), log_probs.tolist(), strict=True
+            (owner, sequence, sequence.accept(token, log_prob, top))
+            for owner, sequence, token, log_prob, top in zip(
+                self._owners, sequences, tokens, chosen_lps, tops, strict=True
             )
         ]
         if any(s.finish is not None for s in sequences):
@@ -121,3 +143,26 @@ class DecodeBatch(Generic[Owner]):
     def _rows_changed(self) -> None:
         self._samplers = [s.sampler for s in self._sequences]
         self._greedy = all(s.params.greedy for s in self._samplers)
+        self._alternatives = [
+            (row, s.generation.spec.top_logprobs)
+            for row, s in enumerate(self._sequences)
+            if s.generation.spec.top_logprobs
+        ]
+
+
+def _with_alternatives(logits: np.ndarray, token: int, k: int) -> tuple[float, Alternatives]:
+    """A chosen token's log-prob and its position's ``k`` likeliest alternatives, from one
+    row of log-probs (so the chosen token, when it is the likeliest, shows the same number
+    in both)."""
+    log_probs = log_softmax(logits)
+    return float(log_probs[token]), top_alternatives(log_probs, k)
+
+
+def _scored_prompt(positions: np.ndarray, prompt_ids: tuple[int, ...], k: int) -> PromptLogProbs:
+    """The prompt's own log-probs from its prefill's logits ``[len(prompt), vocab]``: each
+    token from the second on, given those before it, and the alternatives when asked."""
+    log_probs = log_softmax(positions[:-1])
+    following = np.asarray(prompt_ids[1:], np.int64)
+    chosen = log_probs[np.arange(len(following)), following]
+    top = tuple(top_alternatives(row, k) for row in log_probs) if k else ()
+    return PromptLogProbs(prompt_ids, tuple(float(v) for v in chosen), top)

@@ -25,7 +25,8 @@ class Decoder(Protocol):
     def vocab_size(self) -> int: ...
 
     def prefill(self, ids: Sequence[int]) -> tuple[np.ndarray, KVCache]:
-        """One prompt in one call: the logits of its last position ``[vocab]`` and its cache."""
+        """One prompt in one call: the logits of every position ``[len(ids), vocab]`` (the
+        last one's choose the first new token) and its cache."""
         ...
 
     def step(self, cache: KVCache, tokens: np.ndarray) -> tuple[np.ndarray, KVCache]:
@@ -62,7 +63,7 @@ class GraphDecoder:
             tokens, np.ones((1, count), np.int64), np.arange(count, dtype=np.int64)[None, :], None
         )
         keys, values = self._cache_of(outputs)
-        return outputs[self._tensors.logits][0, -1], KVCache.of_rows(keys, values, self._layout)
+        return outputs[self._tensors.logits][0], KVCache.of_rows(keys, values, self._layout)
 
     def step(self, cache: KVCache, tokens: np.ndarray) -> tuple[np.ndarray, KVCache]:
         mask, positions = cache.step_inputs()

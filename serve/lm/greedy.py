@@ -18,19 +18,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from serve.lm.contract import GoldenPrompt, LanguageModelContract
+from serve.lm.sampling import log_softmax
 
-__all__ = ["Runner", "check_golden", "empty_cache", "greedy", "log_softmax", "score"]
+__all__ = ["Runner", "check_golden", "empty_cache", "greedy", "score"]
 
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 Cache = dict[str, np.ndarray]  # past tensor name -> [batch, kv_heads, past, head_dim]
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Natural-log softmax over the last axis, in float64."""
-    wide = logits.astype(np.float64)
-    shifted = wide - wide.max(axis=-1, keepdims=True)
-    result: np.ndarray = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-    return result
 
 
 def empty_cache(contract: LanguageModelContract, batch: int) -> Cache:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from serve.lm.sampling import SamplingParams
+from serve.lm.sampling import Alternatives, SamplingParams
 
 __all__ = [
     "CompletionScore",
@@ -23,6 +23,7 @@ __all__ = [
     "Generation",
     "GenerationResult",
     "GenerationSpec",
+    "PromptLogProbs",
     "ScoreResult",
     "ScoreSpec",
     "Scoring",
@@ -53,6 +54,8 @@ class GenerationSpec:
     received_at: float  # monotonic seconds
     deadline: float  # monotonic seconds
     ignore_eos: bool = False  # run exactly max_new_tokens: EOS is a token like any other
+    top_logprobs: int = 0  # the likeliest alternatives wanted at each new position
+    echo: bool = False  # the prompt's own log-probs (and alternatives) are wanted too
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,13 +108,15 @@ class Scoring:
 @dataclass(slots=True)  # not frozen: one is made per token, and a frozen one costs 4x more
 class TokenEvent:
     """One generated token: its position among the new tokens, its log-prob (the model's,
-    temperature 1), and the text it adds (empty while a character's bytes or a possible
-    stop string are incomplete). Nothing changes one once made."""
+    temperature 1), the text it adds (empty while a character's bytes or a possible stop
+    string are incomplete), and the likeliest alternatives at its position when they were
+    asked for. Nothing changes one once made."""
 
     index: int
     token_id: int
     log_prob: float
     text: str
+    top: Alternatives = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +129,18 @@ class GenerationResult:
     log_probs: tuple[float, ...]
     text: str  # special tokens left out; cut before a stop string
     finish_reason: FinishReason
+    top: tuple[Alternatives, ...] = ()  # per new token, when alternatives were asked for
+    prompt: PromptLogProbs | None = None  # when the prompt's log-probs were asked for (echo)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLogProbs:
+    """A prompt's tokens scored by the model: each token's log-prob given those before it,
+    and the likeliest alternatives at its position (the first token has neither)."""
+
+    token_ids: tuple[int, ...]
+    log_probs: tuple[float, ...]  # one fewer than the tokens: from the second on
+    top: tuple[Alternatives, ...]  # as log_probs, when alternatives were asked for
 
 
 @dataclass(frozen=True, slots=True)

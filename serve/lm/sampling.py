@@ -8,8 +8,10 @@ and draws one token with the sequence's own ``numpy.random.Generator``: one unif
 per token, so a seed gives the same tokens whatever else shares the batch.
 
 The log-prob reported for a chosen token is always the model's own: ``log_softmax`` of the
-raw logits (temperature 1, no cut), in float64: the same number
-:func:`serve.lm.greedy.log_softmax` gives, without building the whole distribution.
+raw logits (temperature 1, no cut), in float64: the same number :func:`log_softmax`
+gives, without building the whole distribution. A caller who asks for the likeliest
+alternatives of each position gets them from :func:`log_softmax` and
+:func:`top_alternatives`, and its chosen token's log-prob from the same row.
 """
 
 from __future__ import annotations
@@ -131,6 +133,28 @@ def greedy_rows(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     np.exp(wide, out=wide)
     log_probs: np.ndarray = -np.log(wide.sum(axis=-1))
     return tokens, log_probs
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Natural-log softmax over the last axis, in float64."""
+    wide = logits.astype(np.float64)
+    shifted = wide - wide.max(axis=-1, keepdims=True)
+    result: np.ndarray = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return result
+
+
+Alternatives = tuple[tuple[int, float], ...]  # (token id, log-prob), the likeliest first
+
+
+def top_alternatives(log_probs: np.ndarray, k: int) -> Alternatives:
+    """The ``k`` likeliest tokens of one position's log-probs ``[vocab]``, likeliest first
+    (ties: the lower id first, as ``argmax`` chooses)."""
+    k = min(k, len(log_probs))
+    if k <= 0:
+        return ()
+    top = np.argpartition(-log_probs, k - 1)[:k]
+    top = top[np.lexsort((top, -log_probs[top]))]
+    return tuple((int(t), float(log_probs[t])) for t in top)
 
 
 def chosen_log_probs(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:

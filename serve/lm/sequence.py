@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from serve.lm.messages import FinishReason, Generation, TokenEvent
-from serve.lm.sampling import Sampler
+from serve.lm.messages import FinishReason, Generation, PromptLogProbs, TokenEvent
+from serve.lm.sampling import Alternatives, Sampler
 from serve.lm.text import Detokenizer, StopStrings, TextCodec
 
 __all__ = ["DecodingSequence"]
@@ -34,8 +34,10 @@ class DecodingSequence:
         "finish",
         "generation",
         "log_probs",
+        "prompt",
         "text",
         "token_ids",
+        "top",
     )
 
     def __init__(self, generation: Generation, codec: TextCodec, *, incremental: bool) -> None:
@@ -49,6 +51,8 @@ class DecodingSequence:
         self._incremental = incremental or self._stopping
         self.token_ids: list[int] = []
         self.log_probs: list[float] = []
+        self.top: list[Alternatives] = []  # per token, when alternatives are asked for
+        self.prompt: PromptLogProbs | None = None  # the prompt scored, when asked (echo)
         self._text = ""  # the text of the tokens so far
         self._given = 0  # characters of it handed out in events
         self.text = ""  # the final text, once finished
@@ -66,11 +70,19 @@ class DecodingSequence:
         """The next token, from this sequence's row of logits ``[vocab]``."""
         return self._sampler.choose(logits)
 
-    def accept(self, token: int, log_prob: float) -> TokenEvent:
-        """Take the chosen token: the event to hand out, and ``finish`` set if it ends here."""
+    def accept(self, token: int, log_prob: float, top: Alternatives = ()) -> TokenEvent:
+        """Take the chosen token (and the likeliest alternatives at its position, when they
+        are asked for): the event to hand out, and ``finish`` set if it ends here."""
         index = len(self.token_ids)
         self.token_ids.append(token)
         self.log_probs.append(log_prob)
+        event = self._accepted(index, token, log_prob)
+        if top:
+            self.top.append(top)
+            event.top = top  # before anyone sees the event
+        return event
+
+    def _accepted(self, index: int, token: int, log_prob: float) -> TokenEvent:
         if not self._incremental:
             return self._quietly(index, token, log_prob)
         piece = self._detokenizer.push(token)

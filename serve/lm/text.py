@@ -119,6 +119,11 @@ class TextCodec:
         text: str = self.tokenizer.decode(list(ids), skip_special_tokens=True)
         return text
 
+    def token_text(self, token: int) -> str:
+        """One token's text alone, a special token's shown (an alternative's name)."""
+        text: str = self.tokenizer.decode([token], skip_special_tokens=False)
+        return text
+
 
 class Detokenizer:
     """Text of a growing list of ids, piece by piece: each piece is what the ids added since

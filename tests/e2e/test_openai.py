@@ -241,7 +241,8 @@ def error_body(error: openai.APIStatusError) -> dict[str, Any]:
         ({"n": 2}, "n", ["n: 2 is not supported", "one choice per request"]),
         ({"prompt": ""}, "prompt", ["prompt: empty"]),
         ({"prompt": "The cat " * 200}, "prompt", ["prompt: 601 tokens", "at most 255"]),
-        ({"logprobs": 2}, "logprobs", ["most likely alternatives", "send 0"]),
+        ({"logprobs": 21}, "logprobs", ["an integer from 0 to 20", "got 21"]),
+        ({"echo": True, "stream": True}, "echo", ["repeated only in a whole answer"]),
         ({"temperature": -1}, "temperature", ["temperature: expected a number >= 0"]),
         ({"presence_penalty": 0.5}, "presence_penalty", ["penalties are not supported"]),
     ],
@@ -261,7 +262,10 @@ def test_bad_completions_are_400_and_say_what_is_wrong(
 
 def test_bad_chats_are_400_and_say_what_is_wrong(client: OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model=MODEL, messages=CHAT, logprobs=True, top_logprobs=3)
+        client.chat.completions.create(model=MODEL, messages=CHAT, top_logprobs=3)
+    assert error_body(caught.value)["param"] == "top_logprobs"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=MODEL, messages=CHAT, logprobs=True, top_logprobs=21)
     assert error_body(caught.value)["param"] == "top_logprobs"
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=MODEL, messages=[])

@@ -5,6 +5,10 @@ Every answer names the rlserve model (``model``) and the version that generated 
 (``system_fingerprint``: ``rlserve-<model>-v<version>``). Log-probs are those of the
 chosen tokens (the model's own, temperature 1); each token's text is what it adds to the
 decoded text (empty while a character's bytes are incomplete: the next token carries it).
+The likeliest alternatives at each position, when asked for, are each token's own text
+(special tokens shown as theirs) with its log-prob, likeliest first (completions: a
+``{text: log-prob}`` object, as OpenAI's legacy API writes it). With ``echo`` the prompt
+comes first, in the text and in the log-probs (its first token has none: ``null``).
 Errors are ``{"error": {"message", "type", "param", "code"}}``: ``code`` is rlserve's
 error code (``model_not_found`` for an unknown model, as OpenAI says it), ``param`` the
 field at fault when the message names one, and a request that does not fit (rlserve's 422)
@@ -21,6 +25,7 @@ from serve.dataplane.http_calls import ErrorAnswer
 from serve.errors import ErrorCode, RLServeError
 from serve.lm.frontends.openai_requests import Endpoint
 from serve.lm.messages import GenerationResult, TokenEvent
+from serve.lm.sampling import Alternatives
 from serve.lm.text import Detokenizer, TextCodec
 from serve.status import http_status
 
@@ -53,8 +58,10 @@ class Answer:
     model: str
     logprobs: bool
     include_usage: bool = False
-    codec: TextCodec | None = None  # tokens' texts for their log-probs
+    codec: TextCodec | None = None  # tokens' texts for their log-probs (and echo)
     choices: int = 1
+    top_logprobs: int = 0  # likeliest alternatives per position (with logprobs)
+    echo: bool = False  # completions: the prompt before the completion
     _texts: list[_ChoiceText] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
@@ -76,15 +83,26 @@ class Answer:
         version (a call's prompts queue together, so they run on one version)."""
         choices = []
         for index, result in enumerate(results):
+            pieces: list[str] = []
+            log_probs: list[float | None] = []
+            tops: list[Alternatives | None] = []
+            if self.echo and result.prompt is not None:
+                prompt = result.prompt
+                pieces += self._pieces(prompt.token_ids)
+                log_probs += [None, *prompt.log_probs]
+                tops += [None, *(prompt.top or [()] * len(prompt.log_probs))]
+            echoed = "".join(pieces)
             logprobs = None
             if self.logprobs:
-                pieces = self._pieces(result.token_ids)
-                logprobs = self._logprobs(self._texts[index], pieces, result.log_probs)
+                pieces += self._pieces(result.token_ids)
+                log_probs += result.log_probs
+                tops += result.top or [()] * len(result.log_probs)
+                logprobs = self._logprobs(self._texts[index], pieces, log_probs, tops)
             choice: dict[str, Any] = {"index": index}
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": result.text}
             else:
-                choice["text"] = result.text
+                choice["text"] = echoed + result.text
             choice |= {"logprobs": logprobs, "finish_reason": result.finish_reason.value}
             choices.append(choice)
         kind = "chat.completion" if self.chat else "text_completion"
@@ -106,7 +124,7 @@ class Answer:
             logprobs = None
             if self.logprobs:
                 piece = self._stream_detokenizer(text).push(event.token_id)
-                logprobs = self._logprobs(text, [piece], [event.log_prob])
+                logprobs = self._logprobs(text, [piece], [event.log_prob], [event.top])
             chunks.append(self._chunk(version, index, event.text, logprobs, None))
         return chunks
 
@@ -173,29 +191,46 @@ class Answer:
         return text.detokenizer
 
     def _logprobs(
-        self, text: _ChoiceText, pieces: list[str], log_probs: Sequence[float]
+        self,
+        text: _ChoiceText,
+        pieces: Sequence[str],
+        log_probs: Sequence[float | None],
+        tops: Sequence[Alternatives | None],
     ) -> dict[str, Any]:
+        """The log-probs of these tokens, in the endpoint's shape; ``None`` where a token has
+        none (an echoed prompt's first)."""
         if self.chat:
             content = [
                 {
                     "token": piece,
                     "logprob": log_prob,
                     "bytes": list(piece.encode()),
-                    "top_logprobs": [],
+                    "top_logprobs": [
+                        {"token": t, "logprob": lp, "bytes": list(t.encode())}
+                        for t, lp in self._alternatives(top or ())
+                    ],
                 }
-                for piece, log_prob in zip(pieces, log_probs, strict=True)
+                for piece, log_prob, top in zip(pieces, log_probs, tops, strict=True)
             ]
             return {"content": content, "refusal": None}
         offsets = []
         for piece in pieces:
             offsets.append(text.offset)
             text.offset += len(piece)
+        top_logprobs = None
+        if self.top_logprobs:
+            top_logprobs = [None if top is None else dict(self._alternatives(top)) for top in tops]
         return {
-            "tokens": pieces,
+            "tokens": list(pieces),
             "token_logprobs": list(log_probs),
-            "top_logprobs": None,
+            "top_logprobs": top_logprobs,
             "text_offset": offsets,
         }
+
+    def _alternatives(self, top: Alternatives) -> list[tuple[str, float]]:
+        """Each alternative's text (its token alone, special ones shown) and log-prob."""
+        assert self.codec is not None
+        return [(self.codec.token_text(token), log_prob) for token, log_prob in top]
 
 
 def usage(results: Sequence[GenerationResult]) -> dict[str, int]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import aclosing
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -97,6 +98,8 @@ class OpenAIFrontend:
             request.options.logprobs,
             request.options.include_usage,
             choices=choices,
+            top_logprobs=request.options.top_logprobs,
+            echo=request.options.echo,
         )
         with CancelOnDisconnect(exchange.receive, *streams) as watch:
             try:
@@ -110,7 +113,7 @@ class OpenAIFrontend:
                     raise Disconnected from None  # nobody is left to answer
                 raise
         first = results[0]
-        if answer.logprobs:
+        if answer.logprobs or answer.echo:
             answer.codec = self._codec(admitted, first.version)
         await exchange.json(200, answer.body(results), stamp(first.version, first.sha256))
 
@@ -159,17 +162,18 @@ class OpenAIFrontend:
 
     @staticmethod
     def _specs(exchange: Exchange, request: OpenAICall, admitted: Admitted) -> list[GenerationSpec]:
-        call = exchange.call
+        call, options = exchange.call, request.options
         specs = []
         for index, body in enumerate(request.bodies):
             try:
-                specs.append(
-                    generation_spec(
-                        dict(body), call.request_id, call.received_at, admitted.deadline.at
-                    )
+                spec = generation_spec(
+                    dict(body), call.request_id, call.received_at, admitted.deadline.at
                 )
             except InvalidInput as exc:
                 raise request.renamed(exc, index) from None
+            if options.top_logprobs or options.echo:
+                spec = replace(spec, top_logprobs=options.top_logprobs, echo=options.echo)
+            specs.append(spec)
         return specs
 
     @staticmethod

@@ -13,10 +13,14 @@ or a list of prompts (texts or token-id lists, up to :data:`MAX_PROMPTS`), each 
 generation and its own choice (:attr:`OpenAICall.bodies`: one native generate body per
 choice).
 
-What is refused, and why: ``n`` > 1 (one choice per prompt), top alternatives
-(``logprobs`` > 0 on completions, ``top_logprobs`` > 0 on chat: only the chosen token's
-log-prob is computed), tools, structured output, penalties and logit biases. ``user`` is
-accepted and ignored.
+Log-probs: completions' ``logprobs`` (0 to :data:`MAX_TOP_LOGPROBS`: the chosen tokens'
+log-probs and that many likeliest alternatives at each position) with ``echo`` (the prompt
+repeated before the completion, its tokens scored too: the first has no log-prob), as
+lm-evaluation-harness asks for a loglikelihood; chat's ``logprobs`` with ``top_logprobs``
+(0 to :data:`MAX_TOP_LOGPROBS`).
+
+What is refused, and why: ``n`` > 1 (one choice per prompt), ``echo`` with ``stream``,
+tools, structured output, penalties and logit biases. ``user`` is accepted and ignored.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ from typing import Any
 from serve.errors import InvalidInput
 from serve.json_shown import json_shown
 
-__all__ = ["MAX_PROMPTS", "Endpoint", "OpenAICall", "Options", "parse"]
+__all__ = ["MAX_PROMPTS", "MAX_TOP_LOGPROBS", "Endpoint", "OpenAICall", "Options", "parse"]
 
 MAX_PROMPTS = 256  # prompts in one completions call (each is a queued request)
+MAX_TOP_LOGPROBS = 20  # likeliest alternatives per position (OpenAI's own limit on chat)
 
 
 class Endpoint(StrEnum):
@@ -46,6 +51,8 @@ class Options:
     stream: bool
     include_usage: bool  # streaming: a last chunk with the token counts
     logprobs: bool  # the chosen tokens' log-probs
+    top_logprobs: int = 0  # and this many likeliest alternatives at each position
+    echo: bool = False  # completions: the prompt first, its tokens scored when logprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +82,6 @@ class OpenAICall:
 _NEUTRAL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "n": (lambda v: v is None or (v == 1 and not isinstance(v, bool)), "1"),
     "best_of": (lambda v: v is None or (v == 1 and not isinstance(v, bool)), "1"),
-    "echo": (lambda v: v is None or v is False, "false"),
     "suffix": (lambda v: v is None or v == "", "null"),
     "frequency_penalty": (lambda v: v is None or (v == 0 and not isinstance(v, bool)), "0"),
     "presence_penalty": (lambda v: v is None or (v == 0 and not isinstance(v, bool)), "0"),
@@ -88,7 +94,6 @@ _WHY_NOT: dict[str, str] = {
     "n": "this server generates one choice per request; send n requests instead, with "
     "different seeds or none to get different samples",
     "best_of": "this server generates one choice per request",
-    "echo": "the prompt is not repeated in the answer",
     "suffix": "insertion (a suffix after the completion) is not supported",
     "frequency_penalty": "penalties are not supported",
     "presence_penalty": "penalties are not supported",
@@ -239,7 +244,16 @@ def _options(payload: dict[str, Any], *, chat: bool) -> Options:
             f"parallel_tool_calls: expected true or false, got {json_shown(parallel)}"
         )
     include_usage = _include_usage(payload.get("stream_options"))
-    return Options(bool(stream), include_usage, _logprobs(payload, chat=chat))
+    logprobs, top = _logprobs(payload, chat=chat)
+    echo = payload.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise InvalidInput(f"echo: expected true or false, got {json_shown(echo)}")
+    if echo and stream:
+        raise InvalidInput(
+            "echo: the prompt is repeated only in a whole answer; send stream false (or "
+            "leave echo out)"
+        )
+    return Options(bool(stream), include_usage, logprobs, top, bool(echo))
 
 
 def _include_usage(value: Any) -> bool:
@@ -257,30 +271,32 @@ def _include_usage(value: Any) -> bool:
     return include
 
 
-def _logprobs(payload: dict[str, Any], *, chat: bool) -> bool:
-    """Whether the chosen tokens' log-probs are wanted: chat's ``logprobs`` (true or false)
-    and ``top_logprobs`` (0 only); completions' ``logprobs`` (an integer; 0 only)."""
+def _logprobs(payload: dict[str, Any], *, chat: bool) -> tuple[bool, int]:
+    """Whether the chosen tokens' log-probs are wanted, and how many likeliest alternatives
+    of each position: chat's ``logprobs`` (true or false) and ``top_logprobs``;
+    completions' ``logprobs`` (an integer: the alternatives; 0 for the chosen alone)."""
     value = payload.get("logprobs")
     if chat:
         if value is not None and not isinstance(value, bool):
             raise InvalidInput(f"logprobs: expected true or false, got {json_shown(value)}")
-        top = payload.get("top_logprobs")
-        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
-            raise InvalidInput(f"top_logprobs: expected an integer >= 0, got {json_shown(top)}")
-        if top:
+        top = _top_count("top_logprobs", payload.get("top_logprobs"))
+        if top and not value:
             raise InvalidInput(
-                f"top_logprobs: {top} asks for the {top} most likely alternatives of each "
-                "token, which this server does not compute; send 0 (or leave it out) with "
-                '"logprobs": true for the chosen tokens\' log-probs'
+                f"top_logprobs: {top} alternatives are given with the chosen tokens' "
+                'log-probs; send "logprobs": true with it'
             )
-        return bool(value)
+        return bool(value), top
     if value is None:
-        return False
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidInput(f"logprobs: expected an integer >= 0, got {json_shown(value)}")
-    if value > 0:
+        return False, 0
+    return True, _top_count("logprobs", value)
+
+
+def _top_count(field: str, value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
         raise InvalidInput(
-            f"logprobs: {value} asks for the {value} most likely alternatives of each token, "
-            "which this server does not compute; send 0 for the chosen tokens' log-probs"
+            f"{field}: expected an integer from 0 to {MAX_TOP_LOGPROBS} (the likeliest "
+            f"alternatives of each token), got {json_shown(value)}"
         )
-    return True
+    return value

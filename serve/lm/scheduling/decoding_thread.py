@@ -280,6 +280,8 @@ def _generated(model: LanguageModel, sequence: DecodingSequence) -> GenerationRe
         tuple(sequence.log_probs),
         sequence.text,
         sequence.finish,
+        tuple(sequence.top),
+        sequence.prompt,
     )
 
 

@@ -116,8 +116,10 @@ class FakeDecoder:
         self._called("prefill", 1)
         keys = np.asarray(ids, np.float32).reshape(1, 1, -1, 1)
         cache = KVCache.of_rows([keys], [np.zeros_like(keys)], self.layout)
-        count = len(ids)
-        return next_token_logits(int(sum(ids)), count - 1, count, ids[-1]), cache
+        logits = [
+            next_token_logits(int(sum(ids[: p + 1])), p, p + 1, ids[p]) for p in range(len(ids))
+        ]
+        return np.stack(logits), cache
 
     def step(self, cache: KVCache, tokens: np.ndarray) -> tuple[np.ndarray, KVCache]:
         self._called("step", len(tokens))

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serve.lm.greedy import log_softmax
 from serve.lm.sampling import (
     Sampler,
     SamplingParams,
     choose_rows,
     chosen_log_probs,
     greedy_rows,
+    log_softmax,
 )
 
 LOGITS = np.log(np.asarray([0.05, 0.4, 0.1, 0.3, 0.15], np.float32))

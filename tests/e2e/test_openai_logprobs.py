@@ -1,0 +1,142 @@
+"""Log-probs as evaluation clients ask for them, end to end with the official ``openai``
+client on a real server serving the tiny TRL policy: the likeliest alternatives of each
+token (completions' ``logprobs: k``, chat's ``top_logprobs``) and the prompt echoed and
+scored (``echo``), as lm-evaluation-harness's loglikelihood request sends it, checked
+against the source checkpoint in transformers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+from tests.e2e.conftest import LM_MODEL, Exported, lm_repository
+from tests.e2e.server import Server
+from tests.e2e.test_lm import Transformers
+
+MODEL = LM_MODEL
+CONTEXT = "The small dog sleeps in the garden and"
+CONTINUATION = " the cat"
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def server(exported: Exported, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("openai-logprobs-server")
+    running = Server.rlserve(lm_repository(exported, tmp, 1), log=tmp / "log")
+    running.wait_ready()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Iterator[OpenAI]:
+    with OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def reference(exported: Exported) -> Transformers:
+    return Transformers(exported.sources[1])
+
+
+def table(reference: Transformers, ids: list[int]) -> Any:
+    """log p(token | the ids before each position), ``[len(ids), vocab]`` in float64."""
+    torch = reference.torch
+    with torch.no_grad():
+        logits = reference.model(torch.tensor([ids])).logits[0]
+    return torch.log_softmax(logits.double(), dim=-1)
+
+
+def likeliest(reference: Transformers, row: Any, k: int) -> list[tuple[str, float]]:
+    values, tokens = row.topk(k)
+    decode = reference.tokenizer.decode
+    return [(str(decode([int(t)])), float(v)) for t, v in zip(tokens, values, strict=True)]
+
+
+def test_a_loglikelihood_request_scores_the_echoed_prompt_as_transformers_does(
+    client: OpenAI, reference: Transformers
+) -> None:
+    """lm-evaluation-harness's request: token ids of context + continuation, echo, one new
+    token, the likeliest alternative of each position; it sums the continuation's log-probs
+    and calls it greedy when each equals the likeliest."""
+    context = reference.tokenizer(CONTEXT)["input_ids"]
+    ids = context + reference.tokenizer(CONTINUATION, add_special_tokens=False)["input_ids"]
+    answer = client.completions.create(
+        model=MODEL, prompt=ids, echo=True, max_tokens=1, temperature=0, logprobs=1
+    )
+    choice = answer.choices[0]
+    logprobs = choice.logprobs
+    assert logprobs is not None
+    assert logprobs.tokens is not None
+    assert logprobs.token_logprobs is not None
+    assert logprobs.top_logprobs is not None
+    assert logprobs.text_offset is not None
+    assert len(logprobs.tokens) == len(ids) + 1  # the prompt, then the new token
+    assert choice.text == "".join(logprobs.tokens)
+    assert choice.text.startswith(reference.text(ids))
+    assert logprobs.token_logprobs[0] is None
+    assert logprobs.top_logprobs[0] is None
+    scores = table(reference, ids)
+    expected = [float(scores[p, ids[p + 1]]) for p in range(len(ids) - 1)]
+    assert logprobs.token_logprobs[1 : len(ids)] == pytest.approx(expected, abs=TOLERANCE)
+    assert logprobs.text_offset == sorted(logprobs.text_offset)
+    for position in range(1, len(ids)):  # lm-eval's greedy check, against transformers'
+        top = logprobs.top_logprobs[position]
+        assert len(top) == 1
+        token_logprob = logprobs.token_logprobs[position]
+        transformers_greedy = int(scores[position - 1].argmax()) == ids[position]
+        assert (token_logprob == max(top.values())) == transformers_greedy
+        ((text, value),) = likeliest(reference, scores[position - 1], 1)
+        assert top[text] == pytest.approx(value, abs=TOLERANCE)
+
+
+def test_each_new_tokens_likeliest_alternatives_are_those_of_transformers(
+    client: OpenAI, reference: Transformers
+) -> None:
+    prompt = reference.tokenizer(CONTEXT)["input_ids"]
+    answer = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=5, echo=False
+    )
+    logprobs = answer.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.top_logprobs is not None
+    assert logprobs.token_logprobs is not None
+    new, _ = reference.greedy(prompt, 6)
+    scores = table(reference, prompt + new)
+    for k, top in enumerate(logprobs.top_logprobs):
+        expected = likeliest(reference, scores[len(prompt) - 1 + k], 5)
+        assert list(top.values()) == pytest.approx([v for _, v in expected], abs=TOLERANCE)
+        assert set(top) == {text for text, _ in expected}
+        assert logprobs.token_logprobs[k] == max(top.values())  # greedy: the likeliest
+
+
+def test_chat_alternatives_come_with_each_token_likeliest_first(client: OpenAI) -> None:
+    messages: Any = [{"role": "user", "content": "What does the cat do?"}]
+    chat = client.chat.completions.create(
+        model=MODEL, messages=messages, max_completion_tokens=6, temperature=0,
+        logprobs=True, top_logprobs=3,
+    )  # fmt: skip
+    content = chat.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content
+    for token in content:
+        values = [alternative.logprob for alternative in token.top_logprobs]
+        assert len(values) == 3
+        assert values == sorted(values, reverse=True)
+        assert token.logprob == values[0]
+        first = token.top_logprobs[0]
+        assert first.bytes == list(first.token.encode())
+
+
+def test_streamed_chunks_carry_their_tokens_alternatives(client: OpenAI) -> None:
+    fields: dict[str, Any] = {"max_tokens": 6, "temperature": 0, "logprobs": 2}
+    whole = client.completions.create(model=MODEL, prompt=CONTEXT, **fields)
+    streamed = client.completions.create(model=MODEL, prompt=CONTEXT, stream=True, **fields)
+    tops: list[dict[str, float]] = []
+    for chunk in streamed:
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            tops += chunk.choices[0].logprobs.top_logprobs or []
+    assert whole.choices[0].logprobs is not None
+    assert tops == whole.choices[0].logprobs.top_logprobs
