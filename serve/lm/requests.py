@@ -14,16 +14,17 @@ from serve.errors import InvalidInput
 from serve.json_shown import json_shown
 from serve.lm.messages import GenerationSpec, ScoreSpec
 
-__all__ = ["GENERATE_FIELDS", "SCORE_FIELDS", "generation_spec", "score_spec"]
+__all__ = ["GENERATE_FIELDS", "MAX_TOP_LOGPROBS", "SCORE_FIELDS", "generation_spec", "score_spec"]
 
 GENERATE_FIELDS = (
     "prompt", "messages", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-    "ignore_eos",
+    "ignore_eos", "top_logprobs", "echo",
 )  # fmt: skip
 SCORE_FIELDS = ("prompt", "messages", "completions")
 MAX_STOP_STRINGS = 16
 MAX_COMPLETIONS = 64
 MAX_SEED = 2**64 - 1
+MAX_TOP_LOGPROBS = 20  # likeliest alternatives per position (OpenAI's own limit on chat)
 
 
 def generation_spec(
@@ -44,6 +45,8 @@ def generation_spec(
         received_at,
         deadline,
         ignore_eos=_flag(payload, "ignore_eos"),
+        top_logprobs=_integer(payload, "top_logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS) or 0,
+        echo=_flag(payload, "echo"),
     )
 
 

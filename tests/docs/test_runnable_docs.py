@@ -149,7 +149,18 @@ def test_ports_are_replaced_only_where_they_are_ports() -> None:
 
 
 def scratch_root(tmp_path: Path) -> Path:
-    """A directory that looks like the project root: a link to each of its entries."""
+    """A directory that looks like the project root: a link to each of its entries. The
+    environment must be installed already: a block's ``make`` that installed it from there
+    would write the scratch directory's path into the real environment's scripts."""
+    stale = [
+        marker.name
+        for marker in (REPO / ".venv" / ".serve-installed", REPO / ".venv" / ".test-installed")
+        if not marker.exists() or marker.stat().st_mtime < (REPO / "pyproject.toml").stat().st_mtime
+    ]
+    if stale:
+        pytest.fail(
+            f"the environment is older than pyproject.toml ({stale}): run `make test` first"
+        )
     root = tmp_path / "root"
     root.mkdir()
     for entry in REPO.iterdir():

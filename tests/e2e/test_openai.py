@@ -241,7 +241,7 @@ def error_body(error: openai.APIStatusError) -> dict[str, Any]:
         ({"n": 2}, "n", ["n: 2 is not supported", "one choice per request"]),
         ({"prompt": ""}, "prompt", ["prompt: empty"]),
         ({"prompt": "The cat " * 200}, "prompt", ["prompt: 601 tokens", "at most 255"]),
-        ({"logprobs": 21}, "logprobs", ["an integer from 0 to 20", "got 21"]),
+        ({"logprobs": 21}, "logprobs", ["an integer in [0, 20]", "got 21"]),
         ({"echo": True, "stream": True}, "echo", ["repeated only in a whole answer"]),
         ({"temperature": -1}, "temperature", ["temperature: expected a number >= 0"]),
         ({"presence_penalty": 0.5}, "presence_penalty", ["penalties are not supported"]),

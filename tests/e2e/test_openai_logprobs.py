@@ -6,9 +6,11 @@ against the source checkpoint in transformers."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from openai import OpenAI
 
@@ -140,3 +142,36 @@ def test_streamed_chunks_carry_their_tokens_alternatives(client: OpenAI) -> None
             tops += chunk.choices[0].logprobs.top_logprobs or []
     assert whole.choices[0].logprobs is not None
     assert tops == whole.choices[0].logprobs.top_logprobs
+
+
+def test_native_generate_gives_the_alternatives_and_prompt_scores_of_completions(
+    server: Server, client: OpenAI, reference: Transformers
+) -> None:
+    prompt = reference.tokenizer(CONTEXT)["input_ids"]
+    body = {"prompt": prompt, "max_new_tokens": 4, "temperature": 0, "top_logprobs": 3}
+    native = httpx.post(
+        f"{server.url}/v1/models/{MODEL}/generate", json={**body, "echo": True}, timeout=60
+    ).json()
+    openai_answer = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=4, temperature=0, logprobs=3, echo=True
+    )
+    logprobs = openai_answer.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.token_logprobs is not None
+    assert logprobs.top_logprobs is not None
+    assert native["prompt"]["token_ids"] == prompt
+    assert native["prompt"]["log_probs"] + native["log_probs"] == logprobs.token_logprobs
+    native_tops = native["prompt"]["top_log_probs"][1:] + native["top_log_probs"]
+    assert [{a["text"]: a["log_prob"] for a in top} for top in native_tops] == (
+        logprobs.top_logprobs[1:]
+    )
+    assert all(len(top) == 3 for top in native["top_log_probs"])
+    streamed = httpx.post(
+        f"{server.url}/v1/models/{MODEL}/generate", json={**body, "stream": True}, timeout=60
+    ).text
+    events = [
+        json.loads(line.removeprefix("data: "))
+        for line in streamed.splitlines()
+        if line.startswith("data: ") and '"index"' in line
+    ]
+    assert [event["top_log_probs"] for event in events] == native["top_log_probs"]

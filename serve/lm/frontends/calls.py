@@ -26,11 +26,12 @@ from serve.dataplane.http_calls import INLINE_BODY_BYTES, Call, Exchange, HttpCa
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.routing import Route, Router
 from serve.dataplane.wire import decode_object, timeout_header_ms
-from serve.errors import NotFound
+from serve.errors import NotFound, RLServeError
 from serve.lm.messages import Generation, GenerationSpec, TokenEvent
 from serve.lm.model import LanguageModel
 from serve.lm.scheduling.generation_stream import GenerationStream
 from serve.lm.scheduling.scheduler import ContinuousBatchScheduler
+from serve.lm.text import TextCodec
 
 __all__ = ["Admitted", "CancelOnDisconnect", "LanguageModelCalls", "next_events"]
 
@@ -137,6 +138,17 @@ class LanguageModelCalls:
         generation = await self.prepare(exchange, admitted.version.prepare_generation, spec)
         (stream,) = self.queue(admitted, [generation], tokens=tokens)
         return stream
+
+    def codec(self, admitted: Admitted, version: int) -> TextCodec:
+        """The tokenizer of the version that generated (a request not pinned to a version
+        runs on the one active when it joins the batch): for tokens' texts."""
+        if version == admitted.version.version:
+            return admitted.version.codec
+        try:
+            _, served = generation_parts(self.router.resolve(admitted.model, version), "generate")
+        except RLServeError:  # gone already: versions of a model share their tokenizer
+            return admitted.version.codec
+        return served.codec
 
     @staticmethod
     def queue(

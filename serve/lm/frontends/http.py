@@ -11,11 +11,16 @@ serves`).
 
 generate takes ``prompt`` (text) or ``messages`` (a chat, rendered with the model's chat
 template), and ``max_new_tokens``, ``temperature`` (0: greedy), ``top_p``, ``top_k``,
-``seed``, ``stop`` (a string or a list); it answers ``text``, ``token_ids``, ``log_probs``
-(the model's, temperature 1), ``finish_reason`` (``stop`` or ``length``) and token counts.
-With ``"stream": true`` the answer is server-sent events: ``event: token`` per token
-(``index``, ``token_id``, ``text``, ``log_prob``), then one ``event: result`` with the
-whole answer, or ``event: error`` when the generation fails after it started.
+``seed``, ``stop`` (a string or a list), ``top_logprobs`` (the likeliest alternatives of
+each new token, up to 20) and ``echo`` (the prompt's own tokens scored too); it answers
+``text``, ``token_ids``, ``log_probs`` (the model's, temperature 1), ``finish_reason``
+(``stop`` or ``length``), token counts, and when asked ``top_log_probs`` (per token: its
+position's likeliest ``token_id``, ``text`` and ``log_prob``) and ``prompt`` (its
+``token_ids``, ``log_probs`` with ``null`` first, and ``top_log_probs``). With
+``"stream": true`` the answer is server-sent events: ``event: token`` per token (``index``,
+``token_id``, ``text``, ``log_prob``, ``top_log_probs`` when asked), then one ``event:
+result`` with the whole answer, or ``event: error`` when the generation fails after it
+started.
 
 score takes ``prompt`` or ``messages`` and ``completions`` (a list of texts) and answers,
 per completion, its ``token_ids``, the ``log_probs`` of each and their sum ``log_prob``.
@@ -52,7 +57,9 @@ from serve.lm.frontends.calls import (
 )
 from serve.lm.messages import GenerationResult, ScoreResult, TokenEvent
 from serve.lm.requests import generation_spec, score_spec
+from serve.lm.sampling import Alternatives
 from serve.lm.scheduling.generation_stream import GenerationStream
+from serve.lm.text import TextCodec
 from serve.status import http_status
 from serve.versions import path_version
 
@@ -124,30 +131,37 @@ class LanguageModelFrontend:
         with CancelOnDisconnect(exchange.receive, stream) as watch:
             try:
                 if streaming:
-                    await self._stream(exchange, stream, watch)
+                    await self._stream(exchange, admitted, stream, watch)
                     return
                 result = await stream.result()
             except RLServeError:
                 if watch.gone:
                     raise Disconnected from None  # nobody is left to answer
                 raise
-        await exchange.json(200, _generated(result), stamp(result.version, result.sha256))
+        codec = self.calls.codec(admitted, result.version)
+        await exchange.json(200, _generated(result, codec), stamp(result.version, result.sha256))
 
     async def _stream(
-        self, exchange: Exchange, stream: GenerationStream, watch: CancelOnDisconnect
+        self,
+        exchange: Exchange,
+        admitted: Admitted,
+        stream: GenerationStream,
+        watch: CancelOnDisconnect,
     ) -> None:
         """Server-sent events: the head once the first token exists (errors before it are
         ordinary answers), then every token as it comes, then the result."""
         events = await next_events(stream)  # raises the error that ends it before any token
-        headers = [*SSE_HEADERS, *stamp(stream.model_version or 0, stream.model_sha256)]
+        version = stream.model_version or 0
+        headers = [*SSE_HEADERS, *stamp(version, stream.model_sha256)]
         await exchange.start(200, headers)
+        codec = self.calls.codec(admitted, version)
         try:
             while True:
-                await exchange.chunk(b"".join(_token_event(e) for e in events))
+                await exchange.chunk(b"".join(_token_event(e, codec) for e in events))
                 events = await next_events(stream)
         except StopAsyncIteration:
             result = await stream.result()
-            await exchange.chunk(_event(b"result", _generated(result)), last=True)
+            await exchange.chunk(_event(b"result", _generated(result, codec)), last=True)
         except RLServeError as exc:
             if watch.gone:
                 raise Disconnected from None
@@ -179,8 +193,8 @@ class LanguageModelFrontend:
         return admitted, await self.calls.decode(exchange, body)
 
 
-def _generated(result: GenerationResult) -> dict[str, Any]:
-    return {
+def _generated(result: GenerationResult, codec: TextCodec) -> dict[str, Any]:
+    answer: dict[str, Any] = {
         "model": result.model,
         "model_version": result.version,
         "model_sha256": result.sha256,
@@ -191,6 +205,26 @@ def _generated(result: GenerationResult) -> dict[str, Any]:
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": len(result.token_ids),
     }
+    if result.top:
+        answer["top_log_probs"] = [_alternatives(top, codec) for top in result.top]
+    if result.prompt is not None:
+        prompt = result.prompt
+        scored: dict[str, Any] = {
+            "token_ids": prompt.token_ids,
+            "log_probs": [None, *prompt.log_probs],
+        }
+        if prompt.top:
+            scored["top_log_probs"] = [None, *(_alternatives(top, codec) for top in prompt.top)]
+        answer["prompt"] = scored
+    return answer
+
+
+def _alternatives(top: Alternatives, codec: TextCodec) -> list[dict[str, Any]]:
+    """A position's likeliest tokens, likeliest first: id, text (alone), log-prob."""
+    return [
+        {"token_id": token, "text": codec.token_text(token), "log_prob": log_prob}
+        for token, log_prob in top
+    ]
 
 
 def _scored(result: ScoreResult) -> dict[str, Any]:
@@ -206,13 +240,15 @@ def _scored(result: ScoreResult) -> dict[str, Any]:
     }
 
 
-def _token_event(event: TokenEvent) -> bytes:
-    content = {
+def _token_event(event: TokenEvent, codec: TextCodec) -> bytes:
+    content: dict[str, Any] = {
         "index": event.index,
         "token_id": event.token_id,
         "text": event.text,
         "log_prob": event.log_prob,
     }
+    if event.top:
+        content["top_log_probs"] = _alternatives(event.top, codec)
     return _event(b"token", content)
 
 

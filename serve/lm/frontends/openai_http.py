@@ -24,7 +24,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import aclosing
-from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -37,7 +36,6 @@ from serve.lm.frontends.calls import (
     Admitted,
     CancelOnDisconnect,
     LanguageModelCalls,
-    generation_parts,
 )
 from serve.lm.frontends.merged_streams import Finished, merged
 from serve.lm.frontends.openai_answers import Answer, error
@@ -45,7 +43,6 @@ from serve.lm.frontends.openai_requests import Endpoint, OpenAICall, parse
 from serve.lm.messages import Generation, GenerationResult, GenerationSpec
 from serve.lm.requests import generation_spec
 from serve.lm.scheduling.generation_stream import GenerationStream
-from serve.lm.text import TextCodec
 
 __all__ = ["Endpoint", "OpenAIFrontend", "match"]
 
@@ -98,8 +95,8 @@ class OpenAIFrontend:
             request.options.logprobs,
             request.options.include_usage,
             choices=choices,
-            top_logprobs=request.options.top_logprobs,
-            echo=request.options.echo,
+            top_logprobs=specs[0].top_logprobs,  # every prompt's body asks the same
+            echo=specs[0].echo,
         )
         with CancelOnDisconnect(exchange.receive, *streams) as watch:
             try:
@@ -114,7 +111,7 @@ class OpenAIFrontend:
                 raise
         first = results[0]
         if answer.logprobs or answer.echo:
-            answer.codec = self._codec(admitted, first.version)
+            answer.codec = self.calls.codec(admitted, first.version)
         await exchange.json(200, answer.body(results), stamp(first.version, first.sha256))
 
     async def _stream(
@@ -132,7 +129,7 @@ class OpenAIFrontend:
             item = await anext(happened)  # raises the error that ends a stream before any token
             version = streams[item.index].model_version or 0
             if answer.logprobs:
-                answer.codec = self._codec(admitted, version)
+                answer.codec = self.calls.codec(admitted, version)
             await exchange.start(
                 200, [*SSE_HEADERS, *stamp(version, streams[item.index].model_sha256)]
             )
@@ -162,7 +159,7 @@ class OpenAIFrontend:
 
     @staticmethod
     def _specs(exchange: Exchange, request: OpenAICall, admitted: Admitted) -> list[GenerationSpec]:
-        call, options = exchange.call, request.options
+        call = exchange.call
         specs = []
         for index, body in enumerate(request.bodies):
             try:
@@ -171,8 +168,6 @@ class OpenAIFrontend:
                 )
             except InvalidInput as exc:
                 raise request.renamed(exc, index) from None
-            if options.top_logprobs or options.echo:
-                spec = replace(spec, top_logprobs=options.top_logprobs, echo=options.echo)
             specs.append(spec)
         return specs
 
@@ -193,18 +188,6 @@ class OpenAIFrontend:
             return generations
 
         return prepare
-
-    def _codec(self, admitted: Admitted, version: int) -> TextCodec:
-        """The tokenizer of the version that generated (a request not pinned to a version
-        runs on the one active when it joins the batch)."""
-        if version == admitted.version.version:
-            return admitted.version.codec
-        try:
-            route = self.calls.router.resolve(admitted.model, version)
-            _, served = generation_parts(route, "generate")
-        except RLServeError:  # gone already: versions of a model share their tokenizer
-            return admitted.version.codec
-        return served.codec
 
 
 def _give_up(streams: list[GenerationStream]) -> None:

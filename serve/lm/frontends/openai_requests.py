@@ -13,11 +13,10 @@ or a list of prompts (texts or token-id lists, up to :data:`MAX_PROMPTS`), each 
 generation and its own choice (:attr:`OpenAICall.bodies`: one native generate body per
 choice).
 
-Log-probs: completions' ``logprobs`` (0 to :data:`MAX_TOP_LOGPROBS`: the chosen tokens'
-log-probs and that many likeliest alternatives at each position) with ``echo`` (the prompt
+Log-probs: completions' ``logprobs`` (the chosen tokens' log-probs and that many likeliest
+alternatives at each position: the native ``top_logprobs``) with ``echo`` (the prompt
 repeated before the completion, its tokens scored too: the first has no log-prob), as
-lm-evaluation-harness asks for a loglikelihood; chat's ``logprobs`` with ``top_logprobs``
-(0 to :data:`MAX_TOP_LOGPROBS`).
+lm-evaluation-harness asks for a loglikelihood; chat's ``logprobs`` with ``top_logprobs``.
 
 What is refused, and why: ``n`` > 1 (one choice per prompt), ``echo`` with ``stream``,
 tools, structured output, penalties and logit biases. ``user`` is accepted and ignored.
@@ -33,10 +32,9 @@ from typing import Any
 from serve.errors import InvalidInput
 from serve.json_shown import json_shown
 
-__all__ = ["MAX_PROMPTS", "MAX_TOP_LOGPROBS", "Endpoint", "OpenAICall", "Options", "parse"]
+__all__ = ["MAX_PROMPTS", "Endpoint", "OpenAICall", "Options", "parse"]
 
 MAX_PROMPTS = 256  # prompts in one completions call (each is a queued request)
-MAX_TOP_LOGPROBS = 20  # likeliest alternatives per position (OpenAI's own limit on chat)
 
 
 class Endpoint(StrEnum):
@@ -50,9 +48,7 @@ class Options:
 
     stream: bool
     include_usage: bool  # streaming: a last chunk with the token counts
-    logprobs: bool  # the chosen tokens' log-probs
-    top_logprobs: int = 0  # and this many likeliest alternatives at each position
-    echo: bool = False  # completions: the prompt first, its tokens scored when logprobs
+    logprobs: bool  # the chosen tokens' log-probs (alternatives, echo: in the bodies)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +135,12 @@ def parse(endpoint: Endpoint, payload: dict[str, Any]) -> OpenAICall:
     if budget is not None:
         generate["max_new_tokens"] = budget
     options = _options(payload, chat=chat)
+    top = _top_logprobs(payload, chat=chat)
+    if top is not None:  # checked as the native field, named as the caller's
+        generate["top_logprobs"] = top
+        names["top_logprobs"] = "top_logprobs" if chat else "logprobs"
+    if payload.get("echo") is not None:
+        generate["echo"] = payload["echo"]
     bodies = tuple(generate if chat else {**generate, "prompt": p} for p in prompts)
     return OpenAICall(endpoint, _model(payload.get("model")), bodies, options, names, listed)
 
@@ -244,16 +246,12 @@ def _options(payload: dict[str, Any], *, chat: bool) -> Options:
             f"parallel_tool_calls: expected true or false, got {json_shown(parallel)}"
         )
     include_usage = _include_usage(payload.get("stream_options"))
-    logprobs, top = _logprobs(payload, chat=chat)
-    echo = payload.get("echo")
-    if echo is not None and not isinstance(echo, bool):
-        raise InvalidInput(f"echo: expected true or false, got {json_shown(echo)}")
-    if echo and stream:
+    if payload.get("echo") is True and stream:
         raise InvalidInput(
             "echo: the prompt is repeated only in a whole answer; send stream false (or "
             "leave echo out)"
         )
-    return Options(bool(stream), include_usage, logprobs, top, bool(echo))
+    return Options(bool(stream), include_usage, _logprobs(payload, chat=chat))
 
 
 def _include_usage(value: Any) -> bool:
@@ -271,32 +269,27 @@ def _include_usage(value: Any) -> bool:
     return include
 
 
-def _logprobs(payload: dict[str, Any], *, chat: bool) -> tuple[bool, int]:
-    """Whether the chosen tokens' log-probs are wanted, and how many likeliest alternatives
-    of each position: chat's ``logprobs`` (true or false) and ``top_logprobs``;
-    completions' ``logprobs`` (an integer: the alternatives; 0 for the chosen alone)."""
+def _logprobs(payload: dict[str, Any], *, chat: bool) -> bool:
+    """Whether the chosen tokens' log-probs are wanted: chat's ``logprobs`` (true or false),
+    or completions' ``logprobs`` given at all (its value is the alternatives' count)."""
     value = payload.get("logprobs")
-    if chat:
-        if value is not None and not isinstance(value, bool):
-            raise InvalidInput(f"logprobs: expected true or false, got {json_shown(value)}")
-        top = _top_count("top_logprobs", payload.get("top_logprobs"))
-        if top and not value:
-            raise InvalidInput(
-                f"top_logprobs: {top} alternatives are given with the chosen tokens' "
-                'log-probs; send "logprobs": true with it'
-            )
-        return bool(value), top
-    if value is None:
-        return False, 0
-    return True, _top_count("logprobs", value)
+    if not chat:
+        return value is not None
+    if value is not None and not isinstance(value, bool):
+        raise InvalidInput(f"logprobs: expected true or false, got {json_shown(value)}")
+    return bool(value)
 
 
-def _top_count(field: str, value: Any) -> int:
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+def _top_logprobs(payload: dict[str, Any], *, chat: bool) -> Any:
+    """The likeliest alternatives of each position asked for, as given (the native
+    ``top_logprobs`` checks the count): chat's ``top_logprobs``, with ``logprobs: true``;
+    completions' ``logprobs``."""
+    if not chat:
+        return payload.get("logprobs")
+    top = payload.get("top_logprobs")
+    if top and payload.get("logprobs") is not True:
         raise InvalidInput(
-            f"{field}: expected an integer from 0 to {MAX_TOP_LOGPROBS} (the likeliest "
-            f"alternatives of each token), got {json_shown(value)}"
+            f"top_logprobs: {json_shown(top)} alternatives are given with the chosen tokens' "
+            'log-probs; send "logprobs": true with it'
         )
-    return value
+    return top

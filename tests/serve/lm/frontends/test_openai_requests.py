@@ -22,8 +22,9 @@ def test_a_completion_becomes_the_native_generate_fields() -> None:
     )  # fmt: skip
     assert call.model == "m"
     assert call.bodies == (
-        {"prompt": "The cat", "max_new_tokens": 5, "temperature": 0, "stop": "."},
-    )
+        {"prompt": "The cat", "max_new_tokens": 5, "temperature": 0, "stop": ".",
+         "top_logprobs": 0},
+    )  # fmt: skip
     assert (call.options.stream, call.options.include_usage, call.options.logprobs) == (
         True,
         True,
@@ -58,16 +59,16 @@ def test_a_chat_takes_text_parts_and_either_budget_name() -> None:
         (Endpoint.COMPLETIONS, {"prompt": ["a", None]},
          "prompt[1]: expected a string of text or a list of token ids, got null"),
         (Endpoint.COMPLETIONS, {"prompt": "a", "logprobs": 21},
-         "logprobs: expected an integer from 0 to 20 (the likeliest alternatives of each token), "
-         "got 21"),
+         "logprobs: expected an integer in [0, 20], got 21"),
         (Endpoint.COMPLETIONS, {"prompt": "a", "logprobs": True}, "logprobs: expected an integer"),
         (Endpoint.COMPLETIONS, {"prompt": "a", "logprobs": -1}, "logprobs: expected an integer"),
         (Endpoint.COMPLETIONS, {"prompt": "a", "messages": []}, "messages: not a field"),
         (Endpoint.CHAT, {"messages": [], "top_logprobs": 2},
          'top_logprobs: 2 alternatives are given with the chosen tokens\' log-probs; send '
          '"logprobs": true with it'),
-        (Endpoint.CHAT, {"messages": [], "logprobs": True, "top_logprobs": 21},
-         "top_logprobs: expected an integer from 0 to 20"),
+        (Endpoint.CHAT, {"messages": [{"role": "user", "content": "a"}], "logprobs": True,
+          "top_logprobs": 21},
+         "top_logprobs: expected an integer in [0, 20], got 21"),
         (Endpoint.CHAT, {"messages": [], "echo": True}, "echo: not a field"),
         (Endpoint.CHAT, {"messages": [], "max_tokens": 2, "max_completion_tokens": 3},
          "max_completion_tokens: 3 while max_tokens is 2"),
@@ -85,8 +86,33 @@ def test_what_is_not_supported_is_refused_by_name(
     endpoint: Endpoint, body: dict[str, Any], words: str
 ) -> None:
     with pytest.raises(InvalidInput) as caught:
-        parse(endpoint, {"model": "m", **body})
+        parsed(endpoint, {"model": "m", **body})
     assert words in caught.value.message
+
+
+def parsed(endpoint: Endpoint, payload: dict[str, Any]) -> OpenAICall:
+    """Parsed, and every body checked as the native generate call it becomes (``checked``)."""
+    call = parse(endpoint, payload)
+    for index in range(len(call.bodies)):
+        checked(call, index)
+    return call
+
+
+def test_alternatives_and_echo_become_native_fields_named_as_sent() -> None:
+    completion = parsed(
+        Endpoint.COMPLETIONS, {"model": "m", "prompt": "a", "logprobs": 3, "echo": True}
+    )
+    assert completion.bodies == ({"prompt": "a", "top_logprobs": 3, "echo": True},)
+    assert completion.options.logprobs
+    chat = parsed(
+        Endpoint.CHAT,
+        {"model": "m", "messages": [{"role": "user", "content": "a"}], "logprobs": True,
+         "top_logprobs": 5},
+    )  # fmt: skip
+    assert chat.bodies[0]["top_logprobs"] == 5
+    plain = parsed(Endpoint.COMPLETIONS, {"model": "m", "prompt": "a"})
+    assert plain.bodies == ({"prompt": "a"},)
+    assert not plain.options.logprobs
 
 
 @pytest.mark.parametrize(
