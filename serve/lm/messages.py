@@ -84,6 +84,7 @@ class ScoreSpec:
     request_id: str
     received_at: float
     deadline: float
+    top_logprobs: int = 0  # the likeliest alternatives wanted at each scored position
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +148,7 @@ class PromptLogProbs:
 class CompletionScore:
     token_ids: tuple[int, ...]
     log_probs: tuple[float, ...]  # log p(token k | prompt + tokens before k)
+    top: tuple[Alternatives, ...] = ()  # per token, when alternatives were asked for
 
     @property
     def total(self) -> float:

@@ -20,7 +20,7 @@ GENERATE_FIELDS = (
     "prompt", "messages", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop",
     "ignore_eos", "top_logprobs", "echo",
 )  # fmt: skip
-SCORE_FIELDS = ("prompt", "messages", "completions")
+SCORE_FIELDS = ("prompt", "messages", "completions", "top_logprobs")
 MAX_STOP_STRINGS = 16
 MAX_COMPLETIONS = 64
 MAX_SEED = 2**64 - 1
@@ -45,7 +45,7 @@ def generation_spec(
         received_at,
         deadline,
         ignore_eos=_flag(payload, "ignore_eos"),
-        top_logprobs=_integer(payload, "top_logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS) or 0,
+        top_logprobs=_top_logprobs(payload),
         echo=_flag(payload, "echo"),
     )
 
@@ -70,7 +70,15 @@ def score_spec(
             raise InvalidInput(
                 f"completions[{index}]: expected a non-empty string, got {json_shown(completion)}"
             )
-    return ScoreSpec(prompt, messages, tuple(completions), request_id, received_at, deadline)
+    return ScoreSpec(
+        prompt,
+        messages,
+        tuple(completions),
+        request_id,
+        received_at,
+        deadline,
+        top_logprobs=_top_logprobs(payload),
+    )
 
 
 def _known(payload: dict[str, Any], fields: tuple[str, ...]) -> None:
@@ -160,6 +168,11 @@ def _number(payload: dict[str, Any], field: str, valid: str, check: Any) -> floa
     if not number or not math.isfinite(value) or not check(value):
         raise InvalidInput(f"{field}: expected {valid}, got {json_shown(value)}")
     return float(value)
+
+
+def _top_logprobs(payload: dict[str, Any]) -> int:
+    """The likeliest alternatives of each position wanted (0: none)."""
+    return _integer(payload, "top_logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS) or 0
 
 
 def _flag(payload: dict[str, Any], field: str) -> bool:

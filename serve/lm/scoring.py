@@ -11,7 +11,7 @@ import numpy as np
 
 from serve.lm.decoder import Decoder
 from serve.lm.messages import CompletionScore, Scoring
-from serve.lm.sampling import chosen_log_probs
+from serve.lm.sampling import chosen_log_probs, log_softmax, top_alternatives
 
 __all__ = ["score"]
 
@@ -21,9 +21,17 @@ def score(decoder: Decoder, scoring: Scoring) -> tuple[CompletionScore, ...]:
     rows = [(*prompt, *completion) for completion in scoring.completion_ids]
     logits = decoder.forward(rows)
     start = len(prompt) - 1
+    k = scoring.spec.top_logprobs
     scores = []
     for row, completion in enumerate(scoring.completion_ids):
         predicting = logits[row, start : start + len(completion)]
-        log_probs = chosen_log_probs(predicting, np.asarray(completion, np.int64))
-        scores.append(CompletionScore(completion, tuple(float(v) for v in log_probs)))
+        tokens = np.asarray(completion, np.int64)
+        if not k:
+            log_probs = chosen_log_probs(predicting, tokens)
+            scores.append(CompletionScore(completion, tuple(float(v) for v in log_probs)))
+            continue
+        table = log_softmax(predicting)  # the chosen and the likeliest from one table
+        chosen = table[np.arange(len(tokens)), tokens]
+        top = tuple(top_alternatives(position, k) for position in table)
+        scores.append(CompletionScore(completion, tuple(float(v) for v in chosen), top))
     return tuple(scores)

@@ -175,3 +175,29 @@ def test_native_generate_gives_the_alternatives_and_prompt_scores_of_completions
         if line.startswith("data: ") and '"index"' in line
     ]
     assert [event["top_log_probs"] for event in events] == native["top_log_probs"]
+
+
+def test_score_gives_each_scored_tokens_alternatives(
+    server: Server, reference: Transformers
+) -> None:
+    body = {"prompt": CONTEXT, "completions": [CONTINUATION], "top_logprobs": 3}
+    answer = httpx.post(f"{server.url}/v1/models/{MODEL}/score", json=body, timeout=60).json()
+    (score,) = answer["scores"]
+    prompt = reference.tokenizer(CONTEXT)["input_ids"]
+    completion = score["token_ids"]
+    scores = table(reference, prompt + completion)
+    start = len(prompt) - 1
+    expected = [float(scores[start + k, token]) for k, token in enumerate(completion)]
+    assert score["log_probs"] == pytest.approx(expected, abs=TOLERANCE)
+    assert len(score["top_log_probs"]) == len(completion)
+    for k, top in enumerate(score["top_log_probs"]):
+        likely = likeliest(reference, scores[start + k], 3)
+        assert [a["log_prob"] for a in top] == pytest.approx([v for _, v in likely], abs=TOLERANCE)
+        assert {a["text"] for a in top} == {text for text, _ in likely}
+    plain = httpx.post(
+        f"{server.url}/v1/models/{MODEL}/score",
+        json={"prompt": CONTEXT, "completions": [CONTINUATION]},
+        timeout=60,
+    ).json()
+    assert "top_log_probs" not in plain["scores"][0]
+    assert plain["scores"][0]["log_probs"] == pytest.approx(score["log_probs"], abs=1e-12)

@@ -22,8 +22,9 @@ position's likeliest ``token_id``, ``text`` and ``log_prob``) and ``prompt`` (it
 result`` with the whole answer, or ``event: error`` when the generation fails after it
 started.
 
-score takes ``prompt`` or ``messages`` and ``completions`` (a list of texts) and answers,
-per completion, its ``token_ids``, the ``log_probs`` of each and their sum ``log_prob``.
+score takes ``prompt`` or ``messages``, ``completions`` (a list of texts) and
+``top_logprobs`` and answers, per completion, its ``token_ids``, the ``log_probs`` of each,
+their sum ``log_prob``, and ``top_log_probs`` (each position's likeliest) when asked.
 Full-vocabulary logits never leave the server.
 
 As on the predict routes: deadlines from ``X-Request-Timeout-Ms`` or the model's default
@@ -177,7 +178,8 @@ class LanguageModelFrontend:
         scoring = await self.calls.prepare(exchange, admitted.version.prepare_scoring, spec)
         admitted.deadline.check("validating it")
         result = await admitted.scheduler.submit_scoring(scoring, admitted.pinned)
-        await exchange.json(200, _scored(result), stamp(result.version, result.sha256))
+        codec = self.calls.codec(admitted, result.version)
+        await exchange.json(200, _scored(result, codec), stamp(result.version, result.sha256))
 
     # ------------------------------------------------------------------ common
 
@@ -227,16 +229,23 @@ def _alternatives(top: Alternatives, codec: TextCodec) -> list[dict[str, Any]]:
     ]
 
 
-def _scored(result: ScoreResult) -> dict[str, Any]:
+def _scored(result: ScoreResult, codec: TextCodec) -> dict[str, Any]:
+    scores = []
+    for score in result.scores:
+        scored: dict[str, Any] = {
+            "token_ids": score.token_ids,
+            "log_probs": score.log_probs,
+            "log_prob": score.total,
+        }
+        if score.top:
+            scored["top_log_probs"] = [_alternatives(top, codec) for top in score.top]
+        scores.append(scored)
     return {
         "model": result.model,
         "model_version": result.version,
         "model_sha256": result.sha256,
         "prompt_tokens": result.prompt_tokens,
-        "scores": [
-            {"token_ids": s.token_ids, "log_probs": s.log_probs, "log_prob": s.total}
-            for s in result.scores
-        ],
+        "scores": scores,
     }
 
 
