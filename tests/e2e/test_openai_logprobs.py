@@ -201,3 +201,36 @@ def test_score_gives_each_scored_tokens_alternatives(
     ).json()
     assert "top_log_probs" not in plain["scores"][0]
     assert plain["scores"][0]["log_probs"] == pytest.approx(score["log_probs"], abs=1e-12)
+
+
+def test_tokens_named_by_their_ids_are_the_generated_ids(server: Server, client: OpenAI) -> None:
+    """vLLM's return_tokens_as_token_ids: an RL client's exact ids (an EOS too, whose text
+    is empty), the text and its offsets unchanged."""
+    native = httpx.post(
+        f"{server.url}/v1/models/{MODEL}/generate",
+        json={"prompt": CONTEXT, "max_new_tokens": 40, "temperature": 0, "top_logprobs": 2},
+        timeout=60,
+    ).json()
+    fields: dict[str, Any] = {"max_tokens": 40, "temperature": 0, "logprobs": 2}
+    named = client.completions.create(
+        model=MODEL, prompt=CONTEXT, extra_body={"return_tokens_as_token_ids": True}, **fields
+    )
+    logprobs = named.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.top_logprobs is not None
+    assert logprobs.tokens == [f"token_id:{token}" for token in native["token_ids"]]
+    assert [list(top) for top in logprobs.top_logprobs] == [
+        [f"token_id:{a['token_id']}" for a in top] for top in native["top_log_probs"]
+    ]
+    by_text = client.completions.create(model=MODEL, prompt=CONTEXT, **fields)
+    assert by_text.choices[0].logprobs is not None
+    assert logprobs.text_offset == by_text.choices[0].logprobs.text_offset
+    assert named.choices[0].text == by_text.choices[0].text
+    messages: Any = [{"role": "user", "content": CONTEXT}]
+    chat = client.chat.completions.create(
+        model=MODEL, messages=messages, max_completion_tokens=6, temperature=0, logprobs=True,
+        extra_body={"return_tokens_as_token_ids": True},
+    )  # fmt: skip
+    content = chat.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content
+    assert all(token.token.startswith("token_id:") for token in content)

@@ -7,7 +7,10 @@ chosen tokens (the model's own, temperature 1); each token's text is what it add
 decoded text (empty while a character's bytes are incomplete: the next token carries it).
 The likeliest alternatives at each position, when asked for, are each token's own text
 (special tokens shown as theirs) with its log-prob, likeliest first (completions: a
-``{text: log-prob}`` object, as OpenAI's legacy API writes it). With ``echo`` the prompt
+``{text: log-prob}`` object, as OpenAI's legacy API writes it). With
+``return_tokens_as_token_ids`` (vLLM's extension) every token in the log-probs, chosen or
+alternative, is named ``token_id:<id>`` instead, so a client gets the exact ids (an EOS
+included, whose text is empty); offsets still count the text. With ``echo`` the prompt
 comes first, in the text and in the log-probs (its first token has none: ``null``).
 Errors are ``{"error": {"message", "type", "param", "code"}}``: ``code`` is rlserve's
 error code (``model_not_found`` for an unknown model, as OpenAI says it), ``param`` the
@@ -62,6 +65,7 @@ class Answer:
     choices: int = 1
     top_logprobs: int = 0  # likeliest alternatives per position (with logprobs)
     echo: bool = False  # completions: the prompt before the completion
+    token_ids: bool = False  # tokens named "token_id:<id>" in the log-probs, not by text
     _texts: list[_ChoiceText] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
@@ -83,21 +87,24 @@ class Answer:
         version (a call's prompts queue together, so they run on one version)."""
         choices = []
         for index, result in enumerate(results):
+            ids: list[int] = []
             pieces: list[str] = []
             log_probs: list[float | None] = []
             tops: list[Alternatives | None] = []
             if self.echo and result.prompt is not None:
                 prompt = result.prompt
+                ids += prompt.token_ids
                 pieces += self._pieces(prompt.token_ids)
                 log_probs += [None, *prompt.log_probs]
                 tops += [None, *(prompt.top or [()] * len(prompt.log_probs))]
             echoed = "".join(pieces)
             logprobs = None
             if self.logprobs:
+                ids += result.token_ids
                 pieces += self._pieces(result.token_ids)
                 log_probs += result.log_probs
                 tops += result.top or [()] * len(result.log_probs)
-                logprobs = self._logprobs(self._texts[index], pieces, log_probs, tops)
+                logprobs = self._logprobs(self._texts[index], ids, pieces, log_probs, tops)
             choice: dict[str, Any] = {"index": index}
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": result.text}
@@ -124,7 +131,9 @@ class Answer:
             logprobs = None
             if self.logprobs:
                 piece = self._stream_detokenizer(text).push(event.token_id)
-                logprobs = self._logprobs(text, [piece], [event.log_prob], [event.top])
+                logprobs = self._logprobs(
+                    text, [event.token_id], [piece], [event.log_prob], [event.top]
+                )
             chunks.append(self._chunk(version, index, event.text, logprobs, None))
         return chunks
 
@@ -193,16 +202,18 @@ class Answer:
     def _logprobs(
         self,
         text: _ChoiceText,
+        ids: Sequence[int],
         pieces: Sequence[str],
         log_probs: Sequence[float | None],
         tops: Sequence[Alternatives | None],
     ) -> dict[str, Any]:
-        """The log-probs of these tokens, in the endpoint's shape; ``None`` where a token has
-        none (an echoed prompt's first)."""
+        """The log-probs of these tokens (``pieces``: the text each adds), in the endpoint's
+        shape; ``None`` where a token has none (an echoed prompt's first)."""
+        shown = [f"token_id:{t}" for t in ids] if self.token_ids else pieces
         if self.chat:
             content = [
                 {
-                    "token": piece,
+                    "token": name,
                     "logprob": log_prob,
                     "bytes": list(piece.encode()),
                     "top_logprobs": [
@@ -210,7 +221,7 @@ class Answer:
                         for t, lp in self._alternatives(top or ())
                     ],
                 }
-                for piece, log_prob, top in zip(pieces, log_probs, tops, strict=True)
+                for name, piece, log_prob, top in zip(shown, pieces, log_probs, tops, strict=True)
             ]
             return {"content": content, "refusal": None}
         offsets = []
@@ -221,14 +232,17 @@ class Answer:
         if self.top_logprobs:
             top_logprobs = [None if top is None else dict(self._alternatives(top)) for top in tops]
         return {
-            "tokens": list(pieces),
+            "tokens": list(shown),
             "token_logprobs": list(log_probs),
             "top_logprobs": top_logprobs,
             "text_offset": offsets,
         }
 
     def _alternatives(self, top: Alternatives) -> list[tuple[str, float]]:
-        """Each alternative's text (its token alone, special ones shown) and log-prob."""
+        """Each alternative's name (its token's text alone, special ones shown; or
+        ``token_id:<id>``) and log-prob."""
+        if self.token_ids:
+            return [(f"token_id:{token}", log_prob) for token, log_prob in top]
         assert self.codec is not None
         return [(self.codec.token_text(token), log_prob) for token, log_prob in top]
 

@@ -97,6 +97,7 @@ class OpenAIFrontend:
             choices=choices,
             top_logprobs=specs[0].top_logprobs,  # every prompt's body asks the same
             echo=specs[0].echo,
+            token_ids=request.options.token_ids,
         )
         with CancelOnDisconnect(exchange.receive, *streams) as watch:
             try:

@@ -49,6 +49,7 @@ class Options:
     stream: bool
     include_usage: bool  # streaming: a last chunk with the token counts
     logprobs: bool  # the chosen tokens' log-probs (alternatives, echo: in the bodies)
+    token_ids: bool = False  # tokens named "token_id:<id>" in the log-probs (vLLM's extension)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +102,10 @@ _WHY_NOT: dict[str, str] = {
 # Passed on to the native generate call as they are (top_k and ignore_eos: extensions, as
 # other OpenAI-compatible servers have them).
 _NATIVE = ("temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
-_COMMON = ("model", *_NATIVE, "max_tokens", "stream", "stream_options", "logprobs", "user")
+_COMMON = (
+    "model", *_NATIVE, "max_tokens", "stream", "stream_options", "logprobs", "user",
+    "return_tokens_as_token_ids",
+)  # fmt: skip
 COMPLETION_FIELDS = frozenset(
     (*_COMMON, "prompt", "n", "best_of", "echo", "suffix", "frequency_penalty",
      "presence_penalty", "logit_bias")
@@ -251,7 +255,12 @@ def _options(payload: dict[str, Any], *, chat: bool) -> Options:
             "echo: the prompt is repeated only in a whole answer; send stream false (or "
             "leave echo out)"
         )
-    return Options(bool(stream), include_usage, _logprobs(payload, chat=chat))
+    token_ids = payload.get("return_tokens_as_token_ids")
+    if token_ids is not None and not isinstance(token_ids, bool):
+        raise InvalidInput(
+            f"return_tokens_as_token_ids: expected true or false, got {json_shown(token_ids)}"
+        )
+    return Options(bool(stream), include_usage, _logprobs(payload, chat=chat), bool(token_ids))
 
 
 def _include_usage(value: Any) -> bool:
