@@ -1,7 +1,8 @@
 """lm-evaluation-harness (from PyPI, its own CLI) against a real server, with its defaults:
 ``local-completions`` with the checkpoint's huggingface tokenizer (token-id prompts),
 batches of prompts and concurrent calls, on two small local tasks (a multiple-choice
-loglikelihood task and a generate_until task). Its scores and per-sample answers equal
+loglikelihood task and a generate_until task), and ``local-chat-completions`` with the
+chat template on the generate_until task. Its scores and per-sample answers equal
 those of its own ``hf`` backend on the checkpoint the server's version was exported from.
 The one argument given beyond the URL and tokenizer is ``add_bos_token=True``: its ``hf``
 backend encodes as the tokenizer does by default (with this Llama tokenizer's BOS), its API
@@ -78,8 +79,12 @@ def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def evaluate(tasks: Path, out: Path, model: str, model_args: str) -> dict[str, Any]:
-    """lm_eval's CLI in its own process; its results and per-sample records by task."""
+def evaluate(
+    tasks: Path, out: Path, model: str, model_args: str, *extra: str, names: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """lm_eval's CLI in its own process (on ``names``, default every task); its results and
+    per-sample records by task."""
+    names = names or tuple(TASKS)
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -89,8 +94,8 @@ def evaluate(tasks: Path, out: Path, model: str, model_args: str) -> dict[str, A
     }
     command = [
         sys.executable, "-m", "lm_eval", "--model", model, "--model_args", model_args,
-        "--tasks", ",".join(TASKS), "--include_path", str(tasks), "--output_path", str(out),
-        "--log_samples", "--batch_size", "2", "--device", "cpu",
+        "--tasks", ",".join(names), "--include_path", str(tasks), "--output_path", str(out),
+        "--log_samples", "--batch_size", "2", "--device", "cpu", *extra,
     ]  # fmt: skip
     ran = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-6000:]
@@ -100,7 +105,7 @@ def evaluate(tasks: Path, out: Path, model: str, model_args: str) -> dict[str, A
             json.loads(line)
             for line in next(out.rglob(f"samples_{name}_*.jsonl")).read_text().splitlines()
         ]
-        for name in TASKS
+        for name in names
     }
     return {"results": json.loads(results.read_text())["results"], "samples": samples}
 
@@ -129,3 +134,20 @@ def test_lm_eval_with_its_defaults_scores_the_server_as_its_hf_backend(
     assert answers(served, "rlserve_until") == answers(reference, "rlserve_until")
     for task, metric in (("rlserve_choice", "acc,none"), ("rlserve_until", "exact_match,none")):
         assert served["results"][task][metric] == reference["results"][task][metric]
+
+
+def test_lm_eval_chat_completions_generate_as_its_hf_backend_with_the_chat_template(
+    server: Server, exported: Exported, tasks: Path, tmp_path: Path
+) -> None:
+    checkpoint = exported.sources[1]
+    chat = ("--apply_chat_template",)
+    served = evaluate(
+        tasks, tmp_path / "served", "local-chat-completions",
+        f"model={LM_MODEL},base_url={server.url}/v1/chat/completions,tokenizer={checkpoint},"
+        "num_concurrent=2", *chat, names=("rlserve_until",),
+    )  # fmt: skip
+    reference = evaluate(
+        tasks, tmp_path / "hf", "hf", f"pretrained={checkpoint},dtype=float32", *chat,
+        names=("rlserve_until",),
+    )  # fmt: skip
+    assert answers(served, "rlserve_until") == answers(reference, "rlserve_until")
