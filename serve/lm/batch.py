@@ -47,6 +47,9 @@ class DecodeBatch(Generic[Owner]):
         self._greedy = True  # every running row chooses greedily: one argmax for the batch
         self._alternatives: list[tuple[int, int]] = []  # (row, k) of rows that want the top k
         self._joining: list[tuple[Owner, DecodingSequence, KVCache]] = []
+        # prompts prefilled since the last step: the same prompt again (a group's choices,
+        # or calls close together) shares its logits and cache instead of running again
+        self._prefilled: dict[tuple[int, ...], tuple[np.ndarray, KVCache]] = {}
 
     def __len__(self) -> int:
         """Sequences running or about to join."""
@@ -62,11 +65,18 @@ class DecodeBatch(Generic[Owner]):
     def owners(self) -> list[Owner]:
         return [*self._owners, *(owner for owner, _, _ in self._joining)]
 
-    def prefill(self, owner: Owner, sequence: DecodingSequence) -> TokenEvent:
+    def prefill(self, owner: Owner, sequence: DecodingSequence) -> tuple[TokenEvent, int]:
         """Run the sequence's prompt and choose its first token; unless that ends it, it
-        joins the batch at the next step."""
+        joins the batch at the next step. Returns the event and the prompt tokens run: 0
+        when the same prompt was prefilled since the last step and is shared."""
         generation = sequence.generation
-        positions, cache = self.decoder.prefill(generation.prompt_ids)
+        prompt = generation.prompt_ids
+        shared = self._prefilled.get(prompt)
+        if shared is None:
+            positions, cache = self._prefilled[prompt] = self.decoder.prefill(prompt)
+            ran = len(prompt)
+        else:
+            (positions, cache), ran = shared, 0
         if generation.spec.echo:
             k = generation.spec.top_logprobs
             sequence.prompt = _scored_prompt(positions, generation.prompt_ids, k)
@@ -80,7 +90,7 @@ class DecodeBatch(Generic[Owner]):
             event = sequence.accept(token, float(log_prob))
         if sequence.finish is None:
             self._joining.append((owner, sequence, cache))
-        return event
+        return event, ran
 
     def step(self) -> list[tuple[Owner, DecodingSequence, TokenEvent]]:
         """One token for every sequence; the finished ones leave the batch."""
@@ -120,6 +130,7 @@ class DecodeBatch(Generic[Owner]):
         return dropped
 
     def _join(self) -> None:
+        self._prefilled.clear()  # a step comes: later prompts run on their own
         if not self._joining:
             return
         caches = [cache for _, _, cache in self._joining]

@@ -238,7 +238,7 @@ def error_body(error: openai.APIStatusError) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("extra", "param", "words"),
     [
-        ({"n": 2}, "n", ["n: 2 is not supported", "one choice per request"]),
+        ({"n": 0}, "n", ["n: expected an integer >= 1", "choices per prompt"]),
         ({"prompt": ""}, "prompt", ["prompt: empty"]),
         ({"prompt": "The cat " * 200}, "prompt", ["prompt: 601 tokens", "at most 255"]),
         ({"logprobs": 21}, "logprobs", ["an integer in [0, 20]", "got 21"]),

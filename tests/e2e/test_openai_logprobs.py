@@ -234,3 +234,30 @@ def test_tokens_named_by_their_ids_are_the_generated_ids(server: Server, client:
     content = chat.choices[0].logprobs.content  # type: ignore[union-attr]
     assert content
     assert all(token.token.startswith("token_id:") for token in content)
+
+
+def test_n_samples_a_group_with_its_prompt_prefilled_once(server: Server, client: OpenAI) -> None:
+    """GRPO's group: n choices of one prompt, reproducible from the seed, the prompt's
+    tokens prefilled and counted once."""
+    fields: dict[str, Any] = {"max_tokens": 8, "temperature": 1.0, "seed": 3, "logprobs": 0}
+    with httpx.Client(base_url=server.url) as metrics:
+        before = server.metric(metrics, "rlserve_lm_prompt_tokens_total", model=MODEL)
+        group = client.completions.create(model=MODEL, prompt=CONTEXT, n=6, **fields)
+        after = server.metric(metrics, "rlserve_lm_prompt_tokens_total", model=MODEL)
+    again = client.completions.create(model=MODEL, prompt=CONTEXT, n=6, **fields)
+    alone = client.completions.create(model=MODEL, prompt=CONTEXT, **fields)
+    assert [choice.index for choice in group.choices] == list(range(6))
+    texts = [choice.text for choice in group.choices]
+    assert texts == [choice.text for choice in again.choices]  # reproducible from the seed
+    assert texts[0] == alone.choices[0].text  # choice 0 draws from the seed itself
+    assert len(set(texts)) > 1  # the others from seeds of their own
+    assert group.usage is not None
+    assert alone.usage is not None
+    assert group.usage.prompt_tokens == alone.usage.prompt_tokens  # counted once
+    lengths = [len(c.logprobs.tokens or []) for c in group.choices if c.logprobs]
+    assert group.usage.completion_tokens == sum(lengths)
+    assert after - before == alone.usage.prompt_tokens  # prefilled once for the group
+    greedy = client.completions.create(
+        model=MODEL, prompt=CONTEXT, n=3, max_tokens=8, temperature=0
+    )
+    assert len({choice.text for choice in greedy.choices}) == 1

@@ -66,6 +66,7 @@ class Answer:
     top_logprobs: int = 0  # likeliest alternatives per position (with logprobs)
     echo: bool = False  # completions: the prompt before the completion
     token_ids: bool = False  # tokens named "token_id:<id>" in the log-probs, not by text
+    n: int = 1  # choices per prompt: a prompt's tokens are counted once for its group
     _texts: list[_ChoiceText] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
@@ -114,7 +115,7 @@ class Answer:
             choices.append(choice)
         kind = "chat.completion" if self.chat else "text_completion"
         head = self._head(kind, results[0].version)
-        return {**head, "choices": choices, "usage": usage(results)}
+        return {**head, "choices": choices, "usage": usage(results, self.n)}
 
     # ------------------------------------------------------------------ streamed
 
@@ -146,7 +147,8 @@ class Answer:
         if not self.include_usage:
             return []
         kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return [{**self._head(kind, results[0].version), "choices": [], "usage": usage(results)}]
+        head = self._head(kind, results[0].version)
+        return [{**head, "choices": [], "usage": usage(results, self.n)}]
 
     def _chunk(
         self,
@@ -247,9 +249,10 @@ class Answer:
         return [(self.codec.token_text(token), log_prob) for token, log_prob in top]
 
 
-def usage(results: Sequence[GenerationResult]) -> dict[str, int]:
-    """The token counts of a call, summed over its choices (as the OpenAI API counts)."""
-    prompt = sum(result.prompt_tokens for result in results)
+def usage(results: Sequence[GenerationResult], n: int = 1) -> dict[str, int]:
+    """The token counts of a call as the OpenAI API counts them: completions summed over
+    its choices, prompts once per prompt (a group of ``n`` choices shares its prompt)."""
+    prompt = sum(result.prompt_tokens for result in results[::n])
     completion = sum(len(result.token_ids) for result in results)
     return {
         "prompt_tokens": prompt,

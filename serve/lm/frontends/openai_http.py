@@ -75,11 +75,18 @@ class OpenAIFrontend:
         request = parse(endpoint, payload)
         admitted = self.calls.route(call, request.model, None, f"POST {endpoint.value}")
         choices = len(request.bodies)
-        if choices > admitted.scheduler.max_queue_rows:
+        bound = admitted.scheduler.max_queue_rows
+        if choices > bound and request.n > 1:
+            raise InvalidInput(
+                f"n: {choices} choices asked ({request.n} per prompt); model "
+                f"{quoted(admitted.model)} queues at most {bound} requests (its "
+                "max_queue_rows setting), and each choice is one: ask for fewer"
+            )
+        if choices > bound:
             raise InvalidInput(
                 f"prompt: {choices} prompts given; model {quoted(admitted.model)} queues "
-                f"at most {admitted.scheduler.max_queue_rows} requests (its max_queue_rows "
-                "setting), and each prompt is one: send fewer prompts per call"
+                f"at most {bound} requests (its max_queue_rows setting), and each prompt is "
+                "one: send fewer prompts per call"
             )
         # overloaded: refuse before tokenizing
         self.calls.admit(admitted, "reading the body", choices)
@@ -98,6 +105,7 @@ class OpenAIFrontend:
             top_logprobs=specs[0].top_logprobs,  # every prompt's body asks the same
             echo=specs[0].echo,
             token_ids=request.options.token_ids,
+            n=request.n,
         )
         with CancelOnDisconnect(exchange.receive, *streams) as watch:
             try:

@@ -11,19 +11,23 @@ call's :meth:`OpenAICall.renamed` names the OpenAI field instead (``max_new_toke
 A completions ``prompt`` is what OpenAI's API takes: text, token ids (a list of integers),
 or a list of prompts (texts or token-id lists, up to :data:`MAX_PROMPTS`), each its own
 generation and its own choice (:attr:`OpenAICall.bodies`: one native generate body per
-choice).
+choice). ``n`` samples that many choices of each prompt (a group, as GRPO samples one):
+prompt ``p``'s choice ``i`` is choice ``p * n + i``; with a ``seed``, choice ``i`` draws from
+the seed derived from it and ``i`` (choice 0 from the seed itself), so each choice is
+reproducible alone. The scheduler prefills a prompt once for its whole group.
 
 Log-probs: completions' ``logprobs`` (the chosen tokens' log-probs and that many likeliest
 alternatives at each position: the native ``top_logprobs``) with ``echo`` (the prompt
 repeated before the completion, its tokens scored too: the first has no log-prob), as
 lm-evaluation-harness asks for a loglikelihood; chat's ``logprobs`` with ``top_logprobs``.
 
-What is refused, and why: ``n`` > 1 (one choice per prompt), ``echo`` with ``stream``,
+What is refused, and why: more than :data:`MAX_CHOICES` choices, ``echo`` with ``stream``,
 tools, structured output, penalties and logit biases. ``user`` is accepted and ignored.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -35,6 +39,7 @@ from serve.json_shown import json_shown
 __all__ = ["MAX_PROMPTS", "Endpoint", "OpenAICall", "Options", "parse"]
 
 MAX_PROMPTS = 256  # prompts in one completions call (each is a queued request)
+MAX_CHOICES = 256  # prompts times n in one call (each choice is a queued request)
 
 
 class Endpoint(StrEnum):
@@ -59,7 +64,8 @@ class OpenAICall:
     bodies: tuple[dict[str, Any], ...]  # one native generate body per choice (serve.lm.requests)
     options: Options
     names: dict[str, str]  # native field name -> the OpenAI name the caller used
-    listed: bool = False  # the prompt was a list of prompts: choice i's is prompt[i]
+    listed: bool = False  # the prompt was a list of prompts: choice i's is prompt[i // n]
+    n: int = 1  # choices per prompt
 
     def renamed(self, error: InvalidInput, index: int = 0) -> InvalidInput:
         """An error about a native field of choice ``index``'s body, naming the OpenAI
@@ -68,7 +74,8 @@ class OpenAICall:
         if not sep:
             return error
         if self.listed and (field == "prompt" or field.startswith("prompt[")):
-            return InvalidInput(f"prompt[{index}]{field.removeprefix('prompt')}:{rest}")
+            prompt = index // self.n
+            return InvalidInput(f"prompt[{prompt}]{field.removeprefix('prompt')}:{rest}")
         name = self.names.get(field)
         if name is None:
             return error
@@ -77,7 +84,6 @@ class OpenAICall:
 
 # Fields accepted only at the value that changes nothing, and what that value is.
 _NEUTRAL: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "n": (lambda v: v is None or (v == 1 and not isinstance(v, bool)), "1"),
     "best_of": (lambda v: v is None or (v == 1 and not isinstance(v, bool)), "1"),
     "suffix": (lambda v: v is None or v == "", "null"),
     "frequency_penalty": (lambda v: v is None or (v == 0 and not isinstance(v, bool)), "0"),
@@ -88,8 +94,6 @@ _NEUTRAL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "tool_choice": (lambda v: v is None or v == "none", '"none"'),
 }
 _WHY_NOT: dict[str, str] = {
-    "n": "this server generates one choice per request; send n requests instead, with "
-    "different seeds or none to get different samples",
     "best_of": "this server generates one choice per request",
     "suffix": "insertion (a suffix after the completion) is not supported",
     "frequency_penalty": "penalties are not supported",
@@ -139,14 +143,45 @@ def parse(endpoint: Endpoint, payload: dict[str, Any]) -> OpenAICall:
     if budget is not None:
         generate["max_new_tokens"] = budget
     options = _options(payload, chat=chat)
+    n = _choices(payload.get("n"), len(prompts))
     top = _top_logprobs(payload, chat=chat)
     if top is not None:  # checked as the native field, named as the caller's
         generate["top_logprobs"] = top
         names["top_logprobs"] = "top_logprobs" if chat else "logprobs"
     if payload.get("echo") is not None:
         generate["echo"] = payload["echo"]
-    bodies = tuple(generate if chat else {**generate, "prompt": p} for p in prompts)
-    return OpenAICall(endpoint, _model(payload.get("model")), bodies, options, names, listed)
+    bodies = tuple(
+        _sample(generate if chat else {**generate, "prompt": p}, i)
+        for p in prompts
+        for i in range(n)
+    )
+    return OpenAICall(endpoint, _model(payload.get("model")), bodies, options, names, listed, n)
+
+
+def _choices(value: Any, prompts: int) -> int:
+    """``n``: the choices of each prompt."""
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInput(
+            f"n: expected an integer >= 1 (choices per prompt), got {json_shown(value)}"
+        )
+    if value * prompts > MAX_CHOICES:
+        raise InvalidInput(
+            f"n: {value} choices of {prompts} prompt(s) make {value * prompts}; this server "
+            f"answers at most {MAX_CHOICES} choices per call: ask for fewer"
+        )
+    return value
+
+
+def _sample(body: dict[str, Any], index: int) -> dict[str, Any]:
+    """Choice ``index`` of a group: its own seed, derived from the call's (choice 0 keeps
+    it), so that each choice is reproducible alone and the choices differ."""
+    seed = body.get("seed")
+    if index == 0 or not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        return body  # no seed (each draws its own), or one the native check will refuse
+    derived = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return {**body, "seed": int.from_bytes(derived, "big")}
 
 
 def _known(payload: dict[str, Any], fields: frozenset[str], endpoint: Endpoint) -> None:

@@ -189,7 +189,7 @@ class DecodingThread:
             if running is None:
                 running = _VersionBatch(model, DecodeBatch(model.decoder))
             owner = _Running(request)
-            event = running.batch.prefill(owner, sequence)
+            event, prefilled = running.batch.prefill(owner, sequence)
             if len(running.batch):
                 self._batches[model.version] = running
         except RLServeError as exc:
@@ -200,7 +200,7 @@ class DecodingThread:
             return
         now = time.monotonic()
         owner.last_token_at = now
-        tally.prompt_tokens += len(work.prompt_ids)
+        tally.prompt_tokens += prefilled  # a shared prompt ran once
         tally.new_tokens += 1
         tally.first_token_s.append(now - received_at)
         if request.streamed:

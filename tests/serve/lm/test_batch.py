@@ -74,3 +74,22 @@ def test_an_echoed_prompt_is_scored_token_by_token() -> None:
     assert without_top.prompt is not None
     assert without_top.prompt.top == ()
     assert without_top.prompt.log_probs == prompt.log_probs
+
+
+def test_a_prompt_prefilled_since_the_last_step_is_shared() -> None:
+    model = fakes.language_model()
+    decoder = fakes.FakeDecoder()
+    batch: DecodeBatch[int] = DecodeBatch(decoder)
+    first = model.sequence(asking(0), streamed=False)
+    second = model.sequence(asking(0), streamed=False)
+    other = model.sequence(asking(0, prompt=(0, 4, 4)), streamed=False)
+    ran = [batch.prefill(i, s)[1] for i, s in enumerate((first, second, other))]
+    assert ran == [len(PROMPT), 0, 3]  # the second shares the first's prefill
+    assert [kind for kind, _ in decoder.calls] == ["prefill", "prefill"]
+    while len(batch):
+        batch.step()
+    assert first.token_ids == second.token_ids  # greedy: the same continuation
+    (alone,) = decoded(asking(0))
+    assert first.token_ids == alone.token_ids
+    later = model.sequence(asking(0), streamed=False)
+    assert batch.prefill(9, later)[1] == len(PROMPT)  # after a step: run again

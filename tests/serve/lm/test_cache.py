@@ -105,7 +105,7 @@ def test_a_sequence_that_ends_in_its_prefill_never_joins():
     model = fakes.language_model()
     batch: DecodeBatch[str] = DecodeBatch(model.decoder)
     sequence = model.sequence(generation(model, [0, 9], 1), streamed=False)
-    event = batch.prefill("one", sequence)
+    event, _ = batch.prefill("one", sequence)
     assert sequence.finish is FinishReason.LENGTH
     assert event.index == 0
     assert len(batch) == 0

@@ -48,7 +48,10 @@ def test_a_chat_takes_text_parts_and_either_budget_name() -> None:
 @pytest.mark.parametrize(
     ("endpoint", "body", "words"),
     [
-        (Endpoint.COMPLETIONS, {"prompt": "a", "n": 2}, "n: 2 is not supported"),
+        (Endpoint.COMPLETIONS, {"prompt": "a", "n": 0}, "n: expected an integer >= 1"),
+        (Endpoint.COMPLETIONS, {"prompt": "a", "n": True}, "n: expected an integer >= 1"),
+        (Endpoint.COMPLETIONS, {"prompt": ["a", "b"], "n": 129},
+         "n: 129 choices of 2 prompt(s) make 258; this server answers at most 256"),
         (Endpoint.COMPLETIONS, {"prompt": "a", "echo": True, "stream": True},
          "echo: the prompt is repeated only in a whole answer"),
         (Endpoint.COMPLETIONS, {"prompt": "a", "echo": 1}, "echo: expected true or false, got 1"),
@@ -204,3 +207,20 @@ def test_paths() -> None:
     assert match("/v1/chat/completions") is Endpoint.CHAT
     assert match("/v1/models") is None
     assert match("/v1/completions/x") is None
+
+
+def test_n_samples_each_prompt_as_a_group_of_seeded_choices() -> None:
+    call = parse(Endpoint.COMPLETIONS, {"model": "m", "prompt": ["a", "b"], "n": 3, "seed": 7})
+    assert call.n == 3
+    assert [body["prompt"] for body in call.bodies] == ["a", "a", "a", "b", "b", "b"]
+    seeds = [body["seed"] for body in call.bodies]
+    assert seeds[0] == seeds[3] == 7  # choice 0 keeps the call's seed
+    assert len(set(seeds[:3])) == 3  # the others draw their own...
+    assert seeds[:3] == seeds[3:]  # ...derived from the seed and the choice alone
+    again = parse(Endpoint.COMPLETIONS, {"model": "m", "prompt": "a", "n": 2, "seed": 7})
+    assert [body["seed"] for body in again.bodies] == seeds[:2]
+    unseeded = parse(Endpoint.COMPLETIONS, {"model": "m", "prompt": "a", "n": 2})
+    assert all("seed" not in body for body in unseeded.bodies)
+    error = InvalidInput("prompt: empty; give at least one character of text")
+    listed = parse(Endpoint.COMPLETIONS, {"model": "m", "prompt": ["a", ""], "n": 2})
+    assert listed.renamed(error, 3).message.startswith("prompt[1]:")
