@@ -139,7 +139,7 @@ class ModelSettings(BaseModel):
     observation_bounds: ObservationBounds = Field(ObservationBounds.ALLOW, description=_BOUNDS_HELP)
     # Language models (continuous batching; max_queue_rows counts waiting requests there).
     generation_deadline_ms: float = Field(60000.0, gt=0, description=_GENERATION_DEADLINE_HELP)
-    max_sequences: PositiveInt = Field(16, description=_SEQUENCES_HELP)
+    max_sequences: PositiveInt = Field(32, description=_SEQUENCES_HELP)
     max_batch_tokens: PositiveInt = Field(16384, description=_BATCH_TOKENS_HELP)
     max_prefill_tokens: PositiveInt = Field(2048, description=_PREFILL_HELP)
     # The result cache (serve.dataplane.result_cache): off unless result_cache is set.

@@ -58,7 +58,8 @@ class Request:
             waiting = Waiting(work.tokens, 0, 0, deadline)
         else:
             prompt = len(work.prompt_ids)
-            waiting = Waiting(prompt, prompt + work.max_new_tokens, 1, deadline)
+            reserve = prompt + work.max_new_tokens
+            waiting = Waiting(prompt, reserve, 1, deadline, hash(work.prompt_ids))
         return Request(id, work, version, streamed, waiting)
 
 

@@ -21,7 +21,9 @@ The rules, in order:
      reserves its prompt plus its ``max_new_tokens``). A batch admitted never outgrows the
      budget, however its rows grow;
    - ``max_prefill_tokens``: tokens prefilled at one boundary, which is how long the
-     running sequences wait for their next token while newcomers join.
+     running sequences wait for their next token while newcomers join. A generation whose
+     prompt another joining at the same boundary has (a group's choices) counts none: the
+     batch prefills that prompt once for all of them.
 
 3. Progress: the first newcomer at a boundary is never held back by
    ``max_prefill_tokens``, and when nothing is running the head of the queue joins
@@ -44,6 +46,7 @@ class Waiting:
     reserve_tokens: int  # its cache row's longest length while decoding (0: it never stays)
     sequences: int  # sequences it adds to the batch (1 to generate, 0 to score)
     deadline: float  # monotonic seconds
+    prompt: int | None = None  # its prompt's key: one prefill serves a boundary's equal ones
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +81,12 @@ def plan_step(
     expired = tuple(i for i, w in enumerate(queue) if w.deadline <= now)
     join: list[int] = []
     sequences, longest, prefill = running.sequences, running.longest_reserve, 0
+    prefilled: set[int] = set()  # prompts prefilled at this boundary already
     for index, waiting in enumerate(queue):
         if waiting.deadline <= now:
             continue
+        shared = waiting.prompt is not None and waiting.prompt in prefilled
+        tokens = 0 if shared else waiting.prefill_tokens
         alone = not join and sequences == 0
         after = Occupancy(
             sequences + waiting.sequences, max(longest, waiting.reserve_tokens)
@@ -88,12 +94,14 @@ def plan_step(
         fits = (
             after.sequences <= limits.max_sequences
             and (not waiting.sequences or after.padded_tokens <= limits.max_batch_tokens)
-            and (not join or prefill + waiting.prefill_tokens <= limits.max_prefill_tokens)
+            and (not join or prefill + tokens <= limits.max_prefill_tokens)
         )
         if not (fits or alone):
             break
         join.append(index)
         if waiting.sequences:
             sequences, longest = after.sequences, after.longest_reserve
-        prefill += waiting.prefill_tokens
+        prefill += tokens
+        if waiting.prompt is not None:
+            prefilled.add(waiting.prompt)
     return StepPlan(expired, tuple(join))

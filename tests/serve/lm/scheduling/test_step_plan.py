@@ -75,3 +75,11 @@ def test_with_nothing_running_the_head_joins_whatever_its_size():
     queue = [generate(100, 5000), generate(1, 1)]
     plan = plan_step(queue, IDLE, 0.0, LIMITS)
     assert plan.join == (0,)  # alone: the next one waits for room
+
+
+def test_a_groups_prompt_counts_once_in_the_prefill_budget():
+    group = [Waiting(200, 240, 1, 10.0, prompt=7) for _ in range(4)]
+    plan = plan_step([generate(prompt=50), *group], IDLE, 0.0, LIMITS)
+    assert plan.join == (0, 1, 2, 3)  # 50 + 200 once; the fifth would pass max_sequences
+    different = [Waiting(200, 240, 1, 10.0, prompt=p) for p in (7, 8)]
+    assert plan_step([generate(prompt=50), *different], IDLE, 0.0, LIMITS).join == (0, 1)
