@@ -11,6 +11,7 @@ last token in one graph call and chooses the next. A sequence that finishes leav
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -49,7 +50,7 @@ class DecodeBatch(Generic[Owner]):
         self._joining: list[tuple[Owner, DecodingSequence, KVCache]] = []
         # prompts prefilled since the last step: the same prompt again (a group's choices,
         # or calls close together) shares its logits and cache instead of running again
-        self._prefilled: dict[tuple[int, ...], tuple[np.ndarray, KVCache]] = {}
+        self._prefilled: dict[tuple[int, ...], _Prefilled] = {}
 
     def __len__(self) -> int:
         """Sequences running or about to join."""
@@ -69,21 +70,23 @@ class DecodeBatch(Generic[Owner]):
         """Run the sequence's prompt and choose its first token; unless that ends it, it
         joins the batch at the next step. Returns the event and the prompt tokens run: 0
         when the same prompt was prefilled since the last step and is shared."""
-        generation = sequence.generation
-        prompt = generation.prompt_ids
+        spec, prompt = sequence.generation.spec, sequence.generation.prompt_ids
+        k, ran = spec.top_logprobs, 0
         shared = self._prefilled.get(prompt)
-        if shared is None:
-            positions, cache = self._prefilled[prompt] = self.decoder.prefill(prompt)
+        if shared is None or (spec.echo and k not in shared.scored):
+            positions, cache = self.decoder.prefill(prompt)
             ran = len(prompt)
-        else:
-            (positions, cache), ran = shared, 0
-        if generation.spec.echo:
-            k = generation.spec.top_logprobs
-            sequence.prompt = _scored_prompt(positions, generation.prompt_ids, k)
-        logits = positions[-1]
+            # keep the last position alone: every position's logits are the prompt's length
+            # times the vocabulary (a quarter of a gigabyte for 2,048 tokens of 32,000)
+            shared = self._prefilled[prompt] = _Prefilled(positions[-1].copy(), cache, {})
+            if spec.echo:
+                shared.scored[k] = _scored_prompt(positions, prompt, k)
+        if spec.echo:
+            sequence.prompt = shared.scored[k]
+        logits, cache = shared.last, shared.cache
         token = sequence.choose(logits)
-        if generation.spec.top_logprobs:
-            log_prob, top = _with_alternatives(logits, token, generation.spec.top_logprobs)
+        if k:
+            log_prob, top = _with_alternatives(logits, token, k)
             event = sequence.accept(token, log_prob, top)
         else:
             log_prob = chosen_log_probs(logits[None, :], np.asarray([token]))[0]
@@ -159,6 +162,15 @@ class DecodeBatch(Generic[Owner]):
             for row, s in enumerate(self._sequences)
             if s.generation.spec.top_logprobs
         ]
+
+
+@dataclass(slots=True)
+class _Prefilled:
+    """A prompt prefilled since the last step, for the next with the same prompt."""
+
+    last: np.ndarray  # its last position's logits [vocab]: they choose the first new token
+    cache: KVCache
+    scored: dict[int, PromptLogProbs]  # the prompt scored (echo), by alternatives asked
 
 
 def _with_alternatives(logits: np.ndarray, token: int, k: int) -> tuple[float, Alternatives]:

@@ -93,3 +93,17 @@ def test_a_prompt_prefilled_since_the_last_step_is_shared() -> None:
     assert first.token_ids == alone.token_ids
     later = model.sequence(asking(0), streamed=False)
     assert batch.prefill(9, later)[1] == len(PROMPT)  # after a step: run again
+
+
+def test_a_shared_prefill_scores_an_echoed_prompt_for_each_count_of_alternatives() -> None:
+    model = fakes.language_model()
+    batch: DecodeBatch[int] = DecodeBatch(fakes.FakeDecoder())
+    asked = [asking(2, echo=True), asking(2, echo=True), asking(3, echo=True), asking(0)]
+    sequences = [model.sequence(g, streamed=False) for g in asked]
+    ran = [batch.prefill(i, s)[1] for i, s in enumerate(sequences)]
+    assert ran == [len(PROMPT), 0, len(PROMPT), 0]  # alternatives not scored yet: run again
+    rows = log_softmax(fakes.FakeDecoder().forward([PROMPT])[0])
+    for sequence, k in zip(sequences[:3], (2, 2, 3), strict=True):
+        assert sequence.prompt is not None
+        assert sequence.prompt.top == tuple(top_alternatives(rows[p], k) for p in range(4))
+    assert sequences[3].prompt is None
