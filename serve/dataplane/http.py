@@ -226,17 +226,13 @@ class PredictFrontend:
             f"the request's deadline of {budget:g} ms passed before it was read (after a "
             "429, a connection is read again once its Retry-After has passed); it was not run"
         )
-        self.calls.refused(call, error, 504)
+        answer = plain_error(error)
+        self.calls.refused(call, error, answer.status)
         if self.calls.access_log:
             scope: Scope = {"method": "POST", "path": _path_of(path), "client": None}
-            log_exchange(scope, call.request_id, 504, time.monotonic() - call.received_at)
-        body = orjson.dumps(error.to_json())
-        return (
-            b"HTTP/1.1 504 Gateway Timeout\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\nx-request-id: %s\r\n\r\n"
-            % (len(body), call.request_id.encode("latin-1"))
-            + body
-        )
+            log_exchange(scope, call.request_id, answer.status, time.monotonic() - call.received_at)
+        head = _error_head(b"HTTP/1.1 504 Gateway Timeout\r\n", error)
+        return _whole(head, orjson.dumps(answer.body), call.request_id)
 
     def _gate_for(self, raw_path: bytes) -> _Gate | None:
         """A predict path's model scheduler, remembered for the next calls; only paths
@@ -265,13 +261,8 @@ class PredictFrontend:
             except QueueFull as exc:
                 answer = self._render(exc)
                 self.calls.refused(call, exc, answer.status)
-                body = orjson.dumps(answer.body)
-                head = b"".join(
-                    k + b": " + v + b"\r\n" for k, v in [*error_headers(exc), JSON_HEADER]
-                )
-                cached = _EarlyAnswer(
-                    now + EARLY_ANSWER_S, b"HTTP/1.1 429 Too Many Requests\r\n" + head, body
-                )
+                head = _error_head(b"HTTP/1.1 429 Too Many Requests\r\n", exc)
+                cached = _EarlyAnswer(now + EARLY_ANSWER_S, head, orjson.dumps(answer.body))
                 self._early[route.model] = cached
             else:
                 return None  # admitted after all: serve it
@@ -316,12 +307,24 @@ class _EarlyAnswer:
     body: bytes
 
     def encode(self, request_id: str) -> bytes:
-        return (
-            self.head
-            + b"content-length: %d\r\nx-request-id: %s\r\n\r\n"
-            % (len(self.body), request_id.encode("latin-1"))
-            + self.body
-        )
+        return _whole(self.head, self.body, request_id)
+
+
+def _error_head(status_line: bytes, error: RLServeError) -> bytes:
+    """An answer's status line and headers for ``error``, but its length and request id."""
+    return status_line + b"".join(
+        k + b": " + v + b"\r\n" for k, v in [*error_headers(error), JSON_HEADER]
+    )
+
+
+def _whole(head: bytes, body: bytes, request_id: str) -> bytes:
+    """A whole HTTP answer written from headers: ``head``, its length, its request id, body."""
+    return (
+        head
+        + b"content-length: %d\r\nx-request-id: %s\r\n\r\n"
+        % (len(body), request_id.encode("latin-1"))
+        + body
+    )
 
 
 def _decoder() -> PredictBodyDecoder:
