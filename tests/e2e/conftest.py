@@ -17,6 +17,8 @@ from tests.e2e.server import Server
 from tests.export.export_envs import DictEnv
 
 if TYPE_CHECKING:
+    from openai import OpenAI
+
     from examples.lm.tiny_policy import TinyPolicies
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,3 +115,24 @@ def lm_repository(exported: Exported, tmp: Path, *versions: int) -> Path:
         shutil.copytree(source, repo / LM_MODEL / str(version))
     (repo / LM_MODEL / "config.yaml").write_text(LM_CONFIG)
     return repo
+
+
+@pytest.fixture(scope="module")
+def lm_server(exported: Exported, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server on the language model's version 1, shared by a test module."""
+    tmp = tmp_path_factory.mktemp("lm-server")
+    running = Server.rlserve(lm_repository(exported, tmp, 1), log=tmp / "log")
+    running.wait_ready()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def openai_client(lm_server: Server) -> Iterator[OpenAI]:
+    """The official ``openai`` client on ``lm_server`` (no retries: a test sees each answer)."""
+    from openai import OpenAI  # only the language-model modules need it
+
+    with OpenAI(
+        base_url=f"{lm_server.url}/v1", api_key="unused", max_retries=0, timeout=60
+    ) as client:
+        yield client

@@ -8,7 +8,6 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
@@ -39,12 +38,8 @@ LONG = {"max_new_tokens": 160, "temperature": 25.0}
 
 
 @pytest.fixture(scope="module")
-def server(exported: Exported, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("lm-server")
-    running = Server.rlserve(lm_repository(exported, tmp, 1), log=tmp / "log")
-    running.wait_ready()
-    yield running
-    running.stop()
+def server(lm_server: Server) -> Server:
+    return lm_server
 
 
 @pytest.fixture(scope="module")

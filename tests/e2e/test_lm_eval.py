@@ -14,13 +14,12 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import LM_MODEL, Exported, lm_repository
+from tests.e2e.conftest import LM_MODEL, Exported
 from tests.e2e.server import Server
 
 QUESTIONS = [
@@ -52,12 +51,8 @@ LOGLIKELIHOOD_TOLERANCE = 1e-3  # a continuation's summed log-probs: onnxruntime
 
 
 @pytest.fixture(scope="module")
-def server(exported: Exported, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("lm-eval-server")
-    running = Server.rlserve(lm_repository(exported, tmp, 1), log=tmp / "log")
-    running.wait_ready()
-    yield running
-    running.stop()
+def server(lm_server: Server) -> Server:
+    return lm_server
 
 
 @pytest.fixture(scope="module")

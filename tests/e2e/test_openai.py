@@ -6,7 +6,6 @@ against the native ``/v1/models/{model}/generate`` route of the same server (whi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -15,7 +14,7 @@ import pytest
 from openai import OpenAI
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
-from tests.e2e.conftest import LM_MODEL, Exported, lm_repository
+from tests.e2e.conftest import LM_MODEL
 from tests.e2e.lm_busy import busy_decoding
 from tests.e2e.server import Server
 
@@ -27,18 +26,13 @@ LONG_TOKENS, HOT = 250, 25.0  # long generations: EOS as rare as any other token
 
 
 @pytest.fixture(scope="module")
-def server(exported: Exported, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("openai-server")
-    running = Server.rlserve(lm_repository(exported, tmp, 1), log=tmp / "log")
-    running.wait_ready()
-    yield running
-    running.stop()
+def server(lm_server: Server) -> Server:
+    return lm_server
 
 
 @pytest.fixture(scope="module")
-def client(server: Server) -> Iterator[OpenAI]:
-    with OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60) as c:
-        yield c
+def client(openai_client: OpenAI) -> OpenAI:
+    return openai_client
 
 
 def generate(server: Server, body: dict[str, Any]) -> dict[str, Any]:

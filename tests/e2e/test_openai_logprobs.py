@@ -7,14 +7,13 @@ against the source checkpoint in transformers."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from openai import OpenAI
 
-from tests.e2e.conftest import LM_MODEL, Exported, lm_repository
+from tests.e2e.conftest import LM_MODEL, Exported
 from tests.e2e.server import Server
 from tests.e2e.test_lm import Transformers
 
@@ -25,18 +24,13 @@ TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
-def server(exported: Exported, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("openai-logprobs-server")
-    running = Server.rlserve(lm_repository(exported, tmp, 1), log=tmp / "log")
-    running.wait_ready()
-    yield running
-    running.stop()
+def server(lm_server: Server) -> Server:
+    return lm_server
 
 
 @pytest.fixture(scope="module")
-def client(server: Server) -> Iterator[OpenAI]:
-    with OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60) as c:
-        yield c
+def client(openai_client: OpenAI) -> OpenAI:
+    return openai_client
 
 
 @pytest.fixture(scope="module")

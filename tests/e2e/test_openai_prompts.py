@@ -5,7 +5,6 @@ serving the tiny TRL policy (``tiny_policies``) exported by ``rlserve export lm`
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +24,13 @@ CONTEXT = 256  # the tiny policy's max_position_embeddings
 
 
 @pytest.fixture(scope="module")
-def server(exported: Exported, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("openai-prompts-server")
-    running = Server.rlserve(lm_repository(exported, tmp, 1), log=tmp / "log")
-    running.wait_ready()
-    yield running
-    running.stop()
+def server(lm_server: Server) -> Server:
+    return lm_server
 
 
 @pytest.fixture(scope="module")
-def client(server: Server) -> Iterator[OpenAI]:
-    with OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60) as c:
-        yield c
+def client(openai_client: OpenAI) -> OpenAI:
+    return openai_client
 
 
 @pytest.fixture(scope="module")
