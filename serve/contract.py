@@ -39,6 +39,7 @@ class Algorithm(StrEnum):
     QRDQN = "qrdqn"  # sb3-contrib
     TQC = "tqc"  # sb3-contrib
     MASKABLE_PPO = "maskable_ppo"  # sb3-contrib: PPO acting under action masks
+    RECURRENT_PPO = "recurrent_ppo"  # sb3-contrib: PPO with LSTM policies
     DPO = "dpo"
     GRPO = "grpo"
 
@@ -46,6 +47,9 @@ class Algorithm(StrEnum):
 class TensorRole(StrEnum):
     OBSERVATION = "observation"  # input: one leaf of the observation space
     ACTION_MASK = "action_mask"  # input: bool [batch, n], True where an action is legal
+    STATE = "state"  # input: a recurrent policy's memory, float32 [batch, size] (StateLayout)
+    EPISODE_START = "episode_start"  # input: bool [batch], True resets the row's memory to zeros
+    NEXT_STATE = "next_state"  # output: the memory after this step, to send with the next one
     ACTION = "action"  # output: the deterministic action, in the environment's action space
     LOGITS = "logits"  # output: categorical / bernoulli parameters
     MEAN = "mean"  # output: gaussian mean (before clipping)
@@ -95,6 +99,30 @@ class Preprocessing(_Model):
     action_clip: bool  # the action output is clipped to the Box bounds
 
 
+class StateSegment(_Model):
+    """One recurrent network's hidden or cell state within a row of the state tensor."""
+
+    name: str  # "actor.h", "actor.c", "critic.h", "critic.c"
+    layers: int
+    hidden: int
+
+    @property
+    def size(self) -> int:
+        return self.layers * self.hidden
+
+
+class StateLayout(_Model):
+    """A recurrent policy's memory as one float32 row per observation: its segments one
+    after another, each ``[layers, hidden]`` in row-major order. Zeros are the memory at
+    an episode's start."""
+
+    segments: list[StateSegment]
+
+    @property
+    def size(self) -> int:
+        return sum(segment.size for segment in self.segments)
+
+
 class DistributionSpec(_Model):
     kind: DistributionKind
     nvec: list[int] | None = None  # for multi_categorical
@@ -109,6 +137,8 @@ class GoldenVector(_Model):
     observations: Any  # a batch of observations in request JSON form
     outputs: dict[str, Any]  # output tensor name -> expected values
     action_masks: Any = None  # for a policy with an action mask: one row per observation
+    state: Any = None  # for a recurrent policy: the memory fed with each observation
+    episode_start: Any = None  # for a recurrent policy: one boolean per observation
 
 
 class PolicyContract(_Model):
@@ -122,6 +152,7 @@ class PolicyContract(_Model):
     outputs: list[TensorSpec]
     distribution: DistributionSpec
     preprocessing: Preprocessing
+    state: StateLayout | None = None  # a recurrent policy's memory; None: feed-forward
     policy_version: int
     exporter: Exporter
     opset: int
@@ -140,7 +171,10 @@ class PolicyContract(_Model):
     @property
     def action_mask(self) -> TensorSpec | None:
         """The action-mask input of a policy that takes one (MaskablePPO)."""
-        return next((i for i in self.inputs if i.role is TensorRole.ACTION_MASK), None)
+        return self.input_of(TensorRole.ACTION_MASK)
+
+    def input_of(self, role: TensorRole) -> TensorSpec | None:
+        return next((i for i in self.inputs if i.role is role), None)
 
     def observation_feeds(self, observations: Any) -> dict[str, np.ndarray]:
         """Graph inputs for observations in request form (validated against the space)."""
@@ -152,11 +186,18 @@ class PolicyContract(_Model):
         }
 
     def golden_feeds(self, golden: GoldenVector) -> dict[str, np.ndarray]:
-        """Graph inputs for a golden vector: its observations, and its masks if any."""
+        """Graph inputs for a golden vector: its observations, and its masks and memory if
+        the policy takes them."""
         feeds = self.observation_feeds(golden.observations)
-        mask = self.action_mask
-        if mask is not None:
-            feeds[mask.name] = np.asarray(golden.action_masks, dtype=bool)
+        given = {
+            TensorRole.ACTION_MASK: (golden.action_masks, np.bool_),
+            TensorRole.STATE: (golden.state, np.float32),
+            TensorRole.EPISODE_START: (golden.episode_start, np.bool_),
+        }
+        for role, (value, dtype) in given.items():
+            spec = self.input_of(role)
+            if spec is not None:
+                feeds[spec.name] = np.asarray(value, dtype=dtype)
         return feeds
 
 
@@ -178,6 +219,7 @@ def parse(text: str, origin: str) -> PolicyContract:
             f"{origin}: invalid policy contract at {where}: {first['msg']}"
         ) from None
     _check_inputs_cover_space(contract, origin)
+    _check_state(contract, origin)
     return contract
 
 
@@ -199,6 +241,31 @@ def _check_inputs_cover_space(contract: PolicyContract, origin: str) -> None:
             f"{origin}: contract inputs carry observation keys {declared}, "
             f"but the observation space has {keys}"
         )
+
+
+def _check_state(contract: PolicyContract, origin: str) -> None:
+    """A recurrent contract takes its state and episode starts and returns the next state,
+    each as wide as its layout; a feed-forward one has none of them."""
+    specs = {role: contract.input_of(role) for role in (TensorRole.STATE, TensorRole.EPISODE_START)}
+    specs[TensorRole.NEXT_STATE] = contract.output(TensorRole.NEXT_STATE)
+    if contract.state is None:
+        present = [role.value for role, spec in specs.items() if spec is not None]
+        if present:
+            raise ContractError(f"{origin}: tensors {present} need the contract's state layout")
+        return
+    size = contract.state.size
+    expected = {
+        TensorRole.STATE: ["batch", size],
+        TensorRole.EPISODE_START: ["batch"],
+        TensorRole.NEXT_STATE: ["batch", size],
+    }
+    for role, spec in specs.items():
+        if spec is None or spec.shape != expected[role]:
+            shown = "missing" if spec is None else f"shaped {spec.shape}"
+            raise ContractError(
+                f"{origin}: the {role.value} tensor is {shown}; a state layout of "
+                f"{size} floats needs it shaped {expected[role]}"
+            )
 
 
 def kind_of(metadata: Mapping[str, str]) -> str | None:

@@ -9,7 +9,7 @@ import numpy as np
 
 from export.actor_critic.observations import request_form
 from export.actor_critic.source import Observations, PolicySource
-from export.actor_critic.tensors import graph_feeds, input_specs
+from export.actor_critic.tensors import Memory, graph_feeds, input_specs
 from export.runner import Runner
 from serve import __version__
 from serve.contract import SCHEMA, Exporter, GoldenVector, PolicyContract
@@ -20,10 +20,14 @@ GOLDEN_ATOL = 1e-4
 
 
 def golden_vectors(
-    source: PolicySource, run: Runner, observations: Observations, action_masks: np.ndarray | None
+    source: PolicySource,
+    run: Runner,
+    observations: Observations,
+    action_masks: np.ndarray | None,
+    memory: Memory | None = None,
 ) -> list[GoldenVector]:
-    """The first observations, one per vector (with its mask, for a masked policy), with every
-    output onnxruntime gives for them.
+    """The first observations, one per vector (with its mask, for a masked policy; with the
+    state it was fed, for a recurrent one), with every output onnxruntime gives for them.
 
     Each is run exactly as a loader will re-run it: parsed from its request JSON form.
     """
@@ -33,20 +37,27 @@ def golden_vectors(
             run,
             request_form(observations, row),
             None if action_masks is None else action_masks[row : row + 1],
+            None if memory is None else memory.rows(slice(row, row + 1)),
         )
         for row in range(GOLDEN_COUNT)
     ]
 
 
 def _golden(
-    source: PolicySource, run: Runner, request: object, masks: np.ndarray | None
+    source: PolicySource,
+    run: Runner,
+    request: object,
+    masks: np.ndarray | None,
+    memory: Memory | None,
 ) -> GoldenVector:
     batch = parse_observations(source.observation_space, request)
-    outputs = run(graph_feeds(batch.arrays, masks))
+    outputs = run(graph_feeds(batch.arrays, masks, memory))
     return GoldenVector(
         observations=request,
         outputs={name: value.tolist() for name, value in outputs.items()},
         action_masks=None if masks is None else masks.tolist(),
+        state=None if memory is None else memory.state.tolist(),
+        episode_start=None if memory is None else memory.episode_start.tolist(),
     )
 
 
@@ -60,11 +71,15 @@ def build_contract(
         observation_space=source.observation_space,
         action_space=source.action_space,
         inputs=input_specs(
-            source.observation_space, source.action_space, action_masks=source.action_masks
+            source.observation_space,
+            source.action_space,
+            action_masks=source.action_masks,
+            state=source.state,
         ),
         outputs=source.output_specs(),
         distribution=source.distribution,
         preprocessing=source.preprocessing,
+        state=source.state,
         policy_version=version,
         exporter=Exporter(version=__version__),
         opset=opset,

@@ -7,6 +7,9 @@
    distribution's parameters (``(logits,)`` or ``(mean, log_std)``) and the value ``[B]``;
 3. a head computing the deterministic action from the first parameter.
 
+``RecurrentPolicyGraph`` is a ``PolicyGraph`` whose core also takes and returns the
+policy's memory (``state`` and ``episode_start`` inputs, a ``next_state`` output).
+
 ``ActorGraph`` is for policies whose network computes its action itself (off-policy
 actors, Q-networks): the pipelines, then a core that returns every output in
 ``output_specs`` order.
@@ -47,6 +50,18 @@ class MaskedPolicyGraph(PolicyGraph):
         parameters, value = self.core(_prepared(self.pipelines, tuple(observations)))
         logits = torch.where(mask, parameters[0], torch.full_like(parameters[0], ILLEGAL_LOGIT))
         return (self.head(logits), logits, value)
+
+
+class RecurrentPolicyGraph(PolicyGraph):
+    """Inputs: the observations, then ``state`` (float32 [B, size]) and ``episode_start``
+    (bool [B]); outputs: action, parameters, value, then the next state. The core zeroes
+    the state of rows that start an episode, as the source does."""
+
+    def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        *observations, state, episode_start = inputs
+        prepared = _prepared(self.pipelines, tuple(observations))
+        parameters, value, next_state = self.core(prepared, state, episode_start)
+        return (self.head(parameters[0]), *parameters, value, next_state)
 
 
 class ActorGraph(nn.Module):

@@ -39,6 +39,7 @@ class ParityReport:
     rows: list[ParityRow]
     samples: int
     tolerance: float
+    sequences: int = 0  # a recurrent policy's: episodes played step by step
 
     @property
     def passed(self) -> bool:
@@ -48,8 +49,14 @@ class ParityReport:
         header = (
             f"{'output':<10} {'max abs diff':>12} {'max |source|':>12}  {'exact match':>11}  result"
         )
+        played = (
+            f", played as {self.sequences} sequences step by step (each side fed the state "
+            "it returned)"
+            if self.sequences
+            else ""
+        )
         lines = [
-            f"parity on {self.samples} observations",
+            f"parity on {self.samples} observations{played}",
             f"(pass: |onnx - source| <= {self.tolerance:g} * (1 + |source|); discrete actions "
             "exactly)",
             header,
@@ -69,13 +76,31 @@ def compare(
     seed: int,
 ) -> ParityReport:
     ours = run(graph_feeds(observations, action_masks))
-    theirs = source.reference.outputs(observations, action_masks)
+    theirs = source.reference.outputs(observations, action_masks, None)
+    sampled = (
+        None
+        if source.sampler is None
+        else source.sampler.sampled_log_prob(observations, action_masks, None, seed)
+    )
+    return report(source, ours, theirs, sampled, tolerance)
+
+
+def report(
+    source: PolicySource,
+    ours: dict[str, np.ndarray],
+    theirs: dict[str, np.ndarray],
+    sampled: SampledLogProb | None,
+    tolerance: float,
+    sequences: int = 0,
+) -> ParityReport:
+    """Every output's row, and the log-prob row when the source sampled, for the same rows."""
     specs = source.output_specs()
     rows = [_row(spec, ours[spec.name], theirs[spec.name], tolerance) for spec in specs]
-    if source.sampler is not None:
-        sampled = source.sampler.sampled_log_prob(observations, action_masks, seed)
+    if sampled is not None:
         rows.append(_log_prob_row(source, sampled, ours, tolerance))
-    return ParityReport(rows=rows, samples=len(ours["action"]), tolerance=tolerance)
+    return ParityReport(
+        rows=rows, samples=len(ours["action"]), tolerance=tolerance, sequences=sequences
+    )
 
 
 def _row(spec: TensorSpec, ours: np.ndarray, theirs: np.ndarray, tolerance: float) -> ParityRow:

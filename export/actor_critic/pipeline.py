@@ -14,15 +14,17 @@ import numpy as np
 import torch
 
 from export import writer
-from export.actor_critic import observations
+from export.actor_critic import observations, sequences
 from export.actor_critic.contract_builder import GOLDEN_COUNT, build_contract, golden_vectors
 from export.actor_critic.embedding import default_opset, with_contract
 from export.actor_critic.parity import ParityReport, compare
+from export.actor_critic.parity import report as parity_report
 from export.actor_critic.source import Observations, PolicySource
 from export.actor_critic.tensors import input_specs, parameter_width
 from export.onnx_export import to_onnx
-from export.runner import runner
+from export.runner import Runner, runner
 from serve import contract
+from serve.contract import GoldenVector
 from serve.errors import ExportError
 from serve.spaces import leaves, sample
 
@@ -55,6 +57,25 @@ def export_policy(
     model = onnx_bytes(source, parity.seed)
     run = runner(model)
     checked = parity_observations(source, parity)
+    if source.state is None:
+        report, golden = _feed_forward_parity(source, run, checked, parity, progress)
+    else:
+        report, golden = _recurrent_parity(source, run, checked, parity, progress)
+    if not report.passed:
+        return ExportOutcome(report, None)
+    policy = build_contract(source, destination.version, default_opset(model), golden)
+    progress(f"writing {destination.version_dir / writer.MODEL_FILE}")
+    path = writer.write(destination, with_contract(model, policy), check=verify_file)
+    return ExportOutcome(report, path)
+
+
+def _feed_forward_parity(
+    source: PolicySource,
+    run: Runner,
+    checked: Observations,
+    parity: ParitySettings,
+    progress: Progress,
+) -> tuple[ParityReport, list[GoldenVector]]:
     rows = observations.count(checked)
     masks = (
         observations.sampled_masks(source.action_space, rows, parity.seed)
@@ -65,13 +86,26 @@ def export_policy(
         f"checking parity on {rows} observations" + (" and masks" if masks is not None else "")
     )
     report = compare(source, run, checked, masks, parity.tolerance, parity.seed)
-    if not report.passed:
-        return ExportOutcome(report, None)
-    golden = golden_vectors(source, run, checked, masks)
-    policy = build_contract(source, destination.version, default_opset(model), golden)
-    progress(f"writing {destination.version_dir / writer.MODEL_FILE}")
-    path = writer.write(destination, with_contract(model, policy), check=verify_file)
-    return ExportOutcome(report, path)
+    return report, golden_vectors(source, run, checked, masks)
+
+
+def _recurrent_parity(
+    source: PolicySource,
+    run: Runner,
+    checked: Observations,
+    parity: ParitySettings,
+    progress: Progress,
+) -> tuple[ParityReport, list[GoldenVector]]:
+    lanes = min(sequences.LANES, observations.count(checked))
+    progress(
+        f"checking parity on {observations.count(checked)} observations, played as {lanes} "
+        "sequences step by step"
+    )
+    played = sequences.replay(source, run, checked, parity.seed)
+    report = parity_report(
+        source, played.ours, played.theirs, played.sampled, parity.tolerance, played.sequences
+    )
+    return report, golden_vectors(source, run, played.observations, None, played.memory)
 
 
 def _check_settings(parity: ParitySettings) -> None:
@@ -94,8 +128,14 @@ def onnx_bytes(source: PolicySource, seed: int) -> bytes:
         example.append(
             torch.ones(_EXAMPLE_BATCH, parameter_width(source.action_space), dtype=torch.bool)
         )
+    if source.state is not None:
+        example.append(torch.zeros(_EXAMPLE_BATCH, source.state.size))
+        example.append(torch.tensor([True, False]))
     inputs = input_specs(
-        source.observation_space, source.action_space, action_masks=source.action_masks
+        source.observation_space,
+        source.action_space,
+        action_masks=source.action_masks,
+        state=source.state,
     )
     outputs = source.output_specs()
     return to_onnx(source.graph, example, [i.name for i in inputs], [o.name for o in outputs])

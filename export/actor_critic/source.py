@@ -14,8 +14,15 @@ from typing import Protocol
 import numpy as np
 from torch import nn
 
-from export.actor_critic.tensors import output_specs
-from serve.contract import Algorithm, DistributionSpec, Preprocessing, Source, TensorSpec
+from export.actor_critic.tensors import Memory, output_specs
+from serve.contract import (
+    Algorithm,
+    DistributionSpec,
+    Preprocessing,
+    Source,
+    StateLayout,
+    TensorSpec,
+)
 from serve.spaces import Dict, Leaf
 
 # Raw environment observations, one array per leaf key (None: a space that is not a Dict).
@@ -32,10 +39,14 @@ class SampledLogProb:
 
 class Reference(Protocol):
     def outputs(
-        self, observations: Observations, action_masks: np.ndarray | None
+        self,
+        observations: Observations,
+        action_masks: np.ndarray | None,
+        memory: Memory | None,
     ) -> dict[str, np.ndarray]:
-        """Output name (action, logits or mean and log_std, value) -> the source's values;
-        ``action_masks`` (bool [B, n]) for a policy that takes them, else None."""
+        """Output name (action, logits or mean and log_std, value, next_state) -> the
+        source's values; ``action_masks`` (bool [B, n]) for a policy that takes them, and
+        ``memory`` for a recurrent one, else None."""
         ...
 
 
@@ -43,7 +54,11 @@ class Sampler(Protocol):
     """The source's own sampling, for a policy with a distribution."""
 
     def sampled_log_prob(
-        self, observations: Observations, action_masks: np.ndarray | None, seed: int
+        self,
+        observations: Observations,
+        action_masks: np.ndarray | None,
+        memory: Memory | None,
+        seed: int,
     ) -> SampledLogProb: ...
 
 
@@ -60,6 +75,9 @@ class PolicySource:
     sampler: Sampler | None  # None: a deterministic policy (no distribution to hold to)
     action_masks: bool = False  # the graph takes an action mask after the observations
     value: bool = True  # the graph outputs a value (an actor without its critic does not)
+    state: StateLayout | None = None  # a recurrent graph's memory: inputs state, episode_start
 
     def output_specs(self) -> list[TensorSpec]:
-        return output_specs(self.action_space, self.distribution.kind, value=self.value)
+        return output_specs(
+            self.action_space, self.distribution.kind, value=self.value, state=self.state
+        )

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from export.actor_critic.heads import Rescale
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.source import Observations, SampledLogProb
-from export.actor_critic.tensors import parameter_width
+from export.actor_critic.tensors import Memory, parameter_width
 from serve.contract import Algorithm
 from serve.errors import ExportError
 from serve.spaces import Box, Discrete, Leaf, sample
@@ -74,14 +74,21 @@ class OffPolicyReference:
     output_names: list[str]
 
     def outputs(
-        self, observations: Observations, action_masks: np.ndarray | None
+        self,
+        observations: Observations,
+        action_masks: np.ndarray | None,
+        memory: Memory | None,
     ) -> dict[str, np.ndarray]:
         with torch.no_grad():
             values = self.core([self._input(observations)])
         return dict(zip(self.output_names, (v.numpy() for v in values), strict=True))
 
     def sampled_log_prob(
-        self, observations: Observations, action_masks: np.ndarray | None, seed: int
+        self,
+        observations: Observations,
+        action_masks: np.ndarray | None,
+        memory: Memory | None,
+        seed: int,
     ) -> SampledLogProb:
         """SAC: tanh of a sample of torch's Normal, and its log-prob with the tanh
         correction (SB3's convention: of the action in [-1, 1]), in float64."""

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.source import Observations, SampledLogProb
+from export.actor_critic.tensors import Memory
 from export.modules import distributions
 from serve.distributions import DistributionKind
 from serve.spaces import Box, Leaf
@@ -31,7 +32,10 @@ class TorchReference:
     output_names: list[str]  # action, parameters..., value
 
     def outputs(
-        self, observations: Observations, action_masks: np.ndarray | None
+        self,
+        observations: Observations,
+        action_masks: np.ndarray | None,
+        memory: Memory | None,
     ) -> dict[str, np.ndarray]:
         distribution, value = self._call(observations)
         action = distributions.mode(distribution, self.kind).numpy()
@@ -40,7 +44,11 @@ class TorchReference:
         return dict(zip(self.output_names, values, strict=True))
 
     def sampled_log_prob(
-        self, observations: Observations, action_masks: np.ndarray | None, seed: int
+        self,
+        observations: Observations,
+        action_masks: np.ndarray | None,
+        memory: Memory | None,
+        seed: int,
     ) -> SampledLogProb:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)

@@ -28,7 +28,7 @@ from serve.errors import ExportError, one_line
 
 _EXPORTABLE = (
     "rlserve exports Stable-Baselines3's PPO, A2C, SAC, TD3, DDPG and DQN policies and "
-    "sb3-contrib's QR-DQN, TQC and MaskablePPO"
+    "sb3-contrib's QR-DQN, TQC, MaskablePPO and RecurrentPPO"
 )
 _PICKLED = ":serialized:"  # how model.save() marks a cloudpickled setting in its JSON
 _POLICY_CLASS = "policy_class"
@@ -39,6 +39,7 @@ class PolicyFamily(StrEnum):
 
     ACTOR_CRITIC = "actor-critic"  # PPO, A2C: a distribution and a state value
     MASKABLE = "maskable actor-critic"  # MaskablePPO (sb3-contrib): the same, under masks
+    RECURRENT = "recurrent actor-critic"  # RecurrentPPO (sb3-contrib): the same, with LSTMs
     SAC = "SAC"  # a squashed Gaussian actor and Q-critics
     TD3 = "TD3"  # TD3 and DDPG: a deterministic actor and Q-critics
     DQN = "DQN"  # a Q-network, acting greedily
@@ -53,6 +54,7 @@ class PolicyFamily(StrEnum):
 _ALGORITHMS = {
     PolicyFamily.ACTOR_CRITIC: (Algorithm.PPO, Algorithm.A2C),
     PolicyFamily.MASKABLE: (Algorithm.MASKABLE_PPO,),
+    PolicyFamily.RECURRENT: (Algorithm.RECURRENT_PPO,),
     PolicyFamily.SAC: (Algorithm.SAC,),
     PolicyFamily.TD3: (Algorithm.TD3, Algorithm.DDPG),
     PolicyFamily.DQN: (Algorithm.DQN,),
@@ -100,7 +102,7 @@ def _trained_under_vecnormalize(data: dict[str, Any], family: PolicyFamily) -> b
     ones keep it either way (without VecNormalize it is the observation before
     ``_last_obs``), so their checkpoints do not say: for them this is False, and
     ``--vecnormalize`` is the user's to give (docs/export.md says so)."""
-    on_policy = family in (PolicyFamily.ACTOR_CRITIC, PolicyFamily.MASKABLE)
+    on_policy = family in (PolicyFamily.ACTOR_CRITIC, PolicyFamily.MASKABLE, PolicyFamily.RECURRENT)
     return on_policy and data.get("_last_original_obs") is not None
 
 
@@ -141,13 +143,11 @@ def _refusal(key: str, name: str, path: Path) -> str:
         "your team saved it{why}), pass --trust-checkpoint to load it as Stable-Baselines3 "
         "does"
     )
-    if key == _POLICY_CLASS and "Recurrent" in name:
-        return _recurrent(path, name.rsplit(".", 1)[-1])
     if key == _POLICY_CLASS:
         short = name.rsplit(".", 1)[-1]
         return (
-            f"{path}: unsupported policy class {short}; {_EXPORTABLE} (MlpPolicy, CnnPolicy, "
-            f"MultiInputPolicy), not recurrent ones. data['policy_class'] "
+            f"{path}: unsupported policy class {short}; {_EXPORTABLE} (their MlpPolicy, "
+            f"CnnPolicy and MultiInputPolicy, and the Lstm ones). data['policy_class'] "
             f"names {name}; "
             + trust.format(why=", and it is your own subclass of one of SB3's policies")
         )
@@ -172,21 +172,19 @@ def _family(policy_class: Any, path: Path) -> PolicyFamily:
             f"{path}: the checkpoint's policy_class could not be restored ({policy_class!r:.80}); "
             "install the package that defines it, then export again"
         )
-    bases = [
+    bases = [  # sb3-contrib's first: its recurrent policies are SB3 actor-critics too
+        *_contrib_bases(),
         (ActorCriticPolicy, PolicyFamily.ACTOR_CRITIC),
         (SACPolicy, PolicyFamily.SAC),
         (TD3Policy, PolicyFamily.TD3),
         (DQNPolicy, PolicyFamily.DQN),
-        *_contrib_bases(),
     ]
-    if "Recurrent" in policy_class.__name__:
-        raise ExportError(_recurrent(path, policy_class.__name__))
     for base, family in bases:
         if issubclass(policy_class, base):
             return family
     raise ExportError(
         f"{path}: unsupported policy class {policy_class.__name__}; {_EXPORTABLE} "
-        "(MlpPolicy, CnnPolicy, MultiInputPolicy), not recurrent ones"
+        "(their MlpPolicy, CnnPolicy and MultiInputPolicy, and the Lstm ones)"
     )
 
 
@@ -194,24 +192,17 @@ def _contrib_bases() -> list[tuple[type, PolicyFamily]]:
     """sb3-contrib's policy classes, when it is installed (the export extra installs it)."""
     try:
         from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
+        from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
         from sb3_contrib.qrdqn.policies import QRDQNPolicy
         from sb3_contrib.tqc.policies import TQCPolicy
     except ImportError:
         return []
     return [
         (MaskableActorCriticPolicy, PolicyFamily.MASKABLE),
+        (RecurrentActorCriticPolicy, PolicyFamily.RECURRENT),
         (QRDQNPolicy, PolicyFamily.QRDQN),
         (TQCPolicy, PolicyFamily.TQC),
     ]
-
-
-def _recurrent(path: Path, short: str) -> str:
-    return (
-        f"{path}: {short} is a recurrent policy (RecurrentPPO), which rlserve does not export "
-        "yet: its LSTM state would have to travel with every request. The closest supported: "
-        "PPO or MaskablePPO on frame-stacked observations (VecFrameStack), exported as any "
-        "feed-forward policy"
-    )
 
 
 def _chosen(
@@ -233,7 +224,7 @@ def _detect_algorithm(family: PolicyFamily, data: dict[str, Any], path: Path) ->
     if family is PolicyFamily.TD3:
         ddpg = data.get("policy_delay") == 1 and data.get("target_noise_clip") == 0.0
         return Algorithm.DDPG if ddpg else Algorithm.TD3
-    if family is not PolicyFamily.ACTOR_CRITIC:
+    if family is not PolicyFamily.ACTOR_CRITIC:  # one algorithm each
         return family.algorithms[0]
     if "clip_range" in data:
         return Algorithm.PPO
@@ -283,6 +274,7 @@ def _algorithm_class(algorithm: Algorithm) -> Any:
         Algorithm.QRDQN: "QRDQN",
         Algorithm.TQC: "TQC",
         Algorithm.MASKABLE_PPO: "MaskablePPO",
+        Algorithm.RECURRENT_PPO: "RecurrentPPO",
     }
     if algorithm in contrib:
         import sb3_contrib

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from export.actor_critic.source import Observations, SampledLogProb
+from export.actor_critic.tensors import Memory
 from export.sb3.checkpoint import PolicyFamily
 from export.sb3.reference import policy_input
 
@@ -31,7 +32,10 @@ class OffPolicyReference:
     output_names: list[str]  # action, [mean, log_std | q_values], value
 
     def outputs(
-        self, observations: Observations, action_masks: np.ndarray | None
+        self,
+        observations: Observations,
+        action_masks: np.ndarray | None,
+        memory: Memory | None,
     ) -> dict[str, np.ndarray]:
         prepared = policy_input(observations, self.vecnormalize, self.chw_keys)
         actions, _ = self.model.predict(prepared, deterministic=True)
@@ -64,7 +68,11 @@ class SacSampler:
     chw_keys: set[str | None]
 
     def sampled_log_prob(
-        self, observations: Observations, action_masks: np.ndarray | None, seed: int
+        self,
+        observations: Observations,
+        action_masks: np.ndarray | None,
+        memory: Memory | None,
+        seed: int,
     ) -> SampledLogProb:
         """Actions in [-1, 1] sampled by SAC's distribution, and their log-probabilities."""
         policy = self.model.policy

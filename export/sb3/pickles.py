@@ -105,6 +105,18 @@ _ALLOWED: frozenset[tuple[str, str]] = frozenset(
             )
         },
         *{
+            ("sb3_contrib.common.recurrent.policies", f"Recurrent{name}")
+            for name in (
+                "ActorCriticPolicy",
+                "ActorCriticCnnPolicy",
+                "MultiInputActorCriticPolicy",
+            )
+        },
+        *{
+            ("sb3_contrib.common.recurrent.buffers", name)
+            for name in ("RecurrentRolloutBuffer", "RecurrentDictRolloutBuffer")
+        },
+        *{
             ("sb3_contrib.common.maskable.buffers", name)
             for name in ("MaskableRolloutBuffer", "MaskableDictRolloutBuffer")
         },

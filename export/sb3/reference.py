@@ -16,6 +16,7 @@ import torch
 
 from export.actor_critic.graph import ILLEGAL_LOGIT
 from export.actor_critic.source import Observations, SampledLogProb
+from export.actor_critic.tensors import Memory
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,10 @@ class Sb3Reference:
     gaussian: bool
 
     def outputs(
-        self, observations: Observations, action_masks: np.ndarray | None
+        self,
+        observations: Observations,
+        action_masks: np.ndarray | None,
+        memory: Memory | None,
     ) -> dict[str, np.ndarray]:
         prepared = self._policy_input(observations)
         masked = {} if action_masks is None else {"action_masks": action_masks}
@@ -46,7 +50,11 @@ class Sb3Reference:
         return dict(zip(self.output_names, values, strict=True))
 
     def sampled_log_prob(
-        self, observations: Observations, action_masks: np.ndarray | None, seed: int
+        self,
+        observations: Observations,
+        action_masks: np.ndarray | None,
+        memory: Memory | None,
+        seed: int,
     ) -> SampledLogProb:
         policy = self.model.policy
         masked = {} if action_masks is None else {"action_masks": action_masks}

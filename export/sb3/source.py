@@ -1,8 +1,9 @@
 """The Stable-Baselines3 source: a .zip (+ VecNormalize .pkl) as a PolicySource.
 
 An actor-critic (PPO, A2C) becomes a ``PolicyGraph`` over the policy's own modules
-(:mod:`export.sb3.graph`); an off-policy actor or Q-network (SAC, TD3, DDPG, DQN) an
-``ActorGraph`` (:mod:`export.sb3.off_policy`).
+(:mod:`export.sb3.graph`); a recurrent one (RecurrentPPO) a ``RecurrentPolicyGraph`` that
+steps its LSTMs (:mod:`export.sb3.recurrent`); an off-policy actor or Q-network (SAC,
+TD3, DDPG, DQN) an ``ActorGraph`` (:mod:`export.sb3.off_policy`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ import numpy as np
 from torch import nn
 
 from export.actor_critic.action_spaces import checked, distribution_for
-from export.actor_critic.graph import ActorGraph, MaskedPolicyGraph, PolicyGraph
+from export.actor_critic.graph import (
+    ActorGraph,
+    MaskedPolicyGraph,
+    PolicyGraph,
+    RecurrentPolicyGraph,
+)
 from export.actor_critic.heads import deterministic_action
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.preprocess import observation_pipelines
@@ -28,8 +34,16 @@ from export.sb3.graph import Sb3Core
 from export.sb3.layout import ImageLayout, ObservationLayout, observation_layout
 from export.sb3.off_policy import CriticValue, DqnCore, QrDqnCore, SacCore, Td3Core
 from export.sb3.off_policy_reference import OffPolicyReference, SacSampler
+from export.sb3.recurrent import RecurrentCore, RecurrentReference, state_layout
 from export.sb3.reference import Sb3Reference
-from serve.contract import Algorithm, DistributionSpec, Normalization, Preprocessing, Source
+from serve.contract import (
+    Algorithm,
+    DistributionSpec,
+    Normalization,
+    Preprocessing,
+    Source,
+    StateLayout,
+)
 from serve.distributions import DistributionKind
 from serve.errors import ExportError, InvalidInput
 from serve.spaces import Box, Discrete, Leaf, MultiDiscrete, from_gymnasium, leaves
@@ -60,16 +74,18 @@ def load_source(options: Sb3Options) -> PolicySource:
     if norm is not None:
         norm.check_fits(layout.raw_space, f"--vecnormalize {options.vecnormalize}")
     action_space = _action_space(policy.action_space, loaded.family)
-    network = (
-        _actor_critic(loaded, normalizer, norm, layout, action_space)
-        if loaded.family in (PolicyFamily.ACTOR_CRITIC, PolicyFamily.MASKABLE)
-        else _off_policy(loaded, normalizer, norm, layout, action_space)
-    )
+    if loaded.family in (PolicyFamily.ACTOR_CRITIC, PolicyFamily.MASKABLE):
+        network = _actor_critic(loaded, normalizer, norm, layout, action_space)
+    elif loaded.family is PolicyFamily.RECURRENT:
+        network = _recurrent(loaded, normalizer, norm, layout, action_space)
+    else:
+        network = _off_policy(loaded, normalizer, norm, layout, action_space)
     return PolicySource(
         graph=network.graph,
         reference=network.reference,
         sampler=network.sampler,
         action_masks=loaded.family is PolicyFamily.MASKABLE,
+        state=network.state,
         algorithm=loaded.algorithm,
         provenance=_provenance(options.checkpoint, policy),
         observation_space=layout.raw_space,
@@ -92,6 +108,7 @@ class _Network:
     sampler: Sampler | None
     distribution: DistributionSpec
     action_clip: bool  # the graph clips a Gaussian's mean to the Box's bounds
+    state: StateLayout | None = None  # a recurrent network's memory
 
 
 def _actor_critic(
@@ -118,6 +135,37 @@ def _actor_critic(
         gaussian=gaussian,
     )
     return _Network(graph, reference, reference, distribution, action_clip=gaussian)
+
+
+def _recurrent(
+    loaded: checkpoint.Sb3Checkpoint,
+    normalizer: Any | None,
+    norm: NormStats | None,
+    layout: ObservationLayout,
+    action_space: Leaf,
+) -> _Network:
+    policy, gaussian = loaded.model.policy, isinstance(action_space, Box)
+    keys = _keys(layout)
+    try:
+        memory = state_layout(policy)
+    except ExportError as exc:
+        raise ExportError(f"{loaded.path}: {exc.message}") from None
+    graph = RecurrentPolicyGraph(
+        observation_pipelines(keys, norm, layout.chw_keys),
+        RecurrentCore(policy, keys, memory, gaussian=gaussian),
+        deterministic_action(action_space),
+    )
+    distribution = distribution_for(action_space)
+    names = output_specs(action_space, distribution.kind, state=memory)
+    reference = RecurrentReference(
+        model=loaded.model,
+        vecnormalize=normalizer,
+        chw_keys=layout.chw_keys,
+        output_names=[spec.name for spec in names],
+        layout=memory,
+        gaussian=gaussian,
+    )
+    return _Network(graph, reference, reference, distribution, action_clip=gaussian, state=memory)
 
 
 def _off_policy(

@@ -47,6 +47,7 @@ class PolicyHeads:
         self._action = names[TensorRole.ACTION]
         self._value = names.get(TensorRole.VALUE)
         self._q_values = names.get(TensorRole.Q_VALUES)
+        self._next_state = names.get(TensorRole.NEXT_STATE)
         self.has_q_values = self._q_values is not None
         self.parameters = {role.value: names[role] for role in PARAMETER_ROLES if role in names}
         self._kind = contract.distribution.kind
@@ -67,6 +68,8 @@ class PolicyHeads:
             outputs["q_values"] = graph[self._q_values]
         for role, name in self.parameters.items():
             outputs[role] = graph[name]
+        if self._next_state is not None:
+            outputs["state"] = graph[self._next_state]
         if not self.stochastic:
             return outputs  # the policy refused every request that needed a distribution
         first = requests[0].options

@@ -16,11 +16,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from serve.actor_critic import masks
+from serve.actor_critic import masks, memory
 from serve.actor_critic.heads import PolicyHeads, needs_distribution
 from serve.actor_critic.masks import ActionMasks
+from serve.actor_critic.memory import MemoryInputs
 from serve.actor_critic.validation import ObservationValidator, predict_options
-from serve.contract import PolicyContract
+from serve.contract import PolicyContract, TensorRole
 from serve.dataplane.batching import bucket, buckets_for
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceRequest, Prepared
@@ -54,6 +55,7 @@ class ActorCriticPolicy:
         self._masks = (
             None if mask is None else ActionMasks(mask.name, contract.action_space, mask.shape[1])
         )
+        self._memory = _memory_inputs(contract)
         # GPU providers run best at a few warmed shapes (engines and kernels are planned per
         # shape): batches are padded to them. On the CPU every extra row is compute wasted.
         gpu = self.provider != CPU
@@ -79,6 +81,20 @@ class ActorCriticPolicy:
             raise InvalidInput(
                 f"{masks.FIELD}: model {self.name!r} takes no action masks (its policy may "
                 "take every action); leave them out"
+            )
+        if self._memory is not None:
+            given = self._memory(
+                inputs.get(memory.STATE),
+                inputs.get(memory.EPISODE_START),
+                batch.rows,
+                single=batch.single,
+            )
+            feeds.update(self._memory.feeds(given))
+        elif memory.STATE in inputs or memory.EPISODE_START in inputs:
+            field = memory.STATE if memory.STATE in inputs else memory.EPISODE_START
+            raise InvalidInput(
+                f"{field}: model {self.name!r} is not recurrent (its answers depend on the "
+                "observation alone); leave state and episode_start out"
             )
         return Prepared(
             feeds,
@@ -143,6 +159,8 @@ class ActorCriticPolicy:
             answer["q_values"] = outputs["q_values"][rows]
         if OutputKind.DISTRIBUTION in wanted:
             answer["distribution"] = {role: outputs[role][rows] for role in self._heads.parameters}
+        if self._memory is not None:  # whatever was asked: the client carries it to the next step
+            answer[memory.STATE] = outputs[memory.STATE][rows]
         return answer
 
     def warm_up(self, sizes: Sequence[int]) -> dict[int, float]:
@@ -164,6 +182,14 @@ class ActorCriticPolicy:
             "provider": self.provider,
             "contract": self.contract.model_dump(mode="json", by_alias=True),
         }
+
+
+def _memory_inputs(contract: PolicyContract) -> MemoryInputs | None:
+    state = contract.input_of(TensorRole.STATE)
+    start = contract.input_of(TensorRole.EPISODE_START)
+    if contract.state is None or state is None or start is None:
+        return None
+    return MemoryInputs(state.name, start.name, contract.state.size)
 
 
 def _fill(array: np.ndarray, rows: int) -> np.ndarray:

@@ -65,7 +65,7 @@ from serve.versions import path_version
 
 log = logging.getLogger("rlserve.predict")
 
-INPUTS = ("observations", "actions", "action_masks")
+INPUTS = ("observations", "actions", "action_masks", "state", "episode_start")
 REFUSING_S = 0.1  # after a 429 or 504, calls are checked from their headers for this long
 # What says the process is overloaded: a call refused, or one whose deadline passed.
 _OVERLOADED = frozenset((ErrorCode.QUEUE_FULL, ErrorCode.DEADLINE_EXCEEDED))

@@ -37,6 +37,17 @@ class PredictRequest(BaseModel):
         "booleans per observation, true where an action is legal (the contract's "
         "action_mask input gives the width).",
     )
+    state: Any = Field(
+        None,
+        description="For a recurrent policy (RecurrentPPO): the state the previous answer of "
+        "the episode returned, one row of floats per observation (the contract's state "
+        "layout gives the width); leave it out when every observation starts an episode.",
+    )
+    episode_start: Any = Field(
+        None,
+        description="For a recurrent policy: true where an observation begins an episode "
+        "(its state is reset to zeros); one boolean per observation, or one for all.",
+    )
     deterministic: bool = Field(True, description="the policy's mode, or a sampled action")
     seed: int | None = Field(None, ge=0, description="makes sampled actions reproducible")
     outputs: list[OutputKind] = Field(

@@ -98,3 +98,17 @@ class DictEnv(_FixedHorizonEnv):
     def _reward(self, observation: Any, action: np.ndarray) -> float:
         target = np.tanh(observation["position"][:2]) * (observation["mode"] - 1)
         return -float(np.square(np.clip(action, -1, 1) - target).sum())
+
+
+class CartPoleNoVelocity(gym.ObservationWrapper[np.ndarray, int, np.ndarray]):
+    """CartPole with its velocities hidden (position and angle only): a partially observed
+    task, where a policy needs memory to tell which way the pole is moving."""
+
+    def __init__(self, env: gym.Env[np.ndarray, int] | None = None) -> None:
+        super().__init__(env if env is not None else gym.make("CartPole-v1"))
+        box = self.env.observation_space
+        assert isinstance(box, spaces.Box)
+        self.observation_space = spaces.Box(box.low[[0, 2]], box.high[[0, 2]], dtype=np.float32)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return observation[[0, 2]].astype(np.float32)

@@ -63,3 +63,40 @@ def assert_same_episode(ours: Episode, theirs: Episode, atol: float = 0.0) -> No
     for step, (a, b) in enumerate(zip(ours.actions, theirs.actions, strict=True)):
         np.testing.assert_allclose(a, b, atol=atol, rtol=0, err_msg=f"step {step}")
     assert ours.total_reward == pytest.approx(theirs.total_reward, rel=1e-6, abs=atol)
+
+
+class SourceRecurrentActor:
+    """A recurrent SB3 policy's deterministic action, as its own ``predict`` loop takes it:
+    the state it returned fed back, ``episode_start`` true on the first step. One per episode."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.state: Any = None
+        self.start = True
+
+    def __call__(self, observation: Any) -> Any:
+        action, self.state = self.model.predict(
+            observation[np.newaxis],
+            state=self.state,
+            episode_start=np.array([self.start]),
+            deterministic=True,
+        )
+        self.start = False
+        return action[0]
+
+
+class OnnxRecurrentActor(OnnxActor):
+    """The exported recurrent file, fed the ``next_state`` it returned. One per episode."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        assert self.policy.state is not None
+        self.state = np.zeros((1, self.policy.state.size), np.float32)
+        self.start = True
+
+    def __call__(self, observation: Any) -> Any:
+        feeds = self.policy.observation_feeds(observation)
+        feeds["state"], feeds["episode_start"] = self.state, np.array([self.start])
+        action, self.state = self.session.run(["action", "next_state"], feeds)
+        self.start = False
+        return action[0]

@@ -123,21 +123,6 @@ def test_a_parity_file_that_does_not_fit_the_space_is_refused(
     assert not (tmp_path / "p").exists()
 
 
-@pytest.mark.parametrize("trust", [False, True])
-def test_a_recurrent_policy_is_refused_naming_the_closest_supported_one(
-    models_dir: Path, trust: bool
-) -> None:
-    from sb3_contrib import RecurrentPPO
-
-    path = models_dir / "recurrent.zip"
-    if not path.exists():
-        RecurrentPPO("MlpLstmPolicy", "CartPole-v1", n_steps=16, device="cpu").save(path)
-    with pytest.raises(ExportError, match="recurrent policy \\(RecurrentPPO\\)") as refused:
-        load_source(Sb3Options(path, trust_checkpoint=trust))
-    assert "frame-stacked observations (VecFrameStack)" in refused.value.message
-    assert "--trust-checkpoint" not in refused.value.message  # trusting it would not help
-
-
 class _Reach(gym.Env[dict[str, np.ndarray], np.ndarray]):
     """A goal-conditioned task (HER's Dict layout): move a point to a goal."""
 

@@ -243,10 +243,10 @@ class LaneServer:
 
 def layout_of(model: str, signature: Signature, hello: wire.Hello) -> wire.Layout:
     """The slot for a hello: the model's inputs, then the outputs asked for, ``rows`` each."""
-    if signature.takes_action_mask:
+    if signature.extra_inputs:
         raise InvalidInput(
-            f"model {model!r} takes action masks, which the local lane does not carry yet; "
-            "call it over HTTP or gRPC"
+            f"model {model!r} takes {listed(signature.extra_inputs)} beside its "
+            "observations, which the local lane does not carry yet; call it over HTTP or gRPC"
         )
     known = {o.name: o for o in signature.outputs}
     parameters = [name for name in known if name not in wire.OWN_OUTPUTS]

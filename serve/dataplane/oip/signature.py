@@ -4,11 +4,12 @@ Built once per loaded version from its policy contract (cached by the version's 
 
 - **inputs**: the contract's observation tensors, by their graph input names (``obs``, or
   one per key of a Dict space), datatype and shape from the contract with ``-1`` for the
-  batch axis; ``action_mask`` (BOOL) for a policy that takes one; and, not listed in the
-  metadata, ``actions``: given actions to score.
+  batch axis; ``action_mask`` (BOOL) for a policy that takes one; ``state`` (FP32) and
+  ``episode_start`` (BOOL) for a recurrent one; and, not listed in the metadata,
+  ``actions``: given actions to score.
 - **outputs**: ``actions``, ``log_probs`` (when the policy has a distribution), ``values``
-  (when it has a critic), ``q_values`` (a Q-network's) and the distribution's parameters
-  (``logits``, or ``mean`` and ``log_std``).
+  (when it has a critic), ``q_values`` (a Q-network's), the distribution's parameters
+  (``logits``, or ``mean`` and ``log_std``), and a recurrent policy's next ``state``.
 - **parameters** of a request: ``deterministic`` (bool), ``seed`` (int), ``outputs`` (a
   comma-separated list, as an alternative to requesting outputs by name), ``timeout``
   (microseconds, Triton's name for a request deadline) and ``binary_data_output``; and,
@@ -36,7 +37,13 @@ from serve.errors import InvalidInput, listed, quoted
 from serve.types import Answer, OutputKind
 
 ACTIONS = "actions"
-ACTION_MASKS = "action_masks"  # the request input a masked policy reads its masks from
+# The request inputs a policy reads beside its observations, by the contract's role.
+_EXTRA_INPUTS = {
+    TensorRole.ACTION_MASK: "action_masks",
+    TensorRole.STATE: "state",
+    TensorRole.EPISODE_START: "episode_start",
+}
+STATE = "state"  # a recurrent policy's output: the state to send with its next step
 # Request parameters rlserve reads; any other is refused, naming these. Triton's clients
 # send triton_enable_empty_final_response on every gRPC call: it only matters to decoupled
 # models (several responses per request), which a policy never is, so it is accepted as is.
@@ -105,14 +112,13 @@ class Signature:
             for spec in contract.inputs
             if spec.role is TensorRole.OBSERVATION
         ]
-        mask = contract.action_mask
-        self._mask = (
-            None
-            if mask is None
-            else TensorMetadata(mask.name, datatype_of(mask.dtype), _shape(mask.shape))
-        )
+        self._extras = [
+            (TensorMetadata(spec.name, datatype_of(spec.dtype), _shape(spec.shape)), request_input)
+            for role, request_input in _EXTRA_INPUTS.items()
+            if (spec := contract.input_of(role)) is not None
+        ]
         self._observation_inputs = observations
-        self.inputs = observations if self._mask is None else [*observations, self._mask]
+        self.inputs = [*observations, *(meta for meta, _ in self._extras)]
         self._keys = {spec.name: spec.key for spec in contract.inputs}
         self._dict_space = any(key is not None for key in self._keys.values())
         self._actions = _from_spec(ACTIONS, contract, TensorRole.ACTION)
@@ -126,16 +132,19 @@ class Signature:
         for role in (TensorRole.LOGITS, TensorRole.MEAN, TensorRole.LOG_STD):
             if contract.output(role) is not None:
                 outputs.append(_from_spec(role.value, contract, role))
+        if contract.output(TensorRole.NEXT_STATE) is not None:
+            outputs.append(_from_spec(STATE, contract, TensorRole.NEXT_STATE))
         self.outputs = outputs
         self._by_name = {o.name: o for o in outputs}
         self._all = [RequestedOutput(o.name) for o in outputs]
-        self._parameter_outputs = {o.name for o in outputs} - set(_KIND_OF)
+        self._parameter_outputs = {o.name for o in outputs} - set(_KIND_OF) - {STATE}
         self._inputs_by_name = {i.name: i for i in self.inputs}
         self._kinds_of: dict[tuple[str, ...], list[OutputKind] | None] = {}
 
     @property
-    def takes_action_mask(self) -> bool:
-        return self._mask is not None
+    def extra_inputs(self) -> list[str]:
+        """The inputs beside the observations (an action mask, a recurrent state)."""
+        return [meta.name for meta, _ in self._extras]
 
     def key_of(self, name: str) -> str | None:
         """The key of a Dict space's observation that input ``name`` carries, or None."""
@@ -153,8 +162,8 @@ class Signature:
         given = call.inputs.get(ACTIONS)
         if given is not None:
             inputs["actions"] = self._given_actions(given)
-        if self._mask is not None:
-            inputs[ACTION_MASKS] = call.inputs[self._mask.name]
+        for meta, request_input in self._extras:
+            inputs[request_input] = call.inputs[meta.name]
         parameters = self._parameters(call)
         return InferenceRequest(inputs, parameters, request_id, received_at, deadline)
 
@@ -239,8 +248,12 @@ class Signature:
         names = tuple(output.name for output in chosen)
         if names in self._kinds_of:
             return self._kinds_of[names]
-        kinds = {OutputKind.DISTRIBUTION if (k := _KIND_OF.get(n)) is None else k for n in names}
-        listed = None if kinds == {OutputKind.ACTIONS} else sorted(kinds)
+        kinds = {
+            OutputKind.DISTRIBUTION if (k := _KIND_OF.get(n)) is None else k
+            for n in names
+            if n != STATE  # every answer of a recurrent policy carries it
+        }
+        listed = None if kinds <= {OutputKind.ACTIONS} else sorted(kinds)
         if len(self._kinds_of) < 256:  # names were checked: at most the outputs' subsets
             self._kinds_of[names] = listed
         return listed

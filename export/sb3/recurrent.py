@@ -1,0 +1,213 @@
+"""sb3-contrib's RecurrentPPO (MlpLstm, CnnLstm, MultiInputLstm policies): one step of the
+policy, with its LSTM memory as explicit inputs and outputs.
+
+The graph's core (:class:`RecurrentCore`) runs one time step of the policy's own modules, as
+``RecurrentActorCriticPolicy.forward`` runs them for a sequence of length 1: features, the
+actor's LSTM (and the critic's, when it has its own), the MLP extractor, ``action_net`` and
+``value_net``. The LSTM step is written out over the module's own weights
+(:func:`lstm_step`): torch.export cannot trace ``nn.LSTM`` itself, and one step of it is four
+gates. Rows whose ``episode_start`` is true have their state zeroed first, as the source's
+``(1 - episode_start) * state`` does.
+
+The memory is one float32 row per observation (:func:`state_layout`): the actor's hidden and
+cell states, then the critic's when it has its own LSTM, each ``[layers, hidden]``.
+
+:class:`RecurrentReference` is the source's own computation of the same step: ``predict``
+for the action (with the actor's state, as users call it), the source's own
+``_process_sequence`` and heads for the distribution's parameters, and ``forward`` for the
+value and the next state of both LSTMs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from export.actor_critic.graph import Parameters
+from export.actor_critic.source import Observations, SampledLogProb
+from export.actor_critic.tensors import Memory
+from export.sb3.graph import sb3_observation
+from export.sb3.reference import policy_input
+from serve.contract import StateLayout, StateSegment
+from serve.errors import ExportError
+
+
+def state_layout(policy: Any) -> StateLayout:
+    """The policy's memory: the actor LSTM's h and c, then the critic LSTM's, if any."""
+    networks = [("actor", policy.lstm_actor)]
+    if policy.lstm_critic is not None:
+        networks.append(("critic", policy.lstm_critic))
+    segments = []
+    for name, lstm in networks:
+        _check_steppable(lstm, name)
+        for part in ("h", "c"):
+            segments.append(
+                StateSegment(name=f"{name}.{part}", layers=lstm.num_layers, hidden=lstm.hidden_size)
+            )
+    return StateLayout(segments=segments)
+
+
+def _check_steppable(lstm: nn.LSTM, name: str) -> None:
+    if lstm.bidirectional or lstm.proj_size:
+        what = "bidirectional" if lstm.bidirectional else f"proj_size={lstm.proj_size}"
+        raise ExportError(
+            f"the {name} LSTM is {what}; rlserve steps unidirectional LSTMs without "
+            "projections (RecurrentPPO's default lstm_kwargs)"
+        )
+
+
+def lstm_step(lstm: nn.LSTM, x: Tensor, h: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """One time step of ``lstm`` for rows ``x`` [B, in]: states ``h``, ``c`` [B, layers,
+    hidden] -> (top layer's output [B, hidden], next h, next c), with torch's gate order
+    (input, forget, cell, output)."""
+    hs, cs = [], []
+    for k in range(lstm.num_layers):
+        gates = (
+            x @ getattr(lstm, f"weight_ih_l{k}").T + h[:, k] @ getattr(lstm, f"weight_hh_l{k}").T
+        )
+        if lstm.bias:
+            gates = gates + getattr(lstm, f"bias_ih_l{k}") + getattr(lstm, f"bias_hh_l{k}")
+        i, f, g, o = gates.chunk(4, dim=-1)
+        c_k = torch.sigmoid(f) * c[:, k] + torch.sigmoid(i) * torch.tanh(g)
+        x = torch.sigmoid(o) * torch.tanh(c_k)
+        hs.append(x)
+        cs.append(c_k)
+    return x, torch.stack(hs, dim=1), torch.stack(cs, dim=1)
+
+
+def _segments(state: Tensor, layout: StateLayout) -> list[Tensor]:
+    """A [B, size] state as its segments, each [B, layers, hidden]."""
+    parts = state.split([segment.size for segment in layout.segments], dim=1)
+    return [
+        part.reshape(-1, segment.layers, segment.hidden)
+        for part, segment in zip(parts, layout.segments, strict=True)
+    ]
+
+
+class RecurrentCore(nn.Module):
+    def __init__(
+        self, policy: Any, keys: list[str | None], layout: StateLayout, *, gaussian: bool
+    ) -> None:
+        super().__init__()
+        self.policy = policy
+        self.keys = keys
+        self.layout = layout
+        self.gaussian = gaussian
+
+    def forward(
+        self, inputs: list[Tensor], state: Tensor, episode_start: Tensor
+    ) -> tuple[Parameters, Tensor, Tensor]:
+        policy = self.policy
+        features = policy.extract_features(sb3_observation(self.keys, inputs))
+        pi_features, vf_features = (
+            (features, features) if policy.share_features_extractor else features
+        )
+        keep = (~episode_start).to(state.dtype).unsqueeze(-1)
+        segments = [s * keep.unsqueeze(-1) for s in _segments(state, self.layout)]
+        latent_pi, *following = lstm_step(policy.lstm_actor, pi_features, *segments[:2])
+        if policy.lstm_critic is not None:
+            latent_vf, *critic = lstm_step(policy.lstm_critic, vf_features, *segments[2:])
+            following += critic
+        elif policy.shared_lstm:
+            latent_vf = latent_pi
+        else:
+            latent_vf = policy.critic(vf_features)
+        first = policy.action_net(policy.mlp_extractor.forward_actor(latent_pi))
+        value = policy.value_net(policy.mlp_extractor.forward_critic(latent_vf)).squeeze(-1)
+        next_state = torch.cat([s.reshape(s.shape[0], -1) for s in following], dim=1)
+        parameters = (first, policy.log_std.expand_as(first)) if self.gaussian else (first,)
+        return parameters, value, next_state
+
+
+@dataclass(frozen=True)
+class RecurrentReference:
+    model: Any  # RecurrentPPO
+    vecnormalize: Any | None
+    chw_keys: set[str | None]
+    output_names: list[str]  # action, parameters..., value, next_state
+    layout: StateLayout
+    gaussian: bool
+
+    def outputs(
+        self,
+        observations: Observations,
+        action_masks: np.ndarray | None,
+        memory: Memory | None,
+    ) -> dict[str, np.ndarray]:
+        assert memory is not None, "a recurrent policy steps with its memory"
+        prepared = policy_input(observations, self.vecnormalize, self.chw_keys)
+        pi, vf = self._states(memory)
+        actions, _ = self.model.predict(
+            prepared,
+            state=tuple(s.numpy() for s in pi),
+            episode_start=memory.episode_start,
+            deterministic=True,
+        )
+        policy = self.model.policy
+        starts = torch.as_tensor(memory.episode_start, dtype=torch.float32)
+        with torch.no_grad():
+            obs, _ = policy.obs_to_tensor(prepared)
+            first = self._first_parameter(obs, pi, starts)
+            _, value, _, following = policy.forward(
+                obs, self._rnn_states(pi, vf), starts, deterministic=True
+            )
+        parameters = [first.numpy()]
+        if self.gaussian:
+            parameters.append(np.broadcast_to(policy.log_std.detach().numpy(), first.shape))
+        kept = [*following.pi, *following.vf][: len(self.layout.segments)]
+        next_state = np.concatenate([_rows(s) for s in kept], axis=1)
+        values = [np.asarray(actions), *parameters, value.flatten().numpy(), next_state]
+        return dict(zip(self.output_names, values, strict=True))
+
+    def sampled_log_prob(
+        self,
+        observations: Observations,
+        action_masks: np.ndarray | None,
+        memory: Memory | None,
+        seed: int,
+    ) -> SampledLogProb:
+        assert memory is not None, "a recurrent policy steps with its memory"
+        policy = self.model.policy
+        pi, _ = self._states(memory)
+        starts = torch.as_tensor(memory.episode_start, dtype=torch.float32)
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            prepared = policy_input(observations, self.vecnormalize, self.chw_keys)
+            obs, _ = policy.obs_to_tensor(prepared)
+            distribution, _ = policy.get_distribution(obs, pi, starts)
+            actions = distribution.sample()
+            log_prob = distribution.log_prob(actions)
+        return SampledLogProb(actions.numpy(), log_prob.numpy())
+
+    def _first_parameter(self, obs: Any, pi: tuple[Tensor, Tensor], starts: Tensor) -> Tensor:
+        """action_net's output (logits or the Gaussian mean), as get_distribution runs it."""
+        from stable_baselines3.common.policies import BaseModel
+
+        policy = self.model.policy
+        features = BaseModel.extract_features(policy, obs, policy.pi_features_extractor)
+        latent, _ = policy._process_sequence(features, pi, starts, policy.lstm_actor)
+        out: Tensor = policy.action_net(policy.mlp_extractor.forward_actor(latent))
+        return out
+
+    def _states(self, memory: Memory) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor] | None]:
+        """The memory as SB3 holds it: (h, c) per LSTM, each [layers, B, hidden]."""
+        segments = [
+            s.transpose(0, 1).contiguous()
+            for s in _segments(torch.as_tensor(memory.state), self.layout)
+        ]
+        pi = (segments[0], segments[1])
+        return pi, (segments[2], segments[3]) if len(segments) == 4 else None
+
+    def _rnn_states(self, pi: tuple[Tensor, Tensor], vf: tuple[Tensor, Tensor] | None) -> Any:
+        from sb3_contrib.common.recurrent.type_aliases import RNNStates
+
+        return RNNStates(pi, pi if vf is None else vf)
+
+
+def _rows(state: Tensor) -> np.ndarray:
+    """An SB3 state [layers, B, hidden] as rows [B, layers * hidden]."""
+    return state.transpose(0, 1).reshape(state.shape[1], -1).numpy()
