@@ -60,6 +60,14 @@ _BOUNDS_HELP = (
 )
 
 _SEQUENCES_HELP = "language models: sequences decoded together, at most"
+_HELD_SEQUENCES_HELP = (
+    "recurrent policies: live sequences (episodes) whose state the server holds, at most; "
+    "a new one evicts the least recently used idle one"
+)
+_SEQUENCE_IDLE_HELP = (
+    "recurrent policies: a held sequence with no step for this long is evicted (its next "
+    "step is refused, saying so)"
+)
 _GENERATION_DEADLINE_HELP = (
     "language models: per-request deadline of generate, score and the OpenAI routes "
     "(a generation takes many decoding steps; default_deadline_ms is for one forward pass)"
@@ -137,6 +145,9 @@ class ModelSettings(BaseModel):
         description="versions to load: {latest: N} (the newest N) or {specific: [versions]}",
     )
     observation_bounds: ObservationBounds = Field(ObservationBounds.ALLOW, description=_BOUNDS_HELP)
+    # Recurrent policies whose memory the server holds (sequence_id; serve.dataplane.sequences).
+    max_held_sequences: PositiveInt = Field(4096, description=_HELD_SEQUENCES_HELP)
+    sequence_idle_timeout_s: float = Field(60.0, gt=0, description=_SEQUENCE_IDLE_HELP)
     # Language models (continuous batching; max_queue_rows counts waiting requests there).
     generation_deadline_ms: float = Field(60000.0, gt=0, description=_GENERATION_DEADLINE_HELP)
     max_sequences: PositiveInt = Field(32, description=_SEQUENCES_HELP)

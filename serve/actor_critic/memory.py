@@ -11,20 +11,37 @@ as the source does.
   row; left out, no row starts an episode.
 - ``state``: required unless every row starts an episode (it is then zeros), as a float
   row (one observation) or one row per observation; finite.
+
+Or the server holds it (``serve.dataplane.sequences``): the request names its sequences
+instead, with the parameters Triton's sequence batcher reads:
+
+- ``sequence_id``: a string (1 to 128 characters) or a non-negative integer, one per
+  observation (a list, distinct ids, for a batch);
+- ``sequence_start``, ``sequence_end``: booleans as ``episode_start`` takes them; the first
+  step of an episode starts its sequence, the last ends it.
+
+``state`` and ``episode_start`` are then left out: the held memory feeds them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from serve.dataplane.messages import SequenceStep
 from serve.errors import InvalidInput
+from serve.json_shown import json_shown
 
 STATE = "state"
 EPISODE_START = "episode_start"
-FIELDS = (STATE, EPISODE_START)
+SEQUENCE_ID = "sequence_id"
+SEQUENCE_START = "sequence_start"
+SEQUENCE_END = "sequence_end"
+SEQUENCE_PARAMETERS = (SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END)
+MAX_ID_CHARACTERS = 128
 
 
 @dataclass(frozen=True)
@@ -53,27 +70,27 @@ class MemoryInputs:
             return Memory(np.zeros((rows, self.size), np.float32), starts)
         return Memory(self._state(state, rows, single=single), starts)
 
+    def held(self, parameters: Mapping[str, Any], rows: int, *, single: bool) -> SequenceStep:
+        """A step of sequences the server holds the memory of."""
+        if SEQUENCE_ID not in parameters:
+            raise InvalidInput(
+                f"{SEQUENCE_ID}: required with {SEQUENCE_START} or {SEQUENCE_END}: name the "
+                "sequence (the episode) this step belongs to"
+            )
+        return SequenceStep(
+            ids=_sequence_ids(parameters[SEQUENCE_ID], rows, single=single),
+            starts=_flags(SEQUENCE_START, parameters.get(SEQUENCE_START), rows, single=single),
+            ends=_flags(SEQUENCE_END, parameters.get(SEQUENCE_END), rows, single=single),
+            state_input=self.state_input,
+            start_input=self.start_input,
+            state_size=self.size,
+        )
+
     def feeds(self, memory: Memory) -> dict[str, np.ndarray]:
         return {self.state_input: memory.state, self.start_input: memory.episode_start}
 
     def _starts(self, value: Any, rows: int, *, single: bool) -> np.ndarray:
-        if value is None:
-            return np.zeros(rows, bool)
-        try:
-            starts = np.asarray(value)
-        except ValueError:  # ragged lists
-            starts = np.empty(0, object)
-        if starts.dtype.kind in "iu" and np.isin(starts, (0, 1)).all():
-            starts = starts.astype(bool)
-        if starts.dtype == np.bool_ and starts.ndim == 0:
-            return np.full(rows, bool(starts))
-        if starts.dtype != np.bool_ or starts.shape != (rows,):
-            every = "true or false" if single else f"true, false (every row) or {rows} booleans"
-            raise InvalidInput(
-                f"{EPISODE_START}: expected {every}, one per observation: true where it "
-                "begins an episode"
-            )
-        return starts
+        return _flags(EPISODE_START, value, rows, single=single)
 
     def _state(self, value: Any, rows: int, *, single: bool) -> np.ndarray:
         try:
@@ -100,3 +117,49 @@ class MemoryInputs:
     def _expected(self, rows: int, single: bool) -> str:
         row = f"{self.size} floats"
         return f"one row of {row}" if single else f"one row of {row} per observation ({rows})"
+
+
+def _flags(name: str, value: Any, rows: int, *, single: bool) -> np.ndarray:
+    """One boolean per row (``0``/``1`` too), or one for every row; False when left out."""
+    if value is None:
+        return np.zeros(rows, bool)
+    try:
+        flags = np.asarray(value)
+    except ValueError:  # ragged lists
+        flags = np.empty(0, object)
+    if flags.dtype.kind in "iu" and np.isin(flags, (0, 1)).all():
+        flags = flags.astype(bool)
+    if flags.dtype == np.bool_ and flags.ndim == 0:
+        return np.full(rows, bool(flags))
+    if flags.dtype != np.bool_ or flags.shape != (rows,):
+        every = "true or false" if single else f"true, false (every row) or {rows} booleans"
+        raise InvalidInput(f"{name}: expected {every}, one per observation")
+    return flags
+
+
+def _sequence_ids(value: Any, rows: int, *, single: bool) -> tuple[str | int, ...]:
+    if single or (rows == 1 and not isinstance(value, list)):
+        return (_sequence_id(value),)
+    if not isinstance(value, list) or len(value) != rows:
+        raise InvalidInput(
+            f"{SEQUENCE_ID}: expected a list of {rows} ids, one per observation; got "
+            f"{json_shown(value)}"
+        )
+    ids = tuple(_sequence_id(one) for one in value)
+    if len(set(ids)) != rows:
+        raise InvalidInput(
+            f"{SEQUENCE_ID}: ids repeat within the request; each observation of a batch "
+            "steps its own sequence"
+        )
+    return ids
+
+
+def _sequence_id(value: Any) -> str | int:
+    if isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARACTERS:
+        return value
+    if isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 0:
+        return int(value)
+    raise InvalidInput(
+        f"{SEQUENCE_ID}: expected a string of 1 to {MAX_ID_CHARACTERS} characters or a "
+        f"non-negative integer, got {json_shown(value)}"
+    )

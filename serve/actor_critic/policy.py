@@ -24,7 +24,7 @@ from serve.actor_critic.validation import ObservationValidator, predict_options
 from serve.contract import PolicyContract, TensorRole
 from serve.dataplane.batching import bucket, buckets_for
 from serve.dataplane.kinds import ModelKind
-from serve.dataplane.messages import InferenceRequest, Prepared
+from serve.dataplane.messages import InferenceRequest, Prepared, SequenceStep
 from serve.dataplane.runtime import CPU, Session
 from serve.errors import InvalidInput
 from serve.spaces import ObservationBounds, parse_observations
@@ -82,20 +82,7 @@ class ActorCriticPolicy:
                 f"{masks.FIELD}: model {self.name!r} takes no action masks (its policy may "
                 "take every action); leave them out"
             )
-        if self._memory is not None:
-            given = self._memory(
-                inputs.get(memory.STATE),
-                inputs.get(memory.EPISODE_START),
-                batch.rows,
-                single=batch.single,
-            )
-            feeds.update(self._memory.feeds(given))
-        elif memory.STATE in inputs or memory.EPISODE_START in inputs:
-            field = memory.STATE if memory.STATE in inputs else memory.EPISODE_START
-            raise InvalidInput(
-                f"{field}: model {self.name!r} is not recurrent (its answers depend on the "
-                "observation alone); leave state and episode_start out"
-            )
+        sequence = self._sequence(request, batch.rows, feeds, single=batch.single)
         return Prepared(
             feeds,
             batch.rows,
@@ -106,7 +93,42 @@ class ActorCriticPolicy:
             request.received_at,
             request.deadline,
             batch.out_of_bounds,
+            sequence=sequence,
         )
+
+    def _sequence(
+        self,
+        request: InferenceRequest,
+        rows: int,
+        feeds: dict[str, np.ndarray],
+        *,
+        single: bool,
+    ) -> SequenceStep | None:
+        """A recurrent policy's memory: given (into ``feeds``), or held by the server (the
+        step returned). Refused for a feed-forward one."""
+        inputs, parameters = request.inputs, request.parameters
+        given = [name for name in (memory.STATE, memory.EPISODE_START) if name in inputs]
+        named = [name for name in memory.SEQUENCE_PARAMETERS if name in parameters]
+        if self._memory is None:
+            if given or named:
+                raise InvalidInput(
+                    f"{(given + named)[0]}: model {self.name!r} is not recurrent (its answers "
+                    "depend on the observation alone); leave state, episode_start and "
+                    "sequence_* out"
+                )
+            return None
+        if not named:
+            held = self._memory(
+                inputs.get(memory.STATE), inputs.get(memory.EPISODE_START), rows, single=single
+            )
+            feeds.update(self._memory.feeds(held))
+            return None
+        if given:
+            raise InvalidInput(
+                f"{given[0]}: the server holds the memory of sequence_id's sequences; leave "
+                "state and episode_start out (sequence_start begins an episode)"
+            )
+        return self._memory.held(parameters, rows, single=single)
 
     def _no_distribution(self, options: PredictOptions) -> str:
         asked = "log_probs" if OutputKind.LOG_PROBS in options.outputs else "deterministic: false"

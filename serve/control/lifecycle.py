@@ -29,6 +29,7 @@ from serve.config import ModelSettings
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.model import ServedModel
 from serve.dataplane.scheduler import Scheduler
+from serve.dataplane.sequences import SequenceTable
 
 log = logging.getLogger("rlserve.lifecycle")
 
@@ -64,6 +65,11 @@ class ModelLifeCycle:
         self.held_since: float | None = None  # monotonic seconds; None while serving
         self._hold_ends: asyncio.TimerHandle | None = None
         self.generation = 0  # the repository's serving state applied here (serve.control.store)
+        self.sequences = (  # recurrent policies' server-held memory, per model
+            SequenceTable(name, settings.max_held_sequences, settings.sequence_idle_timeout_s)
+            if kind is ModelKind.ROWS
+            else None
+        )
 
     # ------------------------------------------------------------------ states
 
@@ -199,4 +205,5 @@ class ModelLifeCycle:
             "observation_bounds": s.observation_bounds.value,
             "scheduler": self.scheduler.describe(),
             "version_policy": s.version_policy.model_dump(exclude_none=True),
+            **({} if self.sequences is None else {"sequences": self.sequences.describe()}),
         }

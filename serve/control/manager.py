@@ -185,6 +185,7 @@ class ModelRepositoryManager:
                 version,
                 _default_deadline_ms(lifecycle),
                 self.result_caches.get(name),
+                lifecycle.sequences,
             )
         state = lifecycle.state if version is None else lifecycle.version_state(version)
         if state is ReadyState.LOADING:

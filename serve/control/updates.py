@@ -356,6 +356,8 @@ class Updater:
         entry.activate(version)
         swap_s = time.perf_counter() - started
         keep, queued_for = self.settings.resident_versions, entry.scheduler.pinned_versions()
+        if entry.sequences is not None:  # a live sequence keeps the version it started with
+            queued_for |= entry.sequences.versions()
         for gone in entry.evict(keep, queued_for):
             self.metrics.version_unloaded(entry.name, gone.version, gone.provider, gone.sha256)
             log.info(

@@ -71,7 +71,14 @@ REFUSING_S = 0.1  # after a 429 or 504, calls are checked from their headers for
 _OVERLOADED = frozenset((ErrorCode.QUEUE_FULL, ErrorCode.DEADLINE_EXCEEDED))
 EARLY_ANSWER_S = 0.01  # a model's early 429 (its message, Retry-After) is this fresh
 _QUEUE_FULL = ErrorCode.QUEUE_FULL.value
-PARAMETERS = ("deterministic", "seed", "outputs")
+PARAMETERS = (
+    "deterministic",
+    "seed",
+    "outputs",
+    "sequence_id",  # a recurrent policy's server-held sequences (serve.dataplane.sequences)
+    "sequence_start",
+    "sequence_end",
+)
 FIELDS = (*INPUTS, *PARAMETERS)
 _NO_PARAMETERS: dict[str, Any] = {}
 _CACHE_HIT = (b"x-result-cache", b"hit")

@@ -40,6 +40,20 @@ class Part:
     total: int  # the request's rows
 
 
+@dataclass(frozen=True, slots=True)
+class SequenceStep:
+    """A step of sequences whose memory the server holds (``serve.dataplane.sequences``):
+    one sequence id per row, the rows that start or end their sequence, and the graph inputs
+    the held memory feeds."""
+
+    ids: tuple[str | int, ...]
+    starts: np.ndarray  # bool [rows]
+    ends: np.ndarray  # bool [rows]
+    state_input: str
+    start_input: str
+    state_size: int  # floats of memory per row
+
+
 @dataclass(slots=True)
 class Prepared:
     """A validated request, ready to join a batch: its rows, how to answer it, and its
@@ -56,6 +70,7 @@ class Prepared:
     deadline: float  # monotonic seconds
     out_of_bounds: int = 0  # observations (rows) outside their Box's bounds, as given
     part: Part | None = None  # set on the parts of a request split across batches
+    sequence: SequenceStep | None = None  # memory held by the server, fed when it is queued
 
 
 @dataclass(frozen=True, slots=True)

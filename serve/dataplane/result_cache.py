@@ -113,9 +113,11 @@ class CacheSettings:
 
 def cache_key(model: str, version: int, sha256: str, prepared: Prepared) -> bytes | None:
     """The Redis key of a validated request's answer on one version; None when the answer
-    must come from the model every time (sampled or seeded actions)."""
+    must come from the model every time (sampled or seeded actions, server-held memory)."""
     options = prepared.options
     if not options.deterministic or options.seed is not None:
+        return None
+    if prepared.sequence is not None:  # the answer depends on memory the server holds
         return None
     digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
     digest.update(b"single\0" if prepared.single else b"batch\0")

@@ -12,13 +12,15 @@ from serve.dataplane.scheduler import RowScheduler, Scheduler, runs_no_rows
 
 if TYPE_CHECKING:
     from serve.dataplane.result_cache import CacheSettings
+    from serve.dataplane.sequences import SequenceTable
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
     """A model's scheduler, the version that validates the request, the version it is
-    pinned to (None: whichever is active when its batch forms), its default deadline, and
-    its result cache (None: it has none; ``serve.dataplane.result_cache``)."""
+    pinned to (None: whichever is active when its batch forms), its default deadline, its
+    result cache (None: it has none; ``serve.dataplane.result_cache``), and the sequences
+    whose memory it holds (None: a language model; ``serve.dataplane.sequences``)."""
 
     model: str
     kind: ModelKind  # what the model serves, decided when it was planned
@@ -27,6 +29,7 @@ class Route:
     pinned: int | None
     default_deadline_ms: float
     result_cache: CacheSettings | None = None
+    sequences: SequenceTable | None = None
 
     def row_scheduler(self) -> RowScheduler:
         """The scheduler that takes this route's rows; a language model's refuses them."""

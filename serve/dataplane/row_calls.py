@@ -13,8 +13,10 @@ between the two, every call takes these steps, written here only:
    when the call is small, on a worker thread when it is large (more than
    ``http_calls.INLINE_BODY_BYTES`` of JSON body or tensors' data), so no call holds the
    loop in proportion to its size;
-4. **submit**: never queued once its deadline passed; the scheduler answers it with the
-   version that computed it, for the frontend to stamp (``http_calls.stamp``).
+4. **submit**: never queued once its deadline passed; a step of server-held sequences
+   (a recurrent policy's ``sequence_id``) is fed its memory from the model's sequence table
+   and pinned to their version, and its next state is kept there; the scheduler answers it
+   with the version that computed it, for the frontend to stamp (``http_calls.stamp``).
 
 Errors are raised as ``RLServeError`` for the frontend's error path; the record of every
 executed batch is the scheduler's (``serve.dataplane.batch_run``).
@@ -29,10 +31,11 @@ from typing import TypeVar
 
 from serve.dataplane.deadline import Deadline, LoopTurn
 from serve.dataplane.http_calls import INLINE_BODY_BYTES
-from serve.dataplane.messages import InferenceResponse, Prepared
+from serve.dataplane.messages import InferenceResponse, Prepared, SequenceStep
 from serve.dataplane.routing import Route
 
 T = TypeVar("T")
+STATE = "state"  # a recurrent policy's answer: its next memory
 
 
 class PreparedOn(Enum):
@@ -67,4 +70,24 @@ class RowCalls:
     async def submit(route: Route, prepared: Prepared, deadline: Deadline) -> InferenceResponse:
         """Step 4: queue the prepared rows unless the deadline passed meanwhile."""
         deadline.check("validating it")
-        return await route.row_scheduler().submit(prepared, route.pinned)
+        if prepared.sequence is None:
+            return await route.row_scheduler().submit(prepared, route.pinned)
+        return await _sequence_step(route, prepared, prepared.sequence)
+
+
+async def _sequence_step(route: Route, prepared: Prepared, step: SequenceStep) -> InferenceResponse:
+    """A step of server-held sequences: their memory in, their next memory kept, and the
+    state left out of the answer (the server holds it)."""
+    table = route.sequences
+    assert table is not None, "row models hold sequences"
+    held = table.begin(step, step.state_size)
+    prepared.feeds[step.state_input] = held.state
+    prepared.feeds[step.start_input] = step.starts
+    version = route.pinned if held.version is None else held.version
+    try:
+        response = await route.row_scheduler().submit(prepared, version)
+    except BaseException:
+        table.abort(step)
+        raise
+    table.commit(step, response.outputs.pop(STATE), response.version)
+    return response

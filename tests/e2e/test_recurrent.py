@@ -1,12 +1,19 @@
-"""RecurrentPPO (sb3-contrib) served with client-held state: trained here on CartPole with
-its velocities hidden, exported through the CLI, served by a real server. Each answer
-carries the state after its step; clients send it back with their next observation, and
-rows of different clients batch together."""
+"""RecurrentPPO (sb3-contrib) served: trained here on CartPole with its velocities hidden,
+exported through the CLI, served by a real server.
+
+- Client-held state: each answer carries the state after its step; clients send it back
+  with their next observation, and rows of different clients batch together.
+- Server-held state: clients name their episode (``sequence_id``, ``sequence_start``,
+  ``sequence_end``) and send observations only; each sequence keeps the version it
+  started with across live updates."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import shutil
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,17 +21,20 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from sb3_contrib import RecurrentPPO
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
 
 from serve import cli
-from tests.e2e.server import Server
+from serve.client import PolicyClient
+from tests.e2e.server import Server, free_port
 from tests.export.export_envs import CartPoleNoVelocity
 from tests.export.export_rollouts import SourceRecurrentActor, run_episode
 
 PREDICT = "/v1/models/recurrent/predict"
+TOKEN = "recurrent-test-token"
 
 
 def rlserve(*args: str | Path) -> tuple[int, str, str]:
@@ -64,13 +74,32 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
         )
         assert code == 0, err
         assert "parity PASSED" in out
-    return model, tmp / "models"
+    models = tmp / "models"
+    for copy in ("swapped", "short_lived"):  # the same policy, for tests that change it
+        shutil.copytree(models / "recurrent", models / copy)
+    (models / "short_lived" / "config.yaml").write_text("sequence_idle_timeout_s: 0.5\n")
+    return model, models
 
 
 @pytest.fixture(scope="module")
-def server(trained: tuple[Any, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def grpc_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def server(
+    trained: tuple[Any, Path], grpc_port: int, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("recurrent_server") / "log"
-    running = Server.rlserve(trained[1], "--max-batch-size", "64", log=log)
+    running = Server.rlserve(
+        trained[1],
+        "--max-batch-size",
+        "64",
+        "--grpc-port",
+        str(grpc_port),
+        env={"RLSERVE_ADMIN_TOKEN": TOKEN},
+        log=log,
+    )
     running.wait_ready()
     yield running
     running.stop()
@@ -234,3 +263,250 @@ def test_v2_takes_state_and_episode_start_and_answers_the_next_state(server: Ser
     result = client.infer("recurrent", tensors, outputs=wanted)
     assert result.as_numpy("actions").tolist() == json_answer["actions"]
     np.testing.assert_allclose(result.as_numpy("state"), json_answer["state"], atol=1e-6)
+
+
+# ---------------------------------------------------------------------- server-held state
+
+
+class SequenceActor:
+    """One episode through the server, which holds its state: observations and the
+    sequence's id only. Remembers the version stamped on every answer."""
+
+    def __init__(self, server: Server, sequence_id: str | int, model: str = "recurrent") -> None:
+        self.client = server.client()
+        self.sequence_id = sequence_id
+        self.path = f"/v1/models/{model}/predict"
+        self.started = False
+        self.versions: list[int] = []
+
+    def __call__(self, observation: np.ndarray) -> int:
+        answer = self.step(observation)
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert "state" not in body  # the server holds it
+        self.versions.append(body["model_version"])
+        assert answer.headers["x-policy-version"] == str(body["model_version"])
+        return int(body["actions"])
+
+    def step(self, observation: np.ndarray, *, end: bool = False) -> Any:
+        body = {
+            "observations": observation.tolist(),
+            "sequence_id": self.sequence_id,
+            "sequence_start": not self.started,
+            "sequence_end": end,
+        }
+        self.started = True
+        return self.client.post(self.path, json=body)
+
+
+def test_server_held_episodes_replay_the_sources_predict_loop(
+    trained: tuple[Any, Path], server: Server
+) -> None:
+    model = trained[0]
+    env = CartPoleNoVelocity()
+    for seed in range(2):
+        theirs = run_episode(env, SourceRecurrentActor(model), seed)
+        actor = SequenceActor(server, f"episode-{seed}")
+        with actor.client:
+            ours = run_episode(env, actor, seed)
+        assert [int(a) for a in ours.actions] == [int(a) for a in theirs.actions]
+
+
+def test_sixteen_server_held_sequences_at_once_each_replay_the_source(
+    trained: tuple[Any, Path], server: Server
+) -> None:
+    model = trained[0]
+
+    def episode(seed: int) -> tuple[list[int], list[int]]:
+        env = CartPoleNoVelocity()
+        actor = SequenceActor(server, seed)
+        with actor.client:
+            ours = run_episode(env, actor, seed)
+        theirs = run_episode(env, SourceRecurrentActor(model), seed)
+        return [int(a) for a in ours.actions], [int(a) for a in theirs.actions]
+
+    with ThreadPoolExecutor(16) as pool:
+        for ours, theirs in pool.map(episode, range(200, 216)):
+            assert ours == theirs
+
+
+def test_a_batch_steps_one_sequence_per_row(server: Server) -> None:
+    """A vector env's rows, one sequence each, equal the same sequences stepped alone."""
+    rng = np.random.default_rng(1)
+    steps = rng.uniform(-0.2, 0.2, (3, 2, 2)).tolist()
+    with server.client() as client:
+        together = []
+        for t, obs in enumerate(steps):
+            body = {"observations": obs, "sequence_id": ["v0", "v1"], "sequence_start": t == 0}
+            answer = client.post(PREDICT, json=body)
+            assert answer.status_code == 200, answer.text
+            together.append(answer.json()["actions"])
+        for row in range(2):
+            for t, obs in enumerate(steps):
+                body = {"observations": obs[row], "sequence_id": f"alone-{row}"}
+                body["sequence_start"] = t == 0
+                alone = client.post(PREDICT, json=body).json()
+                assert alone["actions"] == together[t][row]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            {"observations": [0.0, 0.0], "sequence_id": "never-started"},
+            'sequence_id "never-started": no such live sequence',
+        ),
+        (
+            {
+                "observations": [0.0, 0.0],
+                "sequence_id": "x",
+                "sequence_start": True,
+                "state": [0.0] * 128,
+            },
+            "state: the server holds the memory of sequence_id's sequences",
+        ),
+        (
+            {"observations": [0.0, 0.0], "sequence_id": True, "sequence_start": True},
+            "sequence_id: expected a string of 1 to 128 characters or a non-negative integer",
+        ),
+        (
+            {"observations": [[0.0, 0.0]] * 2, "sequence_id": ["a", "a"], "sequence_start": True},
+            "sequence_id: ids repeat within the request",
+        ),
+        (
+            {"observations": [0.0, 0.0], "sequence_start": True},
+            "sequence_id: required with sequence_start or sequence_end",
+        ),
+    ],
+)
+def test_bad_sequence_steps_are_refused_naming_what_to_send(
+    server: Server, body: dict[str, Any], message: str
+) -> None:
+    with server.client() as client:
+        refused = client.post(PREDICT, json=body)
+    assert refused.status_code == 422, refused.text
+    assert message in refused.json()["error"]["message"]
+
+
+def test_an_ended_sequence_is_gone_and_an_idle_one_is_evicted_saying_so(server: Server) -> None:
+    with server.client() as client:
+        path = "/v1/models/short_lived/predict"
+        first = {"observations": [0.0, 0.0], "sequence_id": 1, "sequence_start": True}
+        assert client.post(path, json=first).status_code == 200
+        last = {"observations": [0.0, 0.0], "sequence_id": 1, "sequence_end": True}
+        assert client.post(path, json=last).status_code == 200
+        ended = client.post(path, json={"observations": [0.0, 0.0], "sequence_id": 1})
+        assert ended.status_code == 422
+        assert "no such live sequence" in ended.json()["error"]["message"]
+        assert client.post(path, json={**first, "sequence_id": 2}).status_code == 200
+        time.sleep(0.7)  # past its sequence_idle_timeout_s of 0.5
+        evicted = client.post(path, json={"observations": [0.0, 0.0], "sequence_id": 2})
+        assert evicted.status_code == 422
+        message = evicted.json()["error"]["message"]
+        assert "evicted (it was idle for more than 0.5 s)" in message
+        assert "sequence_start: true" in message
+        described = client.get("/v1/models/short_lived").json()["sequences"]
+    assert described["evictions"] == 1
+    assert described["idle_timeout_s"] == 0.5
+
+
+def test_v2_and_tritonclient_step_server_held_sequences(server: Server) -> None:
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    obs = np.array([[0.01, 0.02]], np.float32)
+    actions = []
+    for t in range(3):
+        tensor = triton_http.InferInput("obs", [1, 2], "FP32")
+        tensor.set_data_from_numpy(obs * (t + 1))
+        result = client.infer(
+            "recurrent",
+            [tensor],
+            outputs=[triton_http.InferRequestedOutput("actions")],
+            sequence_id=42,
+            sequence_start=t == 0,
+            sequence_end=t == 2,
+        )
+        actions.append(int(result.as_numpy("actions")[0]))
+    with server.client() as http:
+        alone = []
+        for t in range(3):
+            body = {
+                "observations": (obs[0] * (t + 1)).tolist(),
+                "sequence_id": "json-42",
+                "sequence_start": t == 0,
+            }
+            alone.append(http.post(PREDICT, json=body).json()["actions"])
+    assert actions == alone
+
+
+def test_grpc_steps_server_held_sequences_with_tritons_sequence_parameters(
+    server: Server, grpc_port: int
+) -> None:
+    client = triton_grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    obs = np.array([[0.05, -0.01]], np.float32)
+    by_grpc, by_json = [], []
+    with server.client() as http:
+        for t in range(3):
+            tensor = triton_grpc.InferInput("obs", [1, 2], "FP32")
+            tensor.set_data_from_numpy(obs * (t + 1))
+            result = client.infer(
+                "recurrent",
+                [tensor],
+                outputs=[triton_grpc.InferRequestedOutput("values")],
+                sequence_id=7,
+                sequence_start=t == 0,
+            )
+            by_grpc.append(float(result.as_numpy("values")[0]))
+            body = {
+                "observations": (obs[0] * (t + 1)).tolist(),
+                "sequence_id": "json-7",
+                "sequence_start": t == 0,
+                "outputs": ["values"],
+            }
+            by_json.append(http.post(PREDICT, json=body).json()["values"])
+    np.testing.assert_allclose(by_grpc, by_json, atol=1e-6)
+    assert len(set(by_grpc)) == 3  # the state moved between steps
+
+
+def test_a_live_update_never_moves_a_running_sequence_to_another_version(
+    trained: tuple[Any, Path], server: Server
+) -> None:
+    """Sequences step while versions 2 and 3 are pushed: each sequence answers from the
+    version it started on to its end (version 1 stays loaded for one that outlives two
+    updates), and sequences started after an update run on the new version."""
+    onnx = (trained[1] / "swapped" / "1" / "model.onnx").read_bytes()
+    env_seeds = iter(range(300, 10_000))
+    lock = threading.Lock()
+    finished: list[list[int]] = []
+    stop = threading.Event()
+
+    def worker() -> None:
+        while not stop.is_set():
+            with lock:
+                seed = next(env_seeds)
+            actor = SequenceActor(server, f"swap-{seed}", model="swapped")
+            with actor.client:
+                for t in range(20):
+                    actor(np.random.default_rng(seed + t).uniform(-0.2, 0.2, 2))
+            with lock:
+                finished.append(actor.versions)
+
+    long_lived = SequenceActor(server, "outlives-two-updates", model="swapped")
+    long_lived(np.zeros(2))
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    with PolicyClient(server.url, admin_token=TOKEN) as admin:
+        time.sleep(0.3)
+        admin.push("swapped", 2, onnx)
+        time.sleep(0.3)
+        admin.push("swapped", 3, onnx)
+        time.sleep(0.3)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    long_lived(np.zeros(2))
+    long_lived.client.close()
+    assert long_lived.versions == [1, 1]
+    assert all(len(set(versions)) == 1 for versions in finished), finished
+    started_on = {versions[0] for versions in finished}
+    assert {1, 3} <= started_on, started_on

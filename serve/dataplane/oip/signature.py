@@ -5,8 +5,9 @@ Built once per loaded version from its policy contract (cached by the version's 
 - **inputs**: the contract's observation tensors, by their graph input names (``obs``, or
   one per key of a Dict space), datatype and shape from the contract with ``-1`` for the
   batch axis; ``action_mask`` (BOOL) for a policy that takes one; ``state`` (FP32) and
-  ``episode_start`` (BOOL) for a recurrent one; and, not listed in the metadata,
-  ``actions``: given actions to score.
+  ``episode_start`` (BOOL) for a recurrent one (optional: left out when every row starts
+  an episode, or when the server holds the memory of the call's ``sequence_id``); and,
+  not listed in the metadata, ``actions``: given actions to score.
 - **outputs**: ``actions``, ``log_probs`` (when the policy has a distribution), ``values``
   (when it has a critic), ``q_values`` (a Q-network's), the distribution's parameters
   (``logits``, or ``mean`` and ``log_std``), and a recurrent policy's next ``state``.
@@ -44,6 +45,7 @@ _EXTRA_INPUTS = {
     TensorRole.EPISODE_START: "episode_start",
 }
 STATE = "state"  # a recurrent policy's output: the state to send with its next step
+SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 # Request parameters rlserve reads; any other is refused, naming these. Triton's clients
 # send triton_enable_empty_final_response on every gRPC call: it only matters to decoupled
 # models (several responses per request), which a policy never is, so it is accepted as is.
@@ -51,6 +53,9 @@ PARAMETERS = (
     "deterministic",
     "seed",
     "outputs",
+    "sequence_id",  # Triton's sequence batcher's: a recurrent policy's server-held memory
+    "sequence_start",
+    "sequence_end",
     "timeout",
     "binary_data_output",
     "priority",
@@ -119,6 +124,12 @@ class Signature:
         ]
         self._observation_inputs = observations
         self.inputs = [*observations, *(meta for meta, _ in self._extras)]
+        # a recurrent policy's memory: left out at an episode's start, or held by the server
+        self._optional = {
+            spec.name
+            for role in (TensorRole.STATE, TensorRole.EPISODE_START)
+            if (spec := contract.input_of(role)) is not None
+        }
         self._keys = {spec.name: spec.key for spec in contract.inputs}
         self._dict_space = any(key is not None for key in self._keys.values())
         self._actions = _from_spec(ACTIONS, contract, TensorRole.ACTION)
@@ -163,13 +174,14 @@ class Signature:
         if given is not None:
             inputs["actions"] = self._given_actions(given)
         for meta, request_input in self._extras:
-            inputs[request_input] = call.inputs[meta.name]
+            if meta.name in call.inputs:
+                inputs[request_input] = call.inputs[meta.name]
         parameters = self._parameters(call)
         return InferenceRequest(inputs, parameters, request_id, received_at, deadline)
 
     def _observations(self, tensors: Mapping[str, np.ndarray]) -> Any:
         unknown = sorted(set(tensors) - set(self._inputs_by_name) - {ACTIONS})
-        missing = sorted(set(self._inputs_by_name) - set(tensors))
+        missing = sorted(set(self._inputs_by_name) - set(tensors) - self._optional)
         if unknown or missing:
             raise InvalidInput(
                 f"inputs: this model takes {self._describe_inputs()}"
@@ -178,7 +190,9 @@ class Signature:
             )
         rows = set()
         for meta in self.inputs:
-            values = tensors[meta.name]
+            values = tensors.get(meta.name)
+            if values is None:
+                continue  # optional, and left out
             _check(meta, values)
             rows.add(len(values))
         if len(rows) > 1:
@@ -207,6 +221,9 @@ class Signature:
             parameters["deterministic"] = given["deterministic"]
         if "seed" in given:
             parameters["seed"] = given["seed"]
+        for name in SEQUENCE_PARAMETERS:
+            if name in given:
+                parameters[name] = given[name]
         call.chosen = self.chosen(call)
         kinds = self._kinds(call.chosen)
         if kinds is not None:
@@ -264,6 +281,8 @@ class Signature:
         """The tensors a call asked for, from its answer (batch axis kept)."""
         tensors = []
         for output in call.chosen or self.chosen(call):
+            if output.name == STATE and STATE not in answer:
+                continue  # the server holds the sequence's memory: nothing to carry
             meta = self._by_name[output.name]
             if output.name in self._parameter_outputs:
                 values = answer["distribution"][output.name]

@@ -277,9 +277,9 @@ def test_a_dict_models_inputs_need_one_batch_size() -> None:
 
 
 def test_unknown_parameters_are_refused_naming_those_read() -> None:
-    given = call({"obs": cartpole_obs()}, temperature=0.5, sequence_id=3)
+    given = call({"obs": cartpole_obs()}, temperature=0.5, correlation_id=3)
     with pytest.raises(
-        InvalidInput, match=r"unknown parameter\(s\) \['sequence_id', 'temperature'\]"
+        InvalidInput, match=r"unknown parameter\(s\) \['correlation_id', 'temperature'\]"
     ) as caught:
         request(Signature(CARTPOLE), given)
     assert str(list(PARAMETERS)) in caught.value.message
