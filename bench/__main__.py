@@ -2,8 +2,9 @@
 read against the HTTP floor, a bare ASGI app on uvicorn (issue #20), rlserve under
 overload (issue #9), rlserve's Open Inference Protocol under perf_analyzer,
 the inference side of RL training: rollout workers and experience buffers (issue #11),
-language-model generation with continuous batching (issue #12), and the result cache's hit
-and miss paths against a model run (issue #13).
+language-model generation with continuous batching (issue #12), the result cache's hit
+and miss paths against a model run (issue #13), and recurrent policies with client-held
+and server-held state (issue #22).
 
     python -m bench [--seconds 8] [--only mlp-64,actor] [--output docs/benchmarks.md]
 
@@ -34,6 +35,8 @@ Scenarios (all by default):
                                        onnxruntime-genai (issue #12), see below
   cache                                the result cache (mlp, cnn): a hit and a miss
                                        against a model run (issue #13), see below
+  recurrent                            64 sequences of a RecurrentPPO, client-held and
+                                       server-held state (issue #22), see below
 
 overload: one rlserve serve process (mlp). Saturation: wrk at 8, 16, 32 and 64
 connections; goodput = 2xx answers/s, its peak is reached at C* connections. Overload:
@@ -92,6 +95,13 @@ connection below its model run's, and the hit rows' lookups no misses and >= 95%
 rest counted Redis timeouts). `--only cache --seconds 8` takes under three minutes, plus
 exporting the models.
 
+recurrent (bench/recurrent.py): an untrained RecurrentPPO MlpLstmPolicy (64-unit LSTMs:
+256 floats of state) exported with its parity gate; rlserve serve on core 0; wrk on core
+1 with 64 threads of one connection each, one sequence per thread, one step in flight at
+a time: client-held (each step carries the state the previous answer returned) and
+server-held (each step carries its sequence_id). Target: server-held >= 80% of
+client-held's requests/s. `--only recurrent --seconds 8` takes under a minute.
+
 Needs wrk and taskset on PATH, two CPU cores, and the test install (torch and
 stable-baselines3 build the mlp and cnn models; transformers, trl, peft and
 onnxruntime-genai the lm scenario; redis-server the cache scenario). Writes
@@ -128,6 +138,7 @@ from bench import (
     oip,
     overload,
     raw,
+    recurrent,
     report,
     scenarios,
     servers,
@@ -228,7 +239,8 @@ def _run(args: BenchArgs, chosen: tuple[str, ...], results: Results, workdir: Pa
 def _run_peers(
     args: BenchArgs, chosen: tuple[str, ...], results: Results, repository: Path, workdir: Path
 ) -> None:
-    """The scenarios with sections of their own: OIP, the RL loop, LMs, the result cache."""
+    """The scenarios with sections of their own: OIP, the RL loop, LMs, the result cache,
+    recurrent policies."""
     if scenarios.OIP in chosen:
         _say("mlp, cnn: Open Inference Protocol (perf_analyzer)")
         results.oip = oip.run(repository, workdir, args.seconds, args.warmup, args.mlserver)
@@ -241,6 +253,9 @@ def _run_peers(
     if scenarios.CACHE in chosen:
         _say("mlp, cnn: the result cache against a model run")
         results.cache = cache.run(repository, workdir, args.seconds, args.warmup)
+    if scenarios.RECURRENT in chosen:
+        _say("recurrent: 64 sequences, client-held and server-held state")
+        results.recurrent = recurrent.run(workdir, args.seconds, args.warmup)
 
 
 def _write(output: Path, results: Results, chosen: tuple[str, ...]) -> None:
@@ -277,6 +292,8 @@ def _splice(
             return report.splice_lm(old, results.lm, verdicts)
         if results.cache is not None:
             return report.splice_cache(old, results.cache, verdicts)
+        if results.recurrent is not None:
+            return report.splice_recurrent(old, results.recurrent, verdicts)
     return report.splice_subset(old, results, verdicts)
 
 

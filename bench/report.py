@@ -18,6 +18,7 @@ from bench import (
     oip,
     overload,
     ratios,
+    recurrent,
     scenarios,
     servers,
     targets,
@@ -27,6 +28,7 @@ from bench.lm import BaselineRun, LmRun, ServerRun
 from bench.loop import BufferRun, LoopRun, WorkerRun
 from bench.oip import OipRun, PerfRun
 from bench.overload import GoodputRun, OverloadRun
+from bench.recurrent import RecurrentRow, RecurrentRun
 from bench.results import Conditions, LoadRun, Results
 from bench.targets import Verdict
 
@@ -66,6 +68,14 @@ def render(results: Results, verdicts: list[Verdict]) -> str:
         parts.append(_actor_section(results))
     if results.overload is not None:
         parts.append(_overload_section(results.overload))
+    parts += _own_sections(results)
+    parts.append(_READING)
+    return "\n".join(parts)
+
+
+def _own_sections(results: Results) -> list[str]:
+    """The scenarios with sections of their own, in the document's order."""
+    parts = []
     if results.oip is not None:
         parts.append(_oip_section(results.oip))
     if results.loop is not None:
@@ -74,8 +84,9 @@ def render(results: Results, verdicts: list[Verdict]) -> str:
         parts.append(_lm_section(results.lm))
     if results.cache is not None:
         parts.append(_cache_section(results.cache))
-    parts.append(_READING)
-    return "\n".join(parts)
+    if results.recurrent is not None:
+        parts.append(_recurrent_section(results.recurrent))
+    return parts
 
 
 def _header(c: Conditions) -> str:
@@ -105,6 +116,8 @@ def _header(c: Conditions) -> str:
         )
     if scenarios.CACHE in c.scenarios:
         own_runs += " (the cache scenario: each path and connection count measured as long)"
+    if scenarios.RECURRENT in c.scenarios:
+        own_runs += " (the recurrent scenario: each mode measured as long)"
     return (
         "# Benchmarks\n\n"
         f"Written by `python -m bench` on {c.when}.\n\n"
@@ -425,6 +438,13 @@ def splice_cache(document: str, run: CacheRun, verdicts: list[Verdict]) -> str |
     """``document`` with its cache section and the cache rows of its Targets table replaced
     by this run's; None when it is no benchmarks document."""
     return _splice(document, CACHE_HEADING, _cache_section(run), verdicts, targets.CACHE_PREFIX)
+
+
+def splice_recurrent(document: str, run: RecurrentRun, verdicts: list[Verdict]) -> str | None:
+    """``document`` with its recurrent section and the recurrent rows of its Targets table
+    replaced by this run's; None when it is no benchmarks document."""
+    section = _recurrent_section(run)
+    return _splice(document, RECURRENT_HEADING, section, verdicts, targets.RECURRENT_PREFIX)
 
 
 def _splice(
@@ -1189,3 +1209,78 @@ on per model. Errors in the lookups columns are round trips Redis did not answer
 the timeout on this 2-core machine, where Redis shares its core with wrk: those requests
 ran the model, and none failed. Redis's CPU per request is what a deployment adds on the
 Redis side."""
+
+
+RECURRENT_HEADING = "## Recurrent policies"
+
+
+def _recurrent_section(run: RecurrentRun) -> str:
+    lines = [
+        RECURRENT_HEADING,
+        "",
+        _RECURRENT_METHOD.format(
+            when=run.when,
+            took=_duration(run.seconds),
+            machine=run.machine,
+            load=run.load_before,
+            load_after=run.load_after,
+            sequences=recurrent.SEQUENCES,
+            hidden=recurrent.HIDDEN,
+            size=run.state_size,
+            warmup=f"{run.warmup_s:g}",
+            seconds=f"{run.measured_s:g}",
+        ),
+        "",
+        "| target | measured | result |",
+        "|---|---:|---|",
+        *(_target_row(v) for v in targets.recurrent_verdicts(run)),
+        "",
+    ]
+    if run.failure is not None:
+        return "\n".join([*lines, f"Not measured: {run.failure}", ""])
+    lines += [
+        "| state | requests/s | p50 ms | p99 ms | errors | server CPU µs/request "
+        "| request bytes | answer bytes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        *(_recurrent_row(row) for row in run.rows),
+        "",
+        _RECURRENT_READING,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _recurrent_row(row: RecurrentRow) -> str:
+    head = f"| {row.mode.value} "
+    r = row.load
+    if r is None:
+        return f"{head}| failed: {(row.failure or '').replace('|', '/')} | | | | | | |"
+    return (
+        f"{head}| {r.requests_per_s:,.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.errors} "
+        f"| {_maybe(row.server_us_per_request, '{:,.0f}')} | {row.request_bytes:,} "
+        f"| {row.answer_bytes:,} |"
+    )
+
+
+_RECURRENT_METHOD = """\
+Measured {when} ({took}) on {machine}; load average {load} before, {load_after} after.
+An untrained RecurrentPPO `MlpLstmPolicy` on CartPole's spaces ({hidden}-unit LSTMs for
+the actor and the critic: {size} floats of state per step), exported with
+`rlserve export sb3` (parity over whole sequences); `rlserve serve` (one process, core 0,
+`--max-batch-size {sequences}`); wrk on core 1 with {sequences} threads of one connection
+each, one sequence per thread, so each sequence has one step in flight at a time, as an
+actor has; {warmup} s of warm-up then {seconds} s measured per row. *Client-held*: each
+step posts the observation and the `state` the previous answer returned (wrk's Lua
+copies the answer's array into the next body); *server-held*: each step posts the
+observation and its `sequence_id`, and the server keeps the state in its sequence
+table. CPU is the server process's time over the measured run, per request."""
+
+_RECURRENT_READING = """\
+How to read it: the two modes batch the same rows through the same graph; they differ in
+what travels and where the state lives. Client-held, every step carries the state both
+ways as JSON (its bytes in the last columns), which orjson encodes and the validator
+parses as one float array; server-held, the step looks its sequence up in the table,
+copies its state row into the batch and the answer's row back (a few microseconds), and
+the bodies shrink to the observation. On one core the two costs come out close: the
+state's JSON is a small part of a step's cost here, and the table's bookkeeping is
+smaller still; a larger state or a slower network between actor and server would widen
+the gap in the server-held mode's favour."""

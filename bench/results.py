@@ -11,6 +11,7 @@ from bench.load import LoadResult
 from bench.loop import LoopRun
 from bench.oip import OipRun
 from bench.overload import OverloadRun
+from bench.recurrent import RecurrentRun
 from bench.scenarios import Scenario
 from bench.servers import Setup
 
@@ -77,6 +78,7 @@ class Results:
     loop: LoopRun | None = None
     lm: LmRun | None = None
     cache: CacheRun | None = None
+    recurrent: RecurrentRun | None = None
 
     def find(self, scenario: str, setup_key: str) -> LoadRun | None:
         for run in self.load:

@@ -7,8 +7,9 @@ observation per request (seeded, so every run sends the same bytes) to every ser
 the Open Inference Protocol under Triton's perf_analyzer (see bench/oip.py), ``loop``
 the inference side of RL training: rollout workers and experience buffers (see
 bench/loop.py), ``lm`` language-model generation with continuous batching against
-transformers and onnxruntime-genai (see bench/lm.py), and ``cache`` the result cache's hit
-and miss paths against a model run (see bench/cache.py).
+transformers and onnxruntime-genai (see bench/lm.py), ``cache`` the result cache's hit
+and miss paths against a model run (see bench/cache.py), and ``recurrent`` 64 sequences
+of a recurrent policy with client-held and server-held state (see bench/recurrent.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ OIP = "oip"
 LOOP = "loop"
 LM = "lm"
 CACHE = "cache"
+RECURRENT = "recurrent"
 STOCHASTIC_OUTPUTS = ("actions", "log_probs", "values")
 
 
@@ -50,8 +52,14 @@ WRK = (
     Scenario("cnn-64", "cnn", "cnn", 64),
     Scenario("cartpole-64", "cartpole", "cartpole", 64),
 )
-NAMES = (*(s.name for s in WRK), RAW, ACTOR, OVERLOAD, OIP, LOOP, LM, CACHE)
-SPLICED = (OIP, LOOP, LM, CACHE)  # alone into an existing document: replace only their own section
+NAMES = (*(s.name for s in WRK), RAW, ACTOR, OVERLOAD, OIP, LOOP, LM, CACHE, RECURRENT)
+SPLICED = (
+    OIP,
+    LOOP,
+    LM,
+    CACHE,
+    RECURRENT,
+)  # alone into an existing document: replace only their own section
 MODELS = ("cartpole", "mlp", "cnn")  # every model of the repository, in document order
 
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench import cache, lm, loop, models, oip, overload, ratios, servers
+from bench import cache, lm, loop, models, oip, overload, ratios, recurrent, servers
 from bench.actor import OVER_HTTP, Client
 from bench.cache import CacheRun, Path_
 from bench.lm import LmRun, ServerRun
 from bench.loop import LoopRun
 from bench.oip import OipRun
 from bench.overload import OverloadRun
+from bench.recurrent import RecurrentRun
 from bench.results import LoadRun, Results
 
 
@@ -58,6 +59,7 @@ def judge(results: Results) -> list[Verdict]:
         *loop_verdicts(results.loop),
         *lm_verdicts(results.lm),
         *cache_verdicts(results.cache),
+        *recurrent_verdicts(results.recurrent),
     ]
 
 
@@ -488,3 +490,29 @@ def _cache_hits(run: CacheRun | None) -> Verdict:
         f" ({errors} failed requests)" if errors else ""
     )
     return Verdict(target, measured, lowest >= cache.MIN_HIT_RATIO and not misses and not errors)
+
+
+RECURRENT_PREFIX = "recurrent: "  # every recurrent target starts so
+
+
+def recurrent_verdicts(run: RecurrentRun | None) -> list[Verdict]:
+    target = (
+        f"{RECURRENT_PREFIX}{recurrent.SEQUENCES} server-held sequences ≥ "
+        f"{recurrent.MIN_SERVER_HELD_SHARE:.0%} of client-held's requests/s"
+    )
+    if run is None:
+        return [Verdict(target, "not run", None)]
+    share = run.server_held_share
+    if share is None:
+        return [Verdict(target, run.failure or "a mode failed", None)]
+    held, client = run.row(recurrent.Mode.SERVER_HELD), run.row(recurrent.Mode.CLIENT_HELD)
+    assert held is not None
+    assert client is not None
+    assert held.load is not None
+    assert client.load is not None
+    errors = held.load.errors + client.load.errors
+    measured = (
+        f"{held.load.requests_per_s:,.0f} against {client.load.requests_per_s:,.0f} "
+        f"requests/s: {share:.0%}" + (f"; {errors} errors" if errors else "")
+    )
+    return [Verdict(target, measured, share >= recurrent.MIN_SERVER_HELD_SHARE and not errors)]
