@@ -241,6 +241,17 @@ class TorchArgs(CommonArgs):
         default=TorchAlgorithm.PPO,
         metadata=arg("algorithm the module was trained with (what its method returns)"),
     )
+    lstm: str | None = field(
+        default=None,
+        metadata=arg(
+            "a recurrent policy (CleanRL's ppo_atari_lstm): the module's nn.LSTM attribute. "
+            "The method is then called as method(obs, (h, c), done) and returns "
+            "(distribution, value, (h, c)), states [layers, B, hidden] as the LSTM takes "
+            "them, done the float episode starts; the served policy takes and returns the "
+            "state (docs/export.md)",
+            metavar="ATTR",
+        ),
+    )
 
     def load_source(self) -> PolicySource:
         from export.modules.source import TorchOptions, load_source
@@ -255,6 +266,7 @@ class TorchArgs(CommonArgs):
                 method=self.method,
                 obs_norm=self.obs_norm,
                 algorithm=Algorithm(self.algorithm.value),
+                lstm=self.lstm,
             )
         )
 

@@ -40,10 +40,17 @@ def check_method(
         )
 
 
-def _call(module: nn.Module, method: str, space: Leaf, norm: NormStats | None) -> tuple[Any, Any]:
+def sample_batch(space: Leaf, norm: NormStats | None) -> np.ndarray:
+    """A few observations as the method is called on them (normalised when statistics are
+    given), float32."""
     x = sample(space, np.random.default_rng(0), _PROBE_BATCH)
     if norm is not None:
         x = norm.apply(None, x)
+    return np.asarray(x, dtype=np.float32)
+
+
+def _call(module: nn.Module, method: str, space: Leaf, norm: NormStats | None) -> tuple[Any, Any]:
+    x = sample_batch(space, norm)
     with torch.no_grad(), distributions.no_argument_validation():
         try:
             returned = getattr(module, method)(torch.as_tensor(x, dtype=torch.float32))

@@ -16,14 +16,22 @@ import torch
 from torch import Tensor, nn
 
 from export.actor_critic.action_spaces import checked, distribution_for
-from export.actor_critic.graph import ActorGraph, Parameters, PolicyGraph
+from export.actor_critic.graph import ActorGraph, Parameters, PolicyGraph, RecurrentPolicyGraph
 from export.actor_critic.heads import deterministic_action
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.preprocess import observation_pipelines
 from export.actor_critic.source import PolicySource
 from export.actor_critic.tensors import output_specs
 from export.files import sha256_of
-from export.modules import distributions, obs_norm, off_policy, probe, spaces, target
+from export.modules import (
+    distributions,
+    obs_norm,
+    off_policy,
+    probe,
+    recurrent,
+    spaces,
+    target,
+)
 from export.modules.reference import TorchReference
 from serve.contract import Algorithm, DistributionSpec, Normalization, Preprocessing, Source
 from serve.distributions import DistributionKind
@@ -43,6 +51,7 @@ class TorchOptions:
     method: str | None = None  # None: DEFAULT_METHOD, or forward for off-policy modules
     obs_norm: Path | None = None
     algorithm: Algorithm = Algorithm.PPO
+    lstm: str | None = None  # the module's nn.LSTM attribute: a recurrent policy
 
     @property
     def method_name(self) -> str:
@@ -75,6 +84,8 @@ def load_source(options: TorchOptions) -> PolicySource:
     norm = _norm(options.obs_norm, observation_space)
     if options.algorithm in off_policy.OFF_POLICY:
         return _off_policy(options, module, norm, observation_space, action_space)
+    if options.lstm is not None:
+        return _recurrent(options, options.lstm, module, norm, observation_space, action_space)
     probe.check_method(module, options.method_name, observation_space, action_space, norm)
     kind = distribution_for(action_space).kind
     reference = TorchReference(
@@ -127,6 +138,52 @@ def _off_policy(
         action_space=action_space,
         distribution=DistributionSpec(kind=kind),
         preprocessing=Preprocessing(normalization=_normalization(norm), action_clip=False),
+    )
+
+
+def _recurrent(
+    options: TorchOptions,
+    attr: str,
+    module: nn.Module,
+    norm: NormStats | None,
+    observation_space: Leaf,
+    action_space: Leaf,
+) -> PolicySource:
+    if options.algorithm not in (Algorithm.PPO, Algorithm.A2C):
+        raise ExportError(
+            f"--lstm {attr}: recurrent modules are exported as actor-critics (--algorithm "
+            f"ppo or a2c), not {options.algorithm.value}"
+        )
+    layout = recurrent.state_layout(recurrent.the_lstm(module, attr), attr)
+    batch = torch.as_tensor(probe.sample_batch(observation_space, norm))
+    recurrent.check_method(module, options.method_name, layout, batch)
+    kind = distribution_for(action_space).kind
+    reference = recurrent.TorchRecurrentReference(
+        module=module,
+        method=options.method_name,
+        kind=kind,
+        norm=norm,
+        action_space=action_space,
+        layout=layout,
+        output_names=[spec.name for spec in output_specs(action_space, kind, state=layout)],
+    )
+    core = recurrent.TorchRecurrentCore(
+        recurrent.stepped(module, attr), options.method_name, kind, layout
+    )
+    pipelines = observation_pipelines([None], norm, chw_keys=set())
+    return PolicySource(
+        graph=RecurrentPolicyGraph(pipelines, core, deterministic_action(action_space)),
+        reference=reference,
+        sampler=reference,
+        algorithm=options.algorithm,
+        provenance=_provenance(options, module),
+        observation_space=observation_space,
+        action_space=action_space,
+        distribution=distribution_for(action_space),
+        preprocessing=Preprocessing(
+            normalization=_normalization(norm), action_clip=isinstance(action_space, Box)
+        ),
+        state=layout,
     )
 
 

@@ -5,9 +5,8 @@ The graph's core (:class:`RecurrentCore`) runs one time step of the policy's own
 ``RecurrentActorCriticPolicy.forward`` runs them for a sequence of length 1: features, the
 actor's LSTM (and the critic's, when it has its own), the MLP extractor, ``action_net`` and
 ``value_net``. The LSTM step is written out over the module's own weights
-(:func:`lstm_step`): torch.export cannot trace ``nn.LSTM`` itself, and one step of it is four
-gates. Rows whose ``episode_start`` is true have their state zeroed first, as the source's
-``(1 - episode_start) * state`` does.
+(:func:`export.actor_critic.lstm.lstm_step`). Rows whose ``episode_start`` is true have
+their state zeroed first, as the source's ``(1 - episode_start) * state`` does.
 
 The memory is one float32 row per observation (:func:`state_layout`): the actor's hidden and
 cell states, then the critic's when it has its own LSTM, each ``[layers, hidden]``.
@@ -28,12 +27,12 @@ import torch
 from torch import Tensor, nn
 
 from export.actor_critic.graph import Parameters
+from export.actor_critic.lstm import check_steppable, lstm_step
 from export.actor_critic.source import Observations, SampledLogProb
 from export.actor_critic.tensors import Memory
 from export.sb3.graph import sb3_observation
 from export.sb3.reference import policy_input
 from serve.contract import StateLayout, StateSegment
-from serve.errors import ExportError
 
 
 def state_layout(policy: Any) -> StateLayout:
@@ -43,40 +42,12 @@ def state_layout(policy: Any) -> StateLayout:
         networks.append(("critic", policy.lstm_critic))
     segments = []
     for name, lstm in networks:
-        _check_steppable(lstm, name)
+        check_steppable(lstm, f"the {name} LSTM")
         for part in ("h", "c"):
             segments.append(
                 StateSegment(name=f"{name}.{part}", layers=lstm.num_layers, hidden=lstm.hidden_size)
             )
     return StateLayout(segments=segments)
-
-
-def _check_steppable(lstm: nn.LSTM, name: str) -> None:
-    if lstm.bidirectional or lstm.proj_size:
-        what = "bidirectional" if lstm.bidirectional else f"proj_size={lstm.proj_size}"
-        raise ExportError(
-            f"the {name} LSTM is {what}; rlserve steps unidirectional LSTMs without "
-            "projections (RecurrentPPO's default lstm_kwargs)"
-        )
-
-
-def lstm_step(lstm: nn.LSTM, x: Tensor, h: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """One time step of ``lstm`` for rows ``x`` [B, in]: states ``h``, ``c`` [B, layers,
-    hidden] -> (top layer's output [B, hidden], next h, next c), with torch's gate order
-    (input, forget, cell, output)."""
-    hs, cs = [], []
-    for k in range(lstm.num_layers):
-        gates = (
-            x @ getattr(lstm, f"weight_ih_l{k}").T + h[:, k] @ getattr(lstm, f"weight_hh_l{k}").T
-        )
-        if lstm.bias:
-            gates = gates + getattr(lstm, f"bias_ih_l{k}") + getattr(lstm, f"bias_hh_l{k}")
-        i, f, g, o = gates.chunk(4, dim=-1)
-        c_k = torch.sigmoid(f) * c[:, k] + torch.sigmoid(i) * torch.tanh(g)
-        x = torch.sigmoid(o) * torch.tanh(c_k)
-        hs.append(x)
-        cs.append(c_k)
-    return x, torch.stack(hs, dim=1), torch.stack(cs, dim=1)
 
 
 def _segments(state: Tensor, layout: StateLayout) -> list[Tensor]:

@@ -151,3 +151,50 @@ def make_td3_actor() -> Td3Actor:
 def make_sac_actor() -> SacActor:
     torch.manual_seed(0)
     return SacActor()
+
+
+class LstmAgent(nn.Module):
+    """CleanRL's ppo_atari_lstm Agent with an MLP torso: its get_states unchanged, and the
+    method rlserve calls, as get_action_and_value would be without sampling."""
+
+    def __init__(self, observations: int, actions: int, hidden: int = 32) -> None:
+        super().__init__()
+        self.network = nn.Sequential(layer(observations, 64), nn.ReLU())
+        self.lstm = nn.LSTM(64, hidden)
+        for name, param in self.lstm.named_parameters():
+            if "bias" in name:
+                nn.init.constant_(param, 0)
+            elif "weight" in name:
+                nn.init.orthogonal_(param, 1.0)
+        self.actor = layer(hidden, actions, std=0.01)
+        self.critic = layer(hidden, 1, std=1.0)
+
+    def get_states(
+        self, x: torch.Tensor, lstm_state: tuple[torch.Tensor, torch.Tensor], done: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        hidden = self.network(x)
+        batch_size = lstm_state[0].shape[1]
+        hidden = hidden.reshape((-1, batch_size, self.lstm.input_size))
+        done = done.reshape((-1, batch_size))
+        new_hidden = []
+        for h, d in zip(hidden, done, strict=True):
+            h, lstm_state = self.lstm(
+                h.unsqueeze(0),
+                (
+                    (1.0 - d).view(1, -1, 1) * lstm_state[0],
+                    (1.0 - d).view(1, -1, 1) * lstm_state[1],
+                ),
+            )
+            new_hidden += [h]
+        return torch.flatten(torch.cat(new_hidden), 0, 1), lstm_state
+
+    def get_dist_and_value(
+        self, x: torch.Tensor, lstm_state: tuple[torch.Tensor, torch.Tensor], done: torch.Tensor
+    ) -> tuple[Categorical, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        hidden, lstm_state = self.get_states(x, lstm_state, done)
+        return Categorical(logits=self.actor(hidden)), self.critic(hidden), lstm_state
+
+
+def make_lstm_agent() -> LstmAgent:
+    torch.manual_seed(0)
+    return LstmAgent(4, 2)

@@ -7,18 +7,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import onnxruntime as ort
 import pytest
+import torch
 from sb3_contrib import RecurrentPPO
 from stable_baselines3.common.env_util import make_vec_env
 
 from export import writer
 from export.actor_critic.pipeline import ParitySettings, export_policy
+from export.modules.source import TorchOptions
+from export.modules.source import load_source as load_torch_source
 from export.sb3.source import Sb3Options, load_source
-from serve import contract
+from serve import cli, contract
 from serve.contract import Algorithm, TensorRole
 from serve.errors import ExportError
+from tests.export import cleanrl_agents
 from tests.export.export_envs import CartPoleNoVelocity, DictEnv, ImageEnv
 from tests.export.export_rollouts import OnnxRecurrentActor, SourceRecurrentActor, run_episode
 
@@ -145,7 +150,7 @@ def test_a_bidirectional_lstm_is_refused_naming_what_is_stepped(tmp_path: Path) 
     model.save(tmp_path / "bidirectional.zip")
     with pytest.raises(ExportError, match="bidirectional") as refused:
         load_source(Sb3Options(tmp_path / "bidirectional.zip"))
-    assert "unidirectional LSTMs" in refused.value.message
+    assert "steps unidirectional, sequence-first LSTMs" in refused.value.message
 
 
 def test_the_written_file_takes_a_batch_of_sequences_at_different_steps(
@@ -171,3 +176,63 @@ def test_the_written_file_takes_a_batch_of_sequences_at_different_steps(
         )
         for joint, single in zip(together, alone, strict=True):
             np.testing.assert_allclose(joint[row : row + 1], single, atol=1e-6)
+
+
+# ---------------------------------------------------------------------- CleanRL-style modules
+
+
+def test_a_cleanrl_lstm_agent_exports_through_the_cli_and_replays_its_own_loop(
+    tmp_path: Path,
+) -> None:
+    """CleanRL's ppo_atari_lstm Agent (its get_states as written): episodes through
+    onnxruntime act as the agent's own loop does, fed the state it returned."""
+    code = cli.main(
+        [
+            "export", "torch", "tests.export.cleanrl_agents:make_lstm_agent",
+            "--env", "CartPole-v1", "--lstm", "lstm", "--name", "lstm_agent",
+            "--model-repository", str(tmp_path),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    path = tmp_path / "lstm_agent" / "1" / "model.onnx"
+    policy = contract.read(path)
+    assert policy.state is not None
+    assert [s.name for s in policy.state.segments] == ["lstm.h", "lstm.c"]
+    assert policy.state.size == 2 * 32
+    agent = cleanrl_agents.make_lstm_agent()
+
+    class AgentLoop:
+        def __init__(self) -> None:
+            self.state = (torch.zeros(1, 1, 32), torch.zeros(1, 1, 32))
+            self.done = torch.ones(1)
+
+        def __call__(self, observation: np.ndarray) -> int:
+            with torch.no_grad():
+                distribution, _, self.state = agent.get_dist_and_value(
+                    torch.Tensor(observation[None]), self.state, self.done
+                )
+            self.done = torch.zeros(1)
+            return int(distribution.probs.argmax())
+
+    env = gym.make("CartPole-v1")
+    for seed in range(3):
+        theirs = run_episode(env, AgentLoop(), seed)
+        ours = run_episode(env, OnnxRecurrentActor(path), seed)
+        assert [int(a) for a in ours.actions] == [int(a) for a in theirs.actions]
+
+
+def test_a_module_whose_method_does_not_return_the_state_is_refused(tmp_path: Path) -> None:
+    options = TorchOptions(
+        "tests.export.cleanrl_agents:make_cartpole_agent", env="CartPole-v1", lstm="actor"
+    )
+    with pytest.raises(ExportError, match=r"--lstm actor: DiscreteAgent.actor is Sequential"):
+        load_torch_source(options)
+    with pytest.raises(ExportError, match=r"must return \(distribution, value, \(h, c\)\)"):
+        load_torch_source(
+            TorchOptions(
+                "tests.export.cleanrl_agents:make_lstm_agent",
+                env="CartPole-v1",
+                lstm="lstm",
+                method="get_states",
+            )
+        )
