@@ -22,6 +22,7 @@ is found again); a call giving ``actions`` to score always goes over HTTP.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.client
 import logging
@@ -39,7 +40,7 @@ import orjson
 from serve.lane_client import LaneClient, LaneUnavailable
 from serve.prediction import Prediction, RequestFailed
 
-__all__ = ["AsyncPolicyClient", "PolicyClient", "Prediction", "RequestFailed"]
+__all__ = ["AsyncPolicyClient", "Memory", "PolicyClient", "Prediction", "RequestFailed"]
 
 log = logging.getLogger("rlserve.client")
 
@@ -72,6 +73,22 @@ class _Reply:
 # ---------------------------------------------------------------------- requests and answers
 
 
+@dataclass(frozen=True)
+class Memory:
+    """A recurrent policy's memory for one call: the state the client holds (``state``,
+    ``episode_start``), or the sequence whose state the server holds (``sequence_id``,
+    ``sequence_start``, ``sequence_end``); docs/serving.md."""
+
+    state: Any = None
+    episode_start: Any = None
+    sequence_id: Any = None
+    sequence_start: Any = None
+    sequence_end: Any = None
+
+    def fields(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
 def _predict_call(
     observations: Any,
     model: str | None,
@@ -81,6 +98,7 @@ def _predict_call(
     outputs: Sequence[str],
     actions: Any,
     timeout_ms: float | None,
+    memory: Memory | None,
 ) -> _Call:
     body: dict[str, Any] = {
         "observations": observations,
@@ -91,6 +109,8 @@ def _predict_call(
         body["seed"] = seed
     if actions is not None:
         body["actions"] = actions
+    if memory is not None:
+        body.update(memory.fields())
     headers = dict(_JSON)
     if timeout_ms is not None:
         headers["X-Request-Timeout-Ms"] = f"{timeout_ms:g}"
@@ -146,7 +166,7 @@ def _result(reply: _Reply) -> Any:
 
 
 def _prediction(body: dict[str, Any]) -> Prediction:
-    fields = ("actions", "log_probs", "values", "distribution", "q_values")
+    fields = ("actions", "log_probs", "values", "distribution", "q_values", "state")
     return Prediction(
         body["model"], body["model_version"], body["model_sha256"], *(body.get(f) for f in fields)
     )
@@ -276,8 +296,11 @@ class PolicyClient:
         outputs: Sequence[str] = _DEFAULT_OUTPUTS,
         actions: Any = None,
         timeout_ms: float | None = None,
+        memory: Memory | None = None,
     ) -> Prediction:
-        if self._lane is not None and actions is None and time.monotonic() >= self._lane_retry_at:
+        """``memory``: a recurrent policy's state, or its server-held sequence."""
+        over_lane = actions is None and memory is None  # the lane carries neither yet
+        if self._lane is not None and over_lane and time.monotonic() >= self._lane_retry_at:
             try:
                 return self._lane.predict(
                     observations, model=model, version=version, deterministic=deterministic,
@@ -287,7 +310,7 @@ class PolicyClient:
                 log.warning("%s; predicting over HTTP, the lane again in %gs", exc, LANE_RETRY_S)
                 self._lane_retry_at = time.monotonic() + LANE_RETRY_S
         call = _predict_call(
-            observations, model, version, deterministic, seed, outputs, actions, timeout_ms
+            observations, model, version, deterministic, seed, outputs, actions, timeout_ms, memory
         )
         return _prediction(self._send(call))
 
@@ -358,9 +381,11 @@ class AsyncPolicyClient:
         outputs: Sequence[str] = _DEFAULT_OUTPUTS,
         actions: Any = None,
         timeout_ms: float | None = None,
+        memory: Memory | None = None,
     ) -> Prediction:
+        """``memory``: a recurrent policy's state, or its server-held sequence."""
         call = _predict_call(
-            observations, model, version, deterministic, seed, outputs, actions, timeout_ms
+            observations, model, version, deterministic, seed, outputs, actions, timeout_ms, memory
         )
         return _prediction(await self._send(call))
 

@@ -30,3 +30,4 @@ class Prediction:
     values: Any = None
     distribution: Any = None
     q_values: Any = None  # a Q-network's value of each action (DQN)
+    state: Any = None  # a recurrent policy's memory after this step: send it with the next

@@ -100,7 +100,8 @@ class SequenceTable:
             if live is not None and live.phase is Phase.STEPPING:
                 raise _in_flight(sequence_id)
         rows = list(zip(step.ids, step.starts, strict=True))
-        self._make_room(sum(1 for i, start in rows if start and i not in self._live), now)
+        new = sum(1 for i, start in rows if start and i not in self._live)
+        self._make_room(new, set(step.ids), now)
         state = np.zeros((len(step.ids), size), np.float32)
         for row, (sequence_id, start) in enumerate(rows):
             if start:
@@ -181,11 +182,12 @@ class SequenceTable:
             )
         return versions[0] if versions else None
 
-    def _make_room(self, new: int, now: float) -> None:
+    def _make_room(self, new: int, stepping: set[SequenceId], now: float) -> None:
+        """Room for ``new`` sequences, evicting idle ones not in this step (``stepping``)."""
         for sequence_id, live in list(self._live.items()):
             if len(self._live) + new <= self.capacity:
                 return
-            if live.phase is Phase.IDLE:
+            if live.phase is Phase.IDLE and sequence_id not in stepping:
                 reason = (
                     f"it was idle for more than {self.idle_timeout_s:g} s"
                     if self._idle_too_long(live, now)

@@ -28,7 +28,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
 
 from serve import cli
-from serve.client import PolicyClient
+from serve.client import Memory, PolicyClient
 from tests.e2e.server import Server, free_port
 from tests.export.export_envs import CartPoleNoVelocity
 from tests.export.export_rollouts import SourceRecurrentActor, run_episode
@@ -154,6 +154,37 @@ def test_concurrent_episodes_of_many_clients_each_replay_the_source(
     with ThreadPoolExecutor(16) as pool:
         for ours, theirs in pool.map(episode, range(100, 116)):
             assert ours == theirs
+
+
+def test_policy_client_carries_the_state_or_names_the_sequence(
+    trained: tuple[Any, Path], server: Server
+) -> None:
+    model = trained[0]
+    env = CartPoleNoVelocity()
+    theirs = run_episode(env, SourceRecurrentActor(model), 5)
+    with PolicyClient(server.url) as client:
+        state: Any = None
+
+        def client_held(observation: np.ndarray) -> int:
+            nonlocal state
+            memory = Memory(episode_start=True) if state is None else Memory(state=state)
+            answer = client.predict(observation.tolist(), model="recurrent", memory=memory)
+            state = answer.state
+            return int(answer.actions)
+
+        steps = 0
+
+        def server_held(observation: np.ndarray) -> int:
+            nonlocal steps
+            memory = Memory(sequence_id="policy-client", sequence_start=steps == 0)
+            steps += 1
+            answer = client.predict(observation.tolist(), model="recurrent", memory=memory)
+            assert answer.state is None
+            return int(answer.actions)
+
+        for actor in (client_held, server_held):
+            ours = run_episode(env, actor, 5)
+            assert [int(a) for a in ours.actions] == [int(a) for a in theirs.actions]
 
 
 def test_a_batch_of_rows_at_different_steps_answers_each_as_alone(server: Server) -> None:

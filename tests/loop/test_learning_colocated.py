@@ -105,8 +105,10 @@ def learn(
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s,
         )  # fmt: skip
         wall_s = time.monotonic() - started
-        serving = json.loads((repository / MODEL / STATE_FILE).read_text())
-        active, output = int(serving["active"]), server_log.read_text()
+        state = repository / MODEL / STATE_FILE
+        # a trainer that failed early wrote none: check() then shows its stderr
+        active = int(json.loads(state.read_text())["active"]) if state.exists() else -1
+        output = server_log.read_text() if server_log.exists() else ""
         found = re.search(r"started rlserve serve on .* as pid (\d+)", run.stderr)
         child_pid = int(found.group(1)) if found else None
     else:

@@ -101,6 +101,16 @@ def test_rule_5_a_full_table_evicts_the_least_recently_used_idle_sequence() -> N
         table.begin(step(["d"], start=True), SIZE, now=5)
 
 
+def test_rule_5_room_is_never_made_by_evicting_a_sequence_of_the_same_step() -> None:
+    table = SequenceTable("m", 2, 60)
+    answered(table, step(["a"], start=True), 1, 0)
+    answered(table, step(["b"], start=True), 1, 1)
+    both = SequenceStep(("a", "c"), np.array([False, True]), np.zeros(2, bool), "state", "s", SIZE)
+    table.begin(both, SIZE, now=2)  # a is the least recently used, but steps here: b goes
+    with pytest.raises(InvalidInput, match="evicted"):
+        table.begin(step(["b"]), SIZE, now=3)
+
+
 def test_rule_6_a_failed_step_leaves_its_sequences_as_they_were() -> None:
     table = SequenceTable("m", 8, 60)
     answered(table, step(["a"], start=True), 1, 0)
