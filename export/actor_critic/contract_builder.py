@@ -9,9 +9,10 @@ import numpy as np
 
 from export.actor_critic.observations import request_form
 from export.actor_critic.source import Observations, PolicySource
-from export.actor_critic.tensors import Memory, graph_feeds, input_specs
+from export.actor_critic.tensors import graph_feeds, input_specs
 from export.runner import Runner
 from serve import __version__
+from serve.actor_critic.memory import Memory
 from serve.contract import SCHEMA, Exporter, GoldenVector, PolicyContract
 from serve.spaces import parse_observations
 

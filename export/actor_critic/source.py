@@ -14,7 +14,8 @@ from typing import Protocol
 import numpy as np
 from torch import nn
 
-from export.actor_critic.tensors import Memory, output_specs
+from export.actor_critic.tensors import output_specs
+from serve.actor_critic.memory import Memory
 from serve.contract import (
     Algorithm,
     DistributionSpec,

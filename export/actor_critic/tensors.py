@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import numpy as np
 
+from serve.actor_critic.memory import Memory
 from serve.contract import StateLayout, TensorRole, TensorSpec
 from serve.distributions import DistributionKind
 from serve.spaces import (
@@ -28,19 +28,6 @@ from serve.spaces import (
     leaf_shape,
     leaves,
 )
-
-
-@dataclass(frozen=True)
-class Memory:
-    """What a recurrent policy is fed beside each observation: its state (float32 [B, size]),
-    and whether the observation starts an episode (bool [B]: the state is then zeroed)."""
-
-    state: np.ndarray
-    episode_start: np.ndarray
-
-    def rows(self, index: np.ndarray | slice) -> Memory:
-        return Memory(self.state[index], self.episode_start[index])
-
 
 BATCH = "batch"
 MASK_INPUT = "action_mask"

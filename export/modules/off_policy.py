@@ -27,7 +27,8 @@ from torch import Tensor, nn
 from export.actor_critic.heads import Rescale
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.source import Observations, SampledLogProb
-from export.actor_critic.tensors import Memory, parameter_width
+from export.actor_critic.tensors import parameter_width
+from serve.actor_critic.memory import Memory
 from serve.contract import Algorithm
 from serve.errors import ExportError
 from serve.spaces import Box, Discrete, Leaf, sample

@@ -27,8 +27,8 @@ from export.actor_critic.graph import Parameters
 from export.actor_critic.lstm import SteppedLSTM, check_steppable
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.source import Observations, SampledLogProb
-from export.actor_critic.tensors import Memory
 from export.modules import distributions
+from serve.actor_critic.memory import Memory
 from serve.contract import StateLayout, StateSegment
 from serve.distributions import DistributionKind
 from serve.errors import ExportError

@@ -16,8 +16,8 @@ from torch import Tensor, nn
 
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.source import Observations, SampledLogProb
-from export.actor_critic.tensors import Memory
 from export.modules import distributions
+from serve.actor_critic.memory import Memory
 from serve.distributions import DistributionKind
 from serve.spaces import Box, Leaf
 

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from export.actor_critic.source import Observations, SampledLogProb
-from export.actor_critic.tensors import Memory
 from export.sb3.checkpoint import PolicyFamily
 from export.sb3.reference import policy_input
+from serve.actor_critic.memory import Memory
 
 
 @dataclass(frozen=True)

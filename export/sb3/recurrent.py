@@ -29,9 +29,9 @@ from torch import Tensor, nn
 from export.actor_critic.graph import Parameters
 from export.actor_critic.lstm import check_steppable, lstm_step
 from export.actor_critic.source import Observations, SampledLogProb
-from export.actor_critic.tensors import Memory
 from export.sb3.graph import sb3_observation
 from export.sb3.reference import policy_input
+from serve.actor_critic.memory import Memory
 from serve.contract import StateLayout, StateSegment
 
 

@@ -46,10 +46,14 @@ MAX_ID_CHARACTERS = 128
 
 @dataclass(frozen=True)
 class Memory:
-    """A request's memory, as the graph takes it."""
+    """A recurrent policy's memory as its graph takes it, beside each observation: the
+    state, and whether the observation starts an episode (the state is then zeroed)."""
 
     state: np.ndarray  # float32 [rows, size]
     episode_start: np.ndarray  # bool [rows]
+
+    def rows(self, index: np.ndarray | slice) -> Memory:
+        return Memory(self.state[index], self.episode_start[index])
 
 
 class MemoryInputs:

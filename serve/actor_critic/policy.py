@@ -1,6 +1,7 @@
-"""The served version of a policy from observations to actions (actor-critics: PPO, A2C;
-off-policy actors and Q-networks: SAC, TD3, DDPG, DQN): validation, batched execution,
-answers.
+"""The served version of a policy from observations to actions (actor-critics: PPO, A2C,
+MaskablePPO, RecurrentPPO; off-policy actors and Q-networks: SAC, TD3, DDPG, DQN):
+validation, batched execution, answers. A masked policy's masks and a recurrent policy's
+memory (given, or held by the server for a sequence) are checked with the observations.
 
 Built once per loaded version: the contract's compiled observation validator
 (``serve.actor_critic.validation``) checks requests on the event loop; a batch runs the
@@ -207,10 +208,11 @@ class ActorCriticPolicy:
 
 
 def _memory_inputs(contract: PolicyContract) -> MemoryInputs | None:
+    """A recurrent policy's memory inputs (the contract was checked to have both)."""
     state = contract.input_of(TensorRole.STATE)
     start = contract.input_of(TensorRole.EPISODE_START)
     if contract.state is None or state is None or start is None:
-        return None
+        return None  # feed-forward
     return MemoryInputs(state.name, start.name, contract.state.size)
 
 
