@@ -7,24 +7,59 @@ what holds for every model. Errors name the field, the value given and what is v
 
 from __future__ import annotations
 
+import hashlib
 import math
+from dataclasses import replace
 from typing import Any
 
 from serve.errors import InvalidInput
 from serve.json_shown import json_shown
 from serve.lm.messages import GenerationSpec, ScoreSpec
 
-__all__ = ["GENERATE_FIELDS", "MAX_TOP_LOGPROBS", "SCORE_FIELDS", "generation_spec", "score_spec"]
+__all__ = [
+    "GENERATE_FIELDS",
+    "MAX_CHOICES",
+    "MAX_TOP_LOGPROBS",
+    "SCORE_FIELDS",
+    "choice_seed",
+    "generation_spec",
+    "generation_specs",
+    "score_spec",
+]
 
 GENERATE_FIELDS = (
     "prompt", "messages", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-    "ignore_eos", "top_logprobs", "echo",
+    "ignore_eos", "top_logprobs", "echo", "n",
 )  # fmt: skip
 SCORE_FIELDS = ("prompt", "messages", "completions", "top_logprobs")
 MAX_STOP_STRINGS = 16
 MAX_COMPLETIONS = 64
 MAX_SEED = 2**64 - 1
 MAX_TOP_LOGPROBS = 20  # likeliest alternatives per position (OpenAI's own limit on chat)
+MAX_CHOICES = 256  # generations of one call (prompts times n; each is a queued request)
+
+
+def generation_specs(
+    payload: dict[str, Any], request_id: str, received_at: float, deadline: float
+) -> list[GenerationSpec]:
+    """A generate call's ``n`` generations of its prompt (a group, as GRPO samples one):
+    generation ``i`` draws from :func:`choice_seed` of the call's seed (the first from the
+    seed itself), so each is reproducible alone and they differ."""
+    n = _integer(payload, "n", minimum=1, maximum=MAX_CHOICES) or 1
+    spec = generation_spec(
+        {k: v for k, v in payload.items() if k != "n"}, request_id, received_at, deadline
+    )
+    if spec.seed is None:
+        return [spec] * n
+    return [spec, *(replace(spec, seed=choice_seed(spec.seed, i)) for i in range(1, n))]
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """Generation ``index``'s seed in a group sampled with ``seed`` (index 0 keeps it)."""
+    if index == 0:
+        return seed
+    derived = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(derived, "big")
 
 
 def generation_spec(

@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
+from serve.lm.requests import choice_seed
 from tests.e2e.conftest import DEMO, LM_CONFIG, LM_MODEL, Exported, lm_repository
 from tests.e2e.lm_busy import busy_decoding
 from tests.e2e.server import Server
@@ -252,6 +253,50 @@ def test_a_late_request_joins_a_running_batch(server: Server) -> None:
     assert late_done < max(arrived[f"long{i}"][-1] for i in range(3))
 
 
+def test_n_samples_a_group_each_choice_reproducible_from_the_seed_and_its_index(
+    server: Server,
+) -> None:
+    sampled = {"prompt": "The cat", "max_new_tokens": 16, "temperature": 1.3, "seed": 11}
+    group = generate(server.url, {**sampled, "n": 4, "echo": True})
+    assert group.status_code == 200, group.text
+    answer = group.json()
+    assert answer["model_version"] == 1
+    assert group.headers["x-policy-version"] == "1"
+    choices = answer["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2, 3]
+    assert len({tuple(c["token_ids"]) for c in choices}) > 1  # sampled apart
+    assert answer["prompt_tokens"] == generate(server.url, sampled).json()["prompt_tokens"]
+    assert answer["prompt"]["log_probs"][0] is None  # echoed once, for the whole group
+    for index, choice in enumerate(choices):
+        alone = generate(server.url, {**sampled, "seed": choice_seed(11, index)}).json()
+        assert choice["token_ids"] == alone["token_ids"]
+        assert choice["text"] == alone["text"]
+        assert choice["log_probs"] == pytest.approx(alone["log_probs"], abs=1e-5)
+        assert choice["completion_tokens"] == len(choice["token_ids"])
+        assert "prompt" not in choice
+
+
+def test_a_streamed_group_tags_each_token_with_its_choice(server: Server) -> None:
+    body = {"prompt": "The small dog", "max_new_tokens": 8, "n": 3, "temperature": 1.0,
+            "seed": 3, "stream": True}  # fmt: skip
+    with httpx.stream(
+        "POST", f"{server.url}/v1/models/{MODEL}/generate", json=body, timeout=30
+    ) as answer:
+        assert answer.status_code == 200
+        events = [
+            (event.split(": ", 1)[1], json.loads(data.split(": ", 1)[1]))
+            for event, data in (
+                block.split("\n") for block in answer.read().decode().strip().split("\n\n")
+            )
+        ]
+    name, result = events[-1]
+    assert name == "result"
+    for choice in result["choices"]:
+        tokens = [d for n, d in events if n == "token" and d["choice"] == choice["index"]]
+        assert [t["token_id"] for t in tokens] == choice["token_ids"]
+        assert [t["index"] for t in tokens] == list(range(len(tokens)))
+
+
 def test_server_sent_events_carry_each_token_then_the_result(server: Server) -> None:
     with httpx.stream(
         "POST", f"{server.url}/v1/models/{MODEL}/generate",
@@ -310,6 +355,9 @@ def test_a_tight_deadline_is_answered_504(server: Server) -> None:
         (f"/v1/models/{MODEL}/generate", {"prompt": "The", "top_p": 2}, 422, ["top_p", "(0, 1]"]),
         (f"/v1/models/{MODEL}/score", {"prompt": "The", "completions": []}, 422, ["completions"]),
         (f"/v1/models/{MODEL}/generate", {"prompt": "The", "stream": "yes"}, 422, ["stream"]),
+        (f"/v1/models/{MODEL}/generate", {"prompt": "The", "n": 0}, 422,
+         ["n: expected an integer in [1, 256], got 0"]),
+        (f"/v1/models/{MODEL}/generate", {"prompt": "The", "n": 300}, 422, ["n:", "256"]),
     ],
 )  # fmt: skip
 def test_bad_requests_are_told_what_is_wrong(server, path, body, status, words) -> None:

@@ -12,7 +12,9 @@ serves`).
 generate takes ``prompt`` (text) or ``messages`` (a chat, rendered with the model's chat
 template), and ``max_new_tokens``, ``temperature`` (0: greedy), ``top_p``, ``top_k``,
 ``seed``, ``stop`` (a string or a list), ``top_logprobs`` (the likeliest alternatives of
-each new token, up to 20) and ``echo`` (the prompt's own tokens scored too); it answers
+each new token, up to 20), ``echo`` (the prompt's own tokens scored too) and ``n`` (that
+many generations of the prompt, a group: prefilled once, each reproducible from the seed
+and its index; answered as ``choices``, the prompt counted once); it answers
 ``text``, ``token_ids``, ``log_probs`` (the model's, temperature 1), ``finish_reason``
 (``stop`` or ``length``), token counts, and when asked ``top_log_probs`` (per token: its
 position's likeliest ``token_id``, ``text`` and ``log_prob``) and ``prompt`` (its
@@ -38,6 +40,7 @@ steps are shared with the OpenAI-compatible routes (``serve.lm.frontends.calls``
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -56,8 +59,15 @@ from serve.lm.frontends.calls import (
     LanguageModelCalls,
     next_events,
 )
-from serve.lm.messages import GenerationResult, ScoreResult, TokenEvent
-from serve.lm.requests import generation_spec, score_spec
+from serve.lm.frontends.merged_streams import Finished, merged
+from serve.lm.messages import (
+    Generation,
+    GenerationResult,
+    GenerationSpec,
+    ScoreResult,
+    TokenEvent,
+)
+from serve.lm.requests import generation_specs, score_spec
 from serve.lm.sampling import Alternatives
 from serve.lm.scheduling.generation_stream import GenerationStream
 from serve.lm.text import TextCodec
@@ -127,8 +137,11 @@ class LanguageModelFrontend:
         streaming = payload.pop("stream", False)
         if not isinstance(streaming, bool):
             raise InvalidInput(f"stream: expected true or false, got {json_shown(streaming)}")
-        spec = generation_spec(payload, call.request_id, call.received_at, admitted.deadline.at)
-        stream = await self.calls.submit(exchange, admitted, spec, tokens=streaming)
+        specs = generation_specs(payload, call.request_id, call.received_at, admitted.deadline.at)
+        if len(specs) > 1:
+            await self._generate_group(exchange, admitted, specs, streaming=streaming)
+            return
+        stream = await self.calls.submit(exchange, admitted, specs[0], tokens=streaming)
         with CancelOnDisconnect(exchange.receive, stream) as watch:
             try:
                 if streaming:
@@ -168,6 +181,83 @@ class LanguageModelFrontend:
                 raise Disconnected from None
             self.calls.http.refused(exchange.call, exc, http_status(exc))
             await exchange.chunk(_event(b"error", exc.to_json()), last=True)
+
+    async def _generate_group(
+        self,
+        exchange: Exchange,
+        admitted: Admitted,
+        specs: list[GenerationSpec],
+        *,
+        streaming: bool,
+    ) -> None:
+        """``n`` generations of one prompt, queued together (its prefill shared): one answer
+        with every choice, or their token events tagged with ``choice`` as they come."""
+        bound = admitted.scheduler.max_queue_rows
+        if len(specs) > bound:
+            raise InvalidInput(
+                f"n: {len(specs)} generations asked; model {admitted.model!r} queues at most "
+                f"{bound} requests (its max_queue_rows setting), and each is one: ask for fewer"
+            )
+        self.calls.admit(admitted, "reading the body", len(specs))
+        version = admitted.version
+
+        def prepare(specs: list[GenerationSpec]) -> list[Generation]:
+            return [version.prepare_generation(spec) for spec in specs]
+
+        generations = await self.calls.prepare(exchange, prepare, specs)
+        streams = self.calls.queue(admitted, generations, tokens=streaming)
+        with CancelOnDisconnect(exchange.receive, *streams) as watch:
+            try:
+                if streaming:
+                    await self._stream_group(exchange, admitted, streams, watch)
+                    return
+                results = [await stream.result() for stream in streams]
+            except RLServeError:
+                for stream in streams:
+                    stream.cancel()
+                if watch.gone:
+                    raise Disconnected from None
+                raise
+        first = results[0]
+        codec = self.calls.codec(admitted, first.version)
+        await exchange.json(200, _group(results, codec), stamp(first.version, first.sha256))
+
+    async def _stream_group(
+        self,
+        exchange: Exchange,
+        admitted: Admitted,
+        streams: list[GenerationStream],
+        watch: CancelOnDisconnect,
+    ) -> None:
+        """Each choice's token events as they come (with its ``choice`` index), then one
+        result event with every choice."""
+        results: list[GenerationResult | None] = [None] * len(streams)
+        async with aclosing(merged(streams)) as happened:
+            item = await anext(happened)  # the error that ends a stream before any token
+            version = streams[item.index].model_version or 0
+            await exchange.start(
+                200, [*SSE_HEADERS, *stamp(version, streams[item.index].model_sha256)]
+            )
+            codec = self.calls.codec(admitted, version)
+            try:
+                while True:
+                    if isinstance(item, Finished):
+                        results[item.index] = item.result
+                    else:
+                        await exchange.chunk(
+                            b"".join(_token_event(e, codec, item.index) for e in item.events)
+                        )
+                    item = await anext(happened)
+            except StopAsyncIteration:
+                done = [result for result in results if result is not None]
+                await exchange.chunk(_event(b"result", _group(done, codec)), last=True)
+            except RLServeError as exc:
+                for stream in streams:
+                    stream.cancel()
+                if watch.gone:
+                    raise Disconnected from None
+                self.calls.http.refused(exchange.call, exc, http_status(exc))
+                await exchange.chunk(_event(b"error", exc.to_json()), last=True)
 
     # ------------------------------------------------------------------ score
 
@@ -221,6 +311,24 @@ def _generated(result: GenerationResult, codec: TextCodec) -> dict[str, Any]:
     return answer
 
 
+_STAMP_AND_PROMPT = ("model", "model_version", "model_sha256", "prompt_tokens", "prompt")
+
+
+def _group(results: list[GenerationResult], codec: TextCodec) -> dict[str, Any]:
+    """``n`` generations of one prompt: the stamp, the prompt (counted and, when echoed,
+    scored) once, and each choice with its index."""
+    first = _generated(results[0], codec)
+    answer = {k: first[k] for k in _STAMP_AND_PROMPT if k in first}
+    answer["choices"] = [
+        {
+            "index": index,
+            **{k: v for k, v in _generated(result, codec).items() if k not in _STAMP_AND_PROMPT},
+        }
+        for index, result in enumerate(results)
+    ]
+    return answer
+
+
 def _alternatives(top: Alternatives, codec: TextCodec) -> list[dict[str, Any]]:
     """A position's likeliest tokens, likeliest first: id, text (alone), log-prob."""
     return [
@@ -249,8 +357,9 @@ def _scored(result: ScoreResult, codec: TextCodec) -> dict[str, Any]:
     }
 
 
-def _token_event(event: TokenEvent, codec: TextCodec) -> bytes:
-    content: dict[str, Any] = {
+def _token_event(event: TokenEvent, codec: TextCodec, choice: int | None = None) -> bytes:
+    content: dict[str, Any] = {} if choice is None else {"choice": choice}
+    content |= {
         "index": event.index,
         "token_id": event.token_id,
         "text": event.text,

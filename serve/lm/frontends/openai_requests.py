@@ -27,7 +27,6 @@ tools, structured output, penalties and logit biases. ``user`` is accepted and i
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -35,11 +34,11 @@ from typing import Any
 
 from serve.errors import InvalidInput
 from serve.json_shown import json_shown
+from serve.lm.requests import MAX_CHOICES, choice_seed
 
 __all__ = ["MAX_PROMPTS", "Endpoint", "OpenAICall", "Options", "parse"]
 
 MAX_PROMPTS = 256  # prompts in one completions call (each is a queued request)
-MAX_CHOICES = 256  # prompts times n in one call (each choice is a queued request)
 
 
 class Endpoint(StrEnum):
@@ -180,8 +179,7 @@ def _sample(body: dict[str, Any], index: int) -> dict[str, Any]:
     seed = body.get("seed")
     if index == 0 or not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         return body  # no seed (each draws its own), or one the native check will refuse
-    derived = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
-    return {**body, "seed": int.from_bytes(derived, "big")}
+    return {**body, "seed": choice_seed(seed, index)}
 
 
 def _known(payload: dict[str, Any], fields: frozenset[str], endpoint: Endpoint) -> None:
