@@ -5,7 +5,7 @@
    ``.cache/bench-lm/policies`` and reused while the recipe and the library versions match
    (its manifest says so). ``llama_dpo`` (``DPOTrainer``, full weights) is exported with
    ``rlserve export lm`` (parity gate included) into a model repository of the run, with a
-   ``config.yaml`` raising the model's default deadline to ``DEADLINE_MS`` (long
+   ``config.yaml`` raising the model's generation deadline to ``DEADLINE_MS`` (long
    generations) and ``max_sequences`` to ``MAX_SEQUENCES`` (every concurrent request of the
    largest level may decode at once).
 2. **Prompts.** ``PROMPTS`` texts of the tiny policy's synthetic language, each exactly
@@ -44,7 +44,7 @@ from typing import Any
 
 from bench import children, cpu, servers
 from bench.lm_baselines import Throughput
-from bench.lm_child import LoadResult, TtftResult
+from bench.lm_child import GroupResult, LoadResult, TtftResult
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "bench-lm"
@@ -66,6 +66,9 @@ CHILD_TIMEOUT_S = 600.0
 MIN_SEQUENTIAL_RATIO = 10.0  # at 8 concurrent: tokens/s against transformers, sequential
 MIN_GENAI_SHARE = 0.40  # at 8 concurrent: of onnxruntime-genai's static batch of 8
 MAX_TTFT_RATIO = 3.0  # TTFT with 7 long generations running, against idle
+GROUP_PROMPTS, GROUP_N, GROUP_TOKENS = 4, 8, 64  # issue #23: 4 prompts x n=8 x 64 new tokens
+MIN_GROUP_RATIO = 1.5  # groups' tokens/s against the same generations as separate requests
+MAX_GROUP_FIRST_RATIO = 2.0  # a group's first token against an idle request's (medians)
 TARGET_CONCURRENCY = 8
 
 
@@ -106,6 +109,8 @@ class LmRun:
     genai: BaselineRun | None
     ttft: TtftResult | None
     ttft_failure: str | None
+    groups: GroupResult | None = None
+    groups_failure: str | None = None
 
     def server(self, concurrency: int) -> ServerRun | None:
         return next((s for s in self.servers if s.concurrency == concurrency), None)
@@ -121,6 +126,7 @@ def run(workdir: Path, seconds: int, warmup: int) -> LmRun:
         defaults: dict[str, Any] = {
             "model": "", "export_s": 0.0, "setup_failure": None, "servers": (),
             "transformers": None, "genai": None, "ttft": None, "ttft_failure": None,
+            "groups": None, "groups_failure": None,
         }  # fmt: skip
         return LmRun(
             when, time.monotonic() - started, float(seconds), float(warmup), machine,
@@ -147,10 +153,11 @@ def run(workdir: Path, seconds: int, warmup: int) -> LmRun:
         f"onnxruntime-genai, static batch of {GENAI_BATCH}", "genai", source, ids_file, seconds,
         "--genai-dir", str(workdir / "lm-genai" / "model"), "--batch", str(GENAI_BATCH),
     )  # fmt: skip
-    runs, ttft, ttft_failure = _server(model, workdir, texts_file, seconds, warmup)
+    measured = _server(model, workdir, texts_file, seconds, warmup)
     return finish(
-        model=described, export_s=export_s, servers=runs, transformers=transformers,
-        genai=genai, ttft=ttft, ttft_failure=ttft_failure,
+        model=described, export_s=export_s, servers=measured.runs, transformers=transformers,
+        genai=genai, ttft=measured.ttft, ttft_failure=measured.ttft_failure,
+        groups=measured.groups, groups_failure=measured.groups_failure,
     )  # fmt: skip
 
 
@@ -178,7 +185,7 @@ def _export(source: Path, repository: Path) -> Path:
     _checked(command, SETUP_TIMEOUT_S)
     folder = repository / POLICY
     (folder / "config.yaml").write_text(
-        f"default_deadline_ms: {DEADLINE_MS:g}\nmax_sequences: {MAX_SEQUENCES}\n"
+        f"generation_deadline_ms: {DEADLINE_MS:g}\nmax_sequences: {MAX_SEQUENCES}\n"
     )
     return folder
 
@@ -241,15 +248,24 @@ def _baseline(
 # --- the server ----------------------------------------------------------------------------
 
 
-def _server(
-    model: Path, workdir: Path, prompts: Path, seconds: int, warmup: int
-) -> tuple[tuple[ServerRun, ...], TtftResult | None, str | None]:
+@dataclass(frozen=True)
+class _Measured:
+    runs: tuple[ServerRun, ...]
+    ttft: TtftResult | None
+    ttft_failure: str | None
+    groups: GroupResult | None
+    groups_failure: str | None
+
+
+def _server(model: Path, workdir: Path, prompts: Path, seconds: int, warmup: int) -> _Measured:
     _say("lm: starting rlserve serve")
     try:
         server = servers.start(servers.SERVE, model, workdir)
     except (RuntimeError, TimeoutError) as exc:
         why = f"the server did not start: {str(exc)[-300:]}"
-        return tuple(ServerRun(c, None, why, 0.0) for c in CONCURRENCY), None, why
+        return _Measured(
+            tuple(ServerRun(c, None, why, 0.0) for c in CONCURRENCY), None, why, None, why
+        )
     common = [
         sys.executable, "-m", "bench.lm_child", "--url", server.url, "--model", POLICY,
         "--prompts", str(prompts), "--prompt-tokens", str(PROMPT_TOKENS),
@@ -264,12 +280,27 @@ def _server(
         output, failure = children.measure(
             [*command[:3], "ttft", *command[3:]], cpu.LOAD_CORE, CHILD_TIMEOUT_S
         )
+        _say(f"lm: {GROUP_PROMPTS} prompts x n={GROUP_N}, against separate requests")
+        command = [
+            *common, "--new-tokens", str(GROUP_TOKENS), "--group-prompts", str(GROUP_PROMPTS),
+            "--n", str(GROUP_N), "--trials", str(TRIALS),
+        ]  # fmt: skip
+        grouped, group_failure = children.measure(
+            [*command[:3], "groups", *command[3:]], cpu.LOAD_CORE, CHILD_TIMEOUT_S
+        )
     finally:
         server.stop()
     if failure is not None:
         _say(f"lm: TTFT test failed: {failure}")
-        return runs, None, failure
-    return runs, TtftResult(**output), None
+    if group_failure is not None:
+        _say(f"lm: group test failed: {group_failure}")
+    return _Measured(
+        runs,
+        None if failure is not None else TtftResult(**output),
+        failure,
+        None if group_failure is not None else GroupResult(**grouped),
+        group_failure,
+    )
 
 
 def _load(

@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
@@ -156,9 +157,11 @@ class _Events:
                 record.token_times.append(now)
             elif event.startswith(_RESULT):
                 result = json.loads(event.split(b"data: ", 1)[1])
-                record.finish_reason = result["finish_reason"]
+                choices = result.get("choices", [result])  # a group answers its choices
+                reasons = {choice["finish_reason"] for choice in choices}
+                record.finish_reason = reasons.pop() if len(reasons) == 1 else "mixed"
                 record.prompt_tokens = result["prompt_tokens"]
-                record.completion_tokens = result["completion_tokens"]
+                record.completion_tokens = sum(c["completion_tokens"] for c in choices)
             elif event.startswith(_ERROR):
                 record.error = event.decode(errors="replace")[:200]
         if self.started is not None and len(record.token_times) >= STARTED_TOKENS:
@@ -176,20 +179,32 @@ class Generator:
         self._idle: list[_Connection] = []
 
     async def stream(
-        self, prompt: str, new_tokens: int, started: asyncio.Event | None = None
+        self,
+        prompt: str,
+        new_tokens: int,
+        started: asyncio.Event | None = None,
+        *,
+        n: int = 1,
+        seed: int | None = None,
     ) -> Stream:
-        """One generation to its end; ``started`` is set once STARTED_TOKENS arrived."""
-        body = json.dumps(
-            {"prompt": prompt, "max_new_tokens": new_tokens, "temperature": 0,
-             "ignore_eos": True, "stream": True}
-        ).encode()  # fmt: skip
+        """One generation (``n``: a group of them, sampled from ``seed``) to its end;
+        ``started`` is set once STARTED_TOKENS arrived."""
+        fields = {"prompt": prompt, "max_new_tokens": new_tokens, "ignore_eos": True,
+                  "stream": True}  # fmt: skip
+        if seed is None:
+            fields["temperature"] = 0
+        else:
+            fields.update(temperature=1.0, seed=seed)
+        if n > 1:
+            fields["n"] = n
+        body = json.dumps(fields).encode()
         head = (
             f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         )
         record = Stream(time.perf_counter())
         try:
-            return await self._stream(head.encode() + body, record, new_tokens, started)
+            return await self._stream(head.encode() + body, record, new_tokens * n, started)
         finally:
             if started is not None:
                 started.set()  # ended or failed before STARTED_TOKENS: nobody waits for it
@@ -416,12 +431,126 @@ def _keep(record: Stream, into: list[float], failures: list[Stream]) -> None:
         into.append(record.ttft * 1e3)
 
 
+# --- groups ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    prompts: int
+    n: int
+    new_tokens: int
+    trials: int
+    grouped_s: list[float]  # per trial: all the prompts' groups, sent at once, to the end
+    separate_s: list[float]  # per trial: the same generations as separate requests
+    grouped_first_ms: list[float]  # each group call's first token
+    separate_first_ms: list[float]  # each separate call's first token
+    idle_first_ms: list[float]  # a lone one-token-at-a-time request on the idle server
+    grouped_prompt_tokens: float  # the server's prefilled prompt tokens per trial (mean)
+    separate_prompt_tokens: float
+    errors: int
+    error_sample: str
+
+    @property
+    def tokens(self) -> int:
+        return self.prompts * self.n * self.new_tokens
+
+    @property
+    def grouped_tokens_per_s(self) -> float:
+        return self.tokens / float(np.median(self.grouped_s)) if self.grouped_s else 0.0
+
+    @property
+    def separate_tokens_per_s(self) -> float:
+        return self.tokens / float(np.median(self.separate_s)) if self.separate_s else 0.0
+
+
+async def groups(
+    url: str, model: str, prompts: list[str], prompt_tokens: int, new_tokens: int,
+    group_prompts: int, n: int, trials: int,
+) -> GroupResult:  # fmt: skip
+    """Per trial, side by side: ``group_prompts`` calls with ``n`` each, all sent at once,
+    then the same generations (the same seeds: ``choice_seed``) as separate calls, all sent
+    at once; sampled (temperature 1), ``ignore_eos``, ``new_tokens`` each."""
+    from serve.lm.requests import choice_seed
+
+    generator = Generator(url, model, prompt_tokens)
+    chosen = prompts[:group_prompts]
+    grouped_s: list[float] = []
+    separate_s: list[float] = []
+    grouped_first: list[float] = []
+    separate_first: list[float] = []
+    idle: list[float] = []
+    grouped_prompt: list[float] = []
+    separate_prompt: list[float] = []
+    failures: list[Stream] = []
+    async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT_S) as client:
+        # warm calls, and a connection for every request of a trial
+        await asyncio.gather(*(generator.stream(chosen[0], 2) for _ in range(len(chosen) * n)))
+        for _ in range(2 * trials):
+            _keep(await generator.stream(chosen[0], PROBE_FIRST), idle, failures)
+            await asyncio.sleep(PAUSE_S)
+        for trial in range(trials):
+            seeds = [1000 * trial + p for p in range(len(chosen))]
+            calls = [
+                generator.stream(prompt, new_tokens, n=n, seed=seed)
+                for prompt, seed in zip(chosen, seeds, strict=True)
+            ]
+            seconds, prefilled, records = await _timed(client, model, calls)
+            grouped_s.append(seconds)
+            grouped_prompt.append(prefilled)
+            for record in records:
+                _keep(record, grouped_first, failures)
+            calls = [
+                generator.stream(prompt, new_tokens, seed=choice_seed(seed, i))
+                for prompt, seed in zip(chosen, seeds, strict=True)
+                for i in range(n)
+            ]
+            seconds, prefilled, records = await _timed(client, model, calls)
+            separate_s.append(seconds)
+            separate_prompt.append(prefilled)
+            for record in records:
+                _keep(record, separate_first, failures)
+            await asyncio.sleep(PAUSE_S)
+    generator.close()
+    return GroupResult(
+        len(chosen), n, new_tokens, trials, grouped_s, separate_s, grouped_first,
+        separate_first, idle, float(np.mean(grouped_prompt)), float(np.mean(separate_prompt)),
+        len(failures), failures[0].error if failures else "",
+    )  # fmt: skip
+
+
+PROBE_FIRST = 8  # the idle request's new tokens: its first token is what is compared
+
+
+async def _timed(
+    client: httpx.AsyncClient, model: str, calls: list[Any]
+) -> tuple[float, float, list[Stream]]:
+    """Run ``calls`` at once: their wall time, the prompt tokens the server prefilled for
+    them, their records."""
+    before = await _prompt_tokens(client, model)
+    started = time.perf_counter()
+    records = await asyncio.gather(*calls)
+    seconds = time.perf_counter() - started
+    return seconds, await _prompt_tokens(client, model) - before, list(records)
+
+
+async def _prompt_tokens(client: httpx.AsyncClient, model: str) -> float:
+    text = (await client.get("/metrics")).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (
+                sample.name == "rlserve_lm_prompt_tokens_total"
+                and sample.labels.get("model") == model
+            ):
+                return sample.value
+    return 0.0
+
+
 # --- command line --------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("mode", choices=["load", "ttft"])
+    parser.add_argument("mode", choices=["load", "ttft", "groups"])
     parser.add_argument("--url", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--prompts", type=Path, required=True, help="JSON list of texts")
@@ -433,6 +562,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-tokens", type=int, default=224)
     parser.add_argument("--probe-tokens", type=int, default=8)
     parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--group-prompts", type=int, default=4)
+    parser.add_argument("--n", type=int, default=8)
     args = parser.parse_args(argv)
     prompts = json.loads(args.prompts.read_text())
     a = args
@@ -442,11 +573,17 @@ def main(argv: list[str] | None = None) -> int:
             a.warmup,
         )  # fmt: skip
         result = asdict(asyncio.run(load_run))
-    else:
+    elif a.mode == "ttft":
         ttft_run = ttft(
             a.url, a.model, prompts, a.prompt_tokens, a.long_tokens, a.probe_tokens, a.trials
         )
         result = asdict(asyncio.run(ttft_run))
+    else:
+        group_run = groups(
+            a.url, a.model, prompts, a.prompt_tokens, a.new_tokens, a.group_prompts, a.n,
+            a.trials,
+        )  # fmt: skip
+        result = asdict(asyncio.run(group_run))
     print(json.dumps(result), flush=True)
     return 0
 

@@ -981,12 +981,16 @@ def _lm_section(run: LmRun) -> str:
     lines += _lm_cost(run)
     lines += ["", "### Time to first token with 7 long generations running", ""]
     lines += _ttft_table(run)
+    lines += ["", f"### Groups: {lm.GROUP_PROMPTS} prompts x n={lm.GROUP_N}", ""]
+    lines += _groups_table(run)
     failures = [f"{r.concurrency} streams: {r.failure}" for r in run.servers if r.failure]
     failures += [
         f"{b.label}: {b.failure}" for b in (run.transformers, run.genai) if b and b.failure
     ]
     if run.ttft_failure:
         failures.append(f"TTFT test: {run.ttft_failure}")
+    if run.groups_failure:
+        failures.append(f"group test: {run.groups_failure}")
     if failures:
         lines += ["", "Not measured:", ""]
         lines += [f"- {text}" for text in failures]
@@ -1038,6 +1042,46 @@ def _lm_cost(run: LmRun) -> list[str]:
         f"streamed token (decoding, scheduling, HTTP and one server-sent event per token on "
         f"one core); onnxruntime-genai's static batch of {genai.batch} spends {theirs:,.0f} "
         "µs of its core per token (10⁶ ÷ its tokens/s).",
+    ]
+
+
+def _groups_table(run: LmRun) -> list[str]:
+    g = run.groups
+    if g is None:
+        return [f"Not measured: {run.groups_failure or 'not run'}."]
+
+    def median(values: list[float]) -> str:
+        return f"{statistics.median(values):.1f}" if values else "n/a"
+
+    def row(label: str, calls: int, seconds: list[float], first: list[float], prompt: float) -> str:
+        wall = statistics.median(seconds) if seconds else 0.0
+        rate = g.tokens / wall if wall else 0.0
+        return (
+            f"| {label} | {calls} | {g.tokens:,} | {wall * 1e3:,.0f} | {rate:,.0f} "
+            f"| {median(first)} | {prompt:,.0f} |"
+        )
+
+    return [
+        f"Per trial ({g.trials}), side by side: {g.prompts} generate calls with `n` "
+        f"{g.n}, sent at once, then the same {g.prompts * g.n} generations (the same seeds) "
+        f"as separate calls, sent at once; sampled (temperature 1), exactly {g.new_tokens} "
+        "new tokens each, streamed. *First token* is each call's first token event at the "
+        f"client; the idle request is one call alone on the idle server. Errors: {g.errors}.",
+        "",
+        "| calls | requests | tokens | wall ms (median) | tokens/s | first token ms (median) "
+        "| prompt tokens prefilled (server) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        row(
+            f"groups (n={g.n})", g.prompts, g.grouped_s, g.grouped_first_ms, g.grouped_prompt_tokens
+        ),
+        row(
+            "separate requests",
+            g.prompts * g.n,
+            g.separate_s,
+            g.separate_first_ms,
+            g.separate_prompt_tokens,
+        ),
+        f"| idle request | 1 | | | | {median(g.idle_first_ms)} | |",
     ]
 
 

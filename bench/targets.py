@@ -11,6 +11,7 @@ the target is about.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from bench import cache, lm, loop, models, oip, overload, ratios, recurrent, servers
@@ -367,7 +368,7 @@ LM_PREFIX = "lm: "  # every lm target starts so (a subset run replaces those row
 def lm_verdicts(run: LmRun | None) -> list[Verdict]:
     """Issue #12: throughput at 8 concurrent streams against transformers run sequentially
     and against onnxruntime-genai's static batch, and TTFT under running generations."""
-    return [_lm_sequential(run), _lm_genai(run), _lm_ttft(run)]
+    return [_lm_sequential(run), _lm_genai(run), _lm_ttft(run), *_lm_groups(run)]
 
 
 def _lm_at_target(run: LmRun | None) -> tuple[ServerRun | None, str | None]:
@@ -443,6 +444,54 @@ def _lm_ttft(run: LmRun | None) -> Verdict:
     if not all(t.still_running):
         return Verdict(target, f"{measured}; the long generations ended first", False)
     return Verdict(target, measured, t.ratio < lm.MAX_TTFT_RATIO)
+
+
+def _lm_groups(run: LmRun | None) -> list[Verdict]:
+    """Issue #23: a group (n) against the same generations sent separately."""
+    tokens = f"{lm.GROUP_PROMPTS} prompts x n={lm.GROUP_N} x {lm.GROUP_TOKENS} new tokens"
+    targets = [
+        f"{LM_PREFIX}{tokens} ≥ {lm.MIN_GROUP_RATIO:g}x the tokens/s of the same "
+        f"{lm.GROUP_PROMPTS * lm.GROUP_N} generations as separate requests",
+        f"{LM_PREFIX}{tokens}: each prompt prefilled once (server's prompt tokens)",
+        f"{LM_PREFIX}a group's first token ≤ {lm.MAX_GROUP_FIRST_RATIO:g}x an idle "
+        "request's (medians)",
+    ]
+    why = None
+    if run is None:
+        why = "not run"
+    elif run.setup_failure is not None:
+        why = f"setup failed: {run.setup_failure[:200]}"
+    elif run.groups is None:
+        why = f"failed: {run.groups_failure}"
+    if why is not None or run is None or run.groups is None:
+        return [Verdict(t, why or "not run", None if why == "not run" else False) for t in targets]
+    g = run.groups
+    broken = f"; {g.errors} errors: {g.error_sample[:150]}" if g.errors else ""
+    ratio = g.grouped_tokens_per_s / g.separate_tokens_per_s if g.separate_tokens_per_s else 0.0
+    once = g.prompts * lm.PROMPT_TOKENS
+    first = statistics.median(g.grouped_first_ms) if g.grouped_first_ms else 0.0
+    idle = statistics.median(g.idle_first_ms) if g.idle_first_ms else 0.0
+    first_ratio = first / idle if idle else 0.0
+    return [
+        Verdict(
+            targets[0],
+            f"{ratio:.2f}x: {g.grouped_tokens_per_s:,.0f} against "
+            f"{g.separate_tokens_per_s:,.0f} tokens/s{broken}",
+            ratio >= lm.MIN_GROUP_RATIO and not g.errors,
+        ),
+        Verdict(
+            targets[1],
+            f"{g.grouped_prompt_tokens:,.0f} prompt tokens prefilled per trial for "
+            f"{g.prompts} prompts of {lm.PROMPT_TOKENS} ({once} once each); separate "
+            f"requests: {g.separate_prompt_tokens:,.0f}",
+            g.grouped_prompt_tokens <= once,
+        ),
+        Verdict(
+            targets[2],
+            f"{first_ratio:.1f}x: {first:.1f} ms against {idle:.1f} ms",
+            bool(idle) and first_ratio <= lm.MAX_GROUP_FIRST_RATIO,
+        ),
+    ]
 
 
 CACHE_PREFIX = "cache: "  # every cache target starts so (a subset run replaces those rows)
