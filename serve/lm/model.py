@@ -89,15 +89,35 @@ class LanguageModel:
 
     # ------------------------------------------------------------------ calls
 
-    def prepare_generation(self, spec: GenerationSpec) -> Generation:
+    def prepare_generation(
+        self, spec: GenerationSpec, *, like: Generation | None = None
+    ) -> Generation:
         """Tokenize a generate call (or check its token ids) against this version's
         vocabulary and context. ``max_new_tokens`` beyond what the context leaves after
         the prompt is cut to it: the generation stops when the context is full
-        (``finish_reason`` length), as vLLM does."""
+        (``finish_reason`` length), as vLLM does. ``like``: the call's previous generation
+        (a group's choices, several prompts'); when it has the same prompt, its tokens are
+        taken as they are instead of tokenizing the prompt again."""
+        if like is not None and (spec.prompt, spec.messages) == (
+            like.spec.prompt,
+            like.spec.messages,
+        ):
+            return self._generation(spec, like.prompt_ids)
         if isinstance(spec.prompt, tuple):
             prompt_ids = self._checked_ids(spec.prompt)
         else:
             prompt_ids = self._prompt_ids(spec.prompt, spec.messages)
+        return self._generation(spec, prompt_ids)
+
+    def prepare_generations(self, specs: Sequence[GenerationSpec]) -> list[Generation]:
+        """A call's generations, each prompt tokenized once where it repeats."""
+        generations: list[Generation] = []
+        for spec in specs:
+            like = generations[-1] if generations else None
+            generations.append(self.prepare_generation(spec, like=like))
+        return generations
+
+    def _generation(self, spec: GenerationSpec, prompt_ids: tuple[int, ...]) -> Generation:
         room = self.context_length - len(prompt_ids)
         defaults = self.contract.generation_defaults
         asked = defaults.max_new_tokens if spec.max_new_tokens is None else spec.max_new_tokens

@@ -61,7 +61,6 @@ from serve.lm.frontends.calls import (
 )
 from serve.lm.frontends.merged_streams import Finished, merged
 from serve.lm.messages import (
-    Generation,
     GenerationResult,
     GenerationSpec,
     ScoreResult,
@@ -199,11 +198,7 @@ class LanguageModelFrontend:
                 f"{bound} requests (its max_queue_rows setting), and each is one: ask for fewer"
             )
         self.calls.admit(admitted, "reading the body", len(specs))
-        version = admitted.version
-
-        def prepare(specs: list[GenerationSpec]) -> list[Generation]:
-            return [version.prepare_generation(spec) for spec in specs]
-
+        prepare = admitted.version.prepare_generations  # the prompt tokenized once
         generations = await self.calls.prepare(exchange, prepare, specs)
         streams = self.calls.queue(admitted, generations, tokens=streaming)
         with CancelOnDisconnect(exchange.receive, *streams) as watch:

@@ -188,10 +188,11 @@ class OpenAIFrontend:
         to, the errors naming the OpenAI fields."""
 
         def prepare(specs: list[GenerationSpec]) -> list[Generation]:
-            generations = []
+            generations: list[Generation] = []
             for index, spec in enumerate(specs):
+                like = generations[-1] if generations else None  # n choices: tokenized once
                 try:
-                    generations.append(admitted.version.prepare_generation(spec))
+                    generations.append(admitted.version.prepare_generation(spec, like=like))
                 except InvalidInput as exc:
                     raise request.renamed(exc, index) from None
             return generations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from serve.errors import InvalidInput
-from serve.lm.requests import generation_spec, score_spec
+from serve.lm.requests import choice_seed, generation_spec, generation_specs, score_spec
 from tests.serve.lm import fakes
 
 
@@ -139,3 +139,19 @@ def test_a_completion_must_fit_the_context_after_the_prompt():
     body = {"prompt": "w1 w2", "completions": ["w3", "w3 w4 w5 w6"]}
     with pytest.raises(InvalidInput, match=r"completions\[1\]: 4 tokens after a prompt of 3"):
         model.prepare_scoring(score_spec(body, "id", 0.0, 1.0))
+
+
+def test_n_gives_a_group_each_with_its_own_seed_and_the_prompt_tokenized_once():
+    specs = generation_specs({"prompt": "w1 w2", "n": 3, "seed": 5}, "id", 0.0, 1.0)
+    assert [s.seed for s in specs] == [5, choice_seed(5, 1), choice_seed(5, 2)]
+    assert len({s.seed for s in specs}) == 3
+    unseeded = generation_specs({"prompt": "w1", "n": 2}, "id", 0.0, 1.0)
+    assert [s.seed for s in unseeded] == [None, None]  # each draws its own
+    model = fakes.language_model()
+    group = model.prepare_generations(specs)
+    assert [g.sampling.seed for g in group] == [s.seed for s in specs]
+    assert group[1].prompt_ids is group[0].prompt_ids  # taken as they are, not re-encoded
+    other = model.prepare_generations([specs[0], spec(prompt="w3", seed=5)])
+    assert other[1].prompt_ids == model.prepare_generation(spec(prompt="w3")).prompt_ids
+    with pytest.raises(InvalidInput, match=r"n: expected an integer in \[1, 256\], got 0"):
+        generation_specs({"prompt": "w1", "n": 0}, "id", 0.0, 1.0)
