@@ -45,6 +45,9 @@ class TextCodec:
             contract.completion_encoding is PromptEncoding.WITH_SPECIAL_TOKENS
         )
         self._special_tokens = dict(contract.special_tokens)
+        self._specials = frozenset(
+            token for token, added in tokenizer.get_added_tokens_decoder().items() if added.special
+        )
         self._template = None
         if contract.chat_template is not None:
             environment = ImmutableSandboxedEnvironment(
@@ -123,6 +126,11 @@ class TextCodec:
         """One token's text alone, a special token's shown (an alternative's name)."""
         text: str = self.tokenizer.decode([token], skip_special_tokens=False)
         return text
+
+    def is_special(self, token: int) -> bool:
+        """Whether a token is one of the tokenizer's special ones (BOS, EOS, chat markers),
+        whose text decoding leaves out."""
+        return token in self._specials
 
 
 class Detokenizer:

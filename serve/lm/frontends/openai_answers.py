@@ -9,8 +9,9 @@ The likeliest alternatives at each position, when asked for, are each token's ow
 (special tokens shown as theirs) with its log-prob, likeliest first (completions: a
 ``{text: log-prob}`` object, as OpenAI's legacy API writes it). With
 ``return_tokens_as_token_ids`` (vLLM's extension) every token in the log-probs, chosen or
-alternative, is named ``token_id:<id>`` instead, so a client gets the exact ids (an EOS
-included, whose text is empty); offsets still count the text. With ``echo`` the prompt
+alternative, is named ``token_id:<id>`` instead, so a client gets the exact ids; offsets
+still count the text. A chosen special token (an EOS) adds no text but is named by its own
+(``</s>``), so it cannot be taken for an incomplete character's piece. With ``echo`` the prompt
 comes first, in the text and in the log-probs (its first token has none: ``null``).
 Errors are ``{"error": {"message", "type", "param", "code"}}``: ``code`` is rlserve's
 error code (``model_not_found`` for an unknown model, as OpenAI says it), ``param`` the
@@ -211,13 +212,13 @@ class Answer:
     ) -> dict[str, Any]:
         """The log-probs of these tokens (``pieces``: the text each adds), in the endpoint's
         shape; ``None`` where a token has none (an echoed prompt's first)."""
-        shown = [f"token_id:{t}" for t in ids] if self.token_ids else pieces
+        shown = [self._name(token, piece) for token, piece in zip(ids, pieces, strict=True)]
         if self.chat:
             content = [
                 {
                     "token": name,
                     "logprob": log_prob,
-                    "bytes": list(piece.encode()),
+                    "bytes": list((piece or name).encode()),
                     "top_logprobs": [
                         {"token": t, "logprob": lp, "bytes": list(t.encode())}
                         for t, lp in self._alternatives(top or ())
@@ -239,6 +240,15 @@ class Answer:
             "top_logprobs": top_logprobs,
             "text_offset": offsets,
         }
+
+    def _name(self, token: int, piece: str) -> str:
+        """A chosen token's name in the log-probs: the text it adds, or a special token's
+        own text (an EOS adds none, but is named ``</s>``, not ``""``), or ``token_id:<id>``."""
+        if self.token_ids:
+            return f"token_id:{token}"
+        if not piece and self.codec is not None and self.codec.is_special(token):
+            return self.codec.token_text(token)
+        return piece
 
     def _alternatives(self, top: Alternatives) -> list[tuple[str, float]]:
         """Each alternative's name (its token's text alone, special ones shown; or
