@@ -88,6 +88,23 @@ class Memory:
     def fields(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
+    @property
+    def held_by_server(self) -> bool:
+        return any(
+            v is not None for v in (self.sequence_id, self.sequence_start, self.sequence_end)
+        )
+
+
+def _lane_inputs(action_masks: Any, memory: Memory | None) -> dict[str, Any] | None:
+    """What a call gives beside its observations, for the local lane; None when only HTTP
+    carries it (a server-held sequence)."""
+    if memory is not None and memory.held_by_server:
+        return None
+    given = {} if memory is None else memory.fields()
+    if action_masks is not None:
+        given["action_masks"] = action_masks
+    return given
+
 
 def _predict_call(
     observations: Any,
@@ -98,6 +115,7 @@ def _predict_call(
     outputs: Sequence[str],
     actions: Any,
     timeout_ms: float | None,
+    action_masks: Any,
     memory: Memory | None,
 ) -> _Call:
     body: dict[str, Any] = {
@@ -109,6 +127,8 @@ def _predict_call(
         body["seed"] = seed
     if actions is not None:
         body["actions"] = actions
+    if action_masks is not None:
+        body["action_masks"] = action_masks
     if memory is not None:
         body.update(memory.fields())
     headers = dict(_JSON)
@@ -296,22 +316,26 @@ class PolicyClient:
         outputs: Sequence[str] = _DEFAULT_OUTPUTS,
         actions: Any = None,
         timeout_ms: float | None = None,
+        action_masks: Any = None,
         memory: Memory | None = None,
     ) -> Prediction:
-        """``memory``: a recurrent policy's state, or its server-held sequence."""
-        over_lane = actions is None and memory is None  # the lane carries neither yet
+        """``action_masks``: a masked policy's (MaskablePPO); ``memory``: a recurrent
+        policy's state, or its server-held sequence (over HTTP only)."""
+        lane_inputs = _lane_inputs(action_masks, memory)
+        over_lane = actions is None and lane_inputs is not None  # the lane scores no actions
         if self._lane is not None and over_lane and time.monotonic() >= self._lane_retry_at:
             try:
                 return self._lane.predict(
                     observations, model=model, version=version, deterministic=deterministic,
-                    seed=seed, outputs=outputs, timeout_ms=timeout_ms,
+                    seed=seed, outputs=outputs, timeout_ms=timeout_ms, inputs=lane_inputs,
                 )  # fmt: skip
             except LaneUnavailable as exc:
                 log.warning("%s; predicting over HTTP, the lane again in %gs", exc, LANE_RETRY_S)
                 self._lane_retry_at = time.monotonic() + LANE_RETRY_S
         call = _predict_call(
-            observations, model, version, deterministic, seed, outputs, actions, timeout_ms, memory
-        )
+            observations, model, version, deterministic, seed, outputs, actions, timeout_ms,
+            action_masks, memory,
+        )  # fmt: skip
         return _prediction(self._send(call))
 
     def push(
@@ -381,12 +405,15 @@ class AsyncPolicyClient:
         outputs: Sequence[str] = _DEFAULT_OUTPUTS,
         actions: Any = None,
         timeout_ms: float | None = None,
+        action_masks: Any = None,
         memory: Memory | None = None,
     ) -> Prediction:
-        """``memory``: a recurrent policy's state, or its server-held sequence."""
+        """``action_masks``: a masked policy's (MaskablePPO); ``memory``: a recurrent
+        policy's state, or its server-held sequence."""
         call = _predict_call(
-            observations, model, version, deterministic, seed, outputs, actions, timeout_ms, memory
-        )
+            observations, model, version, deterministic, seed, outputs, actions, timeout_ms,
+            action_masks, memory,
+        )  # fmt: skip
         return _prediction(await self._send(call))
 
     async def push(

@@ -20,7 +20,7 @@ import mmap
 import os
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,24 +52,22 @@ class _Lane:
             self.sock.close()
             raise
         self.seq = 0
-        self.inputs = {a.key: a for a in self.layout.inputs}
+        self.inputs = {a.key: a for a in self.layout.inputs if a.field is None}
+        self.extras = {a.field: a for a in self.layout.inputs if a.field is not None}
         self.dtypes = {
             a.name: np.dtype(a.dtype) for a in (*self.layout.inputs, *self.layout.outputs)
         }
 
     def call(
-        self, rows: dict[str | None, np.ndarray], n: int, deterministic: bool, seed: int | None,
-        timeout_ms: float | None,
+        self, rows: dict[str | None, np.ndarray], extras: dict[str, np.ndarray], n: int,
+        deterministic: bool, seed: int | None, timeout_ms: float | None,
     ) -> tuple[wire.Status, tuple[Any, ...]]:  # fmt: skip
         slot = self.slot
         for key, area in self.inputs.items():
-            data = np.ascontiguousarray(rows[key], self.dtypes[area.name])
-            if data.shape[1:] != area.shape:
-                raise ValueError(
-                    f"observations{'' if key is None else f'[{key!r}]'}: rows of shape "
-                    f"{list(area.shape)} expected, got {list(data.shape[1:])}"
-                )
-            slot[area.offset : area.offset + data.nbytes] = data.tobytes()
+            shown = f"observations{'' if key is None else f'[{key!r}]'}"
+            self._write(area, rows[key], shown)
+        for field, area in self.extras.items():
+            self._write(area, extras[field], field)
         self.seq += 1
         flags = wire.Flags.DETERMINISTIC if deterministic else wire.Flags(0)
         if seed is not None:
@@ -84,6 +82,39 @@ class _Lane:
         if answer[0] != self.seq:
             raise ConnectionResetError("the local lane's answer is for another call")
         return wire.Status(answer[1]), answer
+
+    def _write(self, area: wire.Area, given: np.ndarray, shown: str) -> None:
+        data = np.ascontiguousarray(given, self.dtypes[area.name])
+        if data.shape[1:] != area.shape:
+            raise ValueError(
+                f"{shown}: rows of shape {list(area.shape)} expected, got {list(data.shape[1:])}"
+            )
+        self.slot[area.offset : area.offset + data.nbytes] = data.tobytes()
+
+    def extra_rows(
+        self, given: Mapping[str, Any], n: int, *, single: bool
+    ) -> dict[str, np.ndarray]:
+        """The inputs beside the observations this model takes (action masks, a recurrent
+        policy's state and episode starts), as rows; a recurrent policy's state may be left
+        out where every row starts an episode (zeros, as the server would take it)."""
+        unknown = sorted(set(given) - set(self.extras))
+        if unknown:
+            takes = sorted(map(str, self.extras)) or "nothing"
+            raise ValueError(f"inputs: {unknown} are not taken by this model (it takes {takes})")
+        rows = {}
+        for field, area in self.extras.items():
+            value = given.get(field)
+            if value is None and field == "state" and _all_start(given.get("episode_start")):
+                value = np.zeros((n, *area.shape), self.dtypes[area.name])
+            elif value is None and field == "episode_start":
+                value = np.zeros(n, bool)
+            if value is None:
+                raise ValueError(f"{field}: required by this model; give it with the observations")
+            array = np.asarray(value)
+            if field == "episode_start" and array.ndim == 0:
+                array = np.full(n, bool(array))
+            rows[field] = array[np.newaxis] if single and array.ndim == len(area.shape) else array
+        return rows
 
     def outputs(self, n: int) -> dict[str, np.ndarray]:
         return {
@@ -145,7 +176,11 @@ class LaneClient:
         seed: int | None = None,
         outputs: Sequence[str] = ("actions",),
         timeout_ms: float | None = None,
+        inputs: Mapping[str, Any] | None = None,
     ) -> Prediction:
+        """``inputs``: what the model takes beside its observations, by predict field:
+        ``action_masks`` (MaskablePPO), ``state`` and ``episode_start`` (a recurrent
+        policy; the answer's ``state`` is the next one)."""
         keyed = observations if isinstance(observations, dict) else {None: observations}
         arrays = {k: np.asarray(v) for k, v in keyed.items()}
         names = tuple(dict.fromkeys(outputs))
@@ -154,8 +189,9 @@ class LaneClient:
             single = _single(lane, arrays)
             rows = {k: v[None] if single else v for k, v in arrays.items()}
             n = len(next(iter(rows.values())))
+            extras = lane.extra_rows(inputs or {}, n, single=single)
             try:
-                status, answer = lane.call(rows, n, deterministic, seed, timeout_ms)
+                status, answer = lane.call(rows, extras, n, deterministic, seed, timeout_ms)
             except (ConnectionError, BrokenPipeError) as exc:
                 self._drop(lane)  # the server restarted, or stopped: once more on a new lane
                 if attempt == 2:
@@ -273,5 +309,9 @@ def _prediction(
         lane.layout.model, version, sha256,
         actions=values.get("actions"), log_probs=values.get("log_probs"),
         values=values.get("values"), distribution=distribution or None,
-        q_values=values.get("q_values"),
+        q_values=values.get("q_values"), state=values.get(wire.STATE),
     )  # fmt: skip
+
+
+def _all_start(value: Any) -> bool:
+    return value is not None and bool(np.all(np.asarray(value)))

@@ -19,6 +19,8 @@ from gymnasium import spaces
 from sb3_contrib import MaskablePPO
 
 from serve import cli, contract
+from serve.client import PolicyClient, RequestFailed
+from serve.lane_client import LaneClient
 from tests.e2e.server import Server, free_port
 
 ACTIONS = 5
@@ -92,7 +94,10 @@ def server(
     trained: tuple[Any, Path, str], grpc_port: int, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("maskable_server") / "log"
-    running = Server.rlserve(trained[1], "--grpc-port", str(grpc_port), log=log)
+    lane = log.parent / "lane.sock"
+    running = Server.rlserve(
+        trained[1], "--grpc-port", str(grpc_port), "--lane", str(lane), log=log
+    )
     running.wait_ready()
     yield running
     running.stop()
@@ -225,3 +230,19 @@ def test_grpc_takes_the_mask_as_a_bool_tensor(
         result = client.infer("masked", [observed, masked], outputs=wanted)
     expected, _ = model.predict(obs, deterministic=True, action_masks=masks)
     np.testing.assert_array_equal(result.as_numpy("actions"), expected)
+
+
+def test_the_local_lane_carries_the_masks(trained: tuple[Any, Path, str], server: Server) -> None:
+    model = trained[0]
+    obs, masks = batch(32, seed=6)
+    assert server.log is not None
+    lane = server.log.parent / "lane.sock"  # where the server fixture put it
+    with LaneClient(lane) as client:
+        answer = client.predict(obs, model="masked", inputs={"action_masks": masks})
+        with pytest.raises(RequestFailed, match="action_masks\\[0\\]: no legal action"):
+            client.predict(obs[:1], model="masked", inputs={"action_masks": ~np.ones((1, 5), bool)})
+    expected, _ = model.predict(obs, deterministic=True, action_masks=masks)
+    np.testing.assert_array_equal(answer.actions, expected)
+    with PolicyClient(server.url, lane=lane) as policy:
+        one = policy.predict(obs[0], model="masked", action_masks=masks[0])
+    assert int(one.actions) == int(expected[0])

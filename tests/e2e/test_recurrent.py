@@ -29,6 +29,7 @@ from stable_baselines3.common.env_util import make_vec_env
 
 from serve import cli
 from serve.client import Memory, PolicyClient
+from serve.lane_client import LaneClient
 from tests.e2e.server import Server, free_port
 from tests.export.export_envs import CartPoleNoVelocity
 from tests.export.export_rollouts import SourceRecurrentActor, run_episode
@@ -87,8 +88,16 @@ def grpc_port() -> int:
 
 
 @pytest.fixture(scope="module")
+def lane_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("recurrent_lane") / "lane.sock"
+
+
+@pytest.fixture(scope="module")
 def server(
-    trained: tuple[Any, Path], grpc_port: int, tmp_path_factory: pytest.TempPathFactory
+    trained: tuple[Any, Path],
+    grpc_port: int,
+    lane_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("recurrent_server") / "log"
     running = Server.rlserve(
@@ -97,6 +106,8 @@ def server(
         "64",
         "--grpc-port",
         str(grpc_port),
+        "--lane",
+        str(lane_path),
         env={"RLSERVE_ADMIN_TOKEN": TOKEN},
         log=log,
     )
@@ -185,6 +196,44 @@ def test_policy_client_carries_the_state_or_names_the_sequence(
         for actor in (client_held, server_held):
             ours = run_episode(env, actor, 5)
             assert [int(a) for a in ours.actions] == [int(a) for a in theirs.actions]
+
+
+def test_the_local_lane_carries_the_state_and_replays_the_source(
+    trained: tuple[Any, Path], server: Server, lane_path: Path
+) -> None:
+    model = trained[0]
+    env = CartPoleNoVelocity()
+    theirs = run_episode(env, SourceRecurrentActor(model), 9)
+    with LaneClient(lane_path) as lane:
+        state: Any = None
+
+        def by_lane(observation: np.ndarray) -> int:
+            nonlocal state
+            given = {"episode_start": True} if state is None else {"state": state}
+            answer = lane.predict(observation, model="recurrent", inputs=given)
+            assert answer.state is not None
+            assert np.shape(answer.state) == (128,)  # one observation: no batch axis
+            state = answer.state
+            return int(answer.actions)
+
+        ours = run_episode(env, by_lane, 9)
+        with pytest.raises(ValueError, match="state: required by this model"):
+            lane.predict(np.zeros(2, np.float32), model="recurrent")
+    assert [int(a) for a in ours.actions] == [int(a) for a in theirs.actions]
+    with PolicyClient(server.url, lane=lane_path) as client:  # the lane, for client-held state
+        first = client.predict(
+            np.zeros(2).tolist(), model="recurrent", memory=Memory(episode_start=True)
+        )
+        again = client.predict(
+            np.zeros(2).tolist(), model="recurrent", memory=Memory(state=first.state)
+        )
+    with server.client() as http:
+        body = {"observations": [0.0, 0.0], "episode_start": True}
+        over_http = http.post(PREDICT, json=body).json()
+        body = {"observations": [0.0, 0.0], "state": over_http["state"]}
+        second = http.post(PREDICT, json=body).json()
+    np.testing.assert_allclose(first.state, over_http["state"], atol=1e-6)
+    np.testing.assert_allclose(again.state, second["state"], atol=1e-6)
 
 
 def test_a_batch_of_rows_at_different_steps_answers_each_as_alone(server: Server) -> None:

@@ -243,11 +243,6 @@ class LaneServer:
 
 def layout_of(model: str, signature: Signature, hello: wire.Hello) -> wire.Layout:
     """The slot for a hello: the model's inputs, then the outputs asked for, ``rows`` each."""
-    if signature.extra_inputs:
-        raise InvalidInput(
-            f"model {model!r} takes {listed(signature.extra_inputs)} beside its "
-            "observations, which the local lane does not carry yet; call it over HTTP or gRPC"
-        )
     known = {o.name: o for o in signature.outputs}
     parameters = [name for name in known if name not in wire.OWN_OUTPUTS]
     names: list[str] = []
@@ -259,11 +254,20 @@ def layout_of(model: str, signature: Signature, hello: wire.Hello) -> wire.Layou
             f"outputs: expected distinct names drawn from {[*known, wire.DISTRIBUTION]}, "
             f"got {listed(list(hello.outputs))}"
         )
+    if wire.STATE in known and wire.STATE not in names:
+        names.append(wire.STATE)  # the client carries it to its next step
     inputs = [
-        (meta.name, signature.key_of(meta.name), *_typed(meta.datatype, meta.shape))
+        (
+            meta.name,
+            signature.key_of(meta.name),
+            *_typed(meta.datatype, meta.shape),
+            signature.field_of(meta.name),
+        )
         for meta in signature.inputs
     ]
-    outputs = [(name, None, *_typed(known[name].datatype, known[name].shape)) for name in names]
+    outputs = [
+        (name, None, *_typed(known[name].datatype, known[name].shape), None) for name in names
+    ]
     input_areas, end = wire.place(inputs, hello.rows, wire.DATA_OFFSET)
     output_areas, end = wire.place(outputs, hello.rows, end)
     size = -(-end // mmap.PAGESIZE) * mmap.PAGESIZE

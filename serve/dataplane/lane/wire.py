@@ -50,7 +50,8 @@ ALIGN = 64
 
 # Outputs a hello may ask for: these by name, and "distribution" for all of the
 # distribution's parameters (logits, or mean and log_std), as the predict routes say it.
-OWN_OUTPUTS = ("actions", "log_probs", "values", "q_values")
+OWN_OUTPUTS = ("actions", "log_probs", "values", "q_values", "state")
+STATE = "state"  # a recurrent policy's next state: every answer of one carries it
 DISTRIBUTION = "distribution"
 
 
@@ -83,6 +84,8 @@ class Area:
     shape: tuple[int, ...]  # one row's shape
     offset: int
     row_bytes: int
+    field: str | None = None  # an input beside the observations: the predict field it is
+    # ("action_masks", "state", "episode_start"); None: an observation (or an output)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +104,13 @@ class Layout:
         def areas(key: str) -> tuple[Area, ...]:
             return tuple(
                 Area(
-                    a["name"], a["key"], a["dtype"], tuple(a["shape"]), a["offset"], a["row_bytes"]
+                    a["name"],
+                    a["key"],
+                    a["dtype"],
+                    tuple(a["shape"]),
+                    a["offset"],
+                    a["row_bytes"],
+                    a.get("field"),
                 )
                 for a in given[key]
             )
@@ -109,19 +118,20 @@ class Layout:
         return cls(given["model"], given["rows"], given["size"], areas("inputs"), areas("outputs"))
 
 
-def place(
-    tensors: Sequence[tuple[str, str | None, str, tuple[int, ...], int]], rows: int, start: int
-) -> tuple[list[Area], int]:
-    """Areas for ``(name, key, dtype, row shape, itemsize)`` one after another from
+Placed = tuple[str, str | None, str, tuple[int, ...], int, str | None]
+
+
+def place(tensors: Sequence[Placed], rows: int, start: int) -> tuple[list[Area], int]:
+    """Areas for ``(name, key, dtype, row shape, itemsize, field)`` one after another from
     ``start``, each aligned; and where the next would start."""
     areas, offset = [], start
-    for name, key, dtype, shape, itemsize in tensors:
+    for name, key, dtype, shape, itemsize, field in tensors:
         count = 1
         for dim in shape:
             count *= dim
         row_bytes = count * itemsize
         offset = -(-offset // ALIGN) * ALIGN
-        areas.append(Area(name, key, dtype, shape, offset, row_bytes))
+        areas.append(Area(name, key, dtype, shape, offset, row_bytes, field))
         offset += rows * row_bytes
     return areas, offset
 

@@ -152,10 +152,10 @@ class Signature:
         self._inputs_by_name = {i.name: i for i in self.inputs}
         self._kinds_of: dict[tuple[str, ...], list[OutputKind] | None] = {}
 
-    @property
-    def extra_inputs(self) -> list[str]:
-        """The inputs beside the observations (an action mask, a recurrent state)."""
-        return [meta.name for meta, _ in self._extras]
+    def field_of(self, name: str) -> str | None:
+        """The predict field an input beside the observations is (``action_masks``,
+        ``state``, ``episode_start``); None for an observation."""
+        return next((field for meta, field in self._extras if meta.name == name), None)
 
     def key_of(self, name: str) -> str | None:
         """The key of a Dict space's observation that input ``name`` carries, or None."""
