@@ -94,7 +94,7 @@ _RESULT_CACHE_TIMEOUT_HELP = (
 )
 
 
-def _result_cache_url(url: str) -> str:
+def _redis_url(url: str, needed_by: str) -> str:
     scheme, sep, _ = url.partition("://")
     if not sep or scheme not in ("redis", "rediss", "unix"):
         raise ValueError(
@@ -102,11 +102,12 @@ def _result_cache_url(url: str) -> str:
             "unix:///path/to/redis.sock"
         )
     if importlib.util.find_spec("redis") is None:
-        raise ValueError("the result cache needs the Redis client: pip install 'rlserve[cache]'")
+        raise ValueError(f"{needed_by} needs the Redis client: pip install 'rlserve[cache]'")
     return url
 
 
-ResultCacheUrl = Annotated[str, AfterValidator(_result_cache_url)]
+ResultCacheUrl = Annotated[str, AfterValidator(lambda url: _redis_url(url, "the result cache"))]
+FeatureStoreUrl = Annotated[str, AfterValidator(lambda url: _redis_url(url, "a feature store"))]
 
 
 class VersionPolicy(BaseModel):
@@ -121,6 +122,47 @@ class VersionPolicy(BaseModel):
         if self.specific is not None and self.latest not in (None, 1):
             raise ValueError("set either latest or specific, not both")
         return self
+
+
+_FEATURES_HELP = (
+    "online features: observations assembled from a feature store by entity id (an object: "
+    "store, entity, features, defaults, timeout_ms; docs/serving.md, Online features). "
+    "Unset: requests carry their observations"
+)
+_ENTITY = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"
+
+
+class FeatureView(BaseModel):
+    """A model's observations as features of an entity in an online store: plain Redis
+    hashes, one per entity at ``<key_prefix><id>`` (default prefix ``<entity>:``), one field
+    per feature holding its value as text (``HSET player:42 hp 10 x 0.5``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    store: FeatureStoreUrl = Field(description="the store: redis://host:port/db (rediss, unix)")
+    entity: str = Field(pattern=_ENTITY, description="the entity key's name, e.g. player_id")
+    key_prefix: str | None = Field(None, description="hash key prefix (default: '<entity>:')")
+    features: list[str] = Field(
+        min_length=1, description="feature names, in the order of the observation's values"
+    )
+    defaults: dict[str, float] = Field(
+        default_factory=dict,
+        description="a missing feature's value; a feature without one refuses the request",
+    )
+    timeout_ms: float = Field(5.0, gt=0, description="the store must answer within this")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FeatureView:
+        repeated = sorted({f for f in self.features if self.features.count(f) > 1})
+        if repeated:
+            raise ValueError(f"features: {repeated} appear more than once")
+        unknown = sorted(set(self.defaults) - set(self.features))
+        if unknown:
+            raise ValueError(f"defaults: {unknown} are not among the features {self.features}")
+        return self
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.entity}:" if self.key_prefix is None else self.key_prefix
 
 
 class ModelSettings(BaseModel):
@@ -158,6 +200,8 @@ class ModelSettings(BaseModel):
     result_cache_ttl_s: float = Field(60.0, gt=0, description=_RESULT_CACHE_TTL_HELP)
     result_cache_max_entry_bytes: PositiveInt = Field(65536, description=_RESULT_CACHE_ENTRY_HELP)
     result_cache_timeout_ms: float = Field(5.0, gt=0, description=_RESULT_CACHE_TIMEOUT_HELP)
+    # Online features (serve.dataplane.features): off unless features is set.
+    features: FeatureView | None = Field(None, description=_FEATURES_HELP)
 
 
 class Settings(BaseSettings, ModelSettings):

@@ -176,6 +176,31 @@ class Metrics:
             "(too many writes in flight, or Redis failed lately), error",
             ["model", "result"], registry=r,
         )  # fmt: skip
+        # Online features (serve.dataplane.features): labels bounded to declared views.
+        self.feature_lookups = Counter(
+            "rlserve_feature_lookups",
+            "Feature-store round trips by result: ok, error (failed or past its timeout)",
+            ["model", "result"], registry=r,
+        )  # fmt: skip
+        self.feature_rows = Counter(
+            "rlserve_feature_rows", "Entity rows read from the feature store", ["model"],
+            registry=r,
+        )  # fmt: skip
+        self.feature_misses = Counter(
+            "rlserve_feature_misses",
+            "Features the store did not hold for a row (a default was used, or it was refused)",
+            ["model", "feature"], registry=r,
+        )  # fmt: skip
+        self.feature_round_trips = Counter(
+            "rlserve_feature_store_round_trips",
+            "Round trips to a feature store (one serves every request queued since the last)",
+            ["store"], registry=r,
+        )  # fmt: skip
+        self.feature_lookup_seconds = Histogram(
+            "rlserve_feature_lookup_seconds",
+            "A request's wait for its features, from asking to the answer",
+            ["model"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         self.sink = MetricsSink(self)
         self.generation = GenerationMetrics(self)
         self._children: dict[tuple[Any, ...], Any] = {}

@@ -186,6 +186,7 @@ class ModelRepositoryManager:
                 _default_deadline_ms(lifecycle),
                 self.result_caches.get(name),
                 lifecycle.sequences,
+                lifecycle.settings.features,
             )
         state = lifecycle.state if version is None else lifecycle.version_state(version)
         if state is ReadyState.LOADING:

@@ -28,14 +28,16 @@ from typing import cast
 
 from serve import contract
 from serve.actor_critic.policy import ActorCriticPolicy
-from serve.config import ModelSettings, Settings, VersionPolicy
+from serve.config import FeatureView, ModelSettings, Settings, VersionPolicy
+from serve.contract import PolicyContract
 from serve.dataplane.batching import buckets_for
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.model import ServedModel
 from serve.dataplane.runtime import Session, create_session
-from serve.errors import ConfigError, ModelLoadError
+from serve.errors import ConfigError, ContractError, ModelLoadError
 from serve.lm import contract as lm_contract
 from serve.lm.model import LanguageModel
+from serve.spaces import Box
 from serve.versions import parse_version
 
 log = logging.getLogger("rlserve.repository")
@@ -95,6 +97,28 @@ def select(versions: list[VersionDir], policy: VersionPolicy) -> list[VersionDir
     return versions[-(policy.latest or 1) :]
 
 
+FLOATS = ("float16", "float32", "float64")
+
+
+def check_view(view: FeatureView, policy: PolicyContract, origin: str) -> None:
+    """A feature view builds this version's observations: one float Box of as many values
+    as the view has features (ContractError naming the mismatch)."""
+    space = policy.observation_space
+    if not isinstance(space, Box) or len(space.shape) != 1 or space.dtype not in FLOATS:
+        shown = space.model_dump_json()[:160]
+        raise ContractError(
+            f"{origin}: the model's features view builds a flat float observation (a 1-D "
+            f"float Box) from {len(view.features)} features, but this version observes "
+            f"{shown}; serve it without features, or export a policy over a flat vector"
+        )
+    if space.shape[0] != len(view.features):
+        raise ContractError(
+            f"{origin}: the features view lists {len(view.features)} features "
+            f"({view.features}), but this version's observation has {space.shape[0]} values; "
+            "list one feature per value, in the observation's order"
+        )
+
+
 def load_version(where: VersionDir, settings: Settings, model: ModelSettings) -> ServedModel:
     return load_file(where.model, where.version, where.path, settings, model)
 
@@ -117,6 +141,8 @@ def load_file(
     if contract.kind_of(session.metadata) == lm_contract.KIND:
         return _load_language_model(name, version, path, session, digest, model, started)
     policy_contract = contract.from_metadata(session.metadata, origin)
+    if model.features is not None:
+        check_view(model.features, policy_contract, origin)
     problems = contract.check_golden(policy_contract, session.run)
     if problems:
         raise ModelLoadError(f"{origin}: golden vectors do not reproduce: {'; '.join(problems)}")

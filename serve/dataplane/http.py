@@ -32,7 +32,9 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from serve.access import log_exchange
-from serve.dataplane.deadline import budget_ms
+from serve.dataplane import features
+from serve.dataplane.deadline import Deadline, budget_ms
+from serve.dataplane.features import FeatureLookup
 from serve.dataplane.http_calls import (
     JSON_HEADER,
     READ_AGAIN_AFTER_S,
@@ -123,6 +125,7 @@ class PredictFrontend:
         self.max_body_bytes = max_body_bytes
         self.bodies = _decoder()  # the event loop's
         self.results = ResultCache(calls.metrics)  # models with a result_cache
+        self.features = FeatureLookup(calls.metrics)  # models with a features view
         self.rows = rows  # the steps of a row call, every frontend's (and the loop's turn)
         self._early: dict[str, _EarlyAnswer] = {}  # by model: its current early 429
         self._gates: dict[bytes, _Gate] = {}  # by predict path: what refuse_early needs
@@ -160,7 +163,10 @@ class PredictFrontend:
             bodies = self.bodies if where is PreparedOn.LOOP else _decoder()
             return _prepare(route, body, call, deadline.at, bodies, cache)
 
-        prepared, key = await self.rows.prepare(len(body), prepare)
+        if route.features is None:
+            prepared, key = await self.rows.prepare(len(body), prepare)
+        else:
+            prepared, key = await self._by_entity(route, body, call, deadline, cache)
         if key is not None and cache is not None:
             cached = await self.results.lookup(route.model, cache, key)
             if cached is not None:
@@ -179,6 +185,33 @@ class PredictFrontend:
         elif route.result_cache is not None:
             headers.append(_CACHE_BYPASS)
         return answer, headers
+
+    async def _by_entity(
+        self, route: Route, body: bytes, call: Call, deadline: Deadline, cache: CacheSettings | None
+    ) -> tuple[Prepared, bytes | None]:
+        """A model with a features view: a body naming ``entities`` gets its observations
+        from the store (``serve.dataplane.features``) before it is validated."""
+        view = route.features
+        assert view is not None
+
+        def decode(where: PreparedOn) -> dict[str, Any]:
+            return (self.bodies if where is PreparedOn.LOOP else _decoder()).decode(body)
+
+        payload = await self.rows.prepare(len(body), decode)
+        entities = payload.pop(features.FIELD, None)
+        if entities is not None:
+            if "observations" in payload:
+                raise InvalidInput(
+                    f"observations, {features.FIELD}: give one: the observations themselves, "
+                    f"or the entities whose features model {route.model!r} reads from its store"
+                )
+            rows, single = await self.features.observations(route.model, view, entities, deadline)
+            payload["observations"] = rows[0] if single else rows
+        prepared = route.row_model().prepare(_request(payload, call, deadline.at))
+        if cache is None:
+            return prepared, None
+        version = route.version
+        return prepared, cache_key(route.model, version.version, version.sha256, prepared)
 
     def refuse_early(
         self,
@@ -364,6 +397,11 @@ def _request(payload: dict[str, Any], call: Call, deadline: float) -> InferenceR
         )
     unknown = sorted(set(payload) - set(FIELDS))
     if unknown:
+        if features.FIELD in unknown:
+            raise InvalidInput(
+                f"{features.FIELD}: this model has no features view (its config's "
+                "features), so it reads no store; send observations"
+            )
         raise InvalidInput(f"unknown field(s) {unknown}; a request may have {list(FIELDS)}")
     return InferenceRequest(
         {k: payload[k] for k in INPUTS if k in payload},

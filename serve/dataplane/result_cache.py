@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from serve.config import ModelSettings
+from serve.dataplane import redis_link
 from serve.dataplane.messages import Prepared
 from serve.metrics import Metrics
 
@@ -67,8 +68,6 @@ RETRY_AFTER_S = 1.0  # and then this often
 ROUND_TRIP_S = 1.0  # connecting, and a write pipeline, may take this long
 WAIT_S = 2.0  # a lookup waits this long at most for its thread's answer (a backstop)
 MAX_PENDING_WRITES = 1024  # answers waiting to be written, per link; more are dropped
-MAX_BATCH = 512  # keys in one MGET, answers in one pipeline
-_STOP = object()  # tells a link's threads to end
 
 
 class Lookup(StrEnum):
@@ -247,19 +246,19 @@ class _Link:
         while not self._closing.is_set():
             reads = writes = None
             try:
-                reads = _client(self.url, self.timeout_s)
-                writes = _client(self.url, ROUND_TRIP_S)
+                reads = redis_link.client(self.url, self.timeout_s)
+                writes = redis_link.client(self.url, ROUND_TRIP_S)
                 writes.ping()
                 reads.ping()
             except Exception as exc:
-                _close(*(c for c in (reads, writes) if c is not None))
+                redis_link.close(*(c for c in (reads, writes) if c is not None))
                 failures += 1
                 if failures == QUICK_TRIES:
                     self._log_failure("connecting", exc)
                 self._closing.wait(QUICK_RETRY_S if failures < QUICK_TRIES else RETRY_AFTER_S)
                 continue
             if failures >= QUICK_TRIES or not ever:
-                log.info("result cache %s: connected", _shown(self.url))
+                log.info("result cache %s: connected", redis_link.shown(self.url))
             failures, ever = 0, True
             self._reads, self._writes = reads, writes
             self._down.clear()
@@ -268,11 +267,11 @@ class _Link:
                 pass
             self.connected = False
             self._reads = self._writes = None
-            _close(reads, writes)
+            redis_link.close(reads, writes)
 
     def _send_lookups(self) -> None:
         while True:
-            batch = _take(self._asked)
+            batch = redis_link.take(self._asked)
             if batch is None:
                 return
             client = self._reads
@@ -288,7 +287,7 @@ class _Link:
 
     def _send_writes(self) -> None:
         while True:
-            batch = _take(self._to_write)
+            batch = redis_link.take(self._to_write)
             if batch is None:
                 return
             client, result = self._writes, Write.ERROR
@@ -319,7 +318,7 @@ class _Link:
         log.warning(
             "result cache %s: %s failed (%s); the model answers until it is connected "
             "again (tried at once, then every %g s)",
-            _shown(self.url),
+            redis_link.shown(self.url),
             doing,
             reason,
             RETRY_AFTER_S,
@@ -327,65 +326,15 @@ class _Link:
 
     def close(self) -> None:
         """(On a thread.) Let the writes queued go out, then stop the threads."""
-        self._to_write.put(_STOP)
+        self._to_write.put(redis_link.STOP)
         self._threads["writes"].join(ROUND_TRIP_S + 1)
         self._closing.set()
-        self._asked.put(_STOP)
+        self._asked.put(redis_link.STOP)
         for thread in self._threads.values():
             thread.join(ROUND_TRIP_S + 1)
-
-
-def _take(waiting: queue.SimpleQueue[Any]) -> list[Any] | None:
-    """What waits in ``waiting`` (blocking for the first; MAX_BATCH at most); None: stop."""
-    first = waiting.get()
-    if first is _STOP:
-        return None
-    batch = [first]
-    while len(batch) < MAX_BATCH:
-        try:
-            item = waiting.get_nowait()
-        except queue.Empty:
-            break
-        if item is _STOP:
-            waiting.put(_STOP)  # end after this batch
-            break
-        batch.append(item)
-    return batch
 
 
 def _settle(batch: list[tuple[bytes, asyncio.Future[object]]], found: Sequence[object]) -> None:
     for (_, future), value in zip(batch, found, strict=True):
         if not future.done():  # its request may have stopped waiting
             future.set_result(value)
-
-
-def _client(url: str, timeout_s: float) -> Redis:
-    """A client for ``url`` with one connection, no retries (a failed round trip takes the
-    link down, and it connects again), answering within ``timeout_s``."""
-    from redis import Redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    return Redis.from_url(
-        url,
-        retry=Retry(NoBackoff(), 0),
-        socket_timeout=timeout_s,
-        socket_connect_timeout=ROUND_TRIP_S,
-        single_connection_client=True,
-    )
-
-
-def _close(*clients: Redis) -> None:
-    for client in clients:
-        try:
-            client.close()
-        except Exception as exc:
-            log.debug("result cache: closing a client: %r", exc)
-
-
-def _shown(url: str) -> str:
-    """The URL without its credentials or query (a password may be in either), for the log."""
-    scheme, sep, rest = url.partition("://")
-    rest = rest.partition("?")[0]
-    _, at, where = rest.rpartition("@")
-    return f"{scheme}{sep}{'***@' if at else ''}{where}"

@@ -11,6 +11,7 @@ from serve.dataplane.model import RowModel, ServedModel
 from serve.dataplane.scheduler import RowScheduler, Scheduler, runs_no_rows
 
 if TYPE_CHECKING:
+    from serve.config import FeatureView
     from serve.dataplane.result_cache import CacheSettings
     from serve.dataplane.sequences import SequenceTable
 
@@ -30,6 +31,7 @@ class Route:
     default_deadline_ms: float
     result_cache: CacheSettings | None = None
     sequences: SequenceTable | None = None
+    features: FeatureView | None = None  # observations by entity (serve.dataplane.features)
 
     def row_scheduler(self) -> RowScheduler:
         """The scheduler that takes this route's rows; a language model's refuses them."""

@@ -161,6 +161,7 @@ class RLServeApp:
             await self.lane.stop(self.state.settings.graceful_timeout_s)
         await self.state.manager.stop()
         await self.frontend.results.close()  # the result cache's writes in flight finish
+        self.frontend.features.close()  # the feature stores' links
         self.v2.inference.shared_memory.close()  # unmapped; the clients' objects stay
         self.state.manager.sample_load()
         await asyncio.to_thread(self.state.updater.registry.withdraw)

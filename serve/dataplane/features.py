@@ -1,0 +1,241 @@
+"""Online features: a request names entities, and their observations come from a feature
+store (a model's ``features`` view, ``serve.config.FeatureView``).
+
+The predict frontend asks :meth:`FeatureLookup.observations` between decoding a body and
+validating it, so the assembled observations are validated like any others:
+
+1. the entity ids are checked (strings of 1 to 128 characters, or non-negative integers;
+   one id, or a list of them for a batch);
+2. the store is asked off the event loop. Each store URL has one link: a thread with one
+   connection that sends every request's rows queued since its last round trip as one
+   pipeline of ``HMGET``s, one per entity of the view's features, and converts the answer
+   to float rows (NaN where a feature is missing). Under load one round trip serves the
+   requests of a batch; no request waits for a connection to open;
+3. a missing feature takes the view's default for it, or refuses the request (422, naming
+   the entity and the feature); a store that fails or does not answer within the view's
+   ``timeout_ms`` (or the request's deadline, if sooner) is a 503 with Retry-After:
+   distinct from a 504, as the model was never asked.
+
+A link that failed connects again at once for its next round trip. Metrics: each
+request's lookup by result, entity rows, misses by feature (labels bounded to the declared
+views), each request's wait for its features, and each store's round trips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from serve.config import FeatureView
+from serve.dataplane import redis_link
+from serve.dataplane.deadline import Deadline
+from serve.errors import InvalidInput, ServiceUnavailable
+from serve.json_shown import json_shown
+from serve.metrics import Metrics
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+log = logging.getLogger("rlserve.features")
+
+FIELD = "entities"
+MAX_ID_CHARACTERS = 128
+WAIT_S = 5.0  # a request waits this long at most for its link's thread (a backstop)
+
+
+@dataclass(frozen=True, slots=True)
+class EntityRows:
+    """The entities of one request, as the store is asked for them."""
+
+    keys: list[str]  # the store's keys, one per row
+    ids: list[str | int]  # as the request gave them
+    single: bool  # one entity, not a list: the observation has no batch axis
+
+
+def entity_rows(view: FeatureView, value: Any) -> EntityRows:
+    """A request's ``entities``: one id, or a non-empty list of ids."""
+    single = not isinstance(value, list)
+    given = [value] if single else value
+    if not given:
+        raise InvalidInput(f"{FIELD}: an empty list; give one entity id or a list of them")
+    ids = [_entity_id(one, index, single=single) for index, one in enumerate(given)]
+    return EntityRows([f"{view.prefix}{i}" for i in ids], ids, single)
+
+
+def _entity_id(value: Any, index: int, *, single: bool) -> str | int:
+    where = FIELD if single else f"{FIELD}[{index}]"
+    if isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARACTERS:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise InvalidInput(
+        f"{where}: expected an entity id (a string of 1 to {MAX_ID_CHARACTERS} characters, or "
+        f"an integer >= 0), got {json_shown(value)}"
+    )
+
+
+class FeatureLookup:
+    """Every model's feature lookups of this process, one link per store URL."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self._links: dict[tuple[str, float], _Link] = {}
+
+    async def observations(
+        self, model: str, view: FeatureView, entities: Any, deadline: Deadline
+    ) -> tuple[np.ndarray, bool]:
+        """The observations of a request's ``entities`` (float32 rows in the view's feature
+        order), and whether it named one entity (no batch axis)."""
+        rows = entity_rows(view, entities)
+        started = time.monotonic()
+        wait_s = min(view.timeout_ms / 1000, deadline.at - started)
+        if wait_s <= 0:
+            deadline.check("waiting to ask the feature store")
+        link = self._link(view)
+        values = await link.ask(rows.keys, view.features, wait_s)
+        self._metrics.child(self._metrics.feature_lookup_seconds, model).observe(
+            time.monotonic() - started
+        )
+        if values is None:
+            self._metrics.child(self._metrics.feature_lookups, model, "error").inc()
+            raise ServiceUnavailable(
+                f"model {model!r}: the feature store {redis_link.shown(view.store)} did not "
+                f"answer within {wait_s * 1000:.3g} ms (the view's timeout_ms, or the "
+                "request's deadline); retry shortly, or send observations",
+                retry_after_s=1,
+            )
+        self._metrics.child(self._metrics.feature_lookups, model, "ok").inc()
+        self._metrics.child(self._metrics.feature_rows, model).inc(len(rows.keys))
+        return self._filled(model, view, rows, values), rows.single
+
+    def _filled(
+        self, model: str, view: FeatureView, rows: EntityRows, values: np.ndarray
+    ) -> np.ndarray:
+        """Missing features from the view's defaults, or a refusal naming the first."""
+        missing = np.isnan(values)
+        if not missing.any():
+            return values
+        for column, feature in enumerate(view.features):
+            count = int(missing[:, column].sum())
+            if not count:
+                continue
+            self._metrics.child(self._metrics.feature_misses, model, feature).inc(count)
+            default = view.defaults.get(feature)
+            if default is None:
+                row = int(np.argmax(missing[:, column]))
+                raise InvalidInput(
+                    f"{FIELD}{'' if rows.single else f'[{row}]'}: the feature store holds no "
+                    f"{feature!r} for entity {json_shown(rows.ids[row])} (key "
+                    f"{rows.keys[row]!r}), and the view gives it no default; store it, or "
+                    "send the observation itself"
+                )
+            values[missing[:, column], column] = default
+        return values
+
+    def _link(self, view: FeatureView) -> _Link:
+        key = (view.store, view.timeout_ms)
+        link = self._links.get(key)
+        if link is None:
+            counted = self._metrics.child(
+                self._metrics.feature_round_trips, redis_link.shown(view.store)
+            )
+            link = self._links[key] = _Link(view.store, view.timeout_ms / 1000, counted)
+        return link
+
+    def close(self) -> None:
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
+
+
+_Asked = tuple[list[str], list[str], "asyncio.Future[np.ndarray | None]", asyncio.AbstractEventLoop]
+
+
+class _Link:
+    """One store URL's thread and connection: what is asked, a round trip at a time."""
+
+    def __init__(self, url: str, timeout_s: float, round_trips: Any) -> None:
+        self.url, self.timeout_s = url, timeout_s
+        self._round_trips = round_trips  # the counter of this store's round trips
+        self._asked: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(
+            target=self._run, name=f"features-{redis_link.shown(url)}", daemon=True
+        )
+        self._thread.start()
+
+    async def ask(self, keys: list[str], features: list[str], wait_s: float) -> np.ndarray | None:
+        """Float rows [len(keys), len(features)], NaN where missing; None: the store failed
+        or did not answer within ``wait_s``."""
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[np.ndarray | None] = loop.create_future()
+        self._asked.put((keys, features, answered, loop))
+        try:
+            return await asyncio.wait_for(answered, min(wait_s, WAIT_S))
+        except TimeoutError:
+            return None
+
+    def _run(self) -> None:
+        store: Redis | None = None
+        while True:
+            batch = redis_link.take(self._asked)
+            if batch is None:
+                break
+            try:
+                if store is None:
+                    store = redis_link.client(self.url, self.timeout_s)
+                self._round_trips.inc()
+                found = self._round_trip(store, batch)
+            except Exception as exc:  # redis-py raises its own types, and OSError
+                log.warning("feature store %s: %r", redis_link.shown(self.url), exc)
+                if store is not None:
+                    redis_link.close(store)
+                store = None
+                found = [None] * len(batch)
+            for (_, _, answered, loop), values in zip(batch, found, strict=True):
+                loop.call_soon_threadsafe(_settle, answered, values)
+        if store is not None:
+            redis_link.close(store)
+
+    @staticmethod
+    def _round_trip(store: Redis, batch: list[_Asked]) -> list[np.ndarray | None]:
+        """One pipeline of every queued request's HMGETs, converted to float rows."""
+        pipe = store.pipeline(transaction=False)
+        for keys, features, _, _ in batch:
+            for key in keys:
+                pipe.hmget(key, features)
+        answers = iter(pipe.execute())
+        found: list[np.ndarray | None] = []
+        for keys, features, _, _ in batch:
+            rows = np.full((len(keys), len(features)), np.nan, np.float32)
+            for row in range(len(keys)):
+                for column, value in enumerate(next(answers)):
+                    if value is not None:
+                        rows[row, column] = _number(value)
+            found.append(rows)
+        return found
+
+    def close(self) -> None:
+        self._asked.put(redis_link.STOP)
+        self._thread.join(redis_link.CONNECT_S + self.timeout_s + 1)
+
+
+def _number(value: bytes) -> float:
+    """A stored feature's value; NaN (missing) when it is not a finite number."""
+    try:
+        number = float(value)
+    except ValueError:
+        return math.nan
+    return number if math.isfinite(number) else math.nan
+
+
+def _settle(answered: asyncio.Future[np.ndarray | None], values: np.ndarray | None) -> None:
+    if not answered.done():
+        answered.set_result(values)

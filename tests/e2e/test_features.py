@@ -1,0 +1,205 @@
+"""Online features against a real server and a real ``redis-server``: a request names
+entities, the server reads their features (plain Redis hashes, the documented layout) and
+answers as it answers the same observations sent inline; missing features take their
+defaults or are refused; a store that is down or slow is a 503, never a 504; a view that
+does not fit the policy's contract keeps the version from loading, saying why."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.e2e.conftest import DEMO
+from tests.e2e.server import Server
+from tests.redis_server import RedisServer, running_redis
+
+FEATURES = ["x", "x_dot", "theta", "theta_dot"]
+OUTPUTS = ["actions", "values", "distribution"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with running_redis(tmp_path_factory.mktemp("features-redis"), persistent=False) as server:
+        yield server
+
+
+def view(store: RedisServer, *, features: list[str] = FEATURES, extra: str = "") -> str:
+    listed = ", ".join(features)
+    return (
+        f"features:\n  store: {store.address(2)}\n  entity: cart\n  features: [{listed}]\n"
+        f"  timeout_ms: 300\n{extra}"
+    )
+
+
+@pytest.fixture(scope="module")
+def server(store: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """carts (a view with a default for theta_dot), strict (no defaults), plain (no view)."""
+    tmp = tmp_path_factory.mktemp("features")
+    repo = tmp / "repository"
+    configs = {
+        "carts": view(store, extra="  defaults: {theta_dot: 0.25}\n"),
+        "strict": view(store),
+        "plain": None,
+    }
+    for name, config in configs.items():
+        shutil.copytree(DEMO, repo / name)
+        if config is not None:
+            (repo / name / "config.yaml").write_text(config)
+    running = Server.rlserve(repo, log=tmp / "log")
+    running.wait_ready()
+    yield running
+    running.stop()
+
+
+def stored(store: RedisServer, entity: str | int, values: dict[str, float]) -> None:
+    import redis
+
+    with redis.Redis.from_url(store.address(2)) as client:
+        client.delete(f"cart:{entity}")
+        client.hset(f"cart:{entity}", mapping=values)
+
+
+def predict(client: httpx.Client, model: str, body: dict[str, Any]) -> httpx.Response:
+    return client.post(f"/v1/models/{model}/predict", json=body)
+
+
+def test_answers_by_entity_equal_answers_to_the_same_observations(
+    store: RedisServer, server: Server
+) -> None:
+    rng = np.random.default_rng(0)
+    rows = rng.uniform(-0.2, 0.2, (5, 4)).astype(np.float32)
+    for index, row in enumerate(rows):
+        stored(store, index, dict(zip(FEATURES, map(float, row), strict=True)))
+    with server.client() as client:
+        batch = predict(client, "carts", {"entities": list(range(5)), "outputs": OUTPUTS})
+        inline = predict(client, "carts", {"observations": rows.tolist(), "outputs": OUTPUTS})
+        one = predict(client, "carts", {"entities": 3, "outputs": OUTPUTS})
+        one_inline = predict(
+            client, "carts", {"observations": rows[3].tolist(), "outputs": OUTPUTS}
+        )
+    assert batch.status_code == 200, batch.text
+    for key in ("actions", "values"):
+        np.testing.assert_allclose(batch.json()[key], inline.json()[key], rtol=1e-6)
+        np.testing.assert_allclose(one.json()[key], one_inline.json()[key], rtol=1e-6)
+    assert np.ndim(one.json()["actions"]) == 0  # one entity: no batch axis
+    assert batch.headers["x-policy-version"] == "1"
+
+
+def test_a_missing_feature_takes_its_default_or_is_refused_naming_it(
+    store: RedisServer, server: Server
+) -> None:
+    stored(store, "no-spin", {"x": 0.1, "x_dot": 0.0, "theta": 0.05})
+    with server.client() as client:
+        defaulted = predict(client, "carts", {"entities": "no-spin", "outputs": ["values"]})
+        inline = predict(
+            client, "carts", {"observations": [0.1, 0.0, 0.05, 0.25], "outputs": ["values"]}
+        )
+        refused = predict(client, "strict", {"entities": ["no-spin"]})
+        unknown = predict(client, "strict", {"entities": [7, "nobody"]})
+        metrics = client.get("/metrics").text
+    assert defaulted.status_code == 200, defaulted.text
+    assert defaulted.json()["values"] == pytest.approx(inline.json()["values"], rel=1e-6)
+    assert refused.status_code == 422
+    message = refused.json()["error"]["message"]
+    assert "entities[0]: the feature store holds no 'theta_dot' for entity \"no-spin\"" in message
+    assert "key 'cart:no-spin'" in message
+    assert unknown.status_code == 422  # an entity the store has nothing for
+    assert "holds no 'x' for entity 7 (key 'cart:7')" in unknown.json()["error"]["message"]
+    assert 'rlserve_feature_misses_total{feature="theta_dot",model="carts"}' in metrics
+
+
+def test_store_down_or_slow_is_a_503_with_retry_after_and_it_recovers(
+    store: RedisServer, server: Server
+) -> None:
+    stored(store, "steady", dict.fromkeys(FEATURES, 0.0))
+    with server.client() as client:
+        assert predict(client, "carts", {"entities": "steady"}).status_code == 200
+        import redis
+
+        with redis.Redis.from_url(store.address(2)) as admin:
+            admin.execute_command("CLIENT", "PAUSE", "1500", "ALL")
+        slow = predict(client, "carts", {"entities": "steady"})
+        inline = predict(client, "carts", {"observations": [0.0, 0.0, 0.0, 0.0]})
+        assert slow.status_code == 503, slow.text
+        assert slow.headers["retry-after"] == "1"
+        assert "did not answer within 300 ms" in slow.json()["error"]["message"]
+        assert inline.status_code == 200  # the store holds up nothing else
+        store.stop()
+        try:
+            down = predict(client, "carts", {"entities": "steady"})
+            assert down.status_code == 503, down.text
+        finally:
+            store.start()
+        stored(store, "steady", dict.fromkeys(FEATURES, 0.0))
+        back = predict(client, "carts", {"entities": "steady"})
+        assert back.status_code == 200, back.text
+
+
+def test_concurrent_requests_share_round_trips(store: RedisServer, server: Server) -> None:
+    for index in range(64):
+        stored(store, f"c{index}", dict.fromkeys(FEATURES, 0.01 * index))
+    with server.client() as client:
+        before = server.metric(client, "rlserve_feature_store_round_trips_total")
+
+        def one(index: int) -> int:
+            with server.client() as own:
+                return predict(own, "carts", {"entities": f"c{index}"}).status_code
+
+        with ThreadPoolExecutor(16) as pool:
+            statuses = list(pool.map(one, range(64)))
+        after = server.metric(client, "rlserve_feature_store_round_trips_total")
+    assert statuses == [200] * 64
+    assert 1 <= after - before < 64  # requests that wait together share a round trip
+
+
+def test_a_view_that_does_not_fit_the_contract_keeps_the_version_from_loading(
+    store: RedisServer, tmp_path: Path
+) -> None:
+    repo = tmp_path / "repository"
+    shutil.copytree(DEMO, repo / "mismatched")
+    (repo / "mismatched" / "config.yaml").write_text(view(store, features=FEATURES[:3]))
+    running = Server.rlserve(repo, log=tmp_path / "log")
+    try:
+
+        def failed(client: httpx.Client) -> bool:
+            answer = client.get("/v1/models/mismatched")
+            return answer.status_code == 200 and bool(answer.json()["failed_versions"])
+
+        running.wait_until(failed, 60, "the version refused")
+        with running.client() as client:
+            reason = client.get("/v1/models/mismatched").json()["failed_versions"][0]["reason"]
+            refused = predict(client, "mismatched", {"entities": 1})
+    finally:
+        running.stop()
+    assert "the features view lists 3 features" in reason
+    assert "observation has 4 values" in reason
+    assert refused.status_code in (404, 503)
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "message"),
+    [
+        ("plain", {"entities": 1}, "entities: this model has no features view"),
+        ("carts", {"entities": [], "outputs": ["values"]}, "entities: an empty list"),
+        ("carts", {"entities": True}, "entities: expected an entity id"),
+        (
+            "carts",
+            {"entities": 1, "observations": [0, 0, 0, 0]},
+            "observations, entities: give one",
+        ),
+    ],
+)
+def test_bad_entity_requests_are_told_what_to_send(
+    server: Server, model: str, body: dict[str, Any], message: str
+) -> None:
+    with server.client() as client:
+        refused = predict(client, model, body)
+    assert refused.status_code == 422, refused.text
+    assert message in refused.json()["error"]["message"]
