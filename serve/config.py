@@ -107,7 +107,23 @@ def _redis_url(url: str, needed_by: str) -> str:
 
 
 ResultCacheUrl = Annotated[str, AfterValidator(lambda url: _redis_url(url, "the result cache"))]
-FeatureStoreUrl = Annotated[str, AfterValidator(lambda url: _redis_url(url, "a feature store"))]
+
+
+def _feature_store_url(url: str) -> str:
+    """A Redis URL (plain hashes), or ``feast:///path/to/feature_repo`` (Feast's SDK)."""
+    if not url.startswith(FEAST_SCHEME):
+        return _redis_url(url, "a feature store")
+    if not url[len(FEAST_SCHEME) :].startswith("/"):
+        raise ValueError(
+            "expected feast:///absolute/path/to/feature_repo (the folder of feature_store.yaml)"
+        )
+    if importlib.util.find_spec("feast") is None:
+        raise ValueError("a Feast feature store needs its SDK: pip install 'feast[redis]'")
+    return url
+
+
+FEAST_SCHEME = "feast://"
+FeatureStoreUrl = Annotated[str, AfterValidator(_feature_store_url)]
 
 
 class VersionPolicy(BaseModel):
@@ -135,10 +151,14 @@ _ENTITY = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"
 class FeatureView(BaseModel):
     """A model's observations as features of an entity in an online store: plain Redis
     hashes, one per entity at ``<key_prefix><id>`` (default prefix ``<entity>:``), one field
-    per feature holding its value as text (``HSET player:42 hp 10 x 0.5``)."""
+    per feature holding its value as text (``HSET player:42 hp 10 x 0.5``); or a Feast
+    feature repository (``feast:///path``), whose features are named as Feast names them
+    (``cart_state:x``) and whose entity is the join key (``cart_id``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    store: FeatureStoreUrl = Field(description="the store: redis://host:port/db (rediss, unix)")
+    store: FeatureStoreUrl = Field(
+        description="redis://host:port/db (rediss, unix): plain hashes; or feast:///repo_path"
+    )
     entity: str = Field(pattern=_ENTITY, description="the entity key's name, e.g. player_id")
     key_prefix: str | None = Field(None, description="hash key prefix (default: '<entity>:')")
     features: list[str] = Field(
@@ -158,7 +178,17 @@ class FeatureView(BaseModel):
         unknown = sorted(set(self.defaults) - set(self.features))
         if unknown:
             raise ValueError(f"defaults: {unknown} are not among the features {self.features}")
+        unnamed = [f for f in self.features if ":" not in f]
+        if self.feast and unnamed:
+            raise ValueError(
+                f"features: {unnamed} name no feature view; a Feast store's features are "
+                "named view:feature, as Feast's get_online_features takes them"
+            )
         return self
+
+    @property
+    def feast(self) -> bool:
+        return self.store.startswith(FEAST_SCHEME)
 
     @property
     def prefix(self) -> str:

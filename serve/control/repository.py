@@ -117,6 +117,10 @@ def check_view(view: FeatureView, policy: PolicyContract, origin: str) -> None:
             f"({view.features}), but this version's observation has {space.shape[0]} values; "
             "list one feature per value, in the observation's order"
         )
+    if view.feast:
+        from serve.dataplane import feast_store
+
+        feast_store.check(view, origin)
 
 
 def load_version(where: VersionDir, settings: Settings, model: ModelSettings) -> ServedModel:

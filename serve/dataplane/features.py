@@ -7,10 +7,11 @@ validating it, so the assembled observations are validated like any others:
 1. the entity ids are checked (strings of 1 to 128 characters, or non-negative integers;
    one id, or a list of them for a batch);
 2. the store is asked off the event loop. Each store URL has one link: a thread with one
-   connection that sends every request's rows queued since its last round trip as one
-   pipeline of ``HMGET``s, one per entity of the view's features, and converts the answer
-   to float rows (NaN where a feature is missing). Under load one round trip serves the
-   requests of a batch; no request waits for a connection to open;
+   client that asks for every request's rows queued since its last round trip at once
+   (plain Redis hashes: one pipeline of ``HMGET``s, one per entity; Feast: one
+   ``get_online_features`` call per view, ``serve.dataplane.feast_store``) and converts the
+   answer to float rows (NaN where a feature is missing). Under load one round trip
+   serves the requests of a batch; no request waits for a connection to open;
 3. a missing feature takes the view's default for it, or refuses the request (422, naming
    the entity and the feature); a store that fails or does not answer within the view's
    ``timeout_ms`` (or the request's deadline, if sooner) is a 503 with Retry-After:
@@ -29,20 +30,18 @@ import math
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from serve.config import FeatureView
-from serve.dataplane import redis_link
+from serve.dataplane import feast_store, redis_link
 from serve.dataplane.deadline import Deadline
 from serve.errors import InvalidInput, ServiceUnavailable
 from serve.json_shown import json_shown
 from serve.metrics import Metrics
-
-if TYPE_CHECKING:
-    from redis import Redis
 
 log = logging.getLogger("rlserve.features")
 
@@ -99,8 +98,7 @@ class FeatureLookup:
         wait_s = min(view.timeout_ms / 1000, deadline.at - started)
         if wait_s <= 0:
             deadline.check("waiting to ask the feature store")
-        link = self._link(view)
-        values = await link.ask(rows.keys, view.features, wait_s)
+        values = await self._link(view).ask(_Asked(rows, view), wait_s)
         self._metrics.child(self._metrics.feature_lookup_seconds, model).observe(
             time.monotonic() - started
         )
@@ -147,7 +145,12 @@ class FeatureLookup:
             counted = self._metrics.child(
                 self._metrics.feature_round_trips, redis_link.shown(view.store)
             )
-            link = self._links[key] = _Link(view.store, view.timeout_ms / 1000, counted)
+            store = view.store
+            timeout_s = view.timeout_ms / 1000
+            opener: Callable[[], _Store] = (
+                (lambda: _Feast(store)) if view.feast else (lambda: _RedisHashes(store, timeout_s))
+            )
+            link = self._links[key] = _Link(store, opener, counted)
         return link
 
     def close(self) -> None:
@@ -156,66 +159,38 @@ class FeatureLookup:
         self._links.clear()
 
 
-_Asked = tuple[list[str], list[str], "asyncio.Future[np.ndarray | None]", asyncio.AbstractEventLoop]
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """One request's rows, and the view that says what to read for them."""
+
+    rows: EntityRows
+    view: FeatureView
 
 
-class _Link:
-    """One store URL's thread and connection: what is asked, a round trip at a time."""
+class _Store(Protocol):
+    def round_trip(self, asked: list[_Asked]) -> list[np.ndarray]:
+        """Each request's float rows [entities, features], NaN where missing."""
+        ...
 
-    def __init__(self, url: str, timeout_s: float, round_trips: Any) -> None:
-        self.url, self.timeout_s = url, timeout_s
-        self._round_trips = round_trips  # the counter of this store's round trips
-        self._asked: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(
-            target=self._run, name=f"features-{redis_link.shown(url)}", daemon=True
-        )
-        self._thread.start()
+    def close(self) -> None: ...
 
-    async def ask(self, keys: list[str], features: list[str], wait_s: float) -> np.ndarray | None:
-        """Float rows [len(keys), len(features)], NaN where missing; None: the store failed
-        or did not answer within ``wait_s``."""
-        loop = asyncio.get_running_loop()
-        answered: asyncio.Future[np.ndarray | None] = loop.create_future()
-        self._asked.put((keys, features, answered, loop))
-        try:
-            return await asyncio.wait_for(answered, min(wait_s, WAIT_S))
-        except TimeoutError:
-            return None
 
-    def _run(self) -> None:
-        store: Redis | None = None
-        while True:
-            batch = redis_link.take(self._asked)
-            if batch is None:
-                break
-            try:
-                if store is None:
-                    store = redis_link.client(self.url, self.timeout_s)
-                self._round_trips.inc()
-                found = self._round_trip(store, batch)
-            except Exception as exc:  # redis-py raises its own types, and OSError
-                log.warning("feature store %s: %r", redis_link.shown(self.url), exc)
-                if store is not None:
-                    redis_link.close(store)
-                store = None
-                found = [None] * len(batch)
-            for (_, _, answered, loop), values in zip(batch, found, strict=True):
-                loop.call_soon_threadsafe(_settle, answered, values)
-        if store is not None:
-            redis_link.close(store)
+class _RedisHashes:
+    """Plain Redis hashes: one pipeline of ``HMGET``s, one per entity, for a round trip."""
 
-    @staticmethod
-    def _round_trip(store: Redis, batch: list[_Asked]) -> list[np.ndarray | None]:
-        """One pipeline of every queued request's HMGETs, converted to float rows."""
-        pipe = store.pipeline(transaction=False)
-        for keys, features, _, _ in batch:
-            for key in keys:
-                pipe.hmget(key, features)
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.client = redis_link.client(url, timeout_s)
+
+    def round_trip(self, asked: list[_Asked]) -> list[np.ndarray]:
+        pipe = self.client.pipeline(transaction=False)
+        for one in asked:
+            for key in one.rows.keys:
+                pipe.hmget(key, one.view.features)
         answers = iter(pipe.execute())
-        found: list[np.ndarray | None] = []
-        for keys, features, _, _ in batch:
-            rows = np.full((len(keys), len(features)), np.nan, np.float32)
-            for row in range(len(keys)):
+        found = []
+        for one in asked:
+            rows = np.full((len(one.rows.keys), len(one.view.features)), np.nan, np.float32)
+            for row in range(len(one.rows.keys)):
                 for column, value in enumerate(next(answers)):
                     if value is not None:
                         rows[row, column] = _number(value)
@@ -223,15 +198,105 @@ class _Link:
         return found
 
     def close(self) -> None:
+        redis_link.close(self.client)
+
+
+class _Feast:
+    """A Feast feature repository through its SDK: one ``get_online_features`` call for
+    every queued request of a view, entity rows side by side."""
+
+    def __init__(self, url: str) -> None:
+        self.store = feast_store.opened(url)
+
+    def round_trip(self, asked: list[_Asked]) -> list[np.ndarray]:
+        found: list[np.ndarray] = [np.empty(0)] * len(asked)
+        groups: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+        for index, one in enumerate(asked):
+            groups.setdefault((one.view.entity, tuple(one.view.features)), []).append(index)
+        for (entity, features), members in groups.items():
+            ids = [i for m in members for i in asked[m].rows.ids]
+            answer = self.store.get_online_features(
+                features=list(features), entity_rows=[{entity: i} for i in ids]
+            ).to_dict()
+            columns = [answer[feature.split(":", 1)[1]] for feature in features]
+            rows = np.array(
+                [
+                    [math.nan if c[r] is None else _number(c[r]) for c in columns]
+                    for r in range(len(ids))
+                ],
+                np.float32,
+            ).reshape(len(ids), len(features))
+            start = 0
+            for m in members:
+                count = len(asked[m].rows.ids)
+                found[m] = rows[start : start + count]
+                start += count
+        return found
+
+    def close(self) -> None:
+        pass
+
+
+_Queued = tuple[_Asked, "asyncio.Future[np.ndarray | None]", asyncio.AbstractEventLoop]
+
+
+class _Link:
+    """One store's thread and client: what is asked, a round trip at a time."""
+
+    def __init__(self, url: str, opener: Callable[[], _Store], round_trips: Any) -> None:
+        self.url = url
+        self._opener = opener
+        self._round_trips = round_trips  # the counter of this store's round trips
+        self._asked: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(
+            target=self._run, name=f"features-{redis_link.shown(url)}", daemon=True
+        )
+        self._thread.start()
+
+    async def ask(self, asked: _Asked, wait_s: float) -> np.ndarray | None:
+        """Float rows [entities, features], NaN where missing; None: the store failed or
+        did not answer within ``wait_s``."""
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[np.ndarray | None] = loop.create_future()
+        self._asked.put((asked, answered, loop))
+        try:
+            return await asyncio.wait_for(answered, min(wait_s, WAIT_S))
+        except TimeoutError:
+            return None
+
+    def _run(self) -> None:
+        store: _Store | None = None
+        while True:
+            batch: list[_Queued] | None = redis_link.take(self._asked)
+            if batch is None:
+                break
+            found: list[np.ndarray | None]
+            try:
+                if store is None:
+                    store = self._opener()
+                self._round_trips.inc()
+                found = list(store.round_trip([asked for asked, _, _ in batch]))
+            except Exception as exc:  # the store's client raises its own types, and OSError
+                log.warning("feature store %s: %r", redis_link.shown(self.url), exc)
+                if store is not None:
+                    store.close()
+                store = None
+                found = [None] * len(batch)
+            for (_, answered, loop), values in zip(batch, found, strict=True):
+                loop.call_soon_threadsafe(_settle, answered, values)
+        if store is not None:
+            store.close()
+
+    def close(self) -> None:
         self._asked.put(redis_link.STOP)
-        self._thread.join(redis_link.CONNECT_S + self.timeout_s + 1)
+        self._thread.join(redis_link.CONNECT_S + 1)
 
 
-def _number(value: bytes) -> float:
+def _number(value: Any) -> float:
     """A stored feature's value; NaN (missing) when it is not a finite number."""
     try:
         number = float(value)
-    except ValueError:
+    except (TypeError, ValueError):
         return math.nan
     return number if math.isfinite(number) else math.nan
 

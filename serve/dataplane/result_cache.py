@@ -45,7 +45,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -279,7 +279,7 @@ class _Link:
                 found: Sequence[object] = [_FAILED] * len(batch)
             else:
                 try:
-                    found = client.mget([key for key, _ in batch])
+                    found = cast(Sequence[object], client.mget([key for key, _ in batch]))
                 except Exception as exc:
                     found = [_FAILED] * len(batch)
                     self._failed("lookup", exc)

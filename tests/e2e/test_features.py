@@ -7,8 +7,11 @@ does not fit the policy's contract keeps the version from loading, saying why.""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +41,70 @@ def view(store: RedisServer, *, features: list[str] = FEATURES, extra: str = "")
     )
 
 
+FEAST_ROWS = np.array(
+    [[0.1, 0.0, 0.01, 0.5], [0.2, -0.1, 0.02, 0.4], [-0.15, 0.3, -0.03, -0.2]], np.float32
+)
+FEAST_REPO = """\
+from datetime import timedelta
+
+from feast import Entity, FeatureView, Field, FileSource
+from feast.types import Float32
+
+cart = Entity(name="cart", join_keys=["cart_id"])
+cart_state = FeatureView(
+    name="cart_state",
+    entities=[cart],
+    ttl=timedelta(days=1),
+    schema=[Field(name=n, dtype=Float32) for n in ("x", "x_dot", "theta", "theta_dot")],
+    source=FileSource(path="carts.parquet", timestamp_field="event_timestamp"),
+)
+"""
+
+
 @pytest.fixture(scope="module")
-def server(store: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """carts (a view with a default for theta_dot), strict (no defaults), plain (no view)."""
+def feast_repository(store: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real Feast feature repository: Redis as its online store (db 4), a local parquet
+    file as its source, applied and materialized with Feast's own CLI."""
+    import pandas as pd
+
+    repo = tmp_path_factory.mktemp("feast")
+    (repo / "feature_store.yaml").write_text(
+        "project: carts\nregistry: registry.db\nprovider: local\nonline_store:\n"
+        f"  type: redis\n  connection_string: '127.0.0.1:{store.port},db=4'\n"
+        "entity_key_serialization_version: 3\n"
+    )
+    (repo / "carts.py").write_text(FEAST_REPO)
+    written = datetime.now(UTC) - timedelta(minutes=5)
+    frame = pd.DataFrame(FEAST_ROWS, columns=FEATURES).assign(
+        cart_id=[1, 2, 3], event_timestamp=[written] * 3
+    )
+    frame.to_parquet(repo / "carts.parquet")
+    feast = Path(sys.executable).parent / "feast"
+    until = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    for command in (["apply"], ["materialize-incremental", until]):
+        done = subprocess.run(
+            [str(feast), *command], cwd=repo, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(
+    store: RedisServer, feast_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """carts (a view with a default for theta_dot), strict (no defaults), feast_carts (the
+    Feast repository's view), plain (no view)."""
     tmp = tmp_path_factory.mktemp("features")
     repo = tmp / "repository"
+    feast_features = ", ".join(f"cart_state:{f}" for f in FEATURES)
     configs = {
         "carts": view(store, extra="  defaults: {theta_dot: 0.25}\n"),
         "strict": view(store),
+        "feast_carts": (
+            f"features:\n  store: feast://{feast_repository}\n  entity: cart_id\n"
+            f"  features: [{feast_features}]\n  timeout_ms: 500\n"
+        ),
         "plain": None,
     }
     for name, config in configs.items():
@@ -90,6 +149,20 @@ def test_answers_by_entity_equal_answers_to_the_same_observations(
         np.testing.assert_allclose(one.json()[key], one_inline.json()[key], rtol=1e-6)
     assert np.ndim(one.json()["actions"]) == 0  # one entity: no batch axis
     assert batch.headers["x-policy-version"] == "1"
+
+
+def test_a_feast_view_answers_by_entity_as_the_same_observations_inline(server: Server) -> None:
+    with server.client() as client:
+        by_entity = predict(client, "feast_carts", {"entities": [1, 2, 3], "outputs": OUTPUTS})
+        inline = predict(
+            client, "feast_carts", {"observations": FEAST_ROWS.tolist(), "outputs": OUTPUTS}
+        )
+        unknown = predict(client, "feast_carts", {"entities": [1, 99]})
+    assert by_entity.status_code == 200, by_entity.text
+    assert by_entity.json()["actions"] == inline.json()["actions"]
+    np.testing.assert_allclose(by_entity.json()["values"], inline.json()["values"], rtol=1e-6)
+    assert unknown.status_code == 422
+    assert "holds no 'cart_state:x' for entity 99" in unknown.json()["error"]["message"]
 
 
 def test_a_missing_feature_takes_its_default_or_is_refused_naming_it(
