@@ -315,7 +315,7 @@ class RedisProducer:
     def _add(self, entries: list[dict[bytes, bytes]]) -> int:
         pipe = self._stream.client.pipeline(transaction=True)
         for fields in entries:
-            pipe.xadd(self._stream.key, fields)  # type: ignore[arg-type]
+            pipe.xadd(self._stream.key, fields)
         pipe.xlen(self._stream.key)
         return int(pipe.execute()[-1])
 
