@@ -129,11 +129,11 @@ class FeatureLookup:
             default = view.defaults.get(feature)
             if default is None:
                 row = int(np.argmax(missing[:, column]))
+                key = "" if view.feast else f" (key {rows.keys[row]!r})"
                 raise InvalidInput(
                     f"{FIELD}{'' if rows.single else f'[{row}]'}: the feature store holds no "
-                    f"{feature!r} for entity {json_shown(rows.ids[row])} (key "
-                    f"{rows.keys[row]!r}), and the view gives it no default; store it, or "
-                    "send the observation itself"
+                    f"{feature!r} for entity {json_shown(rows.ids[row])}{key}, and the view "
+                    "gives it no default; store it, or send the observation itself"
                 )
             values[missing[:, column], column] = default
         return values
