@@ -37,6 +37,8 @@ Scenarios (all by default):
                                        against a model run (issue #13), see below
   recurrent                            64 sequences of a RecurrentPPO, client-held and
                                        server-held state (issue #22), see below
+  features                             mlp observations by entity from Redis (both
+                                       layouts) against inline (issue #24), see below
 
 overload: one rlserve serve process (mlp). Saturation: wrk at 8, 16, 32 and 64
 connections; goodput = 2xx answers/s, its peak is reached at C* connections. Overload:
@@ -102,6 +104,13 @@ a time: client-held (each step carries the state the previous answer returned) a
 server-held (each step carries its sequence_id). Target: server-held >= 80% of
 client-held's requests/s. `--only recurrent --seconds 8` takes under a minute.
 
+features (bench/features.py): redis-server (in memory) on core 1 holding 1,000 entities of
+the mlp's 376 features as hashes and as packed float32 vectors; rlserve serve on core 0
+serving the mlp without a view and with a view of each layout; wrk at 64 connections:
+inline observations against entity ids. Reports the server's round trips to Redis (requests
+per round trip) and each request's mean wait for its features. Target: by entity, p99
+within 2 ms of inline. `--only features --seconds 8` takes about a minute.
+
 Needs wrk and taskset on PATH, two CPU cores, and the test install (torch and
 stable-baselines3 build the mlp and cnn models; transformers, trl, peft and
 onnxruntime-genai the lm scenario; redis-server the cache scenario). Writes
@@ -130,6 +139,7 @@ from pathlib import Path
 from bench import (
     cache,
     cpu,
+    features,
     gpu_report,
     lm,
     load,
@@ -256,6 +266,9 @@ def _run_peers(
     if scenarios.RECURRENT in chosen:
         _say("recurrent: 64 sequences, client-held and server-held state")
         results.recurrent = recurrent.run(workdir, args.seconds, args.warmup)
+    if scenarios.FEATURES in chosen:
+        _say("mlp: observations by entity from Redis, against inline")
+        results.features = features.run(repository, workdir, args.seconds, args.warmup)
 
 
 def _write(output: Path, results: Results, chosen: tuple[str, ...]) -> None:
@@ -294,6 +307,8 @@ def _splice(
             return report.splice_cache(old, results.cache, verdicts)
         if results.recurrent is not None:
             return report.splice_recurrent(old, results.recurrent, verdicts)
+        if results.features is not None:
+            return report.splice_features(old, results.features, verdicts)
     return report.splice_subset(old, results, verdicts)
 
 

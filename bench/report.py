@@ -12,6 +12,7 @@ import onnxruntime
 from bench import (
     cache,
     children,
+    features,
     lm,
     lm_child,
     loop,
@@ -24,6 +25,7 @@ from bench import (
     targets,
 )
 from bench.cache import CacheRow, CacheRun, Path_
+from bench.features import FeatureRow, FeaturesRun
 from bench.lm import BaselineRun, LmRun, ServerRun
 from bench.loop import BufferRun, LoopRun, WorkerRun
 from bench.oip import OipRun, PerfRun
@@ -86,6 +88,8 @@ def _own_sections(results: Results) -> list[str]:
         parts.append(_cache_section(results.cache))
     if results.recurrent is not None:
         parts.append(_recurrent_section(results.recurrent))
+    if results.features is not None:
+        parts.append(_features_section(results.features))
     return parts
 
 
@@ -118,6 +122,8 @@ def _header(c: Conditions) -> str:
         own_runs += " (the cache scenario: each path and connection count measured as long)"
     if scenarios.RECURRENT in c.scenarios:
         own_runs += " (the recurrent scenario: each mode measured as long)"
+    if scenarios.FEATURES in c.scenarios:
+        own_runs += " (the features scenario: each mode measured as long)"
     return (
         "# Benchmarks\n\n"
         f"Written by `python -m bench` on {c.when}.\n\n"
@@ -438,6 +444,13 @@ def splice_cache(document: str, run: CacheRun, verdicts: list[Verdict]) -> str |
     """``document`` with its cache section and the cache rows of its Targets table replaced
     by this run's; None when it is no benchmarks document."""
     return _splice(document, CACHE_HEADING, _cache_section(run), verdicts, targets.CACHE_PREFIX)
+
+
+def splice_features(document: str, run: FeaturesRun, verdicts: list[Verdict]) -> str | None:
+    """``document`` with its features section and the features rows of its Targets table
+    replaced by this run's; None when it is no benchmarks document."""
+    section = _features_section(run)
+    return _splice(document, FEATURES_HEADING, section, verdicts, targets.FEATURES_PREFIX)
 
 
 def splice_recurrent(document: str, run: RecurrentRun, verdicts: list[Verdict]) -> str | None:
@@ -1328,3 +1341,77 @@ the bodies shrink to the observation. On one core the two costs come out close: 
 state's JSON is a small part of a step's cost here, and the table's bookkeeping is
 smaller still; a larger state or a slower network between actor and server would widen
 the gap in the server-held mode's favour."""
+
+
+FEATURES_HEADING = "## Online features"
+
+
+def _features_section(run: FeaturesRun) -> str:
+    lines = [
+        FEATURES_HEADING,
+        "",
+        _FEATURES_METHOD.format(
+            when=run.when,
+            took=_duration(run.seconds),
+            machine=run.machine,
+            load=run.load_before,
+            load_after=run.load_after,
+            redis=run.redis or "redis-server",
+            entities=f"{features.ENTITIES:,}",
+            connections=features.CONNECTIONS,
+            timeout=features.TIMEOUT_MS,
+            warmup=f"{run.warmup_s:g}",
+            seconds=f"{run.measured_s:g}",
+        ),
+        "",
+        "| target | measured | result |",
+        "|---|---:|---|",
+        *(_target_row(v) for v in targets.features_verdicts(run)),
+        "",
+    ]
+    if run.failure is not None:
+        return "\n".join([*lines, f"Not measured: {run.failure}", ""])
+    lines += [
+        "| request | requests/s | p50 ms | p99 ms | errors | server CPU µs/request "
+        "| requests per Redis round trip | mean wait for features ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        *(_features_row(row) for row in run.rows),
+        "",
+        _FEATURES_READING,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _features_row(row: FeatureRow) -> str:
+    head = f"| {row.mode.value} "
+    r = row.load
+    if r is None:
+        return f"{head}| failed: {(row.failure or '').replace('|', '/')} | | | | | | |"
+    return (
+        f"{head}| {r.requests_per_s:,.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.errors} "
+        f"| {_maybe(row.server_us_per_request, '{:,.0f}')} "
+        f"| {_maybe(row.requests_per_round_trip, '{:.1f}')} "
+        f"| {_maybe(row.mean_wait_ms, '{:.2f}')} |"
+    )
+
+
+_FEATURES_METHOD = """\
+Measured {when} ({took}) on {machine}; load average {load} before, {load_after} after.
+{redis} in memory on core 1 (with wrk) holding {entities} entities of the mlp's 376
+features twice: a hash of text fields per entity (`layout: hash`) and a packed float32
+vector per entity (`layout: float32`); `rlserve serve` (one process, core 0) serving the
+mlp three times: without a view, and with a view of each layout (`timeout_ms: {timeout}`);
+wrk on core 1 at {connections} connections, {warmup} s of warm-up then {seconds} s measured
+per row. *Inline* posts the mlp scenario's observation; the by-entity rows post an entity
+id, counting through the entities. Round trips and the wait for features are the server's
+own counts (`rlserve_feature_store_round_trips_total`, `rlserve_feature_lookup_seconds`)
+over the measured run."""
+
+_FEATURES_READING = """\
+How to read it: a request by entity skips decoding 376 numbers of JSON, and pays a wait for
+its share of a Redis round trip on the store's thread (requests that wait together share
+one) and the conversion of what Redis answers. With text fields the conversion is the
+cost: every entity is 752 bulk strings for redis-py to parse into a dict (in Python), on the
+server's core, beside the event loop; a packed float32 vector is one bulk string per
+entity, read with `np.frombuffer`. The layout is the feature pipeline's choice; for
+observations of hundreds of values, packed vectors are what keep lookups cheap."""

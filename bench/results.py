@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from bench.actor import ActorResult
 from bench.cache import CacheRun
+from bench.features import FeaturesRun
 from bench.lm import LmRun
 from bench.load import LoadResult
 from bench.loop import LoopRun
@@ -79,6 +80,7 @@ class Results:
     lm: LmRun | None = None
     cache: CacheRun | None = None
     recurrent: RecurrentRun | None = None
+    features: FeaturesRun | None = None
 
     def find(self, scenario: str, setup_key: str) -> LoadRun | None:
         for run in self.load:

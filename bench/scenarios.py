@@ -8,8 +8,9 @@ the Open Inference Protocol under Triton's perf_analyzer (see bench/oip.py), ``l
 the inference side of RL training: rollout workers and experience buffers (see
 bench/loop.py), ``lm`` language-model generation with continuous batching against
 transformers and onnxruntime-genai (see bench/lm.py), ``cache`` the result cache's hit
-and miss paths against a model run (see bench/cache.py), and ``recurrent`` 64 sequences
-of a recurrent policy with client-held and server-held state (see bench/recurrent.py).
+and miss paths against a model run (see bench/cache.py), ``recurrent`` 64 sequences
+of a recurrent policy with client-held and server-held state (see bench/recurrent.py), and
+``features`` observations by entity from Redis against inline (see bench/features.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ LOOP = "loop"
 LM = "lm"
 CACHE = "cache"
 RECURRENT = "recurrent"
+FEATURES = "features"
 STOCHASTIC_OUTPUTS = ("actions", "log_probs", "values")
 
 
@@ -52,7 +54,7 @@ WRK = (
     Scenario("cnn-64", "cnn", "cnn", 64),
     Scenario("cartpole-64", "cartpole", "cartpole", 64),
 )
-NAMES = (*(s.name for s in WRK), RAW, ACTOR, OVERLOAD, OIP, LOOP, LM, CACHE, RECURRENT)
+NAMES = (*(s.name for s in WRK), RAW, ACTOR, OVERLOAD, OIP, LOOP, LM, CACHE, RECURRENT, FEATURES)
 SPLICED = (
     OIP,
     LOOP,
@@ -119,4 +121,6 @@ def bench_models(names: list[str]) -> tuple[models.BenchModel, ...]:
         needed.add(models.MLP.name)
     if OIP in names or CACHE in names:
         needed |= {models.MLP.name, models.CNN.name}
+    if FEATURES in names:
+        needed.add(models.MLP.name)
     return tuple(m for m in (models.MLP, models.CNN) if m.name in needed)

@@ -14,9 +14,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from bench import cache, lm, loop, models, oip, overload, ratios, recurrent, servers
+from bench import cache, features, lm, loop, models, oip, overload, ratios, recurrent, servers
 from bench.actor import OVER_HTTP, Client
 from bench.cache import CacheRun, Path_
+from bench.features import FeaturesRun
 from bench.lm import LmRun, ServerRun
 from bench.loop import LoopRun
 from bench.oip import OipRun
@@ -61,6 +62,7 @@ def judge(results: Results) -> list[Verdict]:
         *lm_verdicts(results.lm),
         *cache_verdicts(results.cache),
         *recurrent_verdicts(results.recurrent),
+        *features_verdicts(results.features),
     ]
 
 
@@ -565,3 +567,36 @@ def recurrent_verdicts(run: RecurrentRun | None) -> list[Verdict]:
         f"requests/s: {share:.0%}" + (f"; {errors} errors" if errors else "")
     )
     return [Verdict(target, measured, share >= recurrent.MIN_SERVER_HELD_SHARE and not errors)]
+
+
+FEATURES_PREFIX = "features: "  # every features target starts so
+
+
+def features_verdicts(run: FeaturesRun | None) -> list[Verdict]:
+    """Issue #24: by entity, p99 within MAX_P99_EXTRA_MS of inline, for each layout."""
+    verdicts = []
+    for mode in (features.Mode.FLOAT32, features.Mode.HASH):
+        target = (
+            f"{FEATURES_PREFIX}mlp at {features.CONNECTIONS} connections, {mode.value}: p99 "
+            f"within {features.MAX_P99_EXTRA_MS:g} ms of observations inline"
+        )
+        if run is None:
+            verdicts.append(Verdict(target, "not run", None))
+            continue
+        inline, by_entity = run.row(features.Mode.INLINE), run.row(mode)
+        if run.failure is not None or inline is None or by_entity is None:
+            verdicts.append(Verdict(target, run.failure or "a mode failed", None))
+            continue
+        if inline.load is None or by_entity.load is None:
+            verdicts.append(Verdict(target, by_entity.failure or inline.failure or "failed", False))
+            continue
+        extra = by_entity.load.p99_ms - inline.load.p99_ms
+        per_trip = by_entity.requests_per_round_trip
+        measured = (
+            f"{by_entity.load.p99_ms:.2f} against {inline.load.p99_ms:.2f} ms "
+            f"(+{extra:.2f} ms); {per_trip or 0:.1f} requests per Redis round trip"
+            + (f"; {by_entity.load.errors} errors" if by_entity.load.errors else "")
+        )
+        met = extra <= features.MAX_P99_EXTRA_MS and not by_entity.load.errors
+        verdicts.append(Verdict(target, measured, met))
+    return verdicts

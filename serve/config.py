@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -148,6 +149,13 @@ _FEATURES_HELP = (
 _ENTITY = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"
 
 
+class FeatureLayout(StrEnum):
+    """How plain Redis holds an entity's features at ``<key_prefix><id>``."""
+
+    HASH = "hash"  # a hash, one field per feature, its value as text (HSET e:42 x 0.5 ...)
+    FLOAT32 = "float32"  # a string: the features as little-endian float32, in order
+
+
 class FeatureView(BaseModel):
     """A model's observations as features of an entity in an online store: plain Redis
     hashes, one per entity at ``<key_prefix><id>`` (default prefix ``<entity>:``), one field
@@ -169,6 +177,9 @@ class FeatureView(BaseModel):
         description="a missing feature's value; a feature without one refuses the request",
     )
     timeout_ms: float = Field(5.0, gt=0, description="the store must answer within this")
+    layout: FeatureLayout = Field(
+        FeatureLayout.HASH, description="plain Redis: hash (text fields) or float32 (packed)"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> FeatureView:

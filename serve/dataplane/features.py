@@ -8,7 +8,8 @@ validating it, so the assembled observations are validated like any others:
    one id, or a list of them for a batch);
 2. the store is asked off the event loop. Each store URL has one link: a thread with one
    client that asks for every request's rows queued since its last round trip at once
-   (plain Redis hashes: one pipeline of ``HMGET``s, one per entity; Feast: one
+   (plain Redis: one pipeline of an ``HGETALL`` per entity of a ``hash`` view, an
+   ``MGET`` of a ``float32`` view's packed vectors; Feast: one
    ``get_online_features`` call per view, ``serve.dataplane.feast_store``) and converts the
    answer to float rows (NaN where a feature is missing). Under load one round trip
    serves the requests of a batch; no request waits for a connection to open;
@@ -30,13 +31,13 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from serve.config import FeatureView
+from serve.config import FeatureLayout, FeatureView
 from serve.dataplane import feast_store, redis_link
 from serve.dataplane.deadline import Deadline
 from serve.errors import InvalidInput, ServiceUnavailable
@@ -148,7 +149,7 @@ class FeatureLookup:
             store = view.store
             timeout_s = view.timeout_ms / 1000
             opener: Callable[[], _Store] = (
-                (lambda: _Feast(store)) if view.feast else (lambda: _RedisHashes(store, timeout_s))
+                (lambda: _Feast(store)) if view.feast else (lambda: _PlainRedis(store, timeout_s))
             )
             link = self._links[key] = _Link(store, opener, counted)
         return link
@@ -175,27 +176,42 @@ class _Store(Protocol):
     def close(self) -> None: ...
 
 
-class _RedisHashes:
-    """Plain Redis hashes: one pipeline of ``HMGET``s, one per entity, for a round trip."""
+class _PlainRedis:
+    """Plain Redis, one pipeline for a round trip: an ``HGETALL`` per entity of a ``hash``
+    view, and one ``MGET`` of every entity of a ``float32`` view. (``HGETALL`` and a lookup
+    by name here: an ``HMGET`` naming every feature took about five times as long for a
+    376-feature observation.)"""
 
     def __init__(self, url: str, timeout_s: float) -> None:
         self.client = redis_link.client(url, timeout_s)
+        self._names: dict[tuple[str, ...], list[bytes]] = {}
 
     def round_trip(self, asked: list[_Asked]) -> list[np.ndarray]:
         pipe = self.client.pipeline(transaction=False)
         for one in asked:
-            for key in one.rows.keys:
-                pipe.hmget(key, one.view.features)
+            if one.view.layout is FeatureLayout.FLOAT32:
+                pipe.mget(one.rows.keys)
+            else:
+                for key in one.rows.keys:
+                    pipe.hgetall(key)
         answers = iter(pipe.execute())
         found = []
         for one in asked:
-            rows = np.full((len(one.rows.keys), len(one.view.features)), np.nan, np.float32)
-            for row in range(len(one.rows.keys)):
-                for column, value in enumerate(next(answers)):
-                    if value is not None:
-                        rows[row, column] = _number(value)
-            found.append(rows)
+            width = len(one.view.features)
+            if one.view.layout is FeatureLayout.FLOAT32:
+                found.append(_packed(next(answers), width))
+                continue
+            names = self._encoded(one.view.features)
+            rows = [[stored.get(name) for name in names] for stored in _next(answers, one)]
+            found.append(_floats(rows, width))
         return found
+
+    def _encoded(self, features: list[str]) -> list[bytes]:
+        key = tuple(features)
+        names = self._names.get(key)
+        if names is None:
+            names = self._names[key] = [feature.encode() for feature in features]
+        return names
 
     def close(self) -> None:
         redis_link.close(self.client)
@@ -290,6 +306,34 @@ class _Link:
     def close(self) -> None:
         self._asked.put(redis_link.STOP)
         self._thread.join(redis_link.CONNECT_S + 1)
+
+
+def _packed(values: list[bytes | None], width: int) -> np.ndarray:
+    """``float32`` views' values: ``width`` little-endian float32 each, NaN rows where a key
+    is missing or holds another number of bytes."""
+    rows = np.full((len(values), width), np.nan, np.float32)
+    for row, value in enumerate(values):
+        if value is not None and len(value) == 4 * width:
+            rows[row] = np.frombuffer(value, "<f4")
+    rows[~np.isfinite(rows)] = np.nan
+    return rows
+
+
+def _next(answers: Iterator[Any], one: _Asked) -> list[dict[bytes, bytes]]:
+    """The pipeline's answers for one request's entities."""
+    return [next(answers) for _ in one.rows.keys]
+
+
+def _floats(rows: list[list[Any]], width: int) -> np.ndarray:
+    """Stored values (bytes, or None where missing) as float32 rows, NaN where missing or
+    not a finite number: one conversion in C for the usual all-numbers case."""
+    flat = [b"nan" if value is None else value for row in rows for value in row]
+    try:
+        values = np.array(flat, dtype=np.bytes_).astype(np.float32)
+    except ValueError:  # a value that is no number: each on its own
+        values = np.array([_number(value) for value in flat], np.float32)
+    values[~np.isfinite(values)] = np.nan
+    return values.reshape(len(rows), width)
 
 
 def _number(value: Any) -> float:

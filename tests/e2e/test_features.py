@@ -101,6 +101,7 @@ def server(
     configs = {
         "carts": view(store, extra="  defaults: {theta_dot: 0.25}\n"),
         "strict": view(store),
+        "packed": view(store, extra="  layout: float32\n  key_prefix: 'packed:'\n"),
         "feast_carts": (
             f"features:\n  store: feast://{feast_repository}\n  entity: cart_id\n"
             f"  features: [{feast_features}]\n  timeout_ms: 500\n"
@@ -149,6 +150,24 @@ def test_answers_by_entity_equal_answers_to_the_same_observations(
         np.testing.assert_allclose(one.json()[key], one_inline.json()[key], rtol=1e-6)
     assert np.ndim(one.json()["actions"]) == 0  # one entity: no batch axis
     assert batch.headers["x-policy-version"] == "1"
+
+
+def test_a_float32_layout_reads_packed_vectors(store: RedisServer, server: Server) -> None:
+    import redis
+
+    rows = np.array([[0.05, -0.1, 0.02, 0.3], [0.0, 0.2, -0.04, -0.1]], np.float32)
+    with redis.Redis.from_url(store.address(2)) as client:
+        client.set("packed:1", rows[0].astype("<f4").tobytes())
+        client.set("packed:2", rows[1].astype("<f4").tobytes())
+        client.set("packed:3", b"\x00" * 12)  # three floats for a four-value observation
+    with server.client() as client:
+        by_entity = predict(client, "packed", {"entities": [1, 2], "outputs": ["values"]})
+        inline = predict(client, "packed", {"observations": rows.tolist(), "outputs": ["values"]})
+        short = predict(client, "packed", {"entities": 3})
+    assert by_entity.status_code == 200, by_entity.text
+    np.testing.assert_allclose(by_entity.json()["values"], inline.json()["values"], rtol=1e-6)
+    assert short.status_code == 422  # a value of the wrong length is no vector: refused
+    assert "holds no 'x' for entity 3" in short.json()["error"]["message"]
 
 
 def test_a_feast_view_answers_by_entity_as_the_same_observations_inline(server: Server) -> None:
