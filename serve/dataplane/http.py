@@ -118,6 +118,7 @@ class PredictFrontend:
         max_body_bytes: int,
         *,
         rows: RowCalls,
+        features: FeatureLookup,
     ) -> None:
         self.router = router
         self.calls = calls  # the call around the predict steps: errors, metrics, access log
@@ -125,7 +126,7 @@ class PredictFrontend:
         self.max_body_bytes = max_body_bytes
         self.bodies = _decoder()  # the event loop's
         self.results = ResultCache(calls.metrics)  # models with a result_cache
-        self.features = FeatureLookup(calls.metrics)  # models with a features view
+        self.features = features  # models with a features view: their stores
         self.rows = rows  # the steps of a row call, every frontend's (and the loop's turn)
         self._early: dict[str, _EarlyAnswer] = {}  # by model: its current early 429
         self._gates: dict[bytes, _Gate] = {}  # by predict path: what refuse_early needs

@@ -47,6 +47,7 @@ from serve.control.watcher import RepositoryWatcher
 from serve.control.workers import WorkerRegistry
 from serve.dataplane import http as predict
 from serve.dataplane.deadline import LoopTurn
+from serve.dataplane.features import FeatureLookup
 from serve.dataplane.http_calls import HttpCalls
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.lane.server import LaneLimits, LaneServer
@@ -183,13 +184,18 @@ def create_app(
     turn = LoopTurn()
     http_calls = HttpCalls(metrics, lambda: phases.draining, access_log=settings.access_log)
     rows = RowCalls(turn)  # the steps of every frontend's call to a model of rows
-    frontend = predict.PredictFrontend(manager, http_calls, settings.max_body_bytes, rows=rows)
+    feature_lookup = FeatureLookup(metrics)  # models with a features view, every frontend's
+    frontend = predict.PredictFrontend(
+        manager, http_calls, settings.max_body_bytes, rows=rows, features=feature_lookup
+    )
     shared_memory = SharedMemory(
         enabled=settings.allow_client_shm,
         max_regions=settings.shm_max_regions,
         max_region_bytes=settings.shm_max_region_bytes,
     )
-    inference = Inference(manager, metrics, lambda: phases.draining, rows, shared_memory)
+    inference = Inference(
+        manager, metrics, lambda: phases.draining, rows, shared_memory, feature_lookup
+    )
     v2 = oip_rest.OipRestFrontend(
         manager, inference, state.unready_reasons, http_calls, settings.max_body_bytes
     )

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from tests.e2e.conftest import DEMO
-from tests.e2e.server import Server
+from tests.e2e.server import Server, free_port
 from tests.redis_server import RedisServer, running_redis
 
 FEATURES = ["x", "x_dot", "theta", "theta_dot"]
@@ -90,8 +90,16 @@ def feast_repository(store: RedisServer, tmp_path_factory: pytest.TempPathFactor
 
 
 @pytest.fixture(scope="module")
+def grpc_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
 def server(
-    store: RedisServer, feast_repository: Path, tmp_path_factory: pytest.TempPathFactory
+    store: RedisServer,
+    feast_repository: Path,
+    grpc_port: int,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Server]:
     """carts (a view with a default for theta_dot), strict (no defaults), feast_carts (the
     Feast repository's view), plain (no view)."""
@@ -112,7 +120,7 @@ def server(
         shutil.copytree(DEMO, repo / name)
         if config is not None:
             (repo / name / "config.yaml").write_text(config)
-    running = Server.rlserve(repo, log=tmp / "log")
+    running = Server.rlserve(repo, "--grpc-port", str(grpc_port), log=tmp / "log")
     running.wait_ready()
     yield running
     running.stop()
@@ -182,6 +190,36 @@ def test_a_feast_view_answers_by_entity_as_the_same_observations_inline(server: 
     np.testing.assert_allclose(by_entity.json()["values"], inline.json()["values"], rtol=1e-6)
     assert unknown.status_code == 422
     assert "holds no 'cart_state:x' for entity 99" in unknown.json()["error"]["message"]
+
+
+def test_v2_and_grpc_take_entities_as_an_int64_input(
+    store: RedisServer, server: Server, grpc_port: int
+) -> None:
+    import tritonclient.grpc as triton_grpc
+    import tritonclient.http as triton_http
+
+    rows = np.array([[0.02, 0.0, -0.01, 0.1], [-0.03, 0.1, 0.02, -0.2]], np.float32)
+    for entity, row in zip((11, 12), rows, strict=True):
+        stored(store, entity, dict(zip(FEATURES, map(float, row), strict=True)))
+    with server.client() as client:
+        inline = predict(client, "strict", {"observations": rows.tolist(), "outputs": ["values"]})
+    expected = np.asarray(inline.json()["values"], np.float32)
+    http = triton_http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    numbers = triton_http.InferInput("entities", [2], "INT64")
+    numbers.set_data_from_numpy(np.array([11, 12], np.int64))
+    by_rest = http.infer("strict", [numbers], outputs=[triton_http.InferRequestedOutput("values")])
+    np.testing.assert_allclose(by_rest.as_numpy("values"), expected, rtol=1e-6)
+    grpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    numbered = triton_grpc.InferInput("entities", [1], "INT64")
+    numbered.set_data_from_numpy(np.array([11], np.int64))
+    by_number = grpc.infer(
+        "strict", [numbered], outputs=[triton_grpc.InferRequestedOutput("values")]
+    )
+    np.testing.assert_allclose(by_number.as_numpy("values"), expected[:1], rtol=1e-6)
+    plain = triton_http.InferInput("entities", [1], "INT64")
+    plain.set_data_from_numpy(np.array([11], np.int64))
+    with pytest.raises(Exception, match="has no features view"):
+        http.infer("plain", [plain])
 
 
 def test_a_missing_feature_takes_its_default_or_is_refused_naming_it(

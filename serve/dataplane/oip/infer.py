@@ -15,7 +15,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from serve.dataplane.deadline import Deadline, budget_ms
+from serve.dataplane.features import FeatureLookup
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceResponse
 from serve.dataplane.model import RowModel
@@ -37,6 +40,9 @@ class InferAnswer:
     tensors: list[OutputTensor]
 
 
+ENTITIES = "entities"  # the input a model with a features view may take instead
+
+
 class Inference:
     """The Open Inference Protocol's own part of an infer call (its routes, signatures and
     refusal count) around the steps every row call takes (:class:`RowCalls`)."""
@@ -48,12 +54,14 @@ class Inference:
         draining: Callable[[], bool],
         calls: RowCalls,
         shared_memory: SharedMemory,
+        features: FeatureLookup,
     ) -> None:
         self.router = router
         self.calls = calls
         self.metrics = metrics
         self.draining = draining
         self.shared_memory = shared_memory  # this process's registered regions
+        self.features = features  # models with a features view: their stores
         self._signatures: dict[str, Signature] = {}  # by sha256 of the version
 
     def route(self, model: str | None, version: str | None) -> Route:
@@ -92,6 +100,9 @@ class Inference:
         served = route.row_model()
         signature = self.signature(served)
         self._read_placed(call)
+        entities = call.inputs.pop(ENTITIES, None)
+        if entities is not None:
+            await self._by_entity(route, signature, call, entities, deadline)
         request = signature.request(call, request_id, received_at, deadline.at)
         self._check_placed(call, signature)
         size = sum(values.nbytes for values in call.inputs.values())
@@ -112,6 +123,37 @@ class Inference:
             call.inputs[given.name] = tensors.from_bytes(
                 given.name, given.datatype, given.shape, raw
             )
+
+    async def _by_entity(
+        self,
+        route: Route,
+        signature: Signature,
+        call: InferCall,
+        entities: np.ndarray,
+        deadline: Deadline,
+    ) -> None:
+        """The ``entities`` input (INT64 ids, ``[-1]``) of a model with a features view: its
+        observations from the store, as the observation input."""
+        view = route.features
+        if view is None:
+            raise InvalidInput(
+                f"input {ENTITIES!r}: model {route.model!r} has no features view (its "
+                "config's features), so it reads no store; send its observations"
+            )
+        names = [meta.name for meta in signature.inputs if signature.field_of(meta.name) is None]
+        given = [name for name in names if name in call.inputs]
+        if given:
+            raise InvalidInput(
+                f"inputs: give {ENTITIES!r} or {given[0]!r}: the entities whose features "
+                f"model {route.model!r} reads from its store, or the observations themselves"
+            )
+        if entities.ndim != 1 or not len(entities) or entities.dtype.kind not in "iu":
+            raise InvalidInput(
+                f"input {ENTITIES!r}: expected INT64 ids, shape [-1] (one per row); string "
+                "ids go by the JSON predict route's entities"
+            )
+        rows, _ = await self.features.observations(route.model, view, entities.tolist(), deadline)
+        call.inputs[names[0]] = rows
 
     def _check_placed(self, call: InferCall, signature: Signature) -> None:
         """Before the run: every output placed in shared memory fits where it goes."""
