@@ -177,6 +177,10 @@ class FeatureView(BaseModel):
         description="a missing feature's value; a feature without one refuses the request",
     )
     timeout_ms: float = Field(5.0, gt=0, description="the store must answer within this")
+    overridable: list[str] = Field(
+        default_factory=list,
+        description="features a request may give itself (its features), over the stored ones",
+    )
     layout: FeatureLayout = Field(
         FeatureLayout.HASH, description="plain Redis: hash (text fields) or float32 (packed)"
     )
@@ -189,6 +193,9 @@ class FeatureView(BaseModel):
         unknown = sorted(set(self.defaults) - set(self.features))
         if unknown:
             raise ValueError(f"defaults: {unknown} are not among the features {self.features}")
+        foreign = sorted(set(self.overridable) - set(self.features))
+        if foreign:
+            raise ValueError(f"overridable: {foreign} are not among the features {self.features}")
         unnamed = [f for f in self.features if ":" not in f]
         if self.feast and unnamed:
             raise ValueError(

@@ -47,6 +47,8 @@ from serve.metrics import Metrics
 log = logging.getLogger("rlserve.features")
 
 FIELD = "entities"
+OVERRIDES = "features"  # a request's own values of overridable features
+RETURN = "return_features"  # the answer carries the feature values used, for audits
 MAX_ID_CHARACTERS = 128
 WAIT_S = 5.0  # a request waits this long at most for its link's thread (a backstop)
 
@@ -70,6 +72,42 @@ def entity_rows(view: FeatureView, value: Any) -> EntityRows:
     return EntityRows([f"{view.prefix}{i}" for i in ids], ids, single)
 
 
+def overridden(view: FeatureView, rows: np.ndarray, given: Any) -> np.ndarray:
+    """``rows`` with a request's own ``features`` over the stored ones: one mapping of
+    feature to value for every row, or a list of mappings, one per row; only the view's
+    ``overridable`` features."""
+    mappings = given if isinstance(given, list) else [given] * len(rows)
+    if len(mappings) != len(rows) or not all(isinstance(m, dict) for m in mappings):
+        raise InvalidInput(
+            f"{OVERRIDES}: expected an object of feature to value (for every row), or a list "
+            f"of {len(rows)} such objects, one per entity"
+        )
+    columns = {name: index for index, name in enumerate(view.features)}
+    for row, mapping in enumerate(mappings):
+        for name, value in mapping.items():
+            if name not in view.overridable:
+                allowed = view.overridable or "none"
+                raise InvalidInput(
+                    f"{OVERRIDES}: {name!r} may not be given by a request; the view lets a "
+                    f"request give {allowed}"
+                )
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not number or not math.isfinite(value):
+                raise InvalidInput(
+                    f"{OVERRIDES}.{name}: expected a finite number, got {json_shown(value)}"
+                )
+            rows[row, columns[name]] = value
+    return rows
+
+
+def used(view: FeatureView, rows: np.ndarray, *, single: bool) -> dict[str, Any]:
+    """The feature values a request's observations were made of, by feature (audits)."""
+    return {
+        name: (float(rows[0, column]) if single else rows[:, column].tolist())
+        for column, name in enumerate(view.features)
+    }
+
+
 def _entity_id(value: Any, index: int, *, single: bool) -> str | int:
     where = FIELD if single else f"{FIELD}[{index}]"
     if isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARACTERS:
@@ -90,10 +128,16 @@ class FeatureLookup:
         self._links: dict[tuple[str, float], _Link] = {}
 
     async def observations(
-        self, model: str, view: FeatureView, entities: Any, deadline: Deadline
+        self,
+        model: str,
+        view: FeatureView,
+        entities: Any,
+        deadline: Deadline,
+        overrides: Any = None,
     ) -> tuple[np.ndarray, bool]:
         """The observations of a request's ``entities`` (float32 rows in the view's feature
-        order), and whether it named one entity (no batch axis)."""
+        order; a request's own ``overrides`` over stored values, defaults for missing ones),
+        and whether it named one entity (no batch axis)."""
         rows = entity_rows(view, entities)
         started = time.monotonic()
         wait_s = min(view.timeout_ms / 1000, deadline.at - started)
@@ -113,6 +157,8 @@ class FeatureLookup:
             )
         self._metrics.child(self._metrics.feature_lookups, model, "ok").inc()
         self._metrics.child(self._metrics.feature_rows, model).inc(len(rows.keys))
+        if overrides is not None:
+            values = overridden(view, values, overrides)
         return self._filled(model, view, rows, values), rows.single
 
     def _filled(

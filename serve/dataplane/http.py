@@ -164,10 +164,11 @@ class PredictFrontend:
             bodies = self.bodies if where is PreparedOn.LOOP else _decoder()
             return _prepare(route, body, call, deadline.at, bodies, cache)
 
+        audit: dict[str, Any] | None = None  # the feature values used, when asked
         if route.features is None:
             prepared, key = await self.rows.prepare(len(body), prepare)
         else:
-            prepared, key = await self._by_entity(route, body, call, deadline, cache)
+            prepared, key, audit = await self._by_entity(route, body, call, deadline, cache)
         if key is not None and cache is not None:
             cached = await self.results.lookup(route.model, cache, key)
             if cached is not None:
@@ -178,7 +179,7 @@ class PredictFrontend:
                 # computed earlier by the routed version
                 return cached, [*stamp(route.version.version, route.version.sha256), _CACHE_HIT]
         response = await self.rows.submit(route, prepared, deadline)
-        answer, headers = _encode(response), stamp(response.version, response.sha256)
+        answer, headers = _encode(response, audit), stamp(response.version, response.sha256)
         if key is not None and cache is not None:
             if (response.version, response.sha256) == (route.version.version, route.version.sha256):
                 self.results.store(route.model, cache, key, answer)  # not awaited
@@ -189,9 +190,11 @@ class PredictFrontend:
 
     async def _by_entity(
         self, route: Route, body: bytes, call: Call, deadline: Deadline, cache: CacheSettings | None
-    ) -> tuple[Prepared, bytes | None]:
+    ) -> tuple[Prepared, bytes | None, dict[str, Any] | None]:
         """A model with a features view: a body naming ``entities`` gets its observations
-        from the store (``serve.dataplane.features``) before it is validated."""
+        from the store (``serve.dataplane.features``) before it is validated; with
+        ``features``, the request's own values of overridable features; with
+        ``return_features``, the answer names the feature values used (third: them)."""
         view = route.features
         assert view is not None
 
@@ -200,19 +203,35 @@ class PredictFrontend:
 
         payload = await self.rows.prepare(len(body), decode)
         entities = payload.pop(features.FIELD, None)
-        if entities is not None:
+        overrides = payload.pop(features.OVERRIDES, None)
+        asked = payload.pop(features.RETURN, False)
+        if not isinstance(asked, bool):
+            raise InvalidInput(f"{features.RETURN}: expected true or false")
+        audit = None
+        if entities is None:
+            if overrides is not None or asked:
+                raise InvalidInput(
+                    f"{features.OVERRIDES}, {features.RETURN}: only with {features.FIELD} "
+                    "(the features of entities from the store)"
+                )
+        else:
             if "observations" in payload:
                 raise InvalidInput(
                     f"observations, {features.FIELD}: give one: the observations themselves, "
                     f"or the entities whose features model {route.model!r} reads from its store"
                 )
-            rows, single = await self.features.observations(route.model, view, entities, deadline)
+            rows, single = await self.features.observations(
+                route.model, view, entities, deadline, overrides
+            )
             payload["observations"] = rows[0] if single else rows
+            if asked:
+                audit = features.used(view, rows, single=single)
+                cache = None  # an answer with its features is the request's own
         prepared = route.row_model().prepare(_request(payload, call, deadline.at))
         if cache is None:
-            return prepared, None
+            return prepared, None, audit
         version = route.version
-        return prepared, cache_key(route.model, version.version, version.sha256, prepared)
+        return prepared, cache_key(route.model, version.version, version.sha256, prepared), audit
 
     def refuse_early(
         self,
@@ -413,7 +432,7 @@ def _request(payload: dict[str, Any], call: Call, deadline: float) -> InferenceR
     )
 
 
-def _encode(response: InferenceResponse) -> bytes:
+def _encode(response: InferenceResponse, audit: dict[str, Any] | None = None) -> bytes:
     outputs = response.outputs
     if response.single:
         outputs = _unbatch(outputs)
@@ -423,6 +442,8 @@ def _encode(response: InferenceResponse) -> bytes:
         "model_sha256": response.sha256,
         **outputs,
     }
+    if audit is not None:
+        stamped[features.OVERRIDES] = audit  # the feature values the answer was computed from
     return orjson.dumps(stamped, option=JSON_OPTIONS)
 
 

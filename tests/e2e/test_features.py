@@ -107,7 +107,7 @@ def server(
     repo = tmp / "repository"
     feast_features = ", ".join(f"cart_state:{f}" for f in FEATURES)
     configs = {
-        "carts": view(store, extra="  defaults: {theta_dot: 0.25}\n"),
+        "carts": view(store, extra="  defaults: {theta_dot: 0.25}\n  overridable: [theta_dot]\n"),
         "strict": view(store),
         "packed": view(store, extra="  layout: float32\n  key_prefix: 'packed:'\n"),
         "feast_carts": (
@@ -220,6 +220,31 @@ def test_v2_and_grpc_take_entities_as_an_int64_input(
     plain.set_data_from_numpy(np.array([11], np.int64))
     with pytest.raises(Exception, match="has no features view"):
         http.infer("plain", [plain])
+
+
+def test_a_request_may_give_overridable_features_and_see_the_values_used(
+    store: RedisServer, server: Server
+) -> None:
+    stored(store, "over", {"x": 0.05, "x_dot": 0.1, "theta": -0.02, "theta_dot": 0.4})
+    with server.client() as client:
+        body = {"entities": ["over"], "features": {"theta_dot": -0.3}, "return_features": True}
+        given = predict(client, "carts", {**body, "outputs": ["values"]})
+        inline = predict(
+            client, "carts", {"observations": [[0.05, 0.1, -0.02, -0.3]], "outputs": ["values"]}
+        )
+        one = predict(client, "carts", {"entities": "over", "return_features": True})
+        refused = predict(client, "carts", {"entities": "over", "features": {"x": 1.0}})
+        alone = predict(client, "carts", {"observations": [0, 0, 0, 0], "return_features": True})
+    assert given.status_code == 200, given.text
+    assert given.json()["values"] == pytest.approx(inline.json()["values"], rel=1e-6)
+    used = given.json()["features"]
+    assert used["theta_dot"] == pytest.approx([-0.3])
+    assert used["x"] == pytest.approx([0.05])
+    assert one.json()["features"]["theta_dot"] == pytest.approx(0.4)  # one entity: scalars
+    assert refused.status_code == 422
+    assert "'x' may not be given by a request" in refused.json()["error"]["message"]
+    assert alone.status_code == 422
+    assert "only with entities" in alone.json()["error"]["message"]
 
 
 def test_a_missing_feature_takes_its_default_or_is_refused_naming_it(
