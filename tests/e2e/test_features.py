@@ -19,11 +19,13 @@ import httpx
 import numpy as np
 import pytest
 
+from serve.client import PolicyClient, RequestFailed
 from tests.e2e.conftest import DEMO
 from tests.e2e.server import Server, free_port
 from tests.redis_server import RedisServer, running_redis
 
 FEATURES = ["x", "x_dot", "theta", "theta_dot"]
+TOKEN = "features-test-token"
 OUTPUTS = ["actions", "values", "distribution"]
 
 
@@ -109,6 +111,7 @@ def server(
     configs = {
         "carts": view(store, extra="  defaults: {theta_dot: 0.25}\n  overridable: [theta_dot]\n"),
         "strict": view(store),
+        "swapped": view(store),
         "packed": view(store, extra="  layout: float32\n  key_prefix: 'packed:'\n"),
         "feast_carts": (
             f"features:\n  store: feast://{feast_repository}\n  entity: cart_id\n"
@@ -120,7 +123,9 @@ def server(
         shutil.copytree(DEMO, repo / name)
         if config is not None:
             (repo / name / "config.yaml").write_text(config)
-    running = Server.rlserve(repo, "--grpc-port", str(grpc_port), log=tmp / "log")
+    running = Server.rlserve(
+        repo, "--grpc-port", str(grpc_port), env={"RLSERVE_ADMIN_TOKEN": TOKEN}, log=tmp / "log"
+    )
     running.wait_ready()
     yield running
     running.stop()
@@ -245,6 +250,26 @@ def test_a_request_may_give_overridable_features_and_see_the_values_used(
     assert "'x' may not be given by a request" in refused.json()["error"]["message"]
     assert alone.status_code == 422
     assert "only with entities" in alone.json()["error"]["message"]
+
+
+def test_a_live_update_answers_by_entity_and_a_version_that_does_not_fit_is_refused(
+    store: RedisServer, server: Server, repository: Path
+) -> None:
+    """Version 2 (other weights) takes over the view's entities; version 3 (Pendulum's
+    three observations for four features) is refused when it is pushed, naming why."""
+    row = [0.03, -0.05, 0.01, 0.2]
+    stored(store, "swap", dict(zip(FEATURES, row, strict=True)))
+    with PolicyClient(server.url, admin_token=TOKEN) as admin:
+        admin.push("swapped", 2, repository / "heavy" / "1" / "model.onnx")
+        with pytest.raises(RequestFailed) as refused:
+            admin.push("swapped", 3, repository / "pendulum" / "1" / "model.onnx")
+    with server.client() as client:
+        by_entity = predict(client, "swapped", {"entities": "swap", "outputs": ["values"]})
+        inline = predict(client, "swapped", {"observations": row, "outputs": ["values"]})
+    assert by_entity.json()["model_version"] == 2
+    assert by_entity.json()["values"] == pytest.approx(inline.json()["values"], rel=1e-6)
+    assert "the features view lists 4 features" in refused.value.message
+    assert "observation has 3 values" in refused.value.message
 
 
 def test_a_missing_feature_takes_its_default_or_is_refused_naming_it(
