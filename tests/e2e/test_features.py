@@ -197,7 +197,7 @@ def test_a_feast_view_answers_by_entity_as_the_same_observations_inline(server: 
     assert "holds no 'cart_state:x' for entity 99" in unknown.json()["error"]["message"]
 
 
-def test_v2_and_grpc_take_entities_as_an_int64_input(
+def test_v2_and_grpc_take_entities_as_an_int64_input_or_a_parameter(
     store: RedisServer, server: Server, grpc_port: int
 ) -> None:
     import tritonclient.grpc as triton_grpc
@@ -221,6 +221,22 @@ def test_v2_and_grpc_take_entities_as_an_int64_input(
         "strict", [numbered], outputs=[triton_grpc.InferRequestedOutput("values")]
     )
     np.testing.assert_allclose(by_number.as_numpy("values"), expected[:1], rtol=1e-6)
+    stored(store, "named", dict(zip(FEATURES, map(float, rows[1]), strict=True)))
+    with server.client() as client:  # string ids: the parameter entities
+        body = {
+            "parameters": {"entities": ["named"]},
+            "inputs": [],
+            "outputs": [{"name": "values"}],
+        }
+        by_parameter = client.post("/v2/models/strict/infer", json=body)
+    assert by_parameter.status_code == 200, by_parameter.text
+    (values,) = by_parameter.json()["outputs"]
+    np.testing.assert_allclose(values["data"], expected[1:], rtol=1e-6)
+    one = grpc.infer(
+        "strict", [], outputs=[triton_grpc.InferRequestedOutput("values")],
+        parameters={"entities": "named"},
+    )  # fmt: skip
+    np.testing.assert_allclose(one.as_numpy("values"), expected[1:], rtol=1e-6)
     plain = triton_http.InferInput("entities", [1], "INT64")
     plain.set_data_from_numpy(np.array([11], np.int64))
     with pytest.raises(Exception, match="has no features view"):

@@ -14,8 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import numpy as np
+from typing import Any
 
 from serve.dataplane.deadline import Deadline, budget_ms
 from serve.dataplane.features import FeatureLookup
@@ -100,7 +99,7 @@ class Inference:
         served = route.row_model()
         signature = self.signature(served)
         self._read_placed(call)
-        entities = call.inputs.pop(ENTITIES, None)
+        entities = self._entities(call)
         if entities is not None:
             await self._by_entity(route, signature, call, entities, deadline)
         request = signature.request(call, request_id, received_at, deadline.at)
@@ -124,16 +123,36 @@ class Inference:
                 given.name, given.datatype, given.shape, raw
             )
 
+    @staticmethod
+    def _entities(call: InferCall) -> list[Any] | None:
+        """A call's entity ids: its INT64 input ``entities`` (``[-1]``), or its parameter
+        ``entities`` (a string or integer, or a list of them: string ids); None: neither."""
+        tensor = call.inputs.pop(ENTITIES, None)
+        parameter = call.parameters.pop(ENTITIES, None)
+        if tensor is not None and parameter is not None:
+            raise InvalidInput(f"{ENTITIES}: given as an input and as a parameter; give them once")
+        if tensor is not None:
+            if tensor.ndim != 1 or not len(tensor) or tensor.dtype.kind not in "iu":
+                raise InvalidInput(
+                    f"input {ENTITIES!r}: expected INT64 ids, shape [-1] (one per row); "
+                    f"string ids go as the parameter {ENTITIES!r}"
+                )
+            ids: list[Any] = tensor.tolist()
+            return ids
+        if parameter is None:
+            return None
+        return parameter if isinstance(parameter, list) else [parameter]
+
     async def _by_entity(
         self,
         route: Route,
         signature: Signature,
         call: InferCall,
-        entities: np.ndarray,
+        entities: list[Any],
         deadline: Deadline,
     ) -> None:
-        """The ``entities`` input (INT64 ids, ``[-1]``) of a model with a features view: its
-        observations from the store, as the observation input."""
+        """The entities of a call to a model with a features view: their observations from
+        the store, as the observation input."""
         view = route.features
         if view is None:
             raise InvalidInput(
@@ -147,12 +166,7 @@ class Inference:
                 f"inputs: give {ENTITIES!r} or {given[0]!r}: the entities whose features "
                 f"model {route.model!r} reads from its store, or the observations themselves"
             )
-        if entities.ndim != 1 or not len(entities) or entities.dtype.kind not in "iu":
-            raise InvalidInput(
-                f"input {ENTITIES!r}: expected INT64 ids, shape [-1] (one per row); string "
-                "ids go by the JSON predict route's entities"
-            )
-        rows, _ = await self.features.observations(route.model, view, entities.tolist(), deadline)
+        rows, _ = await self.features.observations(route.model, view, entities, deadline)
         call.inputs[names[0]] = rows
 
     def _check_placed(self, call: InferCall, signature: Signature) -> None:

@@ -432,10 +432,8 @@ def _object(value: Any, field: str) -> dict[str, Any]:
 def _inputs(
     value: Any, binary: memoryview, *, may_hold_booleans: bool
 ) -> tuple[dict[str, Any], list[PlacedInput]]:
-    if not isinstance(value, list) or not value:
-        raise InvalidInput(
-            'inputs: expected a non-empty list of {"name", "datatype", "shape", "data"}'
-        )
+    if not isinstance(value, list):  # empty: a call by entity (its parameter) may be
+        raise InvalidInput('inputs: expected a list of {"name", "datatype", "shape", "data"}')
     arrays = {}
     placed: list[PlacedInput] = []
     offset = 0  # into the binary data: each input's bytes follow the previous one's

@@ -53,6 +53,7 @@ PARAMETERS = (
     "deterministic",
     "seed",
     "outputs",
+    "entities",  # a model with a features view: entity ids (strings too), as its input may
     "sequence_id",  # Triton's sequence batcher's: a recurrent policy's server-held memory
     "sequence_start",
     "sequence_end",
