@@ -61,6 +61,7 @@ SPLICED = (
     LM,
     CACHE,
     RECURRENT,
+    FEATURES,
 )  # alone into an existing document: replace only their own section
 MODELS = ("cartpole", "mlp", "cnn")  # every model of the repository, in document order
 

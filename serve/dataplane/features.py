@@ -51,6 +51,7 @@ OVERRIDES = "features"  # a request's own values of overridable features
 RETURN = "return_features"  # the answer carries the feature values used, for audits
 MAX_ID_CHARACTERS = 128
 WAIT_S = 5.0  # a request waits this long at most for its link's thread (a backstop)
+LINK_TIMEOUT_S = 1.0  # a store link's socket timeout, at least
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +194,10 @@ class FeatureLookup:
                 self._metrics.feature_round_trips, redis_link.shown(view.store)
             )
             store = view.store
-            timeout_s = view.timeout_ms / 1000
+            # The link's socket waits longer than a request does: each request gives up at
+            # its own timeout (a 503), and a round trip serving many is not failed whole
+            # (and its connection dropped) for one slow read.
+            timeout_s = max(view.timeout_ms / 1000, LINK_TIMEOUT_S)
             opener: Callable[[], _Store] = (
                 (lambda: _Feast(store)) if view.feast else (lambda: _PlainRedis(store, timeout_s))
             )
@@ -344,8 +348,11 @@ class _Link:
                     store.close()
                 store = None
                 found = [None] * len(batch)
+            by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
             for (_, answered, loop), values in zip(batch, found, strict=True):
-                loop.call_soon_threadsafe(_settle, answered, values)
+                by_loop.setdefault(loop, []).append((answered, values))
+            for loop, settled in by_loop.items():  # one wake-up of each loop per round trip
+                loop.call_soon_threadsafe(_settle, settled)
         if store is not None:
             store.close()
 
@@ -391,6 +398,7 @@ def _number(value: Any) -> float:
     return number if math.isfinite(number) else math.nan
 
 
-def _settle(answered: asyncio.Future[np.ndarray | None], values: np.ndarray | None) -> None:
-    if not answered.done():
-        answered.set_result(values)
+def _settle(settled: list[tuple[asyncio.Future[np.ndarray | None], np.ndarray | None]]) -> None:
+    for answered, values in settled:
+        if not answered.done():
+            answered.set_result(values)
