@@ -15,8 +15,8 @@ as the source does.
 Or the server holds it (``serve.dataplane.sequences``): the request names its sequences
 instead, with the parameters Triton's sequence batcher reads:
 
-- ``sequence_id``: a string (1 to 128 characters) or a non-negative integer, one per
-  observation (a list, distinct ids, for a batch);
+- ``sequence_id``: an id (``serve.identifiers``: a string of 1 to 128 characters, or an
+  integer >= 0), one per observation (a list, distinct ids, for a batch);
 - ``sequence_start``, ``sequence_end``: booleans as ``episode_start`` takes them; the first
   step of an episode starts its sequence, the last ends it.
 
@@ -33,6 +33,7 @@ import numpy as np
 
 from serve.dataplane.messages import SequenceStep
 from serve.errors import InvalidInput
+from serve.identifiers import identifier
 from serve.json_shown import json_shown
 
 STATE = "state"
@@ -41,7 +42,6 @@ SEQUENCE_ID = "sequence_id"
 SEQUENCE_START = "sequence_start"
 SEQUENCE_END = "sequence_end"
 SEQUENCE_PARAMETERS = (SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END)
-MAX_ID_CHARACTERS = 128
 
 
 @dataclass(frozen=True)
@@ -143,27 +143,16 @@ def _flags(name: str, value: Any, rows: int, *, single: bool) -> np.ndarray:
 
 def _sequence_ids(value: Any, rows: int, *, single: bool) -> tuple[str | int, ...]:
     if single or (rows == 1 and not isinstance(value, list)):
-        return (_sequence_id(value),)
+        return (identifier(value, SEQUENCE_ID, "a sequence id"),)
     if not isinstance(value, list) or len(value) != rows:
         raise InvalidInput(
             f"{SEQUENCE_ID}: expected a list of {rows} ids, one per observation; got "
             f"{json_shown(value)}"
         )
-    ids = tuple(_sequence_id(one) for one in value)
+    ids = tuple(identifier(one, SEQUENCE_ID, "a sequence id") for one in value)
     if len(set(ids)) != rows:
         raise InvalidInput(
             f"{SEQUENCE_ID}: ids repeat within the request; each observation of a batch "
             "steps its own sequence"
         )
     return ids
-
-
-def _sequence_id(value: Any) -> str | int:
-    if isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARACTERS:
-        return value
-    if isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 0:
-        return int(value)
-    raise InvalidInput(
-        f"{SEQUENCE_ID}: expected a string of 1 to {MAX_ID_CHARACTERS} characters or a "
-        f"non-negative integer, got {json_shown(value)}"
-    )

@@ -4,8 +4,8 @@ store (a model's ``features`` view, ``serve.config.FeatureView``).
 The predict frontend asks :meth:`FeatureLookup.observations` between decoding a body and
 validating it, so the assembled observations are validated like any others:
 
-1. the entity ids are checked (strings of 1 to 128 characters, or non-negative integers;
-   one id, or a list of them for a batch);
+1. the entity ids are checked (``serve.identifiers``: strings of 1 to 128 characters, or
+   integers >= 0; one id, or a list of them for a batch);
 2. the store is asked off the event loop. Each store URL has one link: a thread with one
    client that asks for every request's rows queued since its last round trip at once
    (plain Redis: one pipeline of an ``HGETALL`` per entity of a ``hash`` view, an
@@ -41,6 +41,7 @@ from serve.config import FeatureLayout, FeatureView
 from serve.dataplane import feast_store, redis_link
 from serve.dataplane.deadline import Deadline
 from serve.errors import InvalidInput, ServiceUnavailable
+from serve.identifiers import identifier
 from serve.json_shown import json_shown
 from serve.metrics import Metrics
 
@@ -49,7 +50,6 @@ log = logging.getLogger("rlserve.features")
 FIELD = "entities"
 OVERRIDES = "features"  # a request's own values of overridable features
 RETURN = "return_features"  # the answer carries the feature values used, for audits
-MAX_ID_CHARACTERS = 128
 WAIT_S = 5.0  # a request waits this long at most for its link's thread (a backstop)
 LINK_TIMEOUT_S = 1.0  # a store link's socket timeout, at least
 
@@ -69,7 +69,10 @@ def entity_rows(view: FeatureView, value: Any) -> EntityRows:
     given = [value] if single else value
     if not given:
         raise InvalidInput(f"{FIELD}: an empty list; give one entity id or a list of them")
-    ids = [_entity_id(one, index, single=single) for index, one in enumerate(given)]
+    ids = [
+        identifier(one, FIELD if single else f"{FIELD}[{index}]", "an entity id")
+        for index, one in enumerate(given)
+    ]
     return EntityRows([f"{view.prefix}{i}" for i in ids], ids, single)
 
 
@@ -107,18 +110,6 @@ def used(view: FeatureView, rows: np.ndarray, *, single: bool) -> dict[str, Any]
         name: (float(rows[0, column]) if single else rows[:, column].tolist())
         for column, name in enumerate(view.features)
     }
-
-
-def _entity_id(value: Any, index: int, *, single: bool) -> str | int:
-    where = FIELD if single else f"{FIELD}[{index}]"
-    if isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARACTERS:
-        return value
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    raise InvalidInput(
-        f"{where}: expected an entity id (a string of 1 to {MAX_ID_CHARACTERS} characters, or "
-        f"an integer >= 0), got {json_shown(value)}"
-    )
 
 
 class FeatureLookup:

@@ -447,7 +447,8 @@ def test_a_batch_steps_one_sequence_per_row(server: Server) -> None:
         ),
         (
             {"observations": [0.0, 0.0], "sequence_id": True, "sequence_start": True},
-            "sequence_id: expected a string of 1 to 128 characters or a non-negative integer",
+            "sequence_id: expected a sequence id (a string of 1 to 128 characters, or an "
+            "integer >= 0)",
         ),
         (
             {"observations": [[0.0, 0.0]] * 2, "sequence_id": ["a", "a"], "sequence_start": True},
