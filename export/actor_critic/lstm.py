@@ -8,7 +8,10 @@ holds the written-out step to the source's own ``nn.LSTM`` over whole sequences.
   hidden]``), as the exported graph holds them;
 - :class:`SteppedLSTM` stands in for an ``nn.LSTM`` inside a module's own code (a
   CleanRL-style agent calling ``self.lstm(x, (h, c))`` on one time step), taking and
-  returning what ``nn.LSTM`` does: ``x`` ``[1, B, in]``, states ``[layers, B, hidden]``.
+  returning what ``nn.LSTM`` does: ``x`` ``[1, B, in]``, states ``[layers, B, hidden]``;
+- :func:`segments`, :func:`as_lstm_takes` and :func:`state_rows` move a policy's memory
+  (one ``[B, size]`` row per observation, its segments one after another, as the
+  contract's ``StateLayout`` says) to and from those shapes.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from serve.contract import StateLayout
 from serve.errors import ExportError
 
 
@@ -68,3 +72,23 @@ class SteppedLSTM(nn.Module):
         h, c = state
         out, h_next, c_next = lstm_step(self.lstm, x[0], h.transpose(0, 1), c.transpose(0, 1))
         return out.unsqueeze(0), (h_next.transpose(0, 1), c_next.transpose(0, 1))
+
+
+def segments(state: Tensor, layout: StateLayout) -> list[Tensor]:
+    """A [B, size] state as its segments, each [B, layers, hidden]."""
+    parts = state.split([segment.size for segment in layout.segments], dim=1)
+    return [
+        part.reshape(-1, segment.layers, segment.hidden)
+        for part, segment in zip(parts, layout.segments, strict=True)
+    ]
+
+
+def as_lstm_takes(state: Tensor, layout: StateLayout) -> list[Tensor]:
+    """A [B, size] state as its segments, each [layers, B, hidden] as ``nn.LSTM`` takes
+    them (h, c of the first LSTM, then of the next)."""
+    return [part.transpose(0, 1).contiguous() for part in segments(state, layout)]
+
+
+def state_rows(parts: list[Tensor]) -> Tensor:
+    """Segments as ``nn.LSTM`` returns them, each [layers, B, hidden], as [B, size] rows."""
+    return torch.cat([part.transpose(0, 1).reshape(part.shape[1], -1) for part in parts], dim=1)

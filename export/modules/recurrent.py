@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from export.actor_critic.graph import Parameters
-from export.actor_critic.lstm import SteppedLSTM, check_steppable
+from export.actor_critic.lstm import SteppedLSTM, as_lstm_takes, check_steppable, state_rows
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.source import Observations, SampledLogProb
 from export.modules import distributions
@@ -64,17 +64,10 @@ def stepped(module: nn.Module, attr: str) -> nn.Module:
     return copied
 
 
-def _lstm_layout(state: Tensor, layout: StateLayout) -> tuple[Tensor, Tensor]:
-    """A [B, size] state as (h, c), each [layers, B, hidden] as nn.LSTM takes them."""
-    h, c = state.split([s.size for s in layout.segments], dim=1)
-    first = layout.segments[0]
-    shaped = [s.reshape(-1, first.layers, first.hidden).transpose(0, 1) for s in (h, c)]
-    return shaped[0].contiguous(), shaped[1].contiguous()
-
-
-def _rows(h: Tensor, c: Tensor) -> Tensor:
-    """(h, c) [layers, B, hidden] as one [B, size] state."""
-    return torch.cat([s.transpose(0, 1).reshape(s.shape[1], -1) for s in (h, c)], dim=1)
+def _pair(state: Tensor, layout: StateLayout) -> tuple[Tensor, Tensor]:
+    """A [B, size] state as the (h, c) the module's LSTM takes, each [layers, B, hidden]."""
+    h, c = as_lstm_takes(state, layout)
+    return h, c
 
 
 class TorchRecurrentCore(nn.Module):
@@ -94,10 +87,10 @@ class TorchRecurrentCore(nn.Module):
     ) -> tuple[Parameters, Tensor, Tensor]:
         with distributions.no_argument_validation():
             distribution, value, (h, c) = getattr(self.module, self.method)(
-                inputs[0].float(), _lstm_layout(state, self.layout), episode_start.float()
+                inputs[0].float(), _pair(state, self.layout), episode_start.float()
             )
             parameters = distributions.parameters(distribution, self.kind)
-        return parameters, value.reshape(value.shape[0]), _rows(h, c)
+        return parameters, value.reshape(value.shape[0]), state_rows([h, c])
 
 
 @dataclass(frozen=True)
@@ -124,7 +117,7 @@ class TorchRecurrentReference:
             low, high = self.action_space.low_array, self.action_space.high_array
             action = np.clip(action, low, high).astype(np.float32)
         parameters = [p.numpy() for p in distributions.parameters(distribution, self.kind)]
-        values = [action, *parameters, value.reshape(-1).numpy(), _rows(h, c).numpy()]
+        values = [action, *parameters, value.reshape(-1).numpy(), state_rows([h, c]).numpy()]
         return dict(zip(self.output_names, values, strict=True))
 
     def sampled_log_prob(
@@ -148,7 +141,7 @@ class TorchRecurrentReference:
         x = observations[None]
         if self.norm is not None:
             x = self.norm.apply(None, x)
-        state = _lstm_layout(torch.as_tensor(memory.state), self.layout)
+        state = _pair(torch.as_tensor(memory.state), self.layout)
         done = torch.as_tensor(memory.episode_start, dtype=torch.float32)
         with torch.no_grad(), distributions.no_argument_validation():
             return getattr(self.module, self.method)(
@@ -163,7 +156,7 @@ def check_method(module: nn.Module, method: str, layout: StateLayout, batch: Ten
     zeros = torch.zeros(rows, layout.size)
     with torch.no_grad(), distributions.no_argument_validation():
         try:
-            returned = getattr(module, method)(batch, _lstm_layout(zeros, layout), torch.ones(rows))
+            returned = getattr(module, method)(batch, _pair(zeros, layout), torch.ones(rows))
         except Exception as exc:  # the user's code may raise anything
             raise ExportError(
                 f"--method {method}: calling it as method(obs, (h, c), done) on {rows} "

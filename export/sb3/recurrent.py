@@ -27,7 +27,13 @@ import torch
 from torch import Tensor, nn
 
 from export.actor_critic.graph import Parameters
-from export.actor_critic.lstm import check_steppable, lstm_step
+from export.actor_critic.lstm import (
+    as_lstm_takes,
+    check_steppable,
+    lstm_step,
+    segments,
+    state_rows,
+)
 from export.actor_critic.source import Observations, SampledLogProb
 from export.sb3.graph import sb3_observation
 from export.sb3.reference import policy_input
@@ -40,23 +46,14 @@ def state_layout(policy: Any) -> StateLayout:
     networks = [("actor", policy.lstm_actor)]
     if policy.lstm_critic is not None:
         networks.append(("critic", policy.lstm_critic))
-    segments = []
+    laid_out = []
     for name, lstm in networks:
         check_steppable(lstm, f"the {name} LSTM")
         for part in ("h", "c"):
-            segments.append(
+            laid_out.append(
                 StateSegment(name=f"{name}.{part}", layers=lstm.num_layers, hidden=lstm.hidden_size)
             )
-    return StateLayout(segments=segments)
-
-
-def _segments(state: Tensor, layout: StateLayout) -> list[Tensor]:
-    """A [B, size] state as its segments, each [B, layers, hidden]."""
-    parts = state.split([segment.size for segment in layout.segments], dim=1)
-    return [
-        part.reshape(-1, segment.layers, segment.hidden)
-        for part, segment in zip(parts, layout.segments, strict=True)
-    ]
+    return StateLayout(segments=laid_out)
 
 
 class RecurrentCore(nn.Module):
@@ -78,10 +75,10 @@ class RecurrentCore(nn.Module):
             (features, features) if policy.share_features_extractor else features
         )
         keep = (~episode_start).to(state.dtype).unsqueeze(-1)
-        segments = [s * keep.unsqueeze(-1) for s in _segments(state, self.layout)]
-        latent_pi, *following = lstm_step(policy.lstm_actor, pi_features, *segments[:2])
+        held = [s * keep.unsqueeze(-1) for s in segments(state, self.layout)]
+        latent_pi, *following = lstm_step(policy.lstm_actor, pi_features, *held[:2])
         if policy.lstm_critic is not None:
-            latent_vf, *critic = lstm_step(policy.lstm_critic, vf_features, *segments[2:])
+            latent_vf, *critic = lstm_step(policy.lstm_critic, vf_features, *held[2:])
             following += critic
         elif policy.shared_lstm:
             latent_vf = latent_pi
@@ -130,7 +127,7 @@ class RecurrentReference:
         if self.gaussian:
             parameters.append(np.broadcast_to(policy.log_std.detach().numpy(), first.shape))
         kept = [*following.pi, *following.vf][: len(self.layout.segments)]
-        next_state = np.concatenate([_rows(s) for s in kept], axis=1)
+        next_state = state_rows(list(kept)).numpy()
         values = [np.asarray(actions), *parameters, value.flatten().numpy(), next_state]
         return dict(zip(self.output_names, values, strict=True))
 
@@ -166,19 +163,11 @@ class RecurrentReference:
 
     def _states(self, memory: Memory) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor] | None]:
         """The memory as SB3 holds it: (h, c) per LSTM, each [layers, B, hidden]."""
-        segments = [
-            s.transpose(0, 1).contiguous()
-            for s in _segments(torch.as_tensor(memory.state), self.layout)
-        ]
-        pi = (segments[0], segments[1])
-        return pi, (segments[2], segments[3]) if len(segments) == 4 else None
+        parts = as_lstm_takes(torch.as_tensor(memory.state), self.layout)
+        pi = (parts[0], parts[1])
+        return pi, (parts[2], parts[3]) if len(parts) == 4 else None
 
     def _rnn_states(self, pi: tuple[Tensor, Tensor], vf: tuple[Tensor, Tensor] | None) -> Any:
         from sb3_contrib.common.recurrent.type_aliases import RNNStates
 
         return RNNStates(pi, pi if vf is None else vf)
-
-
-def _rows(state: Tensor) -> np.ndarray:
-    """An SB3 state [layers, B, hidden] as rows [B, layers * hidden]."""
-    return state.transpose(0, 1).reshape(state.shape[1], -1).numpy()
