@@ -186,5 +186,14 @@ def test_sigterm_answers_every_request_written_on_a_keep_alive_connection(
             thread.join()
         server.stop()
     assert not [o for o in outcomes if o.startswith("lost")], outcomes
-    assert set(outcomes) <= {"200", "not sent: ConnectionRefusedError"}, outcomes
+    # A request whose write failed (refused; or reset, when the drain closed an idle
+    # keep-alive connection as the client began to write on it: HTTP's keep-alive race) was
+    # never accepted, and its client knows: only answers and such failed sends may happen.
+    sent = {o for o in outcomes if not o.startswith("not sent: ")}
+    assert sent <= {"200"}, outcomes
+    assert set(outcomes) - sent <= {
+        "not sent: ConnectionRefusedError",
+        "not sent: ConnectionResetError",
+        "not sent: BrokenPipeError",
+    }, outcomes
     assert outcomes["200"] > 100
