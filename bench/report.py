@@ -27,6 +27,7 @@ from bench import (
 from bench.cache import CacheRow, CacheRun, Path_
 from bench.features import FeatureRow, FeaturesRun
 from bench.lm import BaselineRun, LmRun, ServerRun
+from bench.load import LoadResult
 from bench.loop import BufferRun, LoopRun, WorkerRun
 from bench.oip import OipRun, PerfRun
 from bench.overload import GoodputRun, OverloadRun
@@ -1187,38 +1188,48 @@ CACHE_HEADING = "## Result cache"
 
 
 def _cache_section(run: CacheRun) -> str:
-    lines = [
-        CACHE_HEADING,
-        "",
-        _CACHE_METHOD.format(
-            when=run.when,
-            took=_duration(run.seconds),
-            machine=run.machine,
-            load=run.load_before,
-            load_after=run.load_after,
-            redis=run.redis or "redis-server",
-            warmup=f"{run.warmup_s:g}",
-            seconds=f"{run.measured_s:g}",
-            connections=" and ".join(map(str, cache.CONNECTIONS)),
-        ),
-        "",
-        "| target | measured | result |",
-        "|---|---:|---|",
-        *(_target_row(v) for v in targets.cache_verdicts(run)),
-        "",
-    ]
-    if run.failure is not None:
-        return "\n".join([*lines, f"Not measured: {run.failure}", ""])
-    lines += [
+    method = _CACHE_METHOD.format(
+        when=run.when,
+        took=_duration(run.seconds),
+        machine=run.machine,
+        load=run.load_before,
+        load_after=run.load_after,
+        redis=run.redis or "redis-server",
+        warmup=f"{run.warmup_s:g}",
+        seconds=f"{run.measured_s:g}",
+        connections=" and ".join(map(str, cache.CONNECTIONS)),
+    )
+    table = [
         "| model | path | connections | requests/s | p50 ms | p99 ms | errors "
         "| lookups hit / miss / error / unavailable | server CPU µs/request "
         "| Redis CPU µs/request | p50 against the model run |",
         "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
         *(_cache_row(run, row) for row in run.rows),
-        "",
-        _CACHE_READING,
     ]
-    return "\n".join(lines) + "\n"
+    verdicts = targets.cache_verdicts(run)
+    return _own_section(CACHE_HEADING, method, verdicts, run.failure, table, _CACHE_READING)
+
+
+def _own_section(
+    heading: str,
+    method: str,
+    verdicts: list[Verdict],
+    failure: str | None,
+    table: list[str],
+    reading: str,
+) -> str:
+    """A scenario's own section: how it was measured, its targets, then (when it was
+    measured) its table and how to read it."""
+    lines = [heading, "", method, "", "| target | measured | result |", "|---|---:|---|"]
+    lines += [*(_target_row(v) for v in verdicts), ""]
+    if failure is not None:
+        return "\n".join([*lines, f"Not measured: {failure}", ""])
+    return "\n".join([*lines, *table, "", reading]) + "\n"
+
+
+def _load_cells(r: LoadResult) -> str:
+    """A wrk run's requests/s, p50, p99 and errors, as table cells."""
+    return f"| {r.requests_per_s:,.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.errors} "
 
 
 def _cache_row(run: CacheRun, row: CacheRow) -> str:
@@ -1232,8 +1243,7 @@ def _cache_row(run: CacheRun, row: CacheRow) -> str:
     if model is not None and model.load is not None and row.path is not Path_.MODEL:
         versus = f"{r.p50_ms / model.load.p50_ms:.0%}"
     return (
-        f"{head}| {r.requests_per_s:,.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.errors} "
-        f"| {lookups if row.path is not Path_.MODEL else '(no cache)'} "
+        f"{head}{_load_cells(r)}| {lookups if row.path is not Path_.MODEL else '(no cache)'} "
         f"| {_maybe(row.server_us_per_request, '{:,.0f}')} "
         f"| {_maybe(row.redis_us_per_request, '{:,.0f}')} | {versus} |"
     )
@@ -1272,38 +1282,26 @@ RECURRENT_HEADING = "## Recurrent policies"
 
 
 def _recurrent_section(run: RecurrentRun) -> str:
-    lines = [
-        RECURRENT_HEADING,
-        "",
-        _RECURRENT_METHOD.format(
-            when=run.when,
-            took=_duration(run.seconds),
-            machine=run.machine,
-            load=run.load_before,
-            load_after=run.load_after,
-            sequences=recurrent.SEQUENCES,
-            hidden=recurrent.HIDDEN,
-            size=run.state_size,
-            warmup=f"{run.warmup_s:g}",
-            seconds=f"{run.measured_s:g}",
-        ),
-        "",
-        "| target | measured | result |",
-        "|---|---:|---|",
-        *(_target_row(v) for v in targets.recurrent_verdicts(run)),
-        "",
-    ]
-    if run.failure is not None:
-        return "\n".join([*lines, f"Not measured: {run.failure}", ""])
-    lines += [
+    method = _RECURRENT_METHOD.format(
+        when=run.when,
+        took=_duration(run.seconds),
+        machine=run.machine,
+        load=run.load_before,
+        load_after=run.load_after,
+        sequences=recurrent.SEQUENCES,
+        hidden=recurrent.HIDDEN,
+        size=run.state_size,
+        warmup=f"{run.warmup_s:g}",
+        seconds=f"{run.measured_s:g}",
+    )
+    table = [
         "| state | requests/s | p50 ms | p99 ms | errors | server CPU µs/request "
         "| request bytes | answer bytes |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
         *(_recurrent_row(row) for row in run.rows),
-        "",
-        _RECURRENT_READING,
     ]
-    return "\n".join(lines) + "\n"
+    verdicts = targets.recurrent_verdicts(run)
+    return _own_section(RECURRENT_HEADING, method, verdicts, run.failure, table, _RECURRENT_READING)
 
 
 def _recurrent_row(row: RecurrentRow) -> str:
@@ -1312,9 +1310,8 @@ def _recurrent_row(row: RecurrentRow) -> str:
     if r is None:
         return f"{head}| failed: {(row.failure or '').replace('|', '/')} | | | | | | |"
     return (
-        f"{head}| {r.requests_per_s:,.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.errors} "
-        f"| {_maybe(row.server_us_per_request, '{:,.0f}')} | {row.request_bytes:,} "
-        f"| {row.answer_bytes:,} |"
+        f"{head}{_load_cells(r)}| {_maybe(row.server_us_per_request, '{:,.0f}')} "
+        f"| {row.request_bytes:,} | {row.answer_bytes:,} |"
     )
 
 
@@ -1347,39 +1344,27 @@ FEATURES_HEADING = "## Online features"
 
 
 def _features_section(run: FeaturesRun) -> str:
-    lines = [
-        FEATURES_HEADING,
-        "",
-        _FEATURES_METHOD.format(
-            when=run.when,
-            took=_duration(run.seconds),
-            machine=run.machine,
-            load=run.load_before,
-            load_after=run.load_after,
-            redis=run.redis or "redis-server",
-            entities=f"{features.ENTITIES:,}",
-            connections=features.CONNECTIONS,
-            timeout=features.TIMEOUT_MS,
-            warmup=f"{run.warmup_s:g}",
-            seconds=f"{run.measured_s:g}",
-        ),
-        "",
-        "| target | measured | result |",
-        "|---|---:|---|",
-        *(_target_row(v) for v in targets.features_verdicts(run)),
-        "",
-    ]
-    if run.failure is not None:
-        return "\n".join([*lines, f"Not measured: {run.failure}", ""])
-    lines += [
+    method = _FEATURES_METHOD.format(
+        when=run.when,
+        took=_duration(run.seconds),
+        machine=run.machine,
+        load=run.load_before,
+        load_after=run.load_after,
+        redis=run.redis or "redis-server",
+        entities=f"{features.ENTITIES:,}",
+        connections=features.CONNECTIONS,
+        timeout=features.TIMEOUT_MS,
+        warmup=f"{run.warmup_s:g}",
+        seconds=f"{run.measured_s:g}",
+    )
+    table = [
         "| request | requests/s | p50 ms | p99 ms | errors | server CPU µs/request "
         "| requests per Redis round trip | mean wait for features ms |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
         *(_features_row(row) for row in run.rows),
-        "",
-        _FEATURES_READING,
     ]
-    return "\n".join(lines) + "\n"
+    verdicts = targets.features_verdicts(run)
+    return _own_section(FEATURES_HEADING, method, verdicts, run.failure, table, _FEATURES_READING)
 
 
 def _features_row(row: FeatureRow) -> str:
@@ -1388,8 +1373,7 @@ def _features_row(row: FeatureRow) -> str:
     if r is None:
         return f"{head}| failed: {(row.failure or '').replace('|', '/')} | | | | | | |"
     return (
-        f"{head}| {r.requests_per_s:,.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.errors} "
-        f"| {_maybe(row.server_us_per_request, '{:,.0f}')} "
+        f"{head}{_load_cells(r)}| {_maybe(row.server_us_per_request, '{:,.0f}')} "
         f"| {_maybe(row.requests_per_round_trip, '{:.1f}')} "
         f"| {_maybe(row.mean_wait_ms, '{:.2f}')} |"
     )
