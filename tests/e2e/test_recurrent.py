@@ -23,15 +23,14 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
-from sb3_contrib import RecurrentPPO
 from stable_baselines3 import PPO
-from stable_baselines3.common.env_util import make_vec_env
 
 from serve import cli
 from serve.client import Memory, PolicyClient
 from serve.lane_client import LaneClient
 from tests.e2e.server import Server, free_port
 from tests.export.export_envs import CartPoleNoVelocity
+from tests.export.export_policies import train_recurrent_ppo
 from tests.export.export_rollouts import SourceRecurrentActor, run_episode
 
 PREDICT = "/v1/models/recurrent/predict"
@@ -48,19 +47,7 @@ def rlserve(*args: str | Path) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     tmp = tmp_path_factory.mktemp("recurrent")
-    venv = make_vec_env(CartPoleNoVelocity, n_envs=4, seed=0)
-    model = RecurrentPPO(
-        "MlpLstmPolicy",
-        venv,
-        n_steps=128,
-        batch_size=128,
-        n_epochs=4,
-        policy_kwargs={"lstm_hidden_size": 32, "net_arch": [32]},
-        seed=0,
-        device="cpu",
-    )
-    model.learn(4096)
-    model.save(tmp / "recurrent.zip")
+    model = train_recurrent_ppo(tmp / "recurrent.zip")
     feed_forward = PPO("MlpPolicy", CartPoleNoVelocity(), n_steps=64, seed=0, device="cpu")
     feed_forward.save(tmp / "feed_forward.zip")
     for name in ("recurrent", "feed_forward"):
@@ -300,6 +287,11 @@ def test_sampled_steps_carry_the_same_state_as_the_mode(server: Server) -> None:
 def test_bad_memory_is_refused_naming_what_to_send(
     server: Server, body: dict[str, Any], message: str
 ) -> None:
+    assert_refused(server, body, message)
+
+
+def assert_refused(server: Server, body: dict[str, Any], message: str) -> None:
+    """The predict call is answered 422 with ``message`` in its error."""
     with server.client() as client:
         refused = client.post(PREDICT, json=body)
     assert refused.status_code == 422, refused.text
@@ -463,10 +455,7 @@ def test_a_batch_steps_one_sequence_per_row(server: Server) -> None:
 def test_bad_sequence_steps_are_refused_naming_what_to_send(
     server: Server, body: dict[str, Any], message: str
 ) -> None:
-    with server.client() as client:
-        refused = client.post(PREDICT, json=body)
-    assert refused.status_code == 422, refused.text
-    assert message in refused.json()["error"]["message"]
+    assert_refused(server, body, message)
 
 
 def test_an_ended_sequence_is_gone_and_an_idle_one_is_evicted_saying_so(server: Server) -> None:

@@ -8,12 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+from sb3_contrib import RecurrentPPO
+from stable_baselines3.common.env_util import make_vec_env
 
 from export import writer
 from export.actor_critic.pipeline import ParitySettings, export_policy
 from export.sb3.source import Sb3Options, load_source
 from serve import contract
 from serve.contract import PolicyContract
+from tests.export.export_envs import CartPoleNoVelocity
 
 
 @dataclass(frozen=True)
@@ -45,3 +48,25 @@ def export_with_library(trained: TrainedPolicy, repository: Path) -> ExportedPol
         parity_table=outcome.report.table(),
         max_diffs={row.output: row.max_abs_diff for row in outcome.report.rows},
     )
+
+
+RECURRENT_HIDDEN = 32  # the LSTMs' width: 4 x 32 floats of state per step
+
+
+def train_recurrent_ppo(path: Path) -> Any:
+    """RecurrentPPO (MlpLstmPolicy), a few thousand steps on CartPole with its velocities
+    hidden, saved at ``path``: the recurrent policy the export and e2e tests share."""
+    venv = make_vec_env(CartPoleNoVelocity, n_envs=4, seed=0)
+    model = RecurrentPPO(
+        "MlpLstmPolicy",
+        venv,
+        n_steps=128,
+        batch_size=128,
+        n_epochs=4,
+        policy_kwargs={"lstm_hidden_size": RECURRENT_HIDDEN, "net_arch": [32]},
+        seed=0,
+        device="cpu",
+    )
+    model.learn(4096)
+    model.save(path)
+    return model

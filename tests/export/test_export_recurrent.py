@@ -13,7 +13,6 @@ import onnxruntime as ort
 import pytest
 import torch
 from sb3_contrib import RecurrentPPO
-from stable_baselines3.common.env_util import make_vec_env
 
 from export import writer
 from export.actor_critic.pipeline import ParitySettings, export_policy
@@ -25,29 +24,17 @@ from serve.contract import Algorithm, TensorRole
 from serve.errors import ExportError
 from tests.export import cleanrl_agents
 from tests.export.export_envs import CartPoleNoVelocity, DictEnv, ImageEnv
+from tests.export.export_policies import RECURRENT_HIDDEN, train_recurrent_ppo
 from tests.export.export_rollouts import OnnxRecurrentActor, SourceRecurrentActor, run_episode
 
-HIDDEN = 32
+HIDDEN = RECURRENT_HIDDEN
 
 
 @pytest.fixture(scope="module")
 def trained(models_dir: Path) -> tuple[Any, Path]:
     """A few thousand steps on CartPole with its velocities hidden."""
-    venv = make_vec_env(CartPoleNoVelocity, n_envs=4, seed=0)
-    model = RecurrentPPO(
-        "MlpLstmPolicy",
-        venv,
-        n_steps=128,
-        batch_size=128,
-        n_epochs=4,
-        policy_kwargs={"lstm_hidden_size": HIDDEN, "net_arch": [32]},
-        seed=0,
-        device="cpu",
-    )
-    model.learn(4096)
     path = models_dir / "recurrent_ppo.zip"
-    model.save(path)
-    return model, path
+    return train_recurrent_ppo(path), path
 
 
 def export(path: Path, repository: Path, name: str, *, trust: bool = False) -> Any:
