@@ -28,11 +28,12 @@ from export.actor_critic.lstm import SteppedLSTM, as_lstm_takes, check_steppable
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.source import Observations, SampledLogProb
 from export.modules import distributions
+from export.modules.reference import answered, module_input, sampled
 from serve.actor_critic.memory import Memory
 from serve.contract import StateLayout, StateSegment
 from serve.distributions import DistributionKind
 from serve.errors import ExportError
-from serve.spaces import Box, Leaf
+from serve.spaces import Leaf
 
 
 def the_lstm(module: nn.Module, attr: str) -> nn.LSTM:
@@ -112,12 +113,8 @@ class TorchRecurrentReference:
         memory: Memory | None,
     ) -> dict[str, np.ndarray]:
         distribution, value, (h, c) = self._call(observations, memory)
-        action = distributions.mode(distribution, self.kind).numpy()
-        if isinstance(self.action_space, Box):
-            low, high = self.action_space.low_array, self.action_space.high_array
-            action = np.clip(action, low, high).astype(np.float32)
-        parameters = [p.numpy() for p in distributions.parameters(distribution, self.kind)]
-        values = [action, *parameters, value.reshape(-1).numpy(), state_rows([h, c]).numpy()]
+        values = answered(distribution, value, self.kind, self.action_space)
+        values.append(state_rows([h, c]).numpy())
         return dict(zip(self.output_names, values, strict=True))
 
     def sampled_log_prob(
@@ -127,25 +124,15 @@ class TorchRecurrentReference:
         memory: Memory | None,
         seed: int,
     ) -> SampledLogProb:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            distribution, _, _ = self._call(observations, memory)
-            actions = distributions.sample(distribution, self.kind)
-        log_prob = distributions.log_prob(distribution, self.kind, actions)
-        if self.kind is DistributionKind.DIAG_GAUSSIAN:
-            actions = actions.reshape(len(actions), -1)
-        return SampledLogProb(actions.numpy(), log_prob.numpy())
+        return sampled(lambda: self._call(observations, memory)[0], self.kind, seed)
 
     def _call(self, observations: Observations, memory: Memory | None) -> Any:
         assert memory is not None, "a recurrent policy steps with its memory"
-        x = observations[None]
-        if self.norm is not None:
-            x = self.norm.apply(None, x)
         state = _pair(torch.as_tensor(memory.state), self.layout)
         done = torch.as_tensor(memory.episode_start, dtype=torch.float32)
         with torch.no_grad(), distributions.no_argument_validation():
             return getattr(self.module, self.method)(
-                torch.as_tensor(x, dtype=torch.float32), state, done
+                module_input(observations, self.norm), state, done
             )
 
 

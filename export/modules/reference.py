@@ -7,6 +7,7 @@ CleanRL's ClipAction does), log-probabilities are torch's ``log_prob`` summed pe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,9 +39,7 @@ class TorchReference:
         memory: Memory | None,
     ) -> dict[str, np.ndarray]:
         distribution, value = self._call(observations)
-        action = distributions.mode(distribution, self.kind).numpy()
-        parameters = [p.numpy() for p in distributions.parameters(distribution, self.kind)]
-        values = [self._clipped(action), *parameters, value.reshape(-1).numpy()]
+        values = answered(distribution, value, self.kind, self.action_space)
         return dict(zip(self.output_names, values, strict=True))
 
     def sampled_log_prob(
@@ -50,27 +49,44 @@ class TorchReference:
         memory: Memory | None,
         seed: int,
     ) -> SampledLogProb:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            distribution, _ = self._call(observations)
-            actions = distributions.sample(distribution, self.kind)
-        log_prob = distributions.log_prob(distribution, self.kind, actions)
-        if self.kind is DistributionKind.DIAG_GAUSSIAN:
-            actions = actions.reshape(len(actions), -1)
-        return SampledLogProb(actions.numpy(), log_prob.numpy())
+        return sampled(lambda: self._call(observations)[0], self.kind, seed)
 
     def _call(self, observations: Observations) -> tuple[Any, Tensor]:
-        x = observations[None]
-        if self.norm is not None:
-            x = self.norm.apply(None, x)
         with torch.no_grad(), distributions.no_argument_validation():
             distribution, value = getattr(self.module, self.method)(
-                torch.as_tensor(x, dtype=torch.float32)
+                module_input(observations, self.norm)
             )
         return distribution, value
 
-    def _clipped(self, action: np.ndarray) -> np.ndarray:
-        if not isinstance(self.action_space, Box):
-            return action
-        low, high = self.action_space.low_array, self.action_space.high_array
-        return np.clip(action, low, high).astype(np.float32)
+
+def module_input(observations: Observations, norm: NormStats | None) -> Tensor:
+    """Raw observations as a CleanRL module takes them: normalised, float32."""
+    x = observations[None]
+    if norm is not None:
+        x = norm.apply(None, x)
+    return torch.as_tensor(x, dtype=torch.float32)
+
+
+def answered(distribution: Any, value: Tensor, kind: DistributionKind, space: Leaf) -> list[Any]:
+    """The source's outputs from its distribution and value: the mode (clipped to a Box's
+    bounds, as CleanRL's ClipAction does), the distribution's parameters, value [B]."""
+    action = distributions.mode(distribution, kind).numpy()
+    if isinstance(space, Box):
+        action = np.clip(action, space.low_array, space.high_array).astype(np.float32)
+    parameters = [p.numpy() for p in distributions.parameters(distribution, kind)]
+    return [action, *parameters, value.reshape(-1).numpy()]
+
+
+def sampled(
+    distribution_of: Callable[[], Any], kind: DistributionKind, seed: int
+) -> SampledLogProb:
+    """Actions drawn from the distribution ``distribution_of`` gives (torch seeded with
+    ``seed`` while it runs and draws), and torch's log-probabilities of them."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        distribution = distribution_of()
+        actions = distributions.sample(distribution, kind)
+    log_prob = distributions.log_prob(distribution, kind, actions)
+    if kind is DistributionKind.DIAG_GAUSSIAN:
+        actions = actions.reshape(len(actions), -1)
+    return SampledLogProb(actions.numpy(), log_prob.numpy())
