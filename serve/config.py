@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from enum import StrEnum
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -169,8 +170,10 @@ class FeatureView(BaseModel):
     )
     entity: str = Field(pattern=_ENTITY, description="the entity key's name, e.g. player_id")
     key_prefix: str | None = Field(None, description="hash key prefix (default: '<entity>:')")
-    features: list[str] = Field(
-        min_length=1, description="feature names, in the order of the observation's values"
+    features: list[str] | dict[str, list[str]] = Field(
+        min_length=1,
+        description="feature names, in the order of the observation's values; for a Dict "
+        "observation space, an object of each observation key's features",
     )
     defaults: dict[str, float] = Field(
         default_factory=dict,
@@ -187,22 +190,39 @@ class FeatureView(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> FeatureView:
-        repeated = sorted({f for f in self.features if self.features.count(f) > 1})
+        features = self.columns
+        empty = [key for key, names in self.parts if not names]
+        if empty:
+            raise ValueError(f"features: the observation keys {empty} list no features")
+        repeated = sorted({f for f in features if features.count(f) > 1})
         if repeated:
             raise ValueError(f"features: {repeated} appear more than once")
-        unknown = sorted(set(self.defaults) - set(self.features))
+        unknown = sorted(set(self.defaults) - set(features))
         if unknown:
-            raise ValueError(f"defaults: {unknown} are not among the features {self.features}")
-        foreign = sorted(set(self.overridable) - set(self.features))
+            raise ValueError(f"defaults: {unknown} are not among the features {features}")
+        foreign = sorted(set(self.overridable) - set(features))
         if foreign:
-            raise ValueError(f"overridable: {foreign} are not among the features {self.features}")
-        unnamed = [f for f in self.features if ":" not in f]
+            raise ValueError(f"overridable: {foreign} are not among the features {features}")
+        unnamed = [f for f in features if ":" not in f]
         if self.feast and unnamed:
             raise ValueError(
                 f"features: {unnamed} name no feature view; a Feast store's features are "
                 "named view:feature, as Feast's get_online_features takes them"
             )
         return self
+
+    @cached_property
+    def columns(self) -> list[str]:
+        """Every feature, in the order of the values the store's rows hold (a Dict space's
+        keys one after another, as the view lists them)."""
+        if isinstance(self.features, list):
+            return list(self.features)
+        return [name for names in self.features.values() for name in names]
+
+    @cached_property
+    def parts(self) -> list[tuple[str, list[str]]]:
+        """A Dict space's observation keys, each with its features; empty for a flat view."""
+        return [] if isinstance(self.features, list) else list(self.features.items())
 
     @property
     def feast(self) -> bool:

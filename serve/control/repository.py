@@ -37,7 +37,7 @@ from serve.dataplane.runtime import Session, create_session
 from serve.errors import ConfigError, ContractError, ModelLoadError
 from serve.lm import contract as lm_contract
 from serve.lm.model import LanguageModel
-from serve.spaces import Box
+from serve.spaces import Box, Dict, Leaf, Space
 from serve.versions import parse_version
 
 log = logging.getLogger("rlserve.repository")
@@ -101,26 +101,55 @@ FLOATS = ("float16", "float32", "float64")
 
 
 def check_view(view: FeatureView, policy: PolicyContract, origin: str) -> None:
-    """A feature view builds this version's observations: one float Box of as many values
-    as the view has features (ContractError naming the mismatch)."""
+    """A feature view builds this version's observations: one 1-D float Box of as many
+    values as the view has features, or for a view by observation key, a Dict space of
+    those keys, each such a Box (ContractError naming the mismatch)."""
     space = policy.observation_space
-    if not isinstance(space, Box) or len(space.shape) != 1 or space.dtype not in FLOATS:
-        shown = space.model_dump_json()[:160]
-        raise ContractError(
-            f"{origin}: the model's features view builds a flat float observation (a 1-D "
-            f"float Box) from {len(view.features)} features, but this version observes "
-            f"{shown}; serve it without features, or export a policy over a flat vector"
-        )
-    if space.shape[0] != len(view.features):
-        raise ContractError(
-            f"{origin}: the features view lists {len(view.features)} features "
-            f"({view.features}), but this version's observation has {space.shape[0]} values; "
-            "list one feature per value, in the observation's order"
-        )
+    if view.parts:
+        _check_keys(view, space, origin)
+    else:
+        _check_flat(space, view.columns, origin, "")
     if view.feast:
         from serve.dataplane import feast_store
 
         feast_store.check(view, origin)
+
+
+def _check_keys(view: FeatureView, space: Space, origin: str) -> None:
+    keys = [key for key, _ in view.parts]
+    if not isinstance(space, Dict):
+        raise ContractError(
+            f"{origin}: the features view lists features by observation key ({keys}), but this "
+            f"version observes {_shown(space)}; list its features flat, in the observation's "
+            "order"
+        )
+    if set(keys) != set(space.spaces):
+        raise ContractError(
+            f"{origin}: the features view lists features for the observation keys "
+            f"{sorted(keys)}, but this version's Dict space has {sorted(space.spaces)}; list "
+            "each key's features"
+        )
+    for key, names in view.parts:
+        _check_flat(space.spaces[key], names, origin, f" {key!r}")
+
+
+def _check_flat(space: Space | Leaf, names: list[str], origin: str, key: str) -> None:
+    if not isinstance(space, Box) or len(space.shape) != 1 or space.dtype not in FLOATS:
+        raise ContractError(
+            f"{origin}: the model's features view builds a flat float observation{key} (a "
+            f"1-D float Box) from {len(names)} features, but this version observes "
+            f"{_shown(space)}; serve it without features, or export a policy over flat vectors"
+        )
+    if space.shape[0] != len(names):
+        raise ContractError(
+            f"{origin}: the features view lists {len(names)} features{' for' + key if key else ''} "
+            f"({names}), but this version's observation{key} has {space.shape[0]} values; "
+            "list one feature per value, in the observation's order"
+        )
+
+
+def _shown(space: Space | Leaf) -> str:
+    return space.model_dump_json()[:160]
 
 
 def load_version(where: VersionDir, settings: Settings, model: ModelSettings) -> ServedModel:

@@ -69,7 +69,7 @@ def check(view: FeatureView, origin: str) -> None:
         views = {v.name: v for v in store.list_feature_views()}
     except Exception as exc:  # Feast raises its own types for a bad repository
         raise ContractError(f"{origin}: the Feast repository {path} does not open: {exc}") from None
-    for feature in view.features:
+    for feature in view.columns:
         name, _, field = feature.partition(":")
         found = views.get(name)
         if found is None:

@@ -223,7 +223,7 @@ class PredictFrontend:
             rows, single = await self.features.observations(
                 route.model, view, entities, deadline, overrides
             )
-            payload["observations"] = rows[0] if single else rows
+            payload["observations"] = features.observations(view, rows, single=single)
             if asked:
                 audit = features.used(view, rows, single=single)
                 cache = None  # an answer with its features is the request's own

@@ -31,10 +31,12 @@ def export_untrained(
     """An untrained SB3 PPO (weights are random, exactness is what matters) through the CLI.
 
     ``env`` is a gymnasium id or an environment; Dict observations get MultiInputPolicy."""
+    from gymnasium import spaces
     from stable_baselines3 import PPO
 
     checkpoint = tmp / f"{name}-{seed}.zip"
-    policy = "MultiInputPolicy" if isinstance(env, DictEnv) else "MlpPolicy"
+    space = getattr(env, "observation_space", None)
+    policy = "MultiInputPolicy" if isinstance(space, spaces.Dict) else "MlpPolicy"
     kwargs = {"net_arch": net_arch}
     PPO(policy, env, policy_kwargs=kwargs, seed=seed, device="cpu").save(checkpoint)
     # The CLI in this process (torch is imported already): tests/export/test_export_cli.py

@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 
 from serve.client import PolicyClient, RequestFailed
-from tests.e2e.conftest import DEMO
+from tests.e2e.conftest import DEMO, export_untrained
 from tests.e2e.server import Server, free_port
+from tests.export.export_envs import VectorsEnv
 from tests.redis_server import RedisServer, running_redis
 
 FEATURES = ["x", "x_dot", "theta", "theta_dot"]
@@ -104,9 +105,15 @@ def server(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Server]:
     """carts (a view with a default for theta_dot), strict (no defaults), feast_carts (the
-    Feast repository's view), plain (no view)."""
+    Feast repository's view), plain (no view), vectors (a Dict space of two float vectors,
+    its view by observation key)."""
     tmp = tmp_path_factory.mktemp("features")
     repo = tmp / "repository"
+    export_untrained(tmp, repo, "vectors", VectorsEnv(), [16])
+    (repo / "vectors" / "config.yaml").write_text(
+        f"features:\n  store: {store.address(2)}\n  entity: robot\n  timeout_ms: 300\n"
+        "  features:\n    body: [bx, by, bz]\n    goal: [gx, gy]\n"
+    )
     feast_features = ", ".join(f"cart_state:{f}" for f in FEATURES)
     configs = {
         "carts": view(store, extra="  defaults: {theta_dot: 0.25}\n  overridable: [theta_dot]\n"),
@@ -241,6 +248,88 @@ def test_v2_and_grpc_take_entities_as_an_int64_input_or_a_parameter(
     plain.set_data_from_numpy(np.array([11], np.int64))
     with pytest.raises(Exception, match="has no features view"):
         http.infer("plain", [plain])
+
+
+def test_v2_and_grpc_take_entities_as_a_bytes_input(
+    store: RedisServer, server: Server, grpc_port: int
+) -> None:
+    import tritonclient.grpc as triton_grpc
+    import tritonclient.http as triton_http
+
+    rows = np.array([[0.04, 0.1, -0.02, 0.3], [-0.01, -0.2, 0.03, 0.1]], np.float32)
+    names = np.array([b"p-1", "pläyer 2".encode()], dtype=object)
+    for entity, row in zip(names, rows, strict=True):
+        stored(store, entity.decode(), dict(zip(FEATURES, map(float, row), strict=True)))
+    with server.client() as client:
+        inline = predict(client, "strict", {"observations": rows.tolist(), "outputs": ["values"]})
+    expected = np.asarray(inline.json()["values"], np.float32)
+    http = triton_http.InferenceServerClient(f"127.0.0.1:{server.port}")
+    for binary in (True, False):
+        ids = triton_http.InferInput("entities", [2], "BYTES")
+        ids.set_data_from_numpy(names, binary_data=binary)
+        answer = http.infer("strict", [ids], outputs=[triton_http.InferRequestedOutput("values")])
+        np.testing.assert_allclose(answer.as_numpy("values"), expected, rtol=1e-6)
+    grpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    given = triton_grpc.InferInput("entities", [2], "BYTES")
+    given.set_data_from_numpy(names)
+    by_grpc = grpc.infer("strict", [given], outputs=[triton_grpc.InferRequestedOutput("values")])
+    np.testing.assert_allclose(by_grpc.as_numpy("values"), expected, rtol=1e-6)
+    observations = triton_http.InferInput("obs", [1, 4], "BYTES")
+    observations.set_data_from_numpy(np.array([[b"a", b"b", b"c", b"d"]], dtype=object))
+    with pytest.raises(Exception, match="datatype BYTES is not what this model takes; send FP32"):
+        http.infer("strict", [observations])
+    garbled = triton_http.InferInput("entities", [1], "BYTES")
+    garbled.set_data_from_numpy(np.array([b"\xff\xfe"], dtype=object))
+    with pytest.raises(Exception, match="element 0 is not UTF-8 text"):
+        http.infer("strict", [garbled])
+
+
+def test_a_view_by_observation_key_builds_a_dict_observation(
+    store: RedisServer, server: Server, grpc_port: int
+) -> None:
+    """The vectors model observes {body: 3 floats, goal: 2 floats}; its view lists each
+    key's features. By entity, on every protocol, it answers as the same Dict inline; a
+    version over a flat vector does not fit the view and is refused when pushed."""
+    import redis
+    import tritonclient.grpc as triton_grpc
+
+    robots = {"r1": ([0.5, -1.0, 2.0], [1.0, 0.5]), "r2": ([-0.2, 0.3, 0.0], [-1.5, 2.5])}
+    with redis.Redis.from_url(store.address(2)) as client:
+        for robot, (body, goal) in robots.items():
+            values = dict(zip(["bx", "by", "bz", "gx", "gy"], [*body, *goal], strict=True))
+            client.hset(f"robot:{robot}", mapping=values)
+    inline_body = {
+        "observations": {
+            "body": [robots["r1"][0], robots["r2"][0]],
+            "goal": [robots["r1"][1], robots["r2"][1]],
+        },
+        "outputs": ["actions", "values"],
+    }
+    with server.client() as client:
+        inline = predict(client, "vectors", inline_body)
+        by_entity = predict(
+            client,
+            "vectors",
+            {"entities": ["r1", "r2"], "outputs": ["actions", "values"], "return_features": True},
+        )
+        one = predict(client, "vectors", {"entities": "r2", "outputs": ["values"]})
+    assert inline.status_code == 200, inline.text
+    assert by_entity.status_code == 200, by_entity.text
+    np.testing.assert_allclose(by_entity.json()["actions"], inline.json()["actions"], rtol=1e-6)
+    assert by_entity.json()["values"] == pytest.approx(inline.json()["values"], rel=1e-6)
+    assert by_entity.json()["features"]["gy"] == pytest.approx([0.5, 2.5])
+    assert one.json()["values"] == pytest.approx(inline.json()["values"][1], rel=1e-6)
+    grpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    ids = triton_grpc.InferInput("entities", [2], "BYTES")
+    ids.set_data_from_numpy(np.array([b"r1", b"r2"], dtype=object))
+    answer = grpc.infer("vectors", [ids], outputs=[triton_grpc.InferRequestedOutput("values")])
+    np.testing.assert_allclose(answer.as_numpy("values"), inline.json()["values"], rtol=1e-6)
+    with (
+        PolicyClient(server.url, admin_token=TOKEN) as admin,
+        pytest.raises(RequestFailed) as refused,
+    ):
+        admin.push("vectors", 2, DEMO / "1" / "model.onnx")
+    assert "lists features by observation key (['body', 'goal'])" in refused.value.message
 
 
 def test_a_request_may_give_overridable_features_and_see_the_values_used(

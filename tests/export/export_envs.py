@@ -112,3 +112,20 @@ class CartPoleNoVelocity(gym.ObservationWrapper[np.ndarray, int, np.ndarray]):
 
     def observation(self, observation: np.ndarray) -> np.ndarray:
         return observation[[0, 2]].astype(np.float32)
+
+
+class VectorsEnv(_FixedHorizonEnv):
+    """A Dict of two float vectors (what a features view by observation key builds); a
+    2-d continuous action."""
+
+    observation_space = spaces.Dict(
+        {
+            "body": spaces.Box(-5.0, 5.0, (3,), np.float32),
+            "goal": spaces.Box(-5.0, 5.0, (2,), np.float32),
+        }
+    )
+    action_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def _reward(self, observation: Any, action: np.ndarray) -> float:
+        target = np.tanh(observation["goal"] - observation["body"][:2])
+        return -float(np.square(np.clip(action, -1, 1) - target).sum())

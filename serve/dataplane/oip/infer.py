@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from serve.dataplane import features
 from serve.dataplane.deadline import Deadline, budget_ms
 from serve.dataplane.features import FeatureLookup
 from serve.dataplane.kinds import ModelKind
@@ -125,20 +126,23 @@ class Inference:
 
     @staticmethod
     def _entities(call: InferCall) -> list[Any] | None:
-        """A call's entity ids: its INT64 input ``entities`` (``[-1]``), or its parameter
-        ``entities`` (a string or integer, or a list of them: string ids); None: neither."""
+        """A call's entity ids: its input ``entities`` (``[-1]``: INT64 ids, or BYTES ids as
+        UTF-8 text), or its parameter ``entities`` (a string or integer, or a list of them);
+        None: neither."""
         tensor = call.inputs.pop(ENTITIES, None)
         parameter = call.parameters.pop(ENTITIES, None)
         if tensor is not None and parameter is not None:
             raise InvalidInput(f"{ENTITIES}: given as an input and as a parameter; give them once")
         if tensor is not None:
-            if tensor.ndim != 1 or not len(tensor) or tensor.dtype.kind not in "iu":
+            if tensor.ndim != 1 or not len(tensor) or tensor.dtype.kind not in "iuO":
                 raise InvalidInput(
-                    f"input {ENTITIES!r}: expected INT64 ids, shape [-1] (one per row); "
-                    f"string ids go as the parameter {ENTITIES!r}"
+                    f"input {ENTITIES!r}: expected ids of shape [-1] (one per row), INT64 "
+                    "numbers or BYTES strings"
                 )
-            ids: list[Any] = tensor.tolist()
-            return ids
+            if tensor.dtype.kind != "O":
+                ids: list[Any] = tensor.tolist()
+                return ids
+            return [_text(value, index) for index, value in enumerate(tensor.tolist())]
         if parameter is None:
             return None
         return parameter if isinstance(parameter, list) else [parameter]
@@ -167,7 +171,12 @@ class Inference:
                 f"model {route.model!r} reads from its store, or the observations themselves"
             )
         rows, _ = await self.features.observations(route.model, view, entities, deadline)
-        call.inputs[names[0]] = rows
+        if not view.parts:
+            call.inputs[names[0]] = rows
+            return
+        parts = features.by_key(view, rows)  # the view's keys are the contract's (at load)
+        for name in names:
+            call.inputs[name] = parts[str(signature.key_of(name))]
 
     def _check_placed(self, call: InferCall, signature: Signature) -> None:
         """Before the run: every output placed in shared memory fits where it goes."""
@@ -208,6 +217,17 @@ def timeout_parameter_ms(call: InferCall) -> float | None:
             f"{json_shown(timeout_us)}"
         )
     return timeout_us / 1000
+
+
+def _text(value: bytes, index: int) -> str:
+    """A BYTES entity id as the text it names."""
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        raise InvalidInput(
+            f"input {ENTITIES!r}: element {index} is not UTF-8 text; entity ids are strings "
+            "or integers"
+        ) from None
 
 
 def _version(text: str) -> int:

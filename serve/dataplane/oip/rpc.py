@@ -76,6 +76,7 @@ _CONTENTS = {
     "UINT64": "uint64_contents",
     "FP32": "fp32_contents",
     "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
 }
 
 

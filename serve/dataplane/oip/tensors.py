@@ -22,8 +22,9 @@ import numpy as np
 
 from serve.errors import NAME_CHARACTERS, InvalidInput, MalformedRequest, quoted
 
-# Datatype -> little-endian numpy dtype. BYTES (variable-length strings) and BF16 have no
-# place in a policy's tensors; they are refused by name.
+# Datatype -> little-endian numpy dtype. BF16 has no place in a policy's tensors; it is
+# refused by name. BYTES (variable-length strings) carries ids, not observations: a model
+# with a features view takes its entities as one (serve.dataplane.features).
 DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
     "UINT8": np.dtype("<u1"),
@@ -39,6 +40,9 @@ DTYPES: dict[str, np.dtype] = {
     "FP64": np.dtype("<f8"),
 }
 _DATATYPES = {dtype: name for name, dtype in DTYPES.items()}
+BYTES = "BYTES"  # its elements as bytes objects, in an array of dtype object
+MAX_STRINGS = 4096  # elements of a BYTES tensor: ids of a call's rows, checked before reading
+_LENGTH = 4  # a BYTES element's bytes follow their count, a little-endian uint32
 MAX_DIMS = 8  # more axes than any observation has; refused before any arithmetic
 # More elements than the largest message either transport carries (a protobuf message is
 # below 2 GiB, and rlserve's bodies far smaller) could hold, even at one byte each: a shape
@@ -49,6 +53,8 @@ MAX_ELEMENTS = 2**31
 def datatype_of(dtype: np.dtype | str) -> str:
     """The protocol's datatype for a numpy dtype (``float32`` -> ``FP32``)."""
     name = _DATATYPES.get(dtype) if isinstance(dtype, np.dtype) else None  # the common case
+    if name is None and np.dtype(dtype).kind == "O":
+        return BYTES
     if name is None:
         name = _DATATYPES.get(np.dtype(dtype).newbyteorder("<"))
     if name is None:
@@ -59,6 +65,11 @@ def datatype_of(dtype: np.dtype | str) -> str:
 def dtype_of(datatype: str, name: str) -> np.dtype:
     """The numpy dtype of a tensor's declared datatype; InvalidInput for one we do not take."""
     dtype = DTYPES.get(datatype)
+    if dtype is None and datatype == BYTES:
+        raise InvalidInput(
+            f"input {quoted(name)}: BYTES data has no fixed size, so it is taken inline only "
+            "(JSON data, binary data or gRPC contents), not in shared memory"
+        )
     if dtype is None:
         raise InvalidInput(
             f"input {quoted(name)}: datatype {quoted(datatype)} is not supported; use one of "
@@ -93,7 +104,9 @@ def element_count(shape: Sequence[int], name: str) -> int:
 def from_bytes(
     name: str, datatype: str, shape: Sequence[int], raw: bytes | memoryview
 ) -> np.ndarray:
-    """A tensor from its raw row-major little-endian bytes (no copy)."""
+    """A tensor from its raw row-major little-endian bytes (no copy; BYTES: copied)."""
+    if datatype == BYTES:
+        return _strings_from_bytes(name, shape, raw)
     dtype = dtype_of(datatype, name)
     count = element_count(shape, name)
     if len(raw) != count * dtype.itemsize:
@@ -118,6 +131,8 @@ def from_json(
     JSON booleans are data only for BOOL (numpy and ``array`` would take them as 1 and 0):
     a caller that knows its body holds no ``true``/``false`` (a search in C over the bytes)
     passes ``may_hold_booleans=False`` and skips looking for them."""
+    if datatype == BYTES:
+        return _strings_from_json(name, shape, data)
     dtype = dtype_of(datatype, name)
     count = element_count(shape, name)
     if not isinstance(data, list):
@@ -144,6 +159,65 @@ def from_json(
             f"which holds {count}"
         )
     return values.reshape(shape)
+
+
+def _string_count(name: str, shape: Sequence[int]) -> int:
+    count = element_count(shape, name)
+    if count > MAX_STRINGS:
+        raise InvalidInput(
+            f"input {quoted(name)}: shape {list(shape)} holds {count:,} BYTES elements; a BYTES "
+            f"tensor carries ids of a call's rows, at most {MAX_STRINGS:,}"
+        )
+    return count
+
+
+def _strings_from_json(name: str, shape: Sequence[int], data: Any) -> np.ndarray:
+    """A BYTES tensor's JSON data: strings (or, from gRPC contents, bytes), flat."""
+    count = _string_count(name, shape)
+    if not isinstance(data, list) or len(data) != count:
+        raise InvalidInput(
+            f"input {quoted(name)}: BYTES data must be a flat list of {count} strings for "
+            f"shape {list(shape)}"
+        )
+    values = np.empty(count, dtype=object)
+    for index, item in enumerate(data):
+        if isinstance(item, str):
+            item = item.encode()
+        elif not isinstance(item, bytes):
+            raise InvalidInput(
+                f"input {quoted(name)}: BYTES data must be strings; element {index} is "
+                f"{_shown(item)}"
+            )
+        values[index] = item
+    return values.reshape(shape)
+
+
+def _strings_from_bytes(name: str, shape: Sequence[int], raw: bytes | memoryview) -> np.ndarray:
+    """A BYTES tensor's raw data: each element's byte count (a little-endian uint32), then
+    its bytes, row-major; every byte accounted for."""
+    count = _string_count(name, shape)
+    view = memoryview(raw).cast("B")
+    values = np.empty(count, dtype=object)
+    at = 0
+    for index in range(count):
+        if at + _LENGTH > len(view):
+            break
+        size = int.from_bytes(view[at : at + _LENGTH], "little")
+        if at + _LENGTH + size > len(view):
+            break
+        values[index] = bytes(view[at + _LENGTH : at + _LENGTH + size])
+        at += _LENGTH + size
+    else:
+        if at == len(view):
+            return values.reshape(shape)
+    raise InvalidInput(
+        f"input {quoted(name)}: {len(view)} bytes of BYTES data are not {count} elements of "
+        "a 4-byte little-endian length and that many bytes each"
+    )
+
+
+def _shown(value: Any) -> str:
+    return quoted(value) if isinstance(value, str) else repr(value)[:NAME_CHARACTERS]
 
 
 def _flat_array(data: list[Any], dtype: np.dtype) -> np.ndarray | None:
@@ -231,7 +305,7 @@ def _sample(values: np.ndarray) -> str:
         (v for v in flat if v is None or isinstance(v, bool) or not isinstance(v, int | float)),
         flat[0],
     )
-    return quoted(value) if isinstance(value, str) else repr(value)[:NAME_CHARACTERS]
+    return _shown(value)
 
 
 def to_bytes(values: np.ndarray) -> bytes:

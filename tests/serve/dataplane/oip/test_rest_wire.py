@@ -346,8 +346,8 @@ def test_an_empty_list_of_inputs_is_read_for_the_model_to_judge() -> None:
         ),
         ([fp32("obs", [-1, 4], data=[1.0] * 4)], "input 'obs': shape .* non-negative integers"),
         (
-            [{"name": "obs", "datatype": "BYTES", "shape": [1], "data": ["a"]}],
-            "datatype 'BYTES' is not supported",
+            [{"name": "obs", "datatype": "BF16", "shape": [1], "data": [1.0]}],
+            "datatype 'BF16' is not supported",
         ),
     ],
 )

@@ -146,7 +146,19 @@ def test_fp16_has_no_typed_contents_and_goes_raw() -> None:
     np.testing.assert_array_equal(decode_infer(raw_request(("h", "FP16", half))).inputs["h"], half)
 
 
-@pytest.mark.parametrize("datatype", ["BYTES", "BF16", "fp32"])
+def test_bytes_come_as_contents_or_raw_length_prefixed() -> None:
+    typed = pb.ModelInferRequest(
+        inputs=[tensor("entities", "BYTES", [2], bytes_contents=[b"a", b"\xc3\xa9"])]
+    )
+    raw = pb.ModelInferRequest(
+        inputs=[tensor("entities", "BYTES", [2])],
+        raw_input_contents=[b"\x01\x00\x00\x00a\x02\x00\x00\x00\xc3\xa9"],
+    )
+    for request in (typed, raw):
+        assert decode_infer(request).inputs["entities"].tolist() == [b"a", "é".encode()]
+
+
+@pytest.mark.parametrize("datatype", ["BF16", "fp32"])
 def test_unsupported_datatypes_are_refused_naming_those_taken(datatype: str) -> None:
     typed = pb.ModelInferRequest(inputs=[tensor("obs", datatype, [1], fp32_contents=[1.0])])
     raw = pb.ModelInferRequest(

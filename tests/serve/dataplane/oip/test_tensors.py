@@ -247,7 +247,7 @@ def test_eight_axes_are_a_shape() -> None:
     assert values.shape == (1,) * MAX_DIMS
 
 
-@pytest.mark.parametrize("datatype", ["BYTES", "BF16", "fp32", "FLOAT32", ""])
+@pytest.mark.parametrize("datatype", ["BF16", "fp32", "FLOAT32", ""])
 def test_unsupported_datatypes_are_refused_naming_those_taken(datatype: str) -> None:
     for refuse in (
         lambda: tensors.from_json("obs", datatype, [1], [1.0]),
@@ -384,3 +384,46 @@ def test_ragged_nesting_is_refused(form: str, datatype: str) -> None:
 def test_bool_bytes_other_than_zero_and_one_are_refused(raw: bytes) -> None:
     with pytest.raises(InvalidInput, match="input 'b': BOOL bytes must be 0 or 1"):
         tensors.from_bytes("b", "BOOL", [len(raw)], raw)
+
+
+def length_prefixed(*elements: bytes) -> bytes:
+    return b"".join(len(e).to_bytes(4, "little") + e for e in elements)
+
+
+def test_bytes_tensors_hold_their_elements_as_bytes_in_every_form() -> None:
+    strings = ["p-1", "pläyer", ""]
+    expected = [s.encode() for s in strings]
+    for values in (
+        tensors.from_json("entities", "BYTES", [3], strings),
+        tensors.from_json("entities", "BYTES", [3], expected),  # gRPC's bytes_contents
+        tensors.from_bytes("entities", "BYTES", [3], length_prefixed(*expected)),
+    ):
+        assert values.dtype == object
+        assert values.shape == (3,)
+        assert values.tolist() == expected
+    assert tensors.datatype_of(np.dtype(object)) == "BYTES"
+
+
+@pytest.mark.parametrize(
+    ("raw", "shape"),
+    [
+        (length_prefixed(b"ab", b"c")[:-1], [2]),  # the last element cut short
+        (length_prefixed(b"ab", b"c") + b"\x00", [2]),  # a byte no element holds
+        (length_prefixed(b"ab"), [2]),  # fewer elements than the shape
+        (b"\x05\x00", [1]),  # a length cut short
+    ],
+)
+def test_bytes_data_that_is_not_its_elements_is_refused(raw: bytes, shape: list[int]) -> None:
+    with pytest.raises(InvalidInput, match=r"bytes of BYTES data are not \d elements of a 4-byte"):
+        tensors.from_bytes("entities", "BYTES", shape, raw)
+
+
+def test_bytes_tensors_are_bounded_and_flat_strings() -> None:
+    with pytest.raises(InvalidInput, match="BYTES elements; a BYTES tensor carries ids"):
+        tensors.from_bytes("entities", "BYTES", [10**6], b"")
+    with pytest.raises(InvalidInput, match="element 1 is 7"):
+        tensors.from_json("entities", "BYTES", [2], ["a", 7])
+    with pytest.raises(InvalidInput, match="a flat list of 2 strings"):
+        tensors.from_json("entities", "BYTES", [2], [["a", "b"]])
+    with pytest.raises(InvalidInput, match="taken inline only"):
+        tensors.dtype_of("BYTES", "entities")  # shared memory asks for a fixed size
