@@ -1395,7 +1395,8 @@ _FEATURES_READING = """\
 How to read it: a request by entity skips decoding 376 numbers of JSON, and pays a wait for
 its share of a Redis round trip on the store's thread (requests that wait together share
 one) and the conversion of what Redis answers. With text fields the conversion is the
-cost: every entity is 752 bulk strings for redis-py to parse into a dict (in Python), on the
+cost: every entity is 752 bulk strings (hiredis makes them bytes objects; the fields are
+picked in C) and 376 numbers parsed from text (`float`, about 0.1 µs each), on the
 server's core, beside the event loop; a packed float32 vector is one bulk string per
 entity, read with `np.frombuffer`. The layout is the feature pipeline's choice; for
 observations of hundreds of values, packed vectors are what keep lookups cheap."""

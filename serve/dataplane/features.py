@@ -53,6 +53,7 @@ OVERRIDES = "features"  # a request's own values of overridable features
 RETURN = "return_features"  # the answer carries the feature values used, for audits
 WAIT_S = 5.0  # a request waits this long at most for its link's thread (a backstop)
 LINK_TIMEOUT_S = 1.0  # a store link's socket timeout, at least
+MAX_ENTITIES = 4096  # a request's entities, at most: checked before any is looked at
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,11 @@ def entity_rows(view: FeatureView, value: Any) -> EntityRows:
     given = [value] if single else value
     if not given:
         raise InvalidInput(f"{FIELD}: an empty list; give one entity id or a list of them")
+    if len(given) > MAX_ENTITIES:
+        raise InvalidInput(
+            f"{FIELD}: {len(given):,} entities; a request names {MAX_ENTITIES:,} at most "
+            "(send more requests)"
+        )
     ids = [
         identifier(one, FIELD if single else f"{FIELD}[{index}]", "an entity id")
         for index, one in enumerate(given)

@@ -37,6 +37,8 @@ def test_entities_are_one_id_or_a_list_of_them() -> None:
         features.entity_rows(FLAT, [])
     with pytest.raises(InvalidInput, match=r"entities\[1\]: expected an entity id"):
         features.entity_rows(FLAT, ["a", -1])
+    with pytest.raises(InvalidInput, match="4,097 entities; a request names 4,096 at most"):
+        features.entity_rows(FLAT, list(range(features.MAX_ENTITIES + 1)))
 
 
 def test_stored_text_becomes_float_rows_with_nan_where_missing_or_no_number() -> None:
