@@ -499,6 +499,21 @@ def load(**overrides: Any) -> Settings:
         raise ConfigError(_describe(exc)) from None
 
 
+def load_version_view(path: Path) -> FeatureView | None:
+    """A version's own features view (its ``features.yaml``: the fields of a model's
+    ``features``), over its model's; None when absent."""
+    if not path.is_file():
+        return None
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    try:
+        return FeatureView.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {_describe(exc)}") from None
+
+
 def load_model_overrides(path: Path) -> dict[str, Any]:
     """A model's config.yaml, checked against ModelSettings' fields; {} when absent."""
     if not path.is_file():

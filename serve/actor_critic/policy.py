@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from serve.errors import InvalidInput
 from serve.spaces import ObservationBounds, parse_observations
 from serve.types import Answer, OutputKind, Outputs, PredictOptions
 
+if TYPE_CHECKING:
+    from serve.config import FeatureView
+
 
 class ActorCriticPolicy:
     model_kind: ClassVar[ModelKind] = ModelKind.ROWS
@@ -45,8 +48,10 @@ class ActorCriticPolicy:
         max_batch_size: int,
         *,
         observation_bounds: ObservationBounds,
+        features: FeatureView | None = None,
     ) -> None:
         self.name, self.version, self.contract, self.sha256 = name, version, contract, sha256
+        self.features = features  # its own features view (None: its model's, if any)
         self.provider_report = session.report
         self.provider = session.report.primary
         self._session = session

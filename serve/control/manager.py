@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from serve.config import Settings, load_model_overrides
+from serve.config import FeatureView, Settings, load_model_overrides
 from serve.control import repository, store
 from serve.control.lifecycle import ModelLifeCycle, ReadyState
 from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
 from serve.dataplane.kinds import ModelKind
-from serve.dataplane.model import ServedModel
+from serve.dataplane.model import ServedModel, as_rows
 from serve.dataplane.record import RecordSink
 from serve.dataplane.result_cache import CacheSettings
 from serve.dataplane.routing import Route
@@ -186,7 +186,7 @@ class ModelRepositoryManager:
                 _default_deadline_ms(lifecycle),
                 self.result_caches.get(name),
                 lifecycle.sequences,
-                lifecycle.settings.features,
+                _features(lifecycle, chosen),
             )
         state = lifecycle.state if version is None else lifecycle.version_state(version)
         if state is ReadyState.LOADING:
@@ -258,6 +258,12 @@ class ModelRepositoryManager:
 
     async def stop(self) -> None:
         await asyncio.gather(*(m.scheduler.stop() for m in self.models.values()))
+
+
+def _features(lifecycle: ModelLifeCycle, chosen: ServedModel) -> FeatureView | None:
+    """The features view of a version: its own (``features.yaml``), else its model's."""
+    own = as_rows(chosen).features if lifecycle.kind is ModelKind.ROWS else None
+    return own or lifecycle.settings.features
 
 
 def _default_deadline_ms(lifecycle: ModelLifeCycle) -> float:

@@ -2,6 +2,7 @@
 
     <repository>/<model>/config.yaml          optional: batching, deadline, version policy
     <repository>/<model>/<version>/model.onnx  integer versions
+    <repository>/<model>/<version>/features.yaml  optional: the version's own features view
 
 A version directory counts only once its ``model.onnx`` exists; the exporter writes a
 version into a hidden temporary directory and renames it into place, so a reader never
@@ -28,7 +29,13 @@ from typing import cast
 
 from serve import contract
 from serve.actor_critic.policy import ActorCriticPolicy
-from serve.config import FeatureView, ModelSettings, Settings, VersionPolicy
+from serve.config import (
+    FeatureView,
+    ModelSettings,
+    Settings,
+    VersionPolicy,
+    load_version_view,
+)
 from serve.contract import PolicyContract
 from serve.dataplane.batching import buckets_for
 from serve.dataplane.kinds import ModelKind
@@ -44,6 +51,7 @@ log = logging.getLogger("rlserve.repository")
 
 MODEL_FILE = "model.onnx"
 MODEL_CONFIG = "config.yaml"
+VERSION_VIEW = "features.yaml"  # beside a version's model.onnx: its own features view
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,14 @@ def _shown(space: Space | Leaf) -> str:
     return space.model_dump_json()[:160]
 
 
+def _own_view(path: Path, origin: str) -> FeatureView | None:
+    """The features view in the version's folder (``features.yaml``), if it has one."""
+    try:
+        return load_version_view(path.parent / VERSION_VIEW)
+    except ConfigError as exc:
+        raise ModelLoadError(f"{origin}: {exc}") from None
+
+
 def load_version(where: VersionDir, settings: Settings, model: ModelSettings) -> ServedModel:
     return load_file(where.model, where.version, where.path, settings, model)
 
@@ -174,8 +190,10 @@ def load_file(
     if contract.kind_of(session.metadata) == lm_contract.KIND:
         return _load_language_model(name, version, path, session, digest, model, started)
     policy_contract = contract.from_metadata(session.metadata, origin)
-    if model.features is not None:
-        check_view(model.features, policy_contract, origin)
+    own_view = _own_view(path, origin)
+    view = own_view or model.features
+    if view is not None:
+        check_view(view, policy_contract, origin)
     problems = contract.check_golden(policy_contract, session.run)
     if problems:
         raise ModelLoadError(f"{origin}: golden vectors do not reproduce: {'; '.join(problems)}")
@@ -187,6 +205,7 @@ def load_file(
         digest,
         model.max_batch_size,
         observation_bounds=model.observation_bounds,
+        features=own_view,
     )
     timings = loaded.warm_up(buckets_for(model.max_batch_size))
     log.info(

@@ -168,7 +168,7 @@ class PredictFrontend:
         if route.features is None:
             prepared, key = await self.rows.prepare(len(body), prepare)
         else:
-            prepared, key, audit = await self._by_entity(route, body, call, deadline, cache)
+            route, prepared, key, audit = await self._by_entity(route, body, call, deadline, cache)
         if key is not None and cache is not None:
             cached = await self.results.lookup(route.model, cache, key)
             if cached is not None:
@@ -190,11 +190,12 @@ class PredictFrontend:
 
     async def _by_entity(
         self, route: Route, body: bytes, call: Call, deadline: Deadline, cache: CacheSettings | None
-    ) -> tuple[Prepared, bytes | None, dict[str, Any] | None]:
+    ) -> tuple[Route, Prepared, bytes | None, dict[str, Any] | None]:
         """A model with a features view: a body naming ``entities`` gets its observations
         from the store (``serve.dataplane.features``) before it is validated; with
         ``features``, the request's own values of overridable features; with
-        ``return_features``, the answer names the feature values used (third: them)."""
+        ``return_features``, the answer names the feature values used (last: them). First:
+        the route to submit to (``Route.by_entity``: a version's own view pins it)."""
         view = route.features
         assert view is not None
 
@@ -223,15 +224,17 @@ class PredictFrontend:
             rows, single = await self.features.observations(
                 route.model, view, entities, deadline, overrides
             )
+            route = route.by_entity()
             payload["observations"] = features.observations(view, rows, single=single)
             if asked:
                 audit = features.used(view, rows, single=single)
                 cache = None  # an answer with its features is the request's own
         prepared = route.row_model().prepare(_request(payload, call, deadline.at))
         if cache is None:
-            return prepared, None, audit
+            return route, prepared, None, audit
         version = route.version
-        return prepared, cache_key(route.model, version.version, version.sha256, prepared), audit
+        key = cache_key(route.model, version.version, version.sha256, prepared)
+        return route, prepared, key, audit
 
     def refuse_early(
         self,

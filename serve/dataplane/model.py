@@ -11,7 +11,7 @@ neither.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from serve.dataplane.messages import InferenceRequest, Prepared
 from serve.dataplane.runtime import ProviderReport
 from serve.errors import InvalidInput
 from serve.types import Answer, Outputs
+
+if TYPE_CHECKING:
+    from serve.config import FeatureView
 
 
 class ServedModel(Protocol):
@@ -46,6 +49,7 @@ class RowModel(ServedModel, Protocol):
     """A version whose requests are rows of one forward pass (an actor-critic policy)."""
 
     contract: PolicyContract
+    features: FeatureView | None  # its own features view, over its model's (features.yaml)
 
     def prepare(self, request: InferenceRequest) -> Prepared:
         """Validate one request; raises an RLServeError naming what is wrong."""

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, cast
 
 from serve.dataplane.kinds import ModelKind
@@ -32,6 +32,14 @@ class Route:
     result_cache: CacheSettings | None = None
     sequences: SequenceTable | None = None
     features: FeatureView | None = None  # observations by entity (serve.dataplane.features)
+
+    def by_entity(self) -> Route:
+        """The route of a request whose observations the features view built: a version
+        with a view of its own (``features.yaml``) runs them itself, as they mean what its
+        view made them mean; a model's view's rows go wherever the model's rows go."""
+        if self.pinned is not None or self.row_model().features is None:
+            return self
+        return replace(self, pinned=self.version.version)
 
     def row_scheduler(self) -> RowScheduler:
         """The scheduler that takes this route's rows; a language model's refuses them."""

@@ -98,16 +98,20 @@ def grpc_port() -> int:
 
 
 @pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of the model repository the server watches."""
+    return tmp_path_factory.mktemp("features")
+
+
+@pytest.fixture(scope="module")
 def server(
-    store: RedisServer,
-    feast_repository: Path,
-    grpc_port: int,
-    tmp_path_factory: pytest.TempPathFactory,
+    store: RedisServer, feast_repository: Path, grpc_port: int, served: Path
 ) -> Iterator[Server]:
     """carts (a view with a default for theta_dot), strict (no defaults), feast_carts (the
     Feast repository's view), plain (no view), vectors (a Dict space of two float vectors,
-    its view by observation key)."""
-    tmp = tmp_path_factory.mktemp("features")
+    its view by observation key), reviewed (a view, and a repository watched for new
+    versions)."""
+    tmp = served
     repo = tmp / "repository"
     export_untrained(tmp, repo, "vectors", VectorsEnv(), [16])
     (repo / "vectors" / "config.yaml").write_text(
@@ -119,6 +123,7 @@ def server(
         "carts": view(store, extra="  defaults: {theta_dot: 0.25}\n  overridable: [theta_dot]\n"),
         "strict": view(store),
         "swapped": view(store),
+        "reviewed": view(store),
         "packed": view(store, extra="  layout: float32\n  key_prefix: 'packed:'\n"),
         "feast_carts": (
             f"features:\n  store: feast://{feast_repository}\n  entity: cart_id\n"
@@ -131,8 +136,9 @@ def server(
         if config is not None:
             (repo / name / "config.yaml").write_text(config)
     running = Server.rlserve(
-        repo, "--grpc-port", str(grpc_port), env={"RLSERVE_ADMIN_TOKEN": TOKEN}, log=tmp / "log"
-    )
+        repo, "--grpc-port", str(grpc_port), "--poll-interval-s", "0.5",
+        env={"RLSERVE_ADMIN_TOKEN": TOKEN}, log=tmp / "log",
+    )  # fmt: skip
     running.wait_ready()
     yield running
     running.stop()
@@ -375,6 +381,43 @@ def test_a_live_update_answers_by_entity_and_a_version_that_does_not_fit_is_refu
     assert by_entity.json()["values"] == pytest.approx(inline.json()["values"], rel=1e-6)
     assert "the features view lists 4 features" in refused.value.message
     assert "observation has 3 values" in refused.value.message
+
+
+def test_a_version_with_a_view_of_its_own_takes_over_and_runs_its_rows_itself(
+    store: RedisServer, server: Server, served: Path
+) -> None:
+    """reviewed/2 observes the same four values, the last of them another feature (spin,
+    not theta_dot): its features.yaml says so. Once the watcher activates it, requests by
+    entity are assembled by its view and answered by it."""
+    stored(store, "rev", {"x": 0.02, "x_dot": 0.1, "theta": -0.03, "theta_dot": 9.0, "spin": 0.4})
+    with server.client() as client:
+        before = predict(client, "reviewed", {"entities": "rev", "return_features": True})
+    assert before.json()["features"]["theta_dot"] == pytest.approx(9.0)
+    staged = served / "repository" / "reviewed" / ".2"
+    staged.mkdir()
+    shutil.copy(DEMO / "1" / "model.onnx", staged / "model.onnx")
+    (staged / "features.yaml").write_text(
+        f"store: {store.address(2)}\nentity: cart\nfeatures: [x, x_dot, theta, spin]\n"
+    )
+    staged.rename(staged.parent / "2")
+
+    def activated(client: httpx.Client) -> bool:
+        return bool(client.get("/v1/models/reviewed").json().get("active_version") == 2)
+
+    server.wait_until(activated, 60, "reviewed/2 active")
+    with server.client() as client:
+        after = predict(
+            client, "reviewed", {"entities": "rev", "return_features": True, "outputs": ["values"]}
+        )
+        inline = predict(
+            client, "reviewed", {"observations": [0.02, 0.1, -0.03, 0.4], "outputs": ["values"]}
+        )
+    assert after.status_code == 200, after.text
+    assert after.json()["model_version"] == 2
+    assert after.json()["features"] == pytest.approx(
+        {"x": 0.02, "x_dot": 0.1, "theta": -0.03, "spin": 0.4}
+    )
+    assert after.json()["values"] == pytest.approx(inline.json()["values"], rel=1e-6)
 
 
 def test_a_missing_feature_takes_its_default_or_is_refused_naming_it(

@@ -103,6 +103,7 @@ class Inference:
         entities = self._entities(call)
         if entities is not None:
             await self._by_entity(route, signature, call, entities, deadline)
+            route = route.by_entity()
         request = signature.request(call, request_id, received_at, deadline.at)
         self._check_placed(call, signature)
         size = sum(values.nbytes for values in call.inputs.values())

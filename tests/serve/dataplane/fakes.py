@@ -28,6 +28,7 @@ class EchoModel:
     model; every batch takes ``run_s`` and is remembered with the thread that ran it."""
 
     name, sha256, provider = "echo", "0" * 64, "CPUExecutionProvider"
+    features = None  # no features view of its own
     provider_report = ProviderReport(("CPUExecutionProvider",), ("CPUExecutionProvider",), ())
 
     def __init__(self, version: int = 1, factor: float = 2.0, run_s: float = 0.0) -> None:
