@@ -52,11 +52,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Generic, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from typing_extensions import TypeVar
 
 from loop.buffers.base import Consumer, Delivery, Producer
-from loop.experience import Deduplicator, Step
+from loop.experience import Completion, Deduplicator, Record, Step
 from serve.errors import ConfigError
 
 # Versions: Fibonacci, fine where staleness is small and coarse where it is large.
@@ -77,16 +79,20 @@ class Fallback(StrEnum):
     KEEP = "keep"  # returned to the trainer, marked (``Batch.staleness``)
 
 
+R = TypeVar("R", bound=Step | Completion, default=Step)  # the records a trainer learns from
+
+
 @dataclass(frozen=True, slots=True)
-class Batch:
-    """Up to ``size`` new steps for the trainer, in the order the buffer delivered them.
+class Batch(Generic[R]):
+    """Up to ``size`` new records for the trainer (steps, or a language model's
+    completions), in the order the buffer delivered them.
 
     ``staleness[i] = version - steps[i].model_version``, measured when the batch was
     returned; the behaviour policy's log-prob is ``steps[i].log_prob``, so an
     importance-weighted learner has what it needs for ``pi(a|s) / mu(a|s)``. Hand the
     batch back to :meth:`SyncController.commit` once it has been used."""
 
-    steps: list[Step]
+    steps: list[R]  # the records: environment steps, or completions
     staleness: list[int]
     version: int  # the trainer's version the batch was checked against
     max_staleness: int | None
@@ -201,7 +207,7 @@ class _Entry:
     waiting: list[_Entry] = field(default_factory=list)  # redeliveries done when this is
 
 
-class SyncController:
+class SyncController(Generic[R]):
     """Reads batches from ``consumer`` for a trainer, bounding their staleness.
 
     ``max_staleness=None`` disables the bound (staleness is still measured and reported).
@@ -222,8 +228,10 @@ class SyncController:
         version: int = 0,
         pending: Callable[[], int] | None = None,
         dedupe: Deduplicator | None = None,
+        records: type[R] | None = None,
     ) -> None:
         fallback = _check_policy(max_staleness, fallback, offline)
+        self._records = cast("type[Step | Completion]", records or Step)
         self.max_staleness = max_staleness
         self.fallback = fallback
         self._consumer = consumer
@@ -265,7 +273,7 @@ class SyncController:
 
     # -- batches ---------------------------------------------------------------------
 
-    def next_batch(self, size: int, timeout_s: float) -> Batch:
+    def next_batch(self, size: int, timeout_s: float) -> Batch[R]:
         """Up to ``size`` new records within the bound. Polls until the batch is full or
         a poll brings nothing: ``timeout_s`` bounds the waiting for records to arrive, not
         the reading of records already buffered, so over-stale records ahead of fresh ones
@@ -294,7 +302,7 @@ class SyncController:
             self._flush()  # else the trainer's commit does, after using the batch
         return batch
 
-    def commit(self, batch: Batch) -> None:
+    def commit(self, batch: Batch[R]) -> None:
         """Commit ``batch`` once the trainer has used it (its redeliveries, if the
         consumer was reopened meanwhile, are committed with it). Committing a batch
         twice is harmless."""
@@ -342,6 +350,7 @@ class SyncController:
         now = time.time()
         new = []
         for delivery in deliveries:
+            self._check_kind(delivery.step)
             entry = _Entry(delivery)
             self._queue.append(entry)
             if self._dedupe.fresh(delivery.step):
@@ -352,6 +361,14 @@ class SyncController:
             else:
                 self._duplicate(entry)
         return new, bool(deliveries)
+
+    def _check_kind(self, record: Record) -> None:
+        if not isinstance(record, self._records):
+            raise ConfigError(
+                f"the buffer delivered a {type(record).__name__} record ({record.key}), but "
+                f"this trainer learns from {self._records.__name__} records: give each kind "
+                "of worker a buffer (or stream, topic) of its own"
+            )
 
     def _duplicate(self, entry: _Entry) -> None:
         """A redelivery: committed with its original (at once if that is done)."""
@@ -377,7 +394,7 @@ class SyncController:
             self._handle(stale, version)
         return keep
 
-    def _finish(self, chosen: list[_Entry]) -> Batch:
+    def _finish(self, chosen: list[_Entry]) -> Batch[R]:
         """The batch, checked against the version now (handling what went stale)."""
         version = self._version
         if self.max_staleness is not None and self.fallback != Fallback.KEEP:
@@ -388,8 +405,8 @@ class SyncController:
                 chosen = [e for e in chosen if not e.done]
         return self._batch(chosen, version)
 
-    def _batch(self, chosen: list[_Entry], version: int) -> Batch:
-        steps = [e.delivery.step for e in chosen]
+    def _batch(self, chosen: list[_Entry], version: int) -> Batch[R]:
+        steps = cast(list[R], [e.delivery.step for e in chosen])  # their kind: checked taken
         staleness = [version - s.model_version for s in steps]
         batch = Batch(
             steps=steps,

@@ -1,24 +1,28 @@
-"""Experience records: one environment step as a rollout worker saw it, stamped with the
-policy version that chose its action.
+"""Experience records, stamped with the policy version that made them: a :class:`Step`
+(one environment step as a rollout worker saw it) or a :class:`Completion` (one completion
+of a language-model policy's group, as a prompt worker got it: ``loop.grpo``).
 
-A :class:`Step` is what a buffer carries. Its encoding is msgpack with arrays as raw
+A :data:`Record` is what a buffer carries. Its encoding is msgpack with arrays as raw
 little-endian bytes plus dtype and shape (compact, exact, no JSON for arrays); the same
-bytes go to every backend. ``key`` (episode and step) identifies a step for deduplication:
-buffers deliver at least once, and a consumer drops a step it has already seen
-(:class:`Deduplicator`).
+bytes go to every backend. Every record names its ``stream`` (an episode, a group: the
+records a buffer keeps in order), its ``position`` in it, whether it is the ``last``, and
+its ``key`` (stream and position) for deduplication: buffers deliver at least once, and a
+consumer drops a record it has already seen (:class:`Deduplicator`).
 
 An episode that straddles a version swap keeps each step's own ``model_version``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
 import numpy as np
 
-FORMAT = 1  # the encoding's version, first in every record
+FORMAT = 1  # the encoding's version, first in every step's record
+COMPLETION = "completion"  # first in a completion's record, then its format
+COMPLETION_FORMAT = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,36 +44,115 @@ class Step:
         """Unique per step of an episode: the deduplication key."""
         return f"{self.episode_id}:{self.step}"
 
+    @property
+    def stream(self) -> str:
+        return self.episode_id
 
-def encode(step: Step) -> bytes:
+    @property
+    def position(self) -> int:
+        return self.step
+
+    @property
+    def last(self) -> bool:
+        return self.terminated or self.truncated
+
+    def owned(self) -> Step:
+        """The step with arrays of its own, read-only (a worker may reuse its buffers)."""
+        return replace(self, observation=_frozen(self.observation), action=_frozen(self.action))
+
+    def packed(self) -> list[Any]:
+        return [
+            FORMAT,
+            str(self.episode_id),
+            int(self.step),
+            _array(self.observation),
+            _array(self.action),
+            float(self.log_prob),
+            float(self.value),
+            float(self.reward),
+            bool(self.terminated),
+            bool(self.truncated),
+            int(self.model_version),
+            float(self.served_at),
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One of a group's ``group_size`` completions of one prompt, sampled by the server
+    (one generate call with ``n``): the token ids, each completion token's log-prob under
+    the version that sampled it (the behaviour policy), and the reward it earned."""
+
+    group_id: str  # the prompt's group: unique per sampled group
+    index: int  # 0 .. group_size - 1
+    group_size: int
+    prompt_ids: np.ndarray  # int32: the prompt's tokens, as the model saw them
+    completion_ids: np.ndarray  # int32: the sampled tokens (EOS included when it stopped)
+    log_probs: np.ndarray  # float64: each completion token's, under model_version
+    reward: float
+    finish_reason: str  # stop (EOS or a stop string) or length
+    model_version: int  # the version that sampled it (the answer's model_version)
+    served_at: float  # Unix seconds: when the server answered
+
+    @property
+    def key(self) -> str:
+        return f"{self.group_id}:{self.index}"
+
+    @property
+    def stream(self) -> str:
+        return self.group_id
+
+    @property
+    def position(self) -> int:
+        return self.index
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.group_size - 1
+
+    def owned(self) -> Completion:
+        return replace(
+            self,
+            prompt_ids=_frozen(self.prompt_ids),
+            completion_ids=_frozen(self.completion_ids),
+            log_probs=_frozen(self.log_probs),
+        )
+
+    def packed(self) -> list[Any]:
+        return [
+            COMPLETION,
+            COMPLETION_FORMAT,
+            str(self.group_id),
+            int(self.index),
+            int(self.group_size),
+            _array(self.prompt_ids),
+            _array(self.completion_ids),
+            _array(self.log_probs),
+            float(self.reward),
+            str(self.finish_reason),
+            int(self.model_version),
+            float(self.served_at),
+        ]
+
+
+Record = Step | Completion
+
+
+def encode(record: Record) -> bytes:
     """The record's bytes. Numbers may be numpy scalars; arrays must be numeric or bool
     (an object array has no bytes to send: ValueError)."""
-    return msgpack.packb(
-        [
-            FORMAT,
-            str(step.episode_id),
-            int(step.step),
-            _array(step.observation),
-            _array(step.action),
-            float(step.log_prob),
-            float(step.value),
-            float(step.reward),
-            bool(step.terminated),
-            bool(step.truncated),
-            int(step.model_version),
-            float(step.served_at),
-        ],
-        use_bin_type=True,
-    )
+    return msgpack.packb(record.packed(), use_bin_type=True)
 
 
-def decode(data: bytes) -> Step:
-    """The step ``encode`` wrote; ValueError for anything else (its arrays are read-only
+def decode(data: bytes) -> Record:
+    """The record ``encode`` wrote; ValueError for anything else (its arrays are read-only
     views of ``data``)."""
     try:
         fields = msgpack.unpackb(data, raw=False)
     except (ValueError, msgpack.UnpackException) as e:
         raise ValueError(f"not an experience record: {e}") from e
+    if isinstance(fields, list) and fields and fields[0] == COMPLETION:
+        return _completion(fields)
     if not isinstance(fields, list) or not fields or fields[0] != FORMAT:
         raise ValueError(f"not an experience record of format {FORMAT}")
     if len(fields) != 12 or [type(f) for f in fields] != _TYPES:
@@ -104,6 +187,30 @@ def decode(data: bytes) -> Step:
 
 
 _TYPES = [int, str, int, list, list, float, float, float, bool, bool, int, float]
+_COMPLETION_TYPES = [str, int, str, int, int, list, list, list, float, str, int, float]
+
+
+def _completion(fields: list[Any]) -> Completion:
+    if len(fields) != len(_COMPLETION_TYPES) or [type(f) for f in fields] != _COMPLETION_TYPES:
+        raise ValueError(f"not a completion record: fields {fields!r:.200}")
+    if fields[1] != COMPLETION_FORMAT:
+        raise ValueError(f"not a completion record of format {COMPLETION_FORMAT}")
+    (_, _, group_id, index, size, prompt, completion, log_probs, *rest) = fields
+    reward, finish_reason, model_version, served_at = rest
+    return Completion(
+        group_id,
+        index,
+        size,
+        _from_array(prompt, "prompt_ids"),
+        _from_array(completion, "completion_ids"),
+        _from_array(log_probs, "log_probs"),
+        reward,
+        finish_reason,
+        model_version,
+        served_at,
+    )
+
+
 _KINDS = "biufc"  # bool, integers, floats, complex: arrays that are their bytes
 
 
@@ -128,11 +235,18 @@ def _from_array(packed: list[Any], name: str) -> np.ndarray:
         raise ValueError(f"not an experience record: bad {name} array: {e}") from e
 
 
+def _frozen(values: np.ndarray) -> np.ndarray:
+    copy = np.array(values, copy=True)
+    copy.flags.writeable = False
+    return copy
+
+
 class Deduplicator:
-    """Drops steps already seen. Steps of an episode arrive in order (every backend keeps
-    an episode's order), so remembering the highest step per episode is enough: a step at
-    or below it is a redelivery. Episodes are forgotten once ended (terminated or
-    truncated), keeping at most ``max_episodes`` open ones."""
+    """Drops records already seen. Records of a stream arrive in order (every backend keeps
+    an episode's or a group's order), so remembering the highest position per stream is
+    enough: a record at or below it is a redelivery. Streams are forgotten once ended (a
+    terminated or truncated step, a group's last completion), keeping at most
+    ``max_episodes`` open ones."""
 
     def __init__(self, max_episodes: int = 100_000) -> None:
         self.max_episodes = max_episodes
@@ -140,19 +254,20 @@ class Deduplicator:
         self._ended: dict[str, int] = {}  # recently ended episodes: their last step
         self.duplicates = 0
 
-    def fresh(self, step: Step) -> bool:
-        """Whether ``step`` is new (and remember it); False for a redelivery."""
-        last = self._last.get(step.episode_id, self._ended.get(step.episode_id, -1))
-        if step.step <= last:
+    def fresh(self, record: Record) -> bool:
+        """Whether ``record`` is new (and remember it); False for a redelivery."""
+        stream = record.stream
+        last = self._last.get(stream, self._ended.get(stream, -1))
+        if record.position <= last:
             self.duplicates += 1
             return False
-        if step.terminated or step.truncated:
-            self._last.pop(step.episode_id, None)
-            self._ended[step.episode_id] = step.step
+        if record.last:
+            self._last.pop(stream, None)
+            self._ended[stream] = record.position
             if len(self._ended) > self.max_episodes:
                 self._ended.pop(next(iter(self._ended)))
         else:
-            self._last[step.episode_id] = step.step
+            self._last[stream] = record.position
             if len(self._last) > self.max_episodes:
                 self._last.pop(next(iter(self._last)))
         return True

@@ -9,7 +9,7 @@ contract tests in ``tests/loop/buffers/contract.py`` check against real servers)
 - **At least once**: a delivery not committed is delivered again, to the next consumer of
   the group that starts (same ``name``: its own uncommitted deliveries first), so a
   consumer killed mid-batch loses nothing. Duplicates are dropped by the consumer with
-  ``loop.experience.Deduplicator``, keyed by ``Step.key``.
+  ``loop.experience.Deduplicator``, keyed by ``Record.key``.
 - **Bounded**: a producer sees back-pressure once ``max_pending`` records are published and
   not yet committed: ``publish`` waits up to ``publish_timeout_s`` for room, then raises
   :class:`BufferFull` (``overflow: block``) or drops the steps and counts them
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from loop.experience import Step
+from loop.experience import Record
 from serve.errors import ConfigError, PayloadTooLarge, QueueFull, ServiceUnavailable
 
 
@@ -78,7 +78,7 @@ class RecordTooLarge(PayloadTooLarge):
 class Delivery:
     """A step as a consumer received it, with the backend's position for ``commit``."""
 
-    step: Step
+    step: Record
     position: Any  # a Kafka (partition, offset), a Redis stream id, a log offset
 
 
@@ -94,7 +94,7 @@ class ConsumerCounts:
     committed: int = 0
     by_version: dict[int, int] = field(default_factory=dict)  # committed steps per version
 
-    def add_committed(self, steps: Iterable[Step]) -> None:
+    def add_committed(self, steps: Iterable[Record]) -> None:
         for step in steps:
             self.committed += 1
             self.by_version[step.model_version] = self.by_version.get(step.model_version, 0) + 1
@@ -119,7 +119,7 @@ def overflow(
 class Producer(Protocol):
     counts: ProducerCounts
 
-    def publish(self, steps: Sequence[Step]) -> None:
+    def publish(self, steps: Sequence[Record]) -> None:
         """Append ``steps`` (order kept within each episode); back-pressure as above."""
         ...
 

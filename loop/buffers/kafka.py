@@ -96,7 +96,7 @@ from loop.buffers.base import (
     RecordTooLarge,
     overflow,
 )
-from loop.experience import Step, decode, encode
+from loop.experience import Record, decode, encode
 from loop.group_names import check_group_name, group_name_problem
 from serve.errors import ConfigError
 
@@ -440,7 +440,7 @@ class KafkaProducer:
         self.options = options
         self.groups = self._topic.target.groups
         self.counts = ProducerCounts()
-        self.undelivered: list[Step] = []  # steps Kafka never stored: republish them
+        self.undelivered: list[Record] = []  # steps Kafka never stored: republish them
         self.failed = 0  # deliveries that failed, ever
         self._unreported: list[KafkaError] = []  # failures the caller has not been told of
         self._refused: list[KafkaError] = []  # records refused for their size, not yet told
@@ -459,7 +459,7 @@ class KafkaProducer:
 
     # -- the interface
 
-    def publish(self, steps: Sequence[Step]) -> None:
+    def publish(self, steps: Sequence[Record]) -> None:
         """Hand ``steps`` to the client (keyed by episode, so each episode's order holds).
         Waits up to ``publish_timeout_s`` for room (``pending() + len(steps) <=
         max_pending``, or an empty buffer), then raises :class:`BufferFull` or drops and
@@ -515,17 +515,17 @@ class KafkaProducer:
         self._closed = True
         self.flush(self._topic.target.timeout_s)
 
-    def take_undelivered(self) -> list[Step]:
+    def take_undelivered(self) -> list[Record]:
         """The steps Kafka never stored, in the order they failed; forgotten here."""
         steps, self.undelivered = self.undelivered, []
         return steps
 
     # -- internals
 
-    def _produce(self, step: Step, deadline: float) -> bool:
+    def _produce(self, step: Record, deadline: float) -> bool:
         """One record into the client's queue, polling while the queue is full; False when
         it stayed full until ``deadline``."""
-        value, key = encode(step), step.episode_id.encode()
+        value, key = encode(step), step.stream.encode()
         callback = partial(self._on_delivery, step)
         while True:
             try:
@@ -577,7 +577,7 @@ class KafkaProducer:
         return pending
 
     def _too_large_to_send(
-        self, step: Step, refused: _RefusedForSize, done: int, steps: int
+        self, step: Record, refused: _RefusedForSize, done: int, steps: int
     ) -> RecordTooLarge:
         config = {**self._topic.target.common, **self._topic.target.producer}
         limit = config.get("message.max.bytes", "1000000")
@@ -594,7 +594,7 @@ class KafkaProducer:
         where = f"Kafka topic {self._topic.target.topic!r} at {self._topic.target.url}"
         overflow(self.options, self.counts, steps, where, self._last_pending)
 
-    def _on_delivery(self, step: Step, error: KafkaError | None, _message: Any) -> None:
+    def _on_delivery(self, step: Record, error: KafkaError | None, _message: Any) -> None:
         if error is None:
             self._brokers_down = None
             return
@@ -772,7 +772,7 @@ class KafkaConsumer:
             return None
         return Delivery(step, (message.partition(), message.offset()))
 
-    def _newly_committed(self, deliveries: Iterable[Delivery]) -> list[Step]:
+    def _newly_committed(self, deliveries: Iterable[Delivery]) -> list[Record]:
         seen: set[tuple[int, int]] = set()
         steps = []
         for delivery in deliveries:

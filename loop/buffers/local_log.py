@@ -9,7 +9,7 @@ Layout of DIR::
     groups/<group>.lock        held (flock) by the group's one live consumer
 
 Each record is one frame: a header ``<IQB`` (payload length, sequence number, flags), the
-payload (an encoded :class:`~loop.experience.Step`, zstd-compressed when flag 1 is set) and
+payload (an encoded :data:`~loop.experience.Record`, zstd-compressed when flag 1 is set) and
 a CRC-32 of header and payload. Sequence numbers count records from 0 across segments.
 
 Guarantees (``loop.buffers.base``):
@@ -60,7 +60,7 @@ from loop.buffers.base import (
     ProducerCounts,
     overflow,
 )
-from loop.experience import Step, decode, encode
+from loop.experience import Record, decode, encode
 from loop.group_names import check_group_name
 from serve.errors import ConfigError
 
@@ -187,7 +187,7 @@ class LogProducer:
 
             self._zstd = zstandard
 
-    def publish(self, steps: Sequence[Step]) -> None:
+    def publish(self, steps: Sequence[Record]) -> None:
         """Append all of ``steps`` or none (one write); waits up to ``publish_timeout_s``
         for room, then ``overflow`` applies."""
         if not steps:
@@ -224,7 +224,7 @@ class LogProducer:
                     os.close(fd)
             self._fd = self._lock = -1
 
-    def _payloads(self, steps: Sequence[Step]) -> list[tuple[bytes, int]]:
+    def _payloads(self, steps: Sequence[Record]) -> list[tuple[bytes, int]]:
         if self._zstd is None:
             return [(encode(s), 0) for s in steps]
         compressor = self._zstd.ZstdCompressor(level=3)  # one per call: not thread-safe

@@ -12,7 +12,7 @@ front of its group (at least once). ``pending()`` counts records published and n
 committed by the slowest group; before any group exists, everything published is pending.
 Records every group has committed are released.
 
-Steps are held as objects, not encoded: their arrays are copied once at publish (a worker
+Records are held as objects, not encoded: their arrays are copied once at publish (a worker
 may reuse its buffers) and made read-only, as a decoded record's are. ``compression`` is
 ignored: nothing travels over a link.
 """
@@ -24,8 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-import numpy as np
-
 from loop.buffers.base import (
     BufferOptions,
     ConsumerCounts,
@@ -33,7 +31,7 @@ from loop.buffers.base import (
     ProducerCounts,
     overflow,
 )
-from loop.experience import Step
+from loop.experience import Record
 from serve.errors import ConfigError
 
 _registry: dict[str, _Buffer] = {}
@@ -56,7 +54,7 @@ class _Group:
 class _Buffer:
     def __init__(self) -> None:
         self.cond = threading.Condition(threading.Lock())
-        self.records: list[Step] = []  # by offset - base: O(1) reads anywhere
+        self.records: list[Record] = []  # by offset - base: O(1) reads anywhere
         self.base = 0  # the offset of records[0]
         self.published = 0
         self.groups: dict[str, _Group] = {}
@@ -96,29 +94,6 @@ def _name(url: str) -> str:
     return name
 
 
-def _owned(step: Step) -> Step:
-    """The step with arrays of its own, read-only: the worker may reuse its buffers."""
-    return Step(
-        step.episode_id,
-        step.step,
-        _frozen(step.observation),
-        _frozen(step.action),
-        step.log_prob,
-        step.value,
-        step.reward,
-        step.terminated,
-        step.truncated,
-        step.model_version,
-        step.served_at,
-    )
-
-
-def _frozen(values: np.ndarray) -> np.ndarray:
-    copy = np.array(values, copy=True)
-    copy.flags.writeable = False
-    return copy
-
-
 class MemoryProducer:
     def __init__(self, url: str, options: BufferOptions) -> None:
         self.url = url
@@ -126,11 +101,11 @@ class MemoryProducer:
         self.counts = ProducerCounts()
         self._buffer = buffer(url)
 
-    def publish(self, steps: Sequence[Step]) -> None:
+    def publish(self, steps: Sequence[Record]) -> None:
         """Append all of ``steps`` or none: waits up to ``publish_timeout_s`` for room."""
         if not steps:
             return
-        owned = [_owned(s) for s in steps]
+        owned = [s.owned() for s in steps]
         n, limit = len(owned), self.options.max_pending
         buf = self._buffer
         with buf.cond:

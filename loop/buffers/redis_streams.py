@@ -72,7 +72,7 @@ from loop.buffers.base import (
     Overflow,
     ProducerCounts,
 )
-from loop.experience import Step, decode, encode
+from loop.experience import Record, decode, encode
 from serve.errors import ConfigError
 
 log = logging.getLogger("rlserve.buffers.redis")
@@ -279,7 +279,7 @@ class RedisProducer:
         self._compress = _compressor() if options.compression == "zstd" else None
         self._length: int | None = None  # the stream's length at our last publish or check
 
-    def publish(self, steps: Sequence[Step]) -> None:
+    def publish(self, steps: Sequence[Record]) -> None:
         """Store ``steps`` in order in one round trip. Waits for room up to
         ``publish_timeout_s``, then raises :class:`BufferFull` or drops and counts them
         (``overflow``); retries connection errors within the same deadline."""
@@ -306,7 +306,7 @@ class RedisProducer:
     def close(self) -> None:
         self._stream.close()
 
-    def _fields(self, step: Step) -> dict[bytes, bytes]:
+    def _fields(self, step: Record) -> dict[bytes, bytes]:
         data = encode(step)
         if self._compress is None:
             return {FIELD_PLAIN: data}
@@ -335,7 +335,7 @@ class RedisProducer:
                 return False
             time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
 
-    def _overflow(self, steps: Sequence[Step]) -> None:
+    def _overflow(self, steps: Sequence[Record]) -> None:
         stream, options = self._stream.key, self.options
         if options.overflow is Overflow.DROP:
             self.counts.dropped += len(steps)
@@ -533,7 +533,7 @@ class RedisConsumer:
         self.counts.delivered += len(out)
         return out
 
-    def _step(self, entry_id: bytes, fields: Mapping[bytes, bytes]) -> Step:
+    def _step(self, entry_id: bytes, fields: Mapping[bytes, bytes]) -> Record:
         if FIELD_PLAIN in fields:
             return decode(fields[FIELD_PLAIN])
         if FIELD_ZSTD in fields:

@@ -31,7 +31,7 @@ from loop.experience import Deduplicator, Step
 from serve.distributions import Categorical
 from serve.errors import ConfigError
 from tests.e2e.server import RLSERVE, Server, free_port
-from tests.loop.buffers.contract import wait_for
+from tests.loop.buffers.contract import stepped, wait_for
 from tests.loop.buffers.kafka_broker import running_broker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ def consume(url: str, expected: int, timeout_s: float = 10.0) -> list[Step]:
     try:
         while time.monotonic() < deadline:
             deliveries = consumer.poll(max_records=10_000, timeout_s=0.1)
-            steps.extend(d.step for d in deliveries if dedupe.fresh(d.step))
+            steps.extend(stepped(d.step) for d in deliveries if dedupe.fresh(d.step))
             consumer.commit(deliveries)
             if len(steps) >= expected and quiet_until is None:
                 quiet_until = time.monotonic() + 0.3

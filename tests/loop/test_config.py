@@ -304,7 +304,7 @@ def test_open_sync_controller_routes_over_stale_records_to_the_offline_stream(to
         assert [s.episode_id for s in batch.steps] == ["new"]
         side.controller.commit(batch)
         assert side.controller.accounting().routed_offline == 1
-    assert [d.step.episode_id for d in offline.poll(10, timeout_s=0.5)] == ["old"]
+    assert [d.step.stream for d in offline.poll(10, timeout_s=0.5)] == ["old"]
     offline.close()
     producer.close()
 

@@ -24,9 +24,9 @@ from loop.buffers.base import (
     ProducerCounts,
 )
 from loop.controller import Accounting, Batch, Fallback, LoopMetrics, SyncController
-from loop.experience import Step
+from loop.experience import Completion, Record, Step
 from serve.errors import ConfigError
-from tests.loop.buffers.contract import make_step
+from tests.loop.buffers.contract import make_completion, make_step, stepped
 
 K = 5  # max_staleness in most tests
 
@@ -65,7 +65,7 @@ def drain_offline(consumer: Consumer) -> list[Step]:
     got: list[Step] = []
     while deliveries := consumer.poll(1000, 0):
         consumer.commit(deliveries)
-        got.extend(d.step for d in deliveries)
+        got.extend(stepped(d.step) for d in deliveries)
     return got
 
 
@@ -526,11 +526,11 @@ def test_a_producer_protocol_is_enough_for_offline(urls):
 
     class Listing:
         def __init__(self) -> None:
-            self.steps: list[Step] = []
+            self.steps: list[Record] = []
             self.flushes = 0
             self.counts = ProducerCounts()
 
-        def publish(self, steps: Sequence[Step]) -> None:
+        def publish(self, steps: Sequence[Record]) -> None:
             self.steps.extend(steps)
 
         def pending(self) -> int:
@@ -557,3 +557,20 @@ def test_a_producer_protocol_is_enough_for_offline(urls):
     assert [s.key for s in listing.steps] == ["x:0", "x:1", "x:2"]
     assert listing.flushes == 1  # stored before the commit
     assert controller.accounting().committed == 3
+
+
+def test_a_controller_returns_the_records_it_learns_from_and_refuses_another_kind(urls):
+    url = new(urls)
+    group = [make_completion("g", i, size=4) for i in range(4)]
+    open_producer(url).publish(group)
+    controller = SyncController[Completion](
+        open_consumer(url, "grpo", "t"), max_staleness=K, fallback="drop", records=Completion
+    )
+    batch = controller.next_batch(4, timeout_s=1)
+    assert [c.key for c in batch.steps] == [c.key for c in group]
+    controller.commit(batch)
+    steps = new(urls)
+    open_producer(steps).publish([make_completion("h", 0)])
+    ppo = SyncController(open_consumer(steps, "ppo", "t"), max_staleness=K, fallback="drop")
+    with pytest.raises(ConfigError, match=r"delivered a Completion record .* learns from Step"):
+        ppo.next_batch(1, timeout_s=1)

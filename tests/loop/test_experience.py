@@ -9,8 +9,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from loop.experience import FORMAT, Deduplicator, Step, decode, encode
-from tests.loop.buffers.contract import assert_same_step, make_step
+from loop.experience import FORMAT, Completion, Deduplicator, Step, decode, encode
+from tests.loop.buffers.contract import assert_same_step, make_completion, make_step, stepped
 
 
 def with_arrays(observation, action) -> Step:
@@ -35,7 +35,7 @@ def test_arrays_round_trip_with_dtype_and_shape(observation, action):
 
 def test_big_endian_arrays_arrive_as_little_endian_with_equal_values():
     step = with_arrays(np.arange(5, dtype=">f8"), np.asarray(3, ">i4"))
-    got = decode(encode(step))
+    got = stepped(decode(encode(step)))
     assert got.observation.dtype == np.dtype("<f8")
     assert got.action.dtype == np.dtype("<i4")
     assert np.array_equal(got.observation, step.observation)
@@ -56,7 +56,7 @@ def test_every_field_round_trips_exactly():
         model_version=2**40 + 1,
         served_at=1_712_345_678.987654,
     )
-    got = decode(encode(step))
+    got = stepped(decode(encode(step)))
     assert got.key == "worker-3/env-17/ep-0042:123456"
     assert np.array_equal(got.observation, step.observation, equal_nan=True)
     for name in ("episode_id", "step", "log_prob", "value", "reward", "terminated"):
@@ -72,7 +72,7 @@ def test_numpy_scalars_are_accepted_and_arrive_as_python_numbers():
         "terminated": np.bool_(True),
     }
     step = dataclasses.replace(make_step("e", 0), **scalars)
-    got = decode(encode(step))
+    got = stepped(decode(encode(step)))
     assert (type(got.step), got.step) == (int, 5)
     assert (type(got.model_version), got.model_version) == (int, 9)
     assert (type(got.log_prob), got.log_prob) == (float, -0.5)
@@ -80,7 +80,7 @@ def test_numpy_scalars_are_accepted_and_arrive_as_python_numbers():
 
 
 def test_decoded_arrays_are_read_only():
-    got = decode(encode(make_step("e", 0)))
+    got = stepped(decode(encode(make_step("e", 0))))
     with pytest.raises(ValueError, match="read-only"):
         got.observation[0] = 1.0
 
@@ -160,3 +160,35 @@ def test_dedupe_is_bounded_by_forgetting_the_oldest_episodes():
         assert dedupe.fresh(make_step(name, 0, last=True))
     assert not dedupe.fresh(make_step("z", 0))
     assert dedupe.fresh(make_step("w", 0, last=True))
+
+
+def test_a_completion_round_trips_exactly_and_is_told_from_a_step():
+    completion = make_completion("g-7", 2, size=8, version=3)
+    got = decode(encode(completion))
+    assert isinstance(got, Completion)
+    for name in Completion.__slots__:
+        a, b = getattr(got, name), getattr(completion, name)
+        if isinstance(b, np.ndarray):
+            assert a.dtype == b.dtype
+            assert np.array_equal(a, b)
+        else:
+            assert a == b, name
+    assert (got.key, got.stream, got.position, got.last) == ("g-7:2", "g-7", 2, False)
+    assert make_completion("g", 7, size=8).last
+
+
+def test_a_groups_redelivered_completions_are_dropped():
+    dedupe = Deduplicator()
+    group = [make_completion("g", i, size=3) for i in range(3)]
+    assert [dedupe.fresh(c) for c in group] == [True, True, True]
+    assert [dedupe.fresh(c) for c in group] == [False, False, False]  # the group ended
+    assert dedupe.duplicates == 3
+
+
+def test_a_bad_completion_record_is_refused():
+    fields = make_completion("g", 0).packed()
+    fields[1] = 99
+    with pytest.raises(ValueError, match="not a completion record of format"):
+        decode(msgpack.packb(fields, use_bin_type=True))
+    with pytest.raises(ValueError, match="not a completion record: fields"):
+        decode(msgpack.packb(fields[:-1], use_bin_type=True))

@@ -32,7 +32,7 @@ import pytest
 
 from loop.buffers import open_consumer, open_producer
 from loop.buffers.base import BufferFull, BufferOptions, Consumer, Delivery, Overflow, Producer
-from loop.experience import Deduplicator, Step
+from loop.experience import Completion, Deduplicator, Record, Step
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository: children import tests.* from it
 
@@ -82,12 +82,38 @@ def make_step(episode_id: str, step: int, *, last: bool = False, version: int = 
     )
 
 
+def make_completion(group_id: str, index: int, *, size: int = 4, version: int = 1) -> Completion:
+    """A completion whose every field follows from (group_id, index), as ``make_step``."""
+    seed = sum(group_id.encode()) * 1000 + index
+    rng = np.random.default_rng(seed)
+    length = 1 + seed % 7
+    return Completion(
+        group_id=group_id,
+        index=index,
+        group_size=size,
+        prompt_ids=rng.integers(0, 500, 5).astype(np.int32),
+        completion_ids=rng.integers(0, 500, length).astype(np.int32),
+        log_probs=-rng.random(length),
+        reward=float(index % 2),
+        finish_reason="stop" if index % 3 else "length",
+        model_version=version,
+        served_at=1.7e9 + seed / 1000,
+    )
+
+
 def episode(episode_id: str, length: int, *, version: int = 1) -> list[Step]:
     return [make_step(episode_id, i, last=i == length - 1, version=version) for i in range(length)]
 
 
-def assert_same_step(got: Step, want: Step) -> None:
+def stepped(record: Record) -> Step:
+    """A delivered record that must be an environment step."""
+    assert isinstance(record, Step), record
+    return record
+
+
+def assert_same_step(got: Record, want: Step) -> None:
     """Every field equal; arrays equal in dtype, shape and values."""
+    got = stepped(got)
     for name in Step.__slots__:
         a, b = getattr(got, name), getattr(want, name)
         if isinstance(b, np.ndarray):
@@ -233,8 +259,8 @@ class BufferContract:
             polls += bool(batch)
             total += len(batch)
             for d in batch:
-                seen[d.step.episode_id].append(d.step.step)
-                assert_same_step(d.step, episodes[d.step.episode_id][d.step.step])
+                seen[d.step.stream].append(d.step.position)
+                assert_same_step(d.step, episodes[d.step.stream][d.step.position])
             consumer.commit(batch)
         assert total == 600
         assert polls > 1
@@ -312,9 +338,9 @@ class BufferContract:
         assert len(got) == published
         seen: dict[str, list[int]] = defaultdict(list)
         for d in got:
-            want = make_step(d.step.episode_id, d.step.step, last=d.step.step == 24)
+            want = make_step(d.step.stream, d.step.position, last=d.step.position == 24)
             assert_same_step(d.step, want)
-            seen[d.step.episode_id].append(d.step.step)
+            seen[d.step.stream].append(d.step.position)
         assert seen == {f"p{e}": list(range(25)) for e in range(4)}
 
     def test_back_pressure(self, backend: Backend) -> None:

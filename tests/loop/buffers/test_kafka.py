@@ -262,9 +262,9 @@ def test_an_episode_stays_in_one_partition(
     partitions: dict[str, set[int]] = defaultdict(set)
     order: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for d in got:
-        partitions[d.step.episode_id].add(d.position[0])
-        order[d.step.episode_id].append((d.position[1], d.step.step))
-        assert_same_step(d.step, episodes[d.step.episode_id][d.step.step])
+        partitions[d.step.stream].add(d.position[0])
+        order[d.step.stream].append((d.position[1], d.step.position))
+        assert_same_step(d.step, episodes[d.step.stream][d.step.position])
     assert all(len(p) == 1 for p in partitions.values()), partitions
     assert len(set().union(*partitions.values())) > 4  # keys spread over the partitions
     for steps in order.values():  # offsets rise with steps
@@ -423,7 +423,7 @@ def test_pending_counts_the_slowest_group(
     assert producer.pending() == 10  # offline still needs all of them
     offline = _consumer(url, opened, "o1", group="offline")
     got = drain(offline, 10, TIMEOUT_S)
-    offline.commit([d for d in got if d.step.episode_id == "a"])
+    offline.commit([d for d in got if d.step.stream == "a"])
     assert producer.pending() == 4
 
 

@@ -209,7 +209,7 @@ def test_producer_processes_append_concurrently(log_dir):
     assert [d.position.seq for d in got] == list(range(1, 601))
     seen: dict[str, list[int]] = {}
     for d in got:
-        seen.setdefault(d.step.episode_id, []).append(d.step.step)
+        seen.setdefault(d.step.stream, []).append(d.step.position)
     assert seen == {f"{p}{e}": list(range(50)) for p in "abc" for e in range(4)}
     assert len(segment_files(log_dir)) > 1
 
@@ -266,7 +266,7 @@ def test_threads_share_one_producer(log_dir):
     assert [d.position.seq for d in got] == list(range(1, 201))
     seen: dict[str, list[int]] = {}
     for d in got:
-        seen.setdefault(d.step.episode_id, []).append(d.step.step)
+        seen.setdefault(d.step.stream, []).append(d.step.position)
     assert seen == {f"t{w}e{e}": list(range(10)) for w in range(4) for e in range(5)}
 
 
@@ -290,7 +290,7 @@ def test_a_producer_killed_while_appending_leaves_a_readable_log(log_dir):
     assert keys(got)[-3:] == ["after:0", "after:1", "after:2"]
     seen: dict[str, list[int]] = {}
     for d in got:
-        seen.setdefault(d.step.episode_id, []).append(d.step.step)
+        seen.setdefault(d.step.stream, []).append(d.step.position)
     assert all(steps == list(range(len(steps))) for steps in seen.values())
     assert [d.position.seq for d in got] == list(range(1, len(got) + 1))
     assert 3 < len(got) < 50_003  # killed mid-stream

@@ -11,7 +11,7 @@ import pytest
 from loop.buffers import memory, open_consumer, open_producer
 from loop.buffers.base import BufferFull, BufferOptions
 from serve.errors import ConfigError
-from tests.loop.buffers.contract import Backend, BufferContract, episode, keys
+from tests.loop.buffers.contract import Backend, BufferContract, episode, keys, stepped
 
 
 class TestMemory(BufferContract):
@@ -41,7 +41,7 @@ def test_published_arrays_are_copied_and_read_only(url):
     step = episode("a", 1)[0]
     open_producer(url).publish([step])
     step.observation[0] = 99.0  # a worker reusing its buffer
-    got = open_consumer(url, "g", "c").poll(1, 0)[0].step
+    got = stepped(open_consumer(url, "g", "c").poll(1, 0)[0].step)
     assert got.observation[0] != 99.0
     with pytest.raises(ValueError, match="read-only"):
         got.observation[0] = 1.0
@@ -136,7 +136,7 @@ def test_threads_publishing_at_once_lose_nothing(url):
     while total < 320 and time.monotonic() < deadline:
         batch = consumer.poll(16, 0.2)
         for d in batch:
-            seen.setdefault(d.step.episode_id, []).append(d.step.step)
+            seen.setdefault(d.step.stream, []).append(d.step.position)
         total += len(batch)
         consumer.commit(batch)
     for t in threads:
