@@ -41,13 +41,18 @@ batch of rollout (~0.3 s) or an update with its export (~1 s), so they cost at m
 quantum of idling per turn. Every turn is recorded (:class:`Phase`) with what the server
 answered, so a run can show the alternation, the turn lengths and the holds.
 
-The learner is anything with ``update(batch, next_version) -> Path``: learn from the batch
-(all of version ``next_version - 1``), export the new weights and return the file to push
-(``examples/ppo_colocated.py`` wraps the reference PPO trainer's update and export).
+The workers are anything that steps and publishes (:class:`Worker`): rollout workers of
+environments (``loop.collect.RolloutWorker``, PPO) or prompt workers sampling groups of
+completions (``loop.grpo.worker.PromptWorker``, GRPO). The learner is anything with
+``update(batch, next_version) -> Path``: learn from the batch (all of version
+``next_version - 1``), export the new weights and return the file to push
+(``examples/ppo_colocated.py`` wraps the reference PPO trainer's update and export,
+``examples/grpo_colocated.py`` the GRPO trainer's).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -55,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from loop.collect import RolloutWorker
+from loop.buffers.base import Producer
 from loop.controller import Batch, SyncController
 from serve.client import PolicyClient
 from serve.errors import ConfigError
@@ -71,8 +76,26 @@ class HoldLost(RuntimeError):
     """The model was not held (or not at the pushed version) at the end of a training turn."""
 
 
+class Published(Protocol):
+    published: int  # records the worker's producer accepted
+
+
+class Worker(Protocol):
+    """What the runner steps: one unit of rollout per call, published to ``producer``."""
+
+    worker_id: str
+    producer: Producer
+
+    @property
+    def counters(self) -> Published: ...
+
+    def step(self) -> bool:
+        """Collect and publish once; False once the worker was stopped."""
+        ...
+
+
 class Learner(Protocol):
-    def update(self, batch: Batch, next_version: int) -> Path:
+    def update(self, batch: Batch[Any], next_version: int) -> Path:
         """Learn from ``batch``; export ``next_version`` and return its model file."""
         ...
 
@@ -120,7 +143,7 @@ class Cycle:
 
     inference: Phase
     training: Phase
-    batch: Batch
+    batch: Batch[Any]
     version: int  # after the cycle: the version pushed
 
 
@@ -131,20 +154,23 @@ class ColocatedRunner:
     version the server serves now and the controller's version. ``workers`` publish into
     the buffer ``controller`` consumes; the runner steps them itself. ``check_server``
     raises when the server can no longer answer (``loop.child_server.ChildServer.check``:
-    the child exited); it is called before each cycle and when one fails."""
+    the child exited); it is called before each cycle and when one fails. ``repository`` is
+    the server's model repository when this process shares its filesystem: a learner's file
+    inside it is pushed by its path, with the files beside it."""
 
     def __init__(
         self,
         client: PolicyClient,
         model: str,
-        workers: Sequence[RolloutWorker],
-        controller: SyncController,
+        workers: Sequence[Worker],
+        controller: SyncController[Any],
         *,
         version: int,
         batch_size: int,
         inference_interval: float,
         training_interval: float,
         max_hold_s: float = 60.0,
+        repository: Path | None = None,
         check_server: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
@@ -168,6 +194,7 @@ class ColocatedRunner:
         self.batch_size = batch_size
         self.inference_interval, self.training_interval = inference_interval, training_interval
         self.max_hold_s = max_hold_s
+        self.repository = None if repository is None else repository.resolve()
         self.check_server = check_server
         self._clock, self._sleep = clock, sleep
         self.phases: list[Phase] = []
@@ -204,7 +231,7 @@ class ColocatedRunner:
         return Phase("inference", self.version, started, ended, work_s,
                      self.inference_interval, records=collected)  # fmt: skip
 
-    def _training(self, learner: Learner, collected: int) -> tuple[Phase, Batch]:
+    def _training(self, learner: Learner, collected: int) -> tuple[Phase, Batch[Any]]:
         started = self._clock()
         held = self.client.hold(self.model, max_hold_s=self.max_hold_s)
         if held.get("held") is not True:
@@ -214,7 +241,7 @@ class ColocatedRunner:
             self._check_staleness(batch, collected)
             next_version = self.version + 1
             path = learner.update(batch, next_version)
-            pushed = self.client.push(self.model, next_version, path)
+            pushed = self._push(next_version, path)
             state = self.client.model(self.model)
             if not state.get("held") or state.get("active_version") != next_version:
                 raise HoldLost(
@@ -236,7 +263,19 @@ class ColocatedRunner:
                       pushed=pushed)  # fmt: skip
         return phase, batch
 
-    def _check_staleness(self, batch: Batch, collected: int) -> None:
+    def _push(self, version: int, path: Path) -> dict[str, Any]:
+        """A file inside the server's repository (``repository``) is pushed by its path there
+        (a language model's version must be: its tokenizer comes with it); any other by its
+        bytes."""
+        inside = self.repository is not None and path.resolve().is_relative_to(self.repository)
+        if not inside:
+            return self.client.push(self.model, version, path)
+        assert self.repository is not None
+        relative = str(path.resolve().relative_to(self.repository))
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        return self.client.push_from_repository(self.model, version, relative, digest)
+
+    def _check_staleness(self, batch: Batch[Any], collected: int) -> None:
         if len(batch.steps) != collected or self.controller.next_batch(1, 0.0).steps:
             raise StalenessViolation(
                 f"the buffer did not hold exactly the {collected} records of the inference "

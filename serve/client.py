@@ -157,6 +157,20 @@ def _push_call(
     return _Call("PUT", f"/v1/models/{model}/versions/{version}", data, headers, params)
 
 
+def _push_path_call(
+    model: str, version: int, path: str, sha256: str, activate: bool, mode: str, rollback: bool
+) -> _Call:
+    body = {
+        "path": path,
+        "sha256": sha256,
+        "activate": activate,
+        "mode": mode,
+        "rollback": rollback,
+    }
+    headers = {"Content-Type": "application/json"}
+    return _Call("PUT", f"/v1/models/{model}/versions/{version}", _json(body), headers)
+
+
 def _activate_call(model: str, version: int, mode: str, rollback: bool) -> _Call:
     params = {"mode": mode, "rollback": str(rollback).lower()}
     path = f"/v1/models/{model}/versions/{version}/activate"
@@ -344,6 +358,16 @@ class PolicyClient:
     ) -> dict[str, Any]:  # fmt: skip
         return dict(self._send(_push_call(model, version, onnx, activate, mode, rollback)))
 
+    def push_from_repository(
+        self, model: str, version: int, path: str, sha256: str, *, activate: bool = True,
+        mode: str = "at_batch_boundary", rollback: bool = False,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Push a version the server reads from its own model repository: ``path`` (relative
+        to it) names a ``model.onnx``, whose folder's other files come too (a language
+        model's tokenizer: the only way to push one)."""
+        call = _push_path_call(model, version, path, sha256, activate, mode, rollback)
+        return dict(self._send(call))
+
     def activate(
         self, model: str, version: int, *, mode: str = "at_batch_boundary", rollback: bool = False
     ) -> dict[str, Any]:
@@ -421,6 +445,13 @@ class AsyncPolicyClient:
         mode: str = "at_batch_boundary", rollback: bool = False,
     ) -> dict[str, Any]:  # fmt: skip
         return dict(await self._send(_push_call(model, version, onnx, activate, mode, rollback)))
+
+    async def push_from_repository(
+        self, model: str, version: int, path: str, sha256: str, *, activate: bool = True,
+        mode: str = "at_batch_boundary", rollback: bool = False,
+    ) -> dict[str, Any]:  # fmt: skip
+        call = _push_path_call(model, version, path, sha256, activate, mode, rollback)
+        return dict(await self._send(call))
 
     async def activate(
         self, model: str, version: int, *, mode: str = "at_batch_boundary", rollback: bool = False

@@ -398,6 +398,7 @@ def test_a_version_with_a_view_of_its_own_takes_over_and_runs_its_rows_itself(
     shutil.copy(DEMO / "1" / "model.onnx", staged / "model.onnx")
     (staged / "features.yaml").write_text(
         f"store: {store.address(2)}\nentity: cart\nfeatures: [x, x_dot, theta, spin]\n"
+        "timeout_ms: 300\n"
     )
     staged.rename(staged.parent / "2")
 

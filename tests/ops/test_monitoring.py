@@ -463,11 +463,12 @@ def test_a_server_missing_a_requested_gpu_provider_reports_the_fallback(
 
 RETIRED = """
 import sys
+from pathlib import Path
 from serve import config
 from serve.control import repository
 from serve.metrics import Metrics
 settings = config.load(providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
-loaded = repository.load_file("m", 3, sys.argv[1], settings, settings.for_model({}))
+loaded = repository.load_file("m", 3, Path(sys.argv[1]), settings, settings.for_model({}))
 assert loaded.provider_report.missing == ("CUDAExecutionProvider",)  # a CPU onnxruntime
 metrics = Metrics()
 metrics.version_loaded("m", loaded)
