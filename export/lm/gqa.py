@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from serve.errors import ExportError
 from serve.lm.contract import DecoderTensors
 
@@ -73,6 +75,78 @@ class BuiltGraph:
     def opset(self) -> int:
         default = (o for o in self._model.opset_import if o.domain in ("", "ai.onnx"))
         return next((int(o.version) for o in default), 0)
+
+    def mismatched_weights(self, model: Any) -> list[str]:
+        """The graph's weights that ``model``'s do not give exactly, by the builder's layout
+        (:func:`builder_weights`), or that it leaves unnamed: empty when a graph of other
+        weights of the same architecture is this one with them (:meth:`with_weights`)."""
+        from onnx import numpy_helper
+
+        wanted = builder_weights(model)
+        wrong = []
+        for tensor in self._model.graph.initializer:
+            given = wanted.get(tensor.name)
+            if given is None:
+                if tensor.name not in _FIXED:
+                    wrong.append(tensor.name)
+                continue
+            held = numpy_helper.to_array(tensor)
+            if held.shape != given.shape or not np.array_equal(held, given):
+                wrong.append(tensor.name)
+        return wrong
+
+    def with_weights(self, model: Any) -> BuiltGraph:
+        """A copy of this graph holding ``model``'s weights (the same architecture and
+        sizes): what the builder would build for it, in milliseconds instead of seconds.
+        Sound only for a graph whose :meth:`mismatched_weights` was empty for its own
+        model; the parity gate judges the copy like any graph."""
+        import onnx
+        from onnx import numpy_helper
+
+        wanted = builder_weights(model)
+        copy = onnx.ModelProto()
+        copy.CopyFrom(self._model)
+        for tensor in copy.graph.initializer:
+            given = wanted.get(tensor.name)
+            if given is None:
+                continue
+            if tuple(tensor.dims) != given.shape:
+                raise ExportError(
+                    f"weight {tensor.name}: the graph holds {list(tensor.dims)}, the model "
+                    f"{list(given.shape)}; build the graph again for this model"
+                )
+            tensor.CopyFrom(numpy_helper.from_array(given, tensor.name))
+        return BuiltGraph(copy)
+
+
+_FIXED = {"cos_cache", "sin_cache"}  # the rotary tables: the config's, not weights
+
+
+def builder_weights(model: Any) -> dict[str, np.ndarray]:
+    """``model``'s weights as the builder lays them out for Llama and Qwen2, by its names:
+    projections as ``MatMul`` right-hand sides (transposed), a layer's query, key and value
+    projections packed into one (and their biases), the final norm after the last layer."""
+    state = {name: value.detach().float().numpy() for name, value in model.state_dict().items()}
+    layers = int(model.config.num_hidden_layers)
+    out = {"lm_head.MatMul.weight": state["lm_head.weight"].T}
+    if not getattr(model.config, "tie_word_embeddings", False):
+        out["model.embed_tokens.weight"] = state["model.embed_tokens.weight"]
+    out[f"model.layers.{layers}.final_norm_layernorm.weight"] = state["model.norm.weight"]
+    for i in range(layers):
+        ours, theirs = f"model.layers.{i}", f"model.layers.{i}"
+        attention = f"{theirs}.self_attn"
+        packed = [state[f"{attention}.{p}_proj.weight"] for p in "qkv"]
+        out[f"{ours}.attn.qkv_proj.MatMul.weight"] = np.concatenate(packed).T
+        if f"{attention}.q_proj.bias" in state:
+            biases = [state[f"{attention}.{p}_proj.bias"] for p in "qkv"]
+            out[f"{ours}.attn.qkv_proj.Add.bias"] = np.concatenate(biases)
+        out[f"{ours}.attn.o_proj.MatMul.weight"] = state[f"{attention}.o_proj.weight"].T
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            out[f"{ours}.{norm}.weight"] = state[f"{theirs}.{norm}.weight"]
+        for projection in ("gate_proj", "up_proj", "down_proj"):
+            weight = state[f"{theirs}.mlp.{projection}.weight"]
+            out[f"{ours}.mlp.{projection}.MatMul.weight"] = weight.T
+    return {name: np.ascontiguousarray(value, np.float32) for name, value in out.items()}
 
 
 def export(model: Any, tokenizer: Any) -> BuiltGraph:

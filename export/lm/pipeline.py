@@ -58,6 +58,9 @@ class LmExportOutcome:
     path: Path | None  # the version directory; None: parity failed and nothing was written
     contract: LanguageModelContract
     timings: Timings
+    # The graph an export of other weights of the same model may start from (``reuse``):
+    # a builder's graph whose every weight is the model's by the builder's layout; else None.
+    reusable: gqa.BuiltGraph | None = None
 
 
 def export_language_model(
@@ -66,7 +69,11 @@ def export_language_model(
     destination: writer.Destination,
     progress: Progress,
     kind: GraphKind = GraphKind.GQA,
+    reuse: gqa.BuiltGraph | None = None,
 ) -> LmExportOutcome:
+    """Export ``source`` to ``destination`` behind the parity gate. ``reuse``: a graph an
+    earlier export of this model made (its ``reusable``), given this model's weights
+    instead of being built again (a trainer's next version: milliseconds, not seconds)."""
     if kind is GraphKind.GQA:
         tensors, layout = gqa.TENSORS, CacheLayout.SEQUENCE_LENGTHS
     else:
@@ -83,10 +90,16 @@ def export_language_model(
     tokenizer_json = vocabulary.tokenizer_json(source.tokenizer, str(source.checkpoint.path))
     clock = [time.perf_counter()]
     decoder: Graph
-    if kind is GraphKind.GQA:
+    reusable = None
+    if kind is GraphKind.GQA and reuse is not None:
+        progress("the earlier graph, with this model's weights")
+        decoder = reusable = reuse.with_weights(source.model)
+        draft = draft.model_copy(update={"opset": decoder.opset})
+    elif kind is GraphKind.GQA:
         progress("building the decoder with onnxruntime-genai (GroupQueryAttention, fp32)")
         decoder = gqa.export(source.model, source.tokenizer)
         draft = draft.model_copy(update={"opset": decoder.opset})
+        reusable = None if decoder.mismatched_weights(source.model) else decoder
     else:
         progress(f"exporting the decoder to ONNX (torch.onnx, dynamo, opset {graph.OPSET})")
         decoder = graph.export(source.model, draft.tensors)
@@ -98,7 +111,7 @@ def export_language_model(
     report = _parity(decoder, draft, prompts, references, tokenizer_json, settings)
     clock.append(time.perf_counter())
     if not report.passed:
-        return LmExportOutcome(report, None, draft, _timings(clock))
+        return LmExportOutcome(report, None, draft, _timings(clock), reusable)
     final = contract_builder.with_golden(draft, prompts, references, settings.golden)
     decoder.set_metadata(METADATA_KEY, final.to_json())
     progress(f"writing {destination.version_dir}")
@@ -106,7 +119,7 @@ def export_language_model(
         destination, _filler(decoder, tokenizer_json, source), check=verify_version
     )
     clock.append(time.perf_counter())
-    return LmExportOutcome(report, path, final, _timings(clock))
+    return LmExportOutcome(report, path, final, _timings(clock), reusable)
 
 
 def _references(

@@ -1,0 +1,158 @@
+"""GRPO through an rlserve server, co-located: sampling and training take turns.
+
+The co-located layout of ``loop/colocated.py`` (docs/rl-loop.md, "GRPO"), for a language
+model: one process runs a prompt worker (``loop.grpo.worker.PromptWorker``) on a
+``memory://`` buffer and the trainer (``examples/grpo_trainer.py``); the server is its
+child. Each cycle samples one batch of groups with the version the server serves, then
+holds the model, takes the GRPO steps, exports the next version (parity gate included)
+into the repository's hidden ``.grpo`` folder, pushes it by path, and resumes. Every
+completion trained on was sampled by the trainer's current version (staleness 0, asserted
+on every batch), and its recorded log-probs are checked against the trainer's.
+
+    python examples/lm/tiny_policy.py runs/tiny              # tiny policies (half a minute)
+    python examples/grpo_colocated.py --policy runs/tiny/llama-base \\
+        --serve-repository runs/grpo/models --model assistant
+
+With no ``--prompts`` the toy task is used (``examples/grpo_task.py``: answer about the
+noun asked about, rewarded by ``grpo_task:answers_about_the_noun``). The run stops once
+the mean reward of the last ``--window`` batches reaches ``--target-reward`` (exit 0), or
+after ``--max-cycles`` (exit 1), and prints a summary as one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import secrets
+import sys
+import time
+from collections import deque
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import grpo_task
+from grpo_trainer import GRPOLearner, Hyper, progress
+
+from loop.buffers import memory, open_consumer
+from loop.child_server import ChildServer
+from loop.colocated import ColocatedRunner
+from loop.controller import Fallback, SyncController
+from loop.experience import Completion
+from loop.grpo import prompts, rewards
+from loop.grpo.worker import PromptWorker, Sampling
+from serve.client import PolicyClient
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policy", type=Path, required=True, help="a causal LM folder (TRL's)")
+    parser.add_argument("--serve-repository", type=Path, required=True)
+    parser.add_argument("--model", default="assistant")
+    parser.add_argument("--prompts", type=Path, help="JSONL prompts (default: the toy task's)")
+    parser.add_argument("--reward", default="grpo_task:answers_about_the_noun")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--groups", type=int, default=32, help="groups sampled per batch")
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--learning-rate", type=float, default=Hyper.learning_rate)
+    parser.add_argument("--updates-per-batch", type=int, default=Hyper.updates_per_batch)
+    parser.add_argument("--target-reward", type=float, default=0.8)
+    parser.add_argument("--window", type=int, default=3, help="batches the target is over")
+    parser.add_argument("--max-cycles", type=int, default=150)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--log-json", type=Path, help="one line per cycle")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    args = parse(argv)
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.torch_threads)
+    repository = args.serve_repository
+    hyper = Hyper(learning_rate=args.learning_rate, updates_per_batch=args.updates_per_batch)
+    learner = GRPOLearner(args.policy, repository, args.model, hyper)
+    version = 1
+    if not (repository / args.model / str(version)).is_dir():  # the policy as version 1
+        exported = learner.export(version)
+        (repository / args.model).mkdir(parents=True, exist_ok=True)
+        exported.parent.rename(repository / args.model / str(version))
+    prompt_file = args.prompts or grpo_task.write(repository.parent / TOY_PROMPTS)
+    rows = prompts.Prompts(prompts.read(prompt_file))
+    reward = rewards.load(args.reward)
+    token = os.environ.get("RLSERVE_ADMIN_TOKEN") or secrets.token_hex(16)
+    buffer = f"memory://grpo-{secrets.token_hex(4)}"
+    sampling = Sampling(args.group_size, args.max_new_tokens, groups=args.groups)
+    recent: deque[float] = deque(maxlen=args.window)
+    summary: dict[str, Any] = {}
+    status = 1
+    with ExitStack() as stack:
+        server = stack.enter_context(
+            ChildServer(repository, log=repository.parent / "server.log", admin_token=token)
+        )
+        progress(f"serving {repository} at {server.url} (log: {server.log})")
+        client = stack.enter_context(PolicyClient(server.url, admin_token=token, timeout_s=120))
+        worker = stack.enter_context(
+            PromptWorker(server.url, args.model, buffer, rows, reward, sampling=sampling,
+                         seed=args.seed, worker_id="w0")
+        )  # fmt: skip
+        server.on_exit(worker.stop)
+        consumer = open_consumer(buffer, "trainer", "trainer-0")
+        stack.callback(consumer.close)
+        stack.callback(memory.discard, buffer)
+        controller = SyncController[Completion](
+            consumer, max_staleness=None, fallback=Fallback.DROP, version=version,
+            records=Completion,
+        )  # fmt: skip
+        runner = ColocatedRunner(
+            client, args.model, [worker], controller, version=version,
+            batch_size=args.groups * args.group_size, inference_interval=0.01,
+            training_interval=0.05, max_hold_s=300, repository=repository,
+            check_server=server.check,
+        )  # fmt: skip
+        log = args.log_json.open("a") if args.log_json else None
+        started = time.monotonic()
+        for _ in range(args.max_cycles):
+            cycle = runner.cycle(learner)
+            recent.append(learner.last["mean_reward"])
+            summary = {
+                "version": cycle.version,
+                "mean_reward": learner.last["mean_reward"],
+                "window_reward": sum(recent) / len(recent),
+                **learner.last,
+                "sample_s": round(cycle.inference.work_s, 3),
+                "train_s": round(cycle.training.work_s, 3),
+                "wall_s": round(time.monotonic() - started, 2),
+            }
+            if log is not None:
+                log.write(json.dumps(summary) + "\n")
+                log.flush()
+            progress(
+                f"version {cycle.version}: mean reward {summary['mean_reward']:.2f} (last "
+                f"{len(recent)}: {summary['window_reward']:.2f}), log-prob error "
+                f"{summary['log_prob_error']:.1e}, {summary['wall_s']:.0f} s"
+            )
+            if len(recent) == args.window and summary["window_reward"] >= args.target_reward:
+                status = 0
+                break
+        summary.update(
+            reached=status == 0,
+            cycles=len(runner.phases) // 2,
+            staleness_max=0,
+            accounting=dataclasses.asdict(controller.accounting()),
+        )
+        if log is not None:
+            log.close()
+    print(json.dumps(summary), flush=True)
+    return status
+
+
+TOY_PROMPTS = "toy_prompts.jsonl"  # beside the repository
+
+if __name__ == "__main__":
+    sys.exit(main())
