@@ -306,3 +306,36 @@ def test_the_contract_parses_as_written(llama_export: pipeline.LmExportOutcome) 
     text = llama_export.contract.to_json()
     assert LanguageModelContract.model_validate_json(text) == llama_export.contract
     assert json.loads(text)["kind"] == "causal-lm"
+
+
+def test_a_reused_graph_given_new_weights_is_what_the_builder_builds_for_them(
+    llama_export: pipeline.LmExportOutcome, llama_source: source.CausalLM, lm_repository: Path
+) -> None:
+    """A trainer's next version: the first export's graph with the new weights holds, byte
+    for byte, the weights the builder would write, and passes the parity gate."""
+    import copy
+    import dataclasses
+
+    import torch
+
+    from export import writer
+    from export.lm import gqa
+
+    assert llama_export.reusable is not None  # its weights follow the builder's layout
+    changed = copy.deepcopy(llama_source.model)
+    with torch.no_grad():
+        for parameter in changed.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.01)
+    reused = llama_export.reusable.with_weights(changed)
+    built = gqa.export(changed, llama_source.tokenizer)
+    assert reused.mismatched_weights(changed) == built.mismatched_weights(changed) == []
+    raw = {t.name: t.raw_data for t in built._model.graph.initializer}
+    assert {t.name: t.raw_data for t in reused._model.graph.initializer} == raw
+    moved = dataclasses.replace(llama_source, model=changed)
+    outcome = pipeline.export_language_model(
+        moved, pipeline.LmParitySettings(prompts=4), writer.destination(lm_repository, "reused", 1),
+        progress=lambda _: None, reuse=llama_export.reusable,
+    )  # fmt: skip
+    assert outcome.report.passed, outcome.report.table()
+    assert outcome.timings.export_s < 0.5  # no build
+    assert outcome.reusable is not None
