@@ -26,6 +26,7 @@ import dataclasses
 import json
 import os
 import secrets
+import statistics
 import sys
 import time
 from collections import deque
@@ -117,18 +118,31 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         log = args.log_json.open("a") if args.log_json else None
         started = time.monotonic()
+        measured: list[dict[str, Any]] = []
         for _ in range(args.max_cycles):
             cycle = runner.cycle(learner)
             recent.append(learner.last["mean_reward"])
+            assert cycle.training.update is not None
+            update = cycle.training.update.to_json()
             summary = {
                 "version": cycle.version,
                 "mean_reward": learner.last["mean_reward"],
                 "window_reward": sum(recent) / len(recent),
                 **learner.last,
+                **update,
+                # from the optimizer's last step to the new version serving
+                "update_latency_s": round(
+                    learner.last["export_s"] + update["update_push_s"] + update["update_resume_s"],
+                    4,
+                ),
                 "sample_s": round(cycle.inference.work_s, 3),
+                "sampled_tokens": worker.counters.tokens,
                 "train_s": round(cycle.training.work_s, 3),
+                "inference_turn_s": round(cycle.inference.seconds, 4),
+                "training_turn_s": round(cycle.training.seconds, 4),
                 "wall_s": round(time.monotonic() - started, 2),
             }
+            measured.append(summary)
             if log is not None:
                 log.write(json.dumps(summary) + "\n")
                 log.flush()
@@ -144,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
             reached=status == 0,
             cycles=len(runner.phases) // 2,
             staleness_max=0,
+            log_prob_error_max=max(c["log_prob_error"] for c in measured),
             accounting=dataclasses.asdict(controller.accounting()),
+            totals=totals(measured),
         )
         if log is not None:
             log.close()
@@ -153,6 +169,41 @@ def main(argv: list[str] | None = None) -> int:
 
 
 TOY_PROMPTS = "toy_prompts.jsonl"  # beside the repository
+
+
+def totals(cycles: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's rates and shares, and the median weight update with its parts."""
+    wall = cycles[-1]["wall_s"]
+    sampling = sum(c["inference_turn_s"] for c in cycles)
+    training = sum(c["training_turn_s"] for c in cycles)
+
+    def median(key: str) -> float:
+        return round(statistics.median(c[key] for c in cycles), 4)
+
+    return {
+        "rollout_tokens_per_s": round(
+            cycles[-1]["sampled_tokens"] / sum(c["sample_s"] for c in cycles)
+        ),
+        "trainer_samples_per_s": round(
+            sum(c["completions"] for c in cycles) / sum(c["learn_s"] for c in cycles)
+        ),
+        "sampler_waiting_share": round(training / wall, 3),  # the model held: training
+        "trainer_waiting_share": round(sampling / wall, 3),  # sampling the next batch
+        "update_share": round(sum(c["update_latency_s"] for c in cycles) / wall, 3),
+        "update_latency_median_s": median("update_latency_s"),
+        **{
+            f"{k}_median_s": median(k)
+            for k in (
+                "export_s",
+                "update_push_s",
+                "update_load_s",
+                "update_swap_s",
+                "update_resume_s",
+                "learn_s",
+            )
+        },
+    }
+
 
 if __name__ == "__main__":
     sys.exit(main())

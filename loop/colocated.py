@@ -115,6 +115,9 @@ class Phase:
     held: bool | None = None  # training: the hold's answer said held
     held_at_resume: bool | None = None  # training: the model was still held just before resume
     pushed: dict[str, Any] = field(default_factory=dict)  # training: the push's answer
+    # training: the weight update's parts (the learner's update, learning and exporting;
+    # the push's round trip, the server's load and swap in it; the resume's round trip)
+    update: UpdateTimes | None = None
 
     @property
     def seconds(self) -> float:
@@ -134,7 +137,22 @@ class Phase:
             "held_at_resume": self.held_at_resume,
             "push_result": self.pushed.get("result"),
             "push_active_version": self.pushed.get("active_version"),
+            **({} if self.update is None else self.update.to_json()),
         }
+
+
+@dataclass(frozen=True)
+class UpdateTimes:
+    """Where a training turn's weight update went, in seconds."""
+
+    learner_s: float  # Learner.update: learning from the batch and exporting the version
+    push_s: float  # the push's round trip: the server checks, loads and activates it
+    load_s: float  # ... of which loading (the server's own count)
+    swap_s: float  # ... of which activating
+    resume_s: float  # the resume's round trip: the new version serves from its end
+
+    def to_json(self) -> dict[str, float]:
+        return {f"update_{k}": round(v, 4) for k, v in self.__dict__.items()}
 
 
 @dataclass(frozen=True)
@@ -240,8 +258,11 @@ class ColocatedRunner:
             batch = self.controller.next_batch(collected, timeout_s=1.0)
             self._check_staleness(batch, collected)
             next_version = self.version + 1
+            learning = self._clock()
             path = learner.update(batch, next_version)
+            pushing = self._clock()
             pushed = self._push(next_version, path)
+            pushed_at = self._clock()
             state = self.client.model(self.model)
             if not state.get("held") or state.get("active_version") != next_version:
                 raise HoldLost(
@@ -256,11 +277,16 @@ class ColocatedRunner:
             work_s = self._clock() - started
             self._end_of_quantum(started, self.training_interval)
         finally:
+            resuming = self._clock()
             self.client.resume(self.model)  # also after a failure: never leave it held
         ended = self._clock()
+        update = UpdateTimes(
+            pushing - learning, pushed_at - pushing, float(pushed.get("load_s") or 0.0),
+            float(pushed.get("swap_s") or 0.0), ended - resuming,
+        )  # fmt: skip
         phase = Phase("training", next_version - 1, started, ended, work_s, self.training_interval,
                       records=len(batch.steps), held=True, held_at_resume=True,
-                      pushed=pushed)  # fmt: skip
+                      pushed=pushed, update=update)  # fmt: skip
         return phase, batch
 
     def _push(self, version: int, path: Path) -> dict[str, Any]:
