@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             reached=status == 0,
             cycles=len(runner.phases) // 2,
             staleness_max=0,
-            log_prob_error_max=max(c["log_prob_error"] for c in measured),
+            log_prob_error_max=max(c["log_prob_error"] or 0.0 for c in measured),
             accounting=dataclasses.asdict(controller.accounting()),
             totals=totals(measured),
         )

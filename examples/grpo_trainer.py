@@ -87,6 +87,7 @@ class Group:
     mask: torch.Tensor  # [G, T], 1 for a completion token
     behaviour: torch.Tensor  # [G, T], 0 where padded
     advantages: torch.Tensor  # [G]
+    version: int  # the version that sampled it
 
 
 def groups_of(completions: Sequence[Completion]) -> list[Group]:
@@ -111,8 +112,20 @@ def groups_of(completions: Sequence[Completion]) -> list[Group]:
             mask[row, : len(tokens)] = 1
             behaviour[row, : len(tokens)] = torch.tensor(completions[index].log_probs)
         prompt = torch.from_numpy(completions[indices[0]].prompt_ids.astype(np.int64))
-        groups.append(Group(prompt, ids, mask, behaviour, torch.from_numpy(advantages[indices])))
+        version = completions[indices[0]].model_version
+        advantage = torch.from_numpy(advantages[indices])
+        groups.append(Group(prompt, ids, mask, behaviour, advantage, version))
     return groups
+
+
+def whole_groups(completions: Sequence[Completion]) -> tuple[list[Completion], int]:
+    """The completions of the groups a batch holds whole, and how many it holds a part of
+    (a batch cut short mid-group by its timeout; their completions are left out)."""
+    counts: dict[str, int] = {}
+    for completion in completions:
+        counts[completion.group_id] = counts.get(completion.group_id, 0) + 1
+    whole = [c for c in completions if counts[c.group_id] == c.group_size]
+    return whole, len({c.group_id for c in completions if counts[c.group_id] != c.group_size})
 
 
 def completion_log_probs(model: Any, group: Group) -> torch.Tensor:
@@ -173,15 +186,20 @@ class GRPOLearner:
         self._previous: Path | None = None
 
     def update(self, batch: Batch[Completion], next_version: int) -> Path:
+        """Learn from the batch's whole groups, export ``next_version``; its model file.
+        The log-prob check covers the groups of the trainer's own version (all of them,
+        co-located; decoupled, older ones are off-policy: the clipped ratio corrects them)."""
         started = time.monotonic()
-        groups = groups_of(batch.steps)
-        error = self.log_prob_error(groups)
-        if error > self.hyper.log_prob_tolerance:
+        completions, partial = whole_groups(batch.steps)
+        groups = groups_of(completions)
+        own = [g for g in groups if g.version == batch.version]
+        error = self.log_prob_error(own) if own else None
+        if error is not None and error > self.hyper.log_prob_tolerance:
             raise AssertionError(
                 f"the trainer's log-probs are {error:.2g} away from those the server recorded "
                 f"for version {batch.version}: the server does not serve the trainer's weights"
             )
-        tokens = sum(float(g.mask.sum()) for g in groups)
+        tokens = max(1.0, sum(float(g.mask.sum()) for g in groups))
         self.model.train()
         losses, clipped = [], 0
         for _ in range(self.hyper.updates_per_batch):
@@ -201,13 +219,16 @@ class GRPOLearner:
         self.model.eval()
         learned = time.monotonic()
         path = self.export(next_version)
-        rewards = [c.reward for c in batch.steps]
+        rewards = [c.reward for c in completions]
         self.last = {
-            "completions": len(batch.steps),
+            "completions": len(completions),
             "groups": len(groups),
+            "partial_groups": partial,
+            "staleness_max": max((batch.version - g.version for g in groups), default=0),
             "tokens": int(tokens),
-            "mean_reward": float(np.mean(rewards)),
-            "log_prob_error": error,
+            "mean_reward": float(np.mean(rewards)) if rewards else None,
+            "log_prob_error": error,  # None: no group of the trainer's version to check
+            "checked_groups": len(own),
             "loss": losses[0],
             "clipped_fraction": clipped / max(1.0, tokens * self.hyper.updates_per_batch),
             "learn_s": round(learned - started, 3),

@@ -143,7 +143,7 @@ class PromptWorker:
             assert answer is not None
             records += self._group(row, answer)
         self._publish(records)
-        return True
+        return not self._stop.is_set()
 
     def _generate(self, row: PromptRow, seed: int | None) -> dict[str, Any] | None:
         """The server's group for ``row``, retried while the failure is transient; None if a
@@ -221,7 +221,8 @@ class PromptWorker:
         return records
 
     def _publish(self, records: Sequence[Completion]) -> None:
-        """Publish ``records``, the same ones again while the buffer pushes back."""
+        """Publish ``records``, the same ones again while the buffer pushes back (a trainer
+        behind: the workers wait for it); a stop meanwhile leaves them unpublished."""
         backoff: Backoff | None = None
         while True:
             try:
@@ -231,7 +232,9 @@ class PromptWorker:
             except (BufferFull, BufferUnavailable) as error:
                 self.counters.retries += 1
                 backoff = backoff or Backoff(self.retry_for_s)
-                if not backoff.wait(None):
+                if not backoff.wait(None, self._stop):
+                    if self._stop.is_set():
+                        return
                     raise GaveUp(
                         f"the buffer refused {len(records)} completions for "
                         f"{self.retry_for_s:g}s (last: {error.message}); they are lost"
