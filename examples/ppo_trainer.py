@@ -83,6 +83,7 @@ from torch.distributions import Categorical
 from export import writer
 from export.actor_critic.pipeline import ParitySettings, export_policy
 from export.modules.source import TorchOptions, load_source
+from export.reweight import Reweighable
 from loop import config as loop_config
 from loop.buffers import open_consumer, open_producer
 from loop.controller import Fallback, LoopMetrics, SyncController
@@ -380,18 +381,26 @@ def log_prob_error(published: dict[int, Agent], rollout: Rollout) -> float | Non
 # ---------------------------------------------------------------------- export
 
 
+# The first export's graph: later versions are that graph with the new weights (no tracing:
+# ~0.05 s instead of ~0.9 s for this MLP), through the same parity gate (export/reweight.py).
+reusable: Reweighable | None = None
+
+
 def export(version: int, repository: Path, args: Args) -> Path:
     """``rlserve export torch __main__:agent --env ENV`` from Python: ONNX, parity against
     the torch module on sampled observations, the contract, and a verified write into
     ``repository/MODEL/VERSION/model.onnx``. Nothing is written if parity fails."""
+    global reusable
     outcome = export_policy(
         load_source(TorchOptions(EXPORT_TARGET, env=args.env)),
         ParitySettings(samples=args.parity_samples),
         writer.destination(repository, args.model, version),
         progress=lambda _: None,
+        reuse=reusable,
     )
     if outcome.path is None:
         sys.exit(f"version {version} failed the exporter's parity check:\n{outcome.report.table()}")
+    reusable = outcome.reusable
     return outcome.path
 
 

@@ -22,6 +22,7 @@ from export.actor_critic.parity import report as parity_report
 from export.actor_critic.source import Observations, PolicySource
 from export.actor_critic.tensors import input_specs, parameter_width
 from export.onnx_export import to_onnx
+from export.reweight import Reweighable
 from export.runner import Runner, runner
 from serve import contract
 from serve.contract import GoldenVector
@@ -44,6 +45,9 @@ class ParitySettings:
 class ExportOutcome:
     report: ParityReport
     path: Path | None  # None: parity failed and nothing was written
+    # The graph an export of other weights of the same module may start from (``reuse``);
+    # None when the exporter folded or transformed any of its tensors.
+    reusable: Reweighable | None = None
 
 
 def export_policy(
@@ -51,22 +55,54 @@ def export_policy(
     parity: ParitySettings,
     destination: writer.Destination,
     progress: Progress,
+    reuse: Reweighable | None = None,
 ) -> ExportOutcome:
+    """Export ``source`` to ``destination`` behind the parity gate. ``reuse``: an earlier
+    export's graph of this module (its ``reusable``), given the module's weights now instead
+    of being traced again; should it fail the gate, the graph is traced and judged anew."""
     _check_settings(parity)
+    checked = parity_observations(source, parity)
+    if reuse is not None:
+        progress("the earlier graph, with the module's weights now")
+        model = reuse.with_weights(source.graph)
+        report, golden = _parity(source, runner(model), checked, parity, progress)
+        if report.passed:
+            return _written(source, destination, model, (report, golden), reuse, progress)
+        progress("the earlier graph with these weights failed parity: tracing the graph anew")
     progress("exporting the graph to ONNX (torch.onnx, dynamo, opset 18)")
     model = onnx_bytes(source, parity.seed)
-    run = runner(model)
-    checked = parity_observations(source, parity)
-    if source.state is None:
-        report, golden = _feed_forward_parity(source, run, checked, parity, progress)
-    else:
-        report, golden = _recurrent_parity(source, run, checked, parity, progress)
+    report, golden = _parity(source, runner(model), checked, parity, progress)
     if not report.passed:
         return ExportOutcome(report, None)
+    reusable = Reweighable.of(model, source.graph)
+    return _written(source, destination, model, (report, golden), reusable, progress)
+
+
+def _parity(
+    source: PolicySource,
+    run: Runner,
+    checked: Observations,
+    parity: ParitySettings,
+    progress: Progress,
+) -> tuple[ParityReport, list[GoldenVector]]:
+    if source.state is None:
+        return _feed_forward_parity(source, run, checked, parity, progress)
+    return _recurrent_parity(source, run, checked, parity, progress)
+
+
+def _written(
+    source: PolicySource,
+    destination: writer.Destination,
+    model: bytes,
+    passed: tuple[ParityReport, list[GoldenVector]],
+    reusable: Reweighable | None,
+    progress: Progress,
+) -> ExportOutcome:
+    report, golden = passed
     policy = build_contract(source, destination.version, default_opset(model), golden)
     progress(f"writing {destination.version_dir / writer.MODEL_FILE}")
     path = writer.write(destination, with_contract(model, policy), check=verify_file)
-    return ExportOutcome(report, path)
+    return ExportOutcome(report, path, reusable)
 
 
 def _feed_forward_parity(
