@@ -155,28 +155,46 @@ def main(argv: list[str] | None = None) -> int:
             consumer, max_staleness=args.max_staleness, fallback=Fallback(args.fallback),
             version=version, records=Completion,
         )  # fmt: skip
-        workers = []
-        if args.role == "all":
-            workers = [
-                stack.enter_context(make_worker(args, server, buffer, i))
-                for i in range(args.workers)
-            ]
-            stop = threading.Event()
-            threads = [threading.Thread(target=_sample, args=(w, stop)) for w in workers]
-            for thread in threads:
-                thread.start()
-
-            def stop_workers() -> None:
-                stop.set()
-                for worker in workers:
-                    worker.stop()
-                for thread in threads:
-                    thread.join(timeout=60)
-
-            stack.callback(stop_workers)
+        workers = start_workers(args, server, buffer, stack) if args.role == "all" else []
         status, summary = train(args, learner, client, controller, version)
+        summary.update(sampling(workers, summary["wall_s"]))
     print(json.dumps(summary), flush=True)
     return status
+
+
+def start_workers(
+    args: argparse.Namespace, server: str, buffer: str, stack: ExitStack
+) -> list[PromptWorker]:
+    """``--workers`` worker threads, stopped (and joined) when ``stack`` unwinds."""
+    workers = [
+        stack.enter_context(make_worker(args, server, buffer, i)) for i in range(args.workers)
+    ]
+    stop = threading.Event()
+    threads = [threading.Thread(target=_sample, args=(w, stop)) for w in workers]
+    for thread in threads:
+        thread.start()
+
+    def stop_workers() -> None:
+        stop.set()
+        for worker in workers:
+            worker.stop()
+        for thread in threads:
+            thread.join(timeout=60)
+
+    stack.callback(stop_workers)
+    return workers
+
+
+def sampling(workers: list[PromptWorker], wall: float) -> dict[str, Any]:
+    """The sampling side over the trainer's wall-clock (this process's workers only)."""
+    if not workers:
+        return {}
+    tokens = sum(w.counters.tokens for w in workers)
+    blocked = sum(w.counters.publish_s for w in workers) / len(workers)
+    return {
+        "rollout_tokens_per_s": round(tokens / wall),
+        "sampler_waiting_share": round(blocked / wall, 3),  # for the buffer's room
+    }
 
 
 def _sample(worker: PromptWorker, stop: threading.Event) -> None:
@@ -261,6 +279,11 @@ def train(
             if measured else None
         ),
         trainer_waiting_share=round(waited / wall, 3),
+        trainer_samples_per_s=round(
+            sum(c["completions"] for c in measured) / max(1e-9, sum(c["learn_s"] for c in measured))
+        ),
+        update_share=round(sum(c["update_latency_s"] for c in measured) / wall, 3),
+        wall_s=round(wall, 2),
     )  # fmt: skip
     return status, summary
 

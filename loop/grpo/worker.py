@@ -56,6 +56,7 @@ class PromptCounters:
     recent_rewards: deque[float] = field(default_factory=lambda: deque(maxlen=256))
     versions: dict[int, int] = field(default_factory=dict)  # completions per model version
     generate_s: float = 0.0  # waiting for the server (retries included)
+    publish_s: float = 0.0  # publishing, waiting for the buffer's room included
 
     @property
     def mean_reward(self) -> float | None:
@@ -223,6 +224,13 @@ class PromptWorker:
     def _publish(self, records: Sequence[Completion]) -> None:
         """Publish ``records``, the same ones again while the buffer pushes back (a trainer
         behind: the workers wait for it); a stop meanwhile leaves them unpublished."""
+        started = time.perf_counter()
+        try:
+            self._publish_retried(records)
+        finally:
+            self.counters.publish_s += time.perf_counter() - started
+
+    def _publish_retried(self, records: Sequence[Completion]) -> None:
         backoff: Backoff | None = None
         while True:
             try:
