@@ -39,6 +39,8 @@ Scenarios (all by default):
                                        server-held state (issue #22), see below
   features                             mlp observations by entity from Redis (both
                                        layouts) against inline (issue #24), see below
+  grpo                                 GRPO through the server, co-located and
+                                       decoupled (issue #26), see below
 
 overload: one rlserve serve process (mlp). Saturation: wrk at 8, 16, 32 and 64
 connections; goodput = 2xx answers/s, its peak is reached at C* connections. Overload:
@@ -111,6 +113,13 @@ inline observations against entity ids. Reports the server's round trips to Redi
 per round trip) and each request's mean wait for its features. Target: by entity, p99
 within 2 ms of inline. `--only features --seconds 8` takes about a minute.
 
+grpo (bench/grpo.py): the tiny Llama base policy learns the toy task of
+examples/grpo_task.py for 30 versions in each layout, as examples/grpo_colocated.py and
+examples/grpo_decoupled.py run it: rollout tokens/s, trainer samples/s, the median weight
+update (optimizer step to the new version serving) with its parts, and each side's share
+of the wall-clock spent waiting. No targets: the figures are reported. `--only grpo` takes
+about two minutes (plus building the tiny policies on a first run).
+
 Needs wrk and taskset on PATH, two CPU cores, and the test install (torch and
 stable-baselines3 build the mlp and cnn models; transformers, trl, peft and
 onnxruntime-genai the lm scenario; redis-server the cache scenario). Writes
@@ -141,6 +150,7 @@ from bench import (
     cpu,
     features,
     gpu_report,
+    grpo,
     lm,
     load,
     loop,
@@ -218,7 +228,8 @@ def main() -> None:
     except ValueError as e:
         parser.error(str(e))
     cpu.require_cores()
-    if any(n not in (scenarios.RAW, scenarios.ACTOR, scenarios.LOOP, scenarios.LM) for n in chosen):
+    quiet = (scenarios.RAW, scenarios.ACTOR, scenarios.LOOP, scenarios.LM, scenarios.GRPO)
+    if any(n not in quiet for n in chosen):
         load.require_wrk()
     results = Results(_conditions(args, chosen))
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
@@ -269,6 +280,9 @@ def _run_peers(
     if scenarios.FEATURES in chosen:
         _say("mlp: observations by entity from Redis, against inline")
         results.features = features.run(repository, workdir, args.seconds, args.warmup)
+    if scenarios.GRPO in chosen:
+        _say("tiny Llama: GRPO through the server, co-located and decoupled")
+        results.grpo = grpo.run(workdir)
 
 
 def _write(output: Path, results: Results, chosen: tuple[str, ...]) -> None:
@@ -309,6 +323,8 @@ def _splice(
             return report.splice_recurrent(old, results.recurrent, verdicts)
         if results.features is not None:
             return report.splice_features(old, results.features, verdicts)
+        if results.grpo is not None:
+            return report.splice_grpo(old, results.grpo, verdicts)
     return report.splice_subset(old, results, verdicts)
 
 

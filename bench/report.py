@@ -26,6 +26,7 @@ from bench import (
 )
 from bench.cache import CacheRow, CacheRun, Path_
 from bench.features import FeatureRow, FeaturesRun
+from bench.grpo import GrpoRun, LayoutRow
 from bench.lm import BaselineRun, LmRun, ServerRun
 from bench.load import LoadResult
 from bench.loop import BufferRun, LoopRun, WorkerRun
@@ -91,6 +92,8 @@ def _own_sections(results: Results) -> list[str]:
         parts.append(_recurrent_section(results.recurrent))
     if results.features is not None:
         parts.append(_features_section(results.features))
+    if results.grpo is not None:
+        parts.append(_grpo_section(results.grpo))
     return parts
 
 
@@ -452,6 +455,12 @@ def splice_features(document: str, run: FeaturesRun, verdicts: list[Verdict]) ->
     replaced by this run's; None when it is no benchmarks document."""
     section = _features_section(run)
     return _splice(document, FEATURES_HEADING, section, verdicts, targets.FEATURES_PREFIX)
+
+
+def splice_grpo(document: str, run: GrpoRun, verdicts: list[Verdict]) -> str | None:
+    """``document`` with its GRPO section replaced by this run's; None when it is no
+    benchmarks document."""
+    return _splice(document, GRPO_HEADING, _grpo_section(run), verdicts, targets.GRPO_PREFIX)
 
 
 def splice_recurrent(document: str, run: RecurrentRun, verdicts: list[Verdict]) -> str | None:
@@ -1400,3 +1409,77 @@ picked in C) and 376 numbers parsed from text (`float`, about 0.1 µs each), on 
 server's core, beside the event loop; a packed float32 vector is one bulk string per
 entity, read with `np.frombuffer`. The layout is the feature pipeline's choice; for
 observations of hundreds of values, packed vectors are what keep lookups cheap."""
+
+
+GRPO_HEADING = "## GRPO through the server"
+
+
+def _grpo_section(run: GrpoRun) -> str:
+    method = _GRPO_METHOD.format(
+        when=run.when,
+        took=_duration(run.seconds),
+        machine=run.machine,
+        load=run.load_before,
+        load_after=run.load_after,
+        versions=run.versions,
+    )
+    table = [
+        "| layout | versions | wall s | mean reward, last batch | rollout tokens/s "
+        "| trainer samples/s | update median ms (export / push / load / resume) "
+        "| wall-clock in updates | sampler waiting | trainer waiting |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        *(_grpo_row(row) for row in run.rows),
+    ]
+    return _own_section(GRPO_HEADING, method, [], run.failure, table, _GRPO_READING)
+
+
+def _grpo_row(row: LayoutRow) -> str:
+    if row.failure is not None:
+        return f"| {row.layout} | failed: {row.failure.replace('|', '/')} | | | | | | | | |"
+
+    def ms(key: str) -> str:
+        value = row.get(key)
+        return "-" if value is None else f"{value * 1000:.0f}"
+
+    def share(key: str) -> str:
+        value = row.get(key)
+        return "-" if value is None else f"{value:.0%}"
+
+    parts = " / ".join(
+        ms(k)
+        for k in ("export_s_median_s", "update_push_s_median_s", "update_load_s_median_s",
+                  "update_resume_s_median_s")
+    )  # fmt: skip
+    if row.layout == "decoupled":  # no hold, no resume: the push is the rest of the update
+        parts = f"export and push (load {_maybe(row.get('load_s'), '{:.3f}')} s of the last)"
+    return (
+        f"| {row.layout} | {row.get('version') - 1} | {row.get('wall_s'):.1f} "
+        f"| {_maybe(row.get('mean_reward'), '{:.2f}')} "
+        f"| {_maybe(row.get('rollout_tokens_per_s'), '{:,.0f}')} "
+        f"| {_maybe(row.get('trainer_samples_per_s'), '{:,.0f}')} "
+        f"| {ms('update_latency_median_s')} ({parts}) | {share('update_share')} "
+        f"| {share('sampler_waiting_share')} | {share('trainer_waiting_share')} |"
+    )
+
+
+_GRPO_METHOD = """\
+Measured {when} ({took}) on {machine}; load average {load} before, {load_after} after.
+The tiny Llama base policy (`examples/lm/tiny_policy.py`) learns the toy task of
+`examples/grpo_task.py` (answer about the cat) for {versions} versions in each layout, as
+`examples/grpo_colocated.py` and `examples/grpo_decoupled.py` run it with their defaults:
+batches of 32 prompts x 8 completions of up to 8 tokens, the server the run's child, the
+decoupled run with two worker threads; server, workers and trainer share the two cores.
+A weight update runs from the optimizer's last step to the new version serving: the export
+(parity gate included; after the first, the built graph given the new weights), the push
+by path (the server's load and activation in it) and, co-located, the resume. Waiting:
+co-located, the sampler waits while the model is held for training and the trainer while
+a batch is sampled; decoupled, a worker waits for room in the buffer (it runs one batch
+ahead at most) and the trainer for a batch."""
+
+_GRPO_READING = """\
+How to read it: co-located, sampling and training take turns, so their shares add up to
+the wall-clock; learning (a forward and backward pass per group, four steps per batch on
+one core) is most of a cycle, and the update itself a small part since the exporter gives
+the first graph each version's weights instead of building it again (4.2 s before).
+Decoupled, the workers sample while the trainer learns, so the trainer rarely waits; the
+workers mostly wait for the buffer's room, the bound that keeps staleness at one version."""

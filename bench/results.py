@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from bench.actor import ActorResult
 from bench.cache import CacheRun
 from bench.features import FeaturesRun
+from bench.grpo import GrpoRun
 from bench.lm import LmRun
 from bench.load import LoadResult
 from bench.loop import LoopRun
@@ -81,6 +82,7 @@ class Results:
     cache: CacheRun | None = None
     recurrent: RecurrentRun | None = None
     features: FeaturesRun | None = None
+    grpo: GrpoRun | None = None
 
     def find(self, scenario: str, setup_key: str) -> LoadRun | None:
         for run in self.load:

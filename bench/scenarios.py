@@ -9,8 +9,9 @@ the inference side of RL training: rollout workers and experience buffers (see
 bench/loop.py), ``lm`` language-model generation with continuous batching against
 transformers and onnxruntime-genai (see bench/lm.py), ``cache`` the result cache's hit
 and miss paths against a model run (see bench/cache.py), ``recurrent`` 64 sequences
-of a recurrent policy with client-held and server-held state (see bench/recurrent.py), and
-``features`` observations by entity from Redis against inline (see bench/features.py).
+of a recurrent policy with client-held and server-held state (see bench/recurrent.py),
+``features`` observations by entity from Redis against inline (see bench/features.py), and
+``grpo`` GRPO learning through the server in both layouts (see bench/grpo.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ LM = "lm"
 CACHE = "cache"
 RECURRENT = "recurrent"
 FEATURES = "features"
+GRPO = "grpo"
 STOCHASTIC_OUTPUTS = ("actions", "log_probs", "values")
 
 
@@ -54,7 +56,9 @@ WRK = (
     Scenario("cnn-64", "cnn", "cnn", 64),
     Scenario("cartpole-64", "cartpole", "cartpole", 64),
 )
-NAMES = (*(s.name for s in WRK), RAW, ACTOR, OVERLOAD, OIP, LOOP, LM, CACHE, RECURRENT, FEATURES)
+NAMES = (
+    *(s.name for s in WRK), RAW, ACTOR, OVERLOAD, OIP, LOOP, LM, CACHE, RECURRENT, FEATURES, GRPO,
+)  # fmt: skip
 SPLICED = (
     OIP,
     LOOP,
@@ -62,6 +66,7 @@ SPLICED = (
     CACHE,
     RECURRENT,
     FEATURES,
+    GRPO,
 )  # alone into an existing document: replace only their own section
 MODELS = ("cartpole", "mlp", "cnn")  # every model of the repository, in document order
 
