@@ -242,6 +242,24 @@ class BufferContract:
         for want in steps:
             assert_same_step(by_key[want.key], want)
 
+    def test_completions_round_trip_exactly_in_group_order(self, backend: Backend) -> None:
+        """A language model's records ride the same buffers: a group whole, in order."""
+        group = [make_completion("g-ü", index, size=5, version=3) for index in range(5)]
+        producer = backend.producer()
+        producer.publish(group)
+        producer.flush()
+        got = [d.step for d in drain(backend.consumer(), len(group), self.timeout_s)]
+        assert [record.key for record in got] == [c.key for c in group]
+        for record, want in zip(got, group, strict=True):
+            assert isinstance(record, Completion)
+            for name in Completion.__slots__:
+                a, b = getattr(record, name), getattr(want, name)
+                if isinstance(b, np.ndarray):
+                    assert a.dtype == b.dtype, name
+                    assert np.array_equal(a, b), name
+                else:
+                    assert a == b, name
+
     def test_order_within_episode(self, backend: Backend) -> None:
         episodes = {f"ep{e}": episode(f"ep{e}", 30) for e in range(20)}
         producer = backend.producer()
