@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grpo_task
-from grpo_trainer import GRPOLearner, Hyper, progress
+from grpo_trainer import GRPOLearner, Hyper, config_defaults, progress
 
 from loop.buffers import memory, open_consumer
 from loop.child_server import ChildServer
@@ -65,14 +65,29 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-cycles", type=int, default=150)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--inference-interval", type=float, default=0.01, help="seconds")
+    parser.add_argument("--training-interval", type=float, default=0.05, help="seconds")
     parser.add_argument("--log-json", type=Path, help="one line per cycle")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--config", nargs="+", default=[], metavar="FILE",
+        help="the loop's configuration (rl_config.yaml): task_schedule, gpu_allocation and "
+        "trainer: become the flags' defaults",
+    )  # fmt: skip
+    config = config_defaults(parser.parse_args(argv).config, parser)
+    if config is not None and config.cluster_mode != "co-located":
+        parser.error(f"cluster_mode {config.cluster_mode}: run examples/grpo_decoupled.py")
+    args = parser.parse_args(argv)
+    args.loop_config = config
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     import torch
 
     args = parse(argv)
+    config = args.loop_config
+    if config is not None and config.cuda_visible_devices("training"):  # before torch's CUDA
+        os.environ["CUDA_VISIBLE_DEVICES"] = config.cuda_visible_devices("training")
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.torch_threads)
     repository = args.serve_repository
@@ -94,8 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     status = 1
     with ExitStack() as stack:
         server = stack.enter_context(
-            ChildServer(repository, log=repository.parent / "server.log", admin_token=token)
-        )
+            ChildServer(
+                repository, log=repository.parent / "server.log", admin_token=token,
+                cuda_visible_devices=config.cuda_visible_devices("inference") if config else "",
+            )
+        )  # fmt: skip
         progress(f"serving {repository} at {server.url} (log: {server.log})")
         client = stack.enter_context(PolicyClient(server.url, admin_token=token, timeout_s=120))
         worker = stack.enter_context(
@@ -112,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         runner = ColocatedRunner(
             client, args.model, [worker], controller, version=version,
-            batch_size=args.groups * args.group_size, inference_interval=0.01,
-            training_interval=0.05, max_hold_s=300, repository=repository,
+            batch_size=args.groups * args.group_size,
+            inference_interval=args.inference_interval,
+            training_interval=args.training_interval, max_hold_s=300, repository=repository,
             check_server=server.check,
         )  # fmt: skip
         log = args.log_json.open("a") if args.log_json else None

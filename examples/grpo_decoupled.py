@@ -24,6 +24,7 @@ the last ``--window`` batches reaches ``--target-reward`` (exit 0) or after
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -34,6 +35,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -41,10 +43,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grpo_task
 from grpo_colocated import TOY_PROMPTS
-from grpo_trainer import GRPOLearner, Hyper, progress
+from grpo_trainer import GRPOLearner, Hyper, config_defaults, progress
 
-from loop.buffers import memory, open_consumer
-from loop.buffers.base import BufferOptions
+from loop.buffers import memory, open_consumer, open_producer
+from loop.buffers.base import BufferOptions, Producer
 from loop.child_server import ChildServer
 from loop.controller import Fallback, SyncController
 from loop.experience import Completion
@@ -80,13 +82,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--log-json", type=Path, help="one line per version")
+    parser.add_argument("--offline-buffer", help="where --fallback offline sends stale groups")
+    parser.add_argument(
+        "--config", nargs="+", default=[], metavar="FILE",
+        help="the loop's configuration (decoupled_config.yaml, sync_policy.yaml): the server, "
+        "the buffer, sync_policy and trainer: become the flags' defaults",
+    )  # fmt: skip
+    config = config_defaults(parser.parse_args(argv).config, parser)
+    if config is not None and config.cluster_mode != "decoupled":
+        parser.error(f"cluster_mode {config.cluster_mode}: run examples/grpo_colocated.py")
     args = parser.parse_args(argv)
     if args.role != "worker" and (args.policy is None or args.serve_repository is None):
         parser.error(f"--role {args.role} needs --policy and --serve-repository")
     if args.role != "all" and (args.server is None or args.buffer is None):
         parser.error(f"--role {args.role} needs --server and --buffer")
-    if args.fallback == Fallback.OFFLINE:
-        parser.error("--fallback offline needs an offline buffer; use drop or keep here")
+    if args.fallback == Fallback.OFFLINE and args.offline_buffer is None:
+        parser.error("--fallback offline needs --offline-buffer (where stale groups go)")
     return args
 
 
@@ -140,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     buffer = args.buffer or f"memory://grpo-{secrets.token_hex(4)}"
     with ExitStack() as stack:
         server = args.server
-        if args.role == "all":
+        if args.role == "all":  # the child's URL, whatever the configuration names
             child = stack.enter_context(
                 ChildServer(repository, log=repository.parent / "server.log", admin_token=token)
             )
@@ -151,9 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(consumer.close)
         if buffer.startswith("memory://"):
             stack.callback(memory.discard, buffer)
+        offline = None
+        if args.fallback == Fallback.OFFLINE:
+            offline = stack.enter_context(_closing(open_producer(args.offline_buffer)))
         controller = SyncController[Completion](
             consumer, max_staleness=args.max_staleness, fallback=Fallback(args.fallback),
-            version=version, records=Completion,
+            offline=offline, version=version, records=Completion,
         )  # fmt: skip
         workers = start_workers(args, server, buffer, stack) if args.role == "all" else []
         status, summary = train(args, learner, client, controller, version)
@@ -286,6 +300,15 @@ def train(
         wall_s=round(wall, 2),
     )  # fmt: skip
     return status, summary
+
+
+@contextlib.contextmanager
+def _closing(producer: Producer) -> Iterator[Producer]:
+    try:
+        yield producer
+    finally:
+        producer.flush()
+        producer.close()
 
 
 def _sha256(path: Path) -> str:

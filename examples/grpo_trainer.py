@@ -281,6 +281,49 @@ class GRPOLearner:
         return self._previous
 
 
+# -- the loop's configuration ---------------------------------------------------------
+
+
+def config_defaults(files: Sequence[str], parser: Any) -> Any:
+    """The loop's configuration (``--config``: the reference ``rl_config.yaml``,
+    ``decoupled_config.yaml``, ``sync_policy.yaml`` as written) as the defaults of the
+    GRPO scripts' flags, which still win: co-located, ``task_schedule`` and
+    ``gpu_allocation``; decoupled, the server (``inference_cluster``), the buffer
+    (``data_buffer``) and ``sync_policy`` (``offline``: the ``<topic>_offline`` stream);
+    both, the ``trainer:`` section by flag name. The configuration, or None without one."""
+    from loop import config as loop_config
+    from serve.errors import ConfigError
+
+    if not files:
+        return None
+    try:
+        config = loop_config.load(*files)
+    except ConfigError as error:
+        parser.error(str(error))
+    flags = {action.dest for action in parser._actions}
+    unknown = sorted(set(config.trainer) - flags)
+    if unknown:
+        parser.error(f"trainer: unknown settings {unknown}; use the flags' names with '_'")
+    defaults: dict[str, Any]
+    if config.cluster_mode == "co-located":
+        schedule = config.task_schedule
+        defaults = {
+            "inference_interval": schedule.inference_interval,
+            "training_interval": schedule.training_interval,
+        }
+    else:
+        policy = config.sync_policy
+        defaults = {
+            "server": config.server_url(),
+            "buffer": config.consumer_buffer_url(),
+            "max_staleness": policy.max_staleness,
+            "fallback": policy.fallback_strategy,
+            "offline_buffer": config.offline_buffer_url(),
+        }
+    parser.set_defaults(**{k: v for k, v in defaults.items() if k in flags}, **config.trainer)
+    return config
+
+
 def _quiet(message: str) -> None:
     """The exporter's progress lines: not shown (a run prints its own)."""
 

@@ -110,3 +110,32 @@ def test_decoupled_grpo_learns_the_toy_task(tiny_policies: Any, tmp_path: Path) 
     assert summary["window_reward"] >= 0.8
     assert summary["staleness_max"] <= 1
     assert summary["log_prob_error_max"] <= 1e-4
+
+
+REFERENCE = ROOT / "tests" / "loop" / "reference"
+
+
+def test_both_layouts_take_the_reference_configuration_as_written(
+    tiny_policies: Any, tmp_path: Path
+) -> None:
+    """rl_config.yaml (co-located: its task_schedule) and decoupled_config.yaml with
+    sync_policy.yaml (its Kafka buffer and 10.0.0.x endpoints replaced by flags, which win;
+    its max_staleness 100 and offline fallback kept)."""
+    small = ["--groups", "4", "--group-size", "4"]
+    colocated = tmp_path / "colocated"
+    _, records = run(
+        tiny_policies, colocated, "--config", str(REFERENCE / "rl_config.yaml"),
+        "--max-cycles", "2", *small, timeout_s=300,
+    )  # fmt: skip
+    assert [r["version"] for r in records[:-1]] == [2, 3]
+    decoupled = tmp_path / "decoupled"
+    buffer = (tmp_path / "log").as_uri()
+    _, records = run_decoupled(
+        tiny_policies, decoupled, "--config", str(REFERENCE / "decoupled_config.yaml"),
+        str(REFERENCE / "sync_policy.yaml"), "--buffer", f"{buffer}/rl_experience",
+        "--offline-buffer", f"{buffer}/rl_experience_offline", "--max-versions", "2",
+        "--batch-groups", "4", *small, timeout_s=300,
+    )  # fmt: skip
+    *versions, summary = records
+    assert [v["version"] for v in versions] == [2, 3]
+    assert summary["accounting"]["committed"] >= 32
