@@ -63,6 +63,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--target-reward", type=float, default=0.8)
     parser.add_argument("--window", type=int, default=3, help="batches the target is over")
     parser.add_argument("--max-cycles", type=int, default=150)
+    parser.add_argument("--lora-rank", type=int, help="train a LoRA adapter (default: full)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--inference-interval", type=float, default=0.01, help="seconds")
@@ -91,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.torch_threads)
     repository = args.serve_repository
-    hyper = Hyper(learning_rate=args.learning_rate, updates_per_batch=args.updates_per_batch)
+    hyper = Hyper(
+        learning_rate=args.learning_rate,
+        updates_per_batch=args.updates_per_batch,
+        lora_rank=args.lora_rank,
+    )
     learner = GRPOLearner(args.policy, repository, args.model, hyper)
     version = 1
     if not (repository / args.model / str(version)).is_dir():  # the policy as version 1

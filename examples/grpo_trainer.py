@@ -56,6 +56,7 @@ class Hyper:
     log_prob_tolerance: float = 1e-4  # trainer vs recorded log-probs, same version
     parity_prompts: int = 4  # the export's parity gate: prompts ...
     parity_new_tokens: int = 16  # ... and greedy tokens each
+    lora_rank: int | None = None  # train a LoRA adapter of this rank (None: full weights)
 
 
 # -- 1. advantages ------------------------------------------------------------------------
@@ -176,9 +177,12 @@ class GRPOLearner:
         logging.disable_progress_bar()  # save_pretrained's, on every export
         self.hyper = hyper or Hyper()
         self.source, self.repository, self.model_name = policy, repository, model_name
-        self.model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
+        self.model: Any = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
+        if self.hyper.lora_rank is not None:
+            self.model = _with_lora(self.model, self.hyper.lora_rank)
         self.tokenizer = AutoTokenizer.from_pretrained(policy)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.hyper.learning_rate)
+        trained = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapter
+        self.optimizer = torch.optim.AdamW(trained, lr=self.hyper.learning_rate)
         self.exports = repository / EXPORTS
         self.last: dict[str, Any] = {}
         self.export_timings: Any = None  # the last export's parts (export.lm.pipeline.Timings)
@@ -237,6 +241,15 @@ class GRPOLearner:
         }
         return path
 
+    def merged(self) -> Any:
+        """The policy as one model: with LoRA, a copy with the adapter merged into the base
+        weights (what is exported and served); else the model itself."""
+        if self.hyper.lora_rank is None:
+            return self.model
+        import copy
+
+        return copy.deepcopy(self.model).merge_and_unload()
+
     @torch.no_grad()
     def log_prob_error(self, groups: Sequence[Group]) -> float:
         """The largest gap between the trainer's log-probs and the recorded ones."""
@@ -259,7 +272,7 @@ class GRPOLearner:
             shutil.rmtree(self._previous.parent, ignore_errors=True)
         weights = self.exports / "weights"
         shutil.rmtree(weights, ignore_errors=True)
-        self.model.save_pretrained(weights)
+        self.merged().save_pretrained(weights)
         self.tokenizer.save_pretrained(weights)
         for side in ("generation_config.json",):
             if (self.source / side).is_file():
@@ -279,6 +292,17 @@ class GRPOLearner:
         self.export_timings = outcome.timings
         self._previous = outcome.path / "model.onnx"
         return self._previous
+
+
+def _with_lora(model: Any, rank: int) -> Any:
+    """``model`` with a LoRA adapter on its attention projections (peft; only it trains)."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=rank, lora_alpha=2 * rank, lora_dropout=0.0, task_type="CAUSAL_LM",
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+    )  # fmt: skip
+    return get_peft_model(model, config)
 
 
 # -- the loop's configuration ---------------------------------------------------------

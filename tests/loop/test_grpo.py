@@ -54,6 +54,19 @@ def test_grpo_cycles_through_the_server_with_staleness_0_and_matching_log_probs(
     assert versions == [1, 2, 3, 4]  # each pushed by path, tokenizer and all
 
 
+def test_a_lora_adapter_trains_and_each_version_is_it_merged(
+    tiny_policies: Any, tmp_path: Path
+) -> None:
+    """--lora-rank: only the adapter trains; each version serves it merged into the base,
+    and the served log-probs are the trainer's (the adapter's) within 1e-4."""
+    flags = ["--max-cycles", "2", "--groups", "4", "--group-size", "4", "--lora-rank", "4",
+             "--learning-rate", "2e-2"]  # fmt: skip
+    _, records = run(tiny_policies, tmp_path, *flags, timeout_s=300)
+    *cycles, _ = records
+    assert [c["version"] for c in cycles] == [2, 3]
+    assert all(c["log_prob_error"] <= 1e-4 for c in cycles), cycles
+
+
 @pytest.mark.slow
 def test_grpo_learns_the_toy_task_through_the_server(tiny_policies: Any, tmp_path: Path) -> None:
     status, records = run(tiny_policies, tmp_path, timeout_s=900)
