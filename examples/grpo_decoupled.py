@@ -32,6 +32,7 @@ import secrets
 import signal
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -103,7 +104,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def make_worker(args: argparse.Namespace, server: str, buffer: str, index: int) -> PromptWorker:
-    prompt_file = args.prompts or grpo_task.write(Path(f"/tmp/grpo-{os.getpid()}-{TOY_PROMPTS}"))
+    scratch = Path(tempfile.gettempdir()) / f"grpo-{os.getpid()}-{TOY_PROMPTS}"
+    prompt_file = args.prompts or grpo_task.write(scratch)
     rows = prompts.Prompts(prompts.read(prompt_file))
     sampling = Sampling(args.group_size, args.max_new_tokens, groups=args.groups)
     # Workers run ahead of the trainer by one batch at most: the buffer holds no more
