@@ -227,11 +227,14 @@ def test_the_loop_keeps_learning_through_faults(tmp_path: Path) -> None:
     # The books: every record in the stream (all workers' publishes, the SIGKILLed one's
     # included, as the audit group read them) was taken by one trainer run exactly once,
     # as consumed, dropped or a duplicate, or was still in the buffer at the end (drained).
-    # What the killed run committed: its books in the checkpoint when nothing it took was
-    # left unacknowledged (the kill may fall after the commit, before the update's log
-    # line), else its last logged update's (what it took and never committed went to the
-    # next run, as duplicates).
+    # What the killed run took: its books in the checkpoint when nothing it took was left
+    # unacknowledged (the kill may fall after the commit, before the update's log line),
+    # else its last logged update's. Records it took and never acknowledged (``unacked``:
+    # a batch not yet committed, over-stale records dropped and not yet acknowledged) went
+    # to the next run, which took them again: counted twice, and at most ``unacked`` of
+    # them. Nothing is lost: every record is counted at least once.
     books = [at_kill["taken"] if unacked == 0 else before[-1], after[-1]]
     taken = sum(u["consumed"] + u["dropped"] + u["duplicates"] for u in books)
-    assert len(audit.positions) == taken + drained
+    twice = taken + drained - len(audit.positions)
+    assert 0 <= twice <= unacked, (twice, unacked)
     assert sum(w["published"] for w in published.values()) <= len(audit.positions)
