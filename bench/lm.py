@@ -64,7 +64,9 @@ CHILD_TIMEOUT_S = 600.0
 
 # targets (issue #12)
 MIN_SEQUENTIAL_RATIO = 10.0  # at 8 concurrent: tokens/s against transformers, sequential
-MIN_GENAI_SHARE = 0.40  # at 8 concurrent: of onnxruntime-genai's static batch of 8
+# at 8 concurrent: of onnxruntime-genai's static batch of 8 (issue #12 asked 40 %, issue
+# #23 raised it to 50 %)
+MIN_GENAI_SHARE = 0.50
 MAX_TTFT_RATIO = 3.0  # TTFT with 7 long generations running, against idle
 GROUP_PROMPTS, GROUP_N, GROUP_TOKENS = 4, 8, 64  # issue #23: 4 prompts x n=8 x 64 new tokens
 MIN_GROUP_RATIO = 1.5  # groups' tokens/s against the same generations as separate requests
