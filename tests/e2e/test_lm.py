@@ -85,8 +85,15 @@ def generate(url: str, body: dict[str, Any], **headers: str) -> httpx.Response:
 
 
 def together(calls: list[Any]) -> list[Any]:
+    """Every call at once: the threads start, then all make their calls together."""
+    start = threading.Barrier(len(calls))
+
+    def call(one: Any) -> Any:
+        start.wait()
+        return one()
+
     with ThreadPoolExecutor(len(calls)) as pool:
-        return list(pool.map(lambda call: call(), calls))
+        return list(pool.map(call, calls))
 
 
 def test_greedy_answers_are_those_of_transformers_for_uneven_prompts_sent_together(
@@ -191,7 +198,8 @@ def test_concurrent_requests_share_decoding_steps(server: Server) -> None:
     with server.client() as client:
         single_before, steps_before = histogram(server, client, "rlserve_lm_step_sequences")
         tokens_before = server.metric(client, "rlserve_lm_generated_tokens_total", model=MODEL)
-        bodies = [{"prompt": p, "max_new_tokens": 20, "temperature": 25.0, "seed": i}
+        # long enough to overlap on a busy machine (the requests start together)
+        bodies = [{"prompt": p, "max_new_tokens": 64, "temperature": 25.0, "seed": i}
                   for i, p in enumerate(PROMPTS)]  # fmt: skip
         answers = together([lambda b=b: generate(server.url, b) for b in bodies])
         time.sleep(0.3)  # the metrics are moved from the steps' tallies a few times a second
