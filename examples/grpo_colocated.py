@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grpo_task
-from grpo_trainer import GRPOLearner, Hyper, config_defaults, progress
+from grpo_trainer import Hyper, config_defaults, progress, start
 
 from loop.buffers import memory, open_consumer
 from loop.child_server import ChildServer
@@ -83,26 +83,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
-
     args = parse(argv)
     config = args.loop_config
     if config is not None and config.cuda_visible_devices("training"):  # before torch's CUDA
         os.environ["CUDA_VISIBLE_DEVICES"] = config.cuda_visible_devices("training")
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(args.torch_threads)
     repository = args.serve_repository
-    hyper = Hyper(
-        learning_rate=args.learning_rate,
-        updates_per_batch=args.updates_per_batch,
-        lora_rank=args.lora_rank,
-    )
-    learner = GRPOLearner(args.policy, repository, args.model, hyper)
+    learner = start(args)
     version = 1
-    if not (repository / args.model / str(version)).is_dir():  # the policy as version 1
-        exported = learner.export(version)
-        (repository / args.model).mkdir(parents=True, exist_ok=True)
-        exported.parent.rename(repository / args.model / str(version))
     prompt_file = args.prompts or grpo_task.write(repository.parent / TOY_PROMPTS)
     rows = prompts.Prompts(prompts.read(prompt_file))
     reward = rewards.load(args.reward)

@@ -44,7 +44,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grpo_task
 from grpo_colocated import TOY_PROMPTS
-from grpo_trainer import GRPOLearner, Hyper, config_defaults, progress
+from grpo_trainer import GRPOLearner, Hyper, config_defaults, progress, start
 
 from loop.buffers import memory, open_consumer, open_producer
 from loop.buffers.base import BufferOptions, Producer
@@ -138,22 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.role == "worker":
         return run_worker(args)
-    import torch
-
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(args.torch_threads)
     repository: Path = args.serve_repository
-    hyper = Hyper(
-        learning_rate=args.learning_rate,
-        updates_per_batch=args.updates_per_batch,
-        lora_rank=args.lora_rank,
-    )
-    learner = GRPOLearner(args.policy, repository, args.model, hyper)
+    learner = start(args)
     version = 1
-    if not (repository / args.model / str(version)).is_dir():  # the policy as version 1
-        exported = learner.export(version)
-        (repository / args.model).mkdir(parents=True, exist_ok=True)
-        exported.parent.rename(repository / args.model / str(version))
     token = os.environ.get("RLSERVE_ADMIN_TOKEN") or secrets.token_hex(16)
     buffer = args.buffer or f"memory://grpo-{secrets.token_hex(4)}"
     with ExitStack() as stack:

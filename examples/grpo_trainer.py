@@ -294,6 +294,25 @@ class GRPOLearner:
         return self._previous
 
 
+def start(args: Any) -> GRPOLearner:
+    """Both scripts' start: torch seeded and threaded, the learner on ``--policy``, and the
+    policy exported as version 1 of the served repository unless it is there already."""
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.torch_threads)
+    hyper = Hyper(
+        learning_rate=args.learning_rate,
+        updates_per_batch=args.updates_per_batch,
+        lora_rank=args.lora_rank,
+    )
+    learner = GRPOLearner(args.policy, args.serve_repository, args.model, hyper)
+    first = args.serve_repository / args.model / "1"
+    if not first.is_dir():
+        exported = learner.export(1)
+        first.parent.mkdir(parents=True, exist_ok=True)
+        exported.parent.rename(first)
+    return learner
+
+
 def _with_lora(model: Any, rank: int) -> Any:
     """``model`` with a LoRA adapter on its attention projections (peft; only it trains)."""
     from peft import LoraConfig, get_peft_model
