@@ -24,17 +24,23 @@ SCRIPT = ROOT / "examples" / "grpo_colocated.py"
 
 
 def run(tiny_policies: Any, tmp: Path, *flags: str, timeout_s: float) -> tuple[int, list[dict]]:
-    log = tmp / "cycles.jsonl"
+    """The co-located script: its exit status, each cycle's line, then its summary."""
+    return run_script(SCRIPT, tiny_policies, tmp, *flags, timeout_s=timeout_s)
+
+
+def run_script(
+    script: Path, tiny_policies: Any, tmp: Path, *flags: str, timeout_s: float
+) -> tuple[int, list[dict]]:
+    log = tmp / "log.jsonl"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--policy", str(tiny_policies.llama_base),
+        [sys.executable, str(script), "--policy", str(tiny_policies.llama_base),
          "--serve-repository", str(tmp / "models"), "--log-json", str(log), *flags],
         capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert done.returncode in (0, 1), done.stderr[-3000:]
-    cycles = [json.loads(line) for line in log.read_text().splitlines()]
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
-    return done.returncode, [*cycles, summary]
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    return done.returncode, [*lines, json.loads(done.stdout.strip().splitlines()[-1])]
 
 
 def test_grpo_cycles_through_the_server_with_staleness_0_and_matching_log_probs(
@@ -83,16 +89,8 @@ DECOUPLED = ROOT / "examples" / "grpo_decoupled.py"
 def run_decoupled(
     tiny_policies: Any, tmp: Path, *flags: str, timeout_s: float
 ) -> tuple[int, list[dict]]:
-    log = tmp / "versions.jsonl"
-    done = subprocess.run(
-        [sys.executable, str(DECOUPLED), "--policy", str(tiny_policies.llama_base),
-         "--serve-repository", str(tmp / "models"), "--log-json", str(log), *flags],
-        capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    assert done.returncode in (0, 1), done.stderr[-3000:]
-    versions = [json.loads(line) for line in log.read_text().splitlines()]
-    return done.returncode, [*versions, json.loads(done.stdout.strip().splitlines()[-1])]
+    """The decoupled script: its exit status, each version's line, then its summary."""
+    return run_script(DECOUPLED, tiny_policies, tmp, *flags, timeout_s=timeout_s)
 
 
 def test_decoupled_grpo_samples_while_it_trains_with_bounded_staleness(
