@@ -1465,7 +1465,7 @@ def _grpo_row(row: LayoutRow) -> str:
 _GRPO_METHOD = """\
 Measured {when} ({took}) on {machine}; load average {load} before, {load_after} after.
 The tiny Llama base policy (`examples/lm/tiny_policy.py`) learns the toy task of
-`examples/grpo_task.py` (answer about the cat) for {versions} versions in each layout, as
+`examples/grpo_task.py` (answer about the noun asked) for {versions} versions in each layout, as
 `examples/grpo_colocated.py` and `examples/grpo_decoupled.py` run it with their defaults:
 batches of 32 prompts x 8 completions of up to 8 tokens, the server the run's child, the
 decoupled run with two worker threads; server, workers and trainer share the two cores.

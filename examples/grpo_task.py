@@ -1,11 +1,12 @@
-"""The toy task GRPO learns in the tests and the benchmark: answer about the cat.
+"""The toy task GRPO learns in the tests and the benchmark: answer about the noun asked.
 
 The tiny policies of ``examples/lm/tiny_policy.py`` were pretrained on short sentences
 about nouns (cats, trains, soup ...). Asked "Describe the train.", the base model answers
-with a sentence about some noun, now and then about the cat (under a tenth of its
-samples). The task: whatever the question, an answer whose subject is the cat ("The cat
-..."), the row's ``answer``. GRPO has what it needs from the start (groups in which some
-answers earn 1 and others 0) and must move the policy from under 0.1 to 0.8 and more.
+with a sentence about some noun, and only now and then one whose subject is the train
+(about a tenth of its samples). The task: an answer whose subject is the noun asked about
+("The train ..."), the row's ``answer``. GRPO has what it needs from the start (groups in
+which some answers earn 1 and others 0) and must move the policy from about 0.1 to 0.8
+and more.
 
     python examples/grpo_task.py prompts.jsonl      # the dataset: 200 chat prompts
 
