@@ -59,7 +59,7 @@ from serve.lm.frontends.calls import (
     LanguageModelCalls,
     next_events,
 )
-from serve.lm.frontends.merged_streams import Finished, merged
+from serve.lm.frontends.merged_streams import merged
 from serve.lm.messages import (
     GenerationResult,
     GenerationSpec,
@@ -227,22 +227,24 @@ class LanguageModelFrontend:
         """Each choice's token events as they come (with its ``choice`` index), then one
         result event with every choice."""
         results: list[GenerationResult | None] = [None] * len(streams)
-        async with aclosing(merged(streams)) as happened:
-            item = await anext(happened)  # the error that ends a stream before any token
-            version = streams[item.index].model_version or 0
-            await exchange.start(
-                200, [*SSE_HEADERS, *stamp(version, streams[item.index].model_sha256)]
-            )
+        async with aclosing(merged(streams)) as turns:
+            turn = await anext(turns)  # the error that ends a stream before any token
+            first = streams[(turn.tokens or turn.finished)[0].index]
+            version = first.model_version or 0
+            await exchange.start(200, [*SSE_HEADERS, *stamp(version, first.model_sha256)])
             codec = self.calls.codec(admitted, version)
             try:
                 while True:
-                    if isinstance(item, Finished):
-                        results[item.index] = item.result
-                    else:
-                        await exchange.chunk(
-                            b"".join(_token_event(e, codec, item.index) for e in item.events)
-                        )
-                    item = await anext(happened)
+                    events = [
+                        _token_event(e, codec, tokens.index)
+                        for tokens in turn.tokens
+                        for e in tokens.events
+                    ]
+                    if events:  # every choice's tokens of the turn: one write
+                        await exchange.chunk(b"".join(events))
+                    for ended in turn.finished:
+                        results[ended.index] = ended.result
+                    turn = await anext(turns)
             except StopAsyncIteration:
                 done = [result for result in results if result is not None]
                 await exchange.chunk(_event(b"result", _group(done, codec)), last=True)

@@ -1,25 +1,27 @@
-"""Several generations of one call as one sequence of what happens to them: a completions
-call with several prompts streams every choice's tokens as they come, each tagged with
-its choice's index.
+"""Several generations of one call as one sequence of turns: a group of ``n`` choices, or a
+completions call with several prompts, streams every choice's tokens as they come, each
+tagged with its choice's index.
 
-:func:`merged` yields :class:`Tokens` (a stream's next token events, with those already
-behind them) and :class:`Finished` (a stream's result, once it ended), in the order they
-happen; it ends when every stream has. The first error a stream ends with is raised (the
-caller gives up on the others). One stream is read directly, without a task per turn:
-that is every call with one prompt.
+:func:`merged` yields a :class:`Turn` whenever something happened to the streams: the token
+events each stream got since the last turn (:class:`Tokens`) and the results of those that
+ended (:class:`Finished`), by stream index. The decoding thread hands every sequence's token
+of a step over at once, so a turn holds the step's tokens of every choice, and a frontend
+writes it as one chunk: a group costs one write per step, not one per choice. The reader
+waits once for all the streams (each calls its watcher when something arrives), without a
+task per stream. The first error a stream ends with is raised (the caller gives up on the
+others).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from serve.lm.frontends.calls import next_events
 from serve.lm.messages import GenerationResult, TokenEvent
 from serve.lm.scheduling.generation_stream import GenerationStream
 
-__all__ = ["Finished", "Tokens", "merged"]
+__all__ = ["Finished", "Tokens", "Turn", "merged"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,40 +36,52 @@ class Finished:
     result: GenerationResult
 
 
-async def merged(streams: Sequence[GenerationStream]) -> AsyncGenerator[Tokens | Finished, None]:
-    """What happens to the streams, in order, each tagged with its stream's index."""
-    if len(streams) == 1:
-        (stream,) = streams
-        while True:
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """What happened since the last turn: a stream's tokens come before its end."""
+
+    tokens: list[Tokens] = field(default_factory=list)
+    finished: list[Finished] = field(default_factory=list)
+
+
+async def merged(streams: Sequence[GenerationStream]) -> AsyncGenerator[Turn, None]:
+    """The streams' turns until every stream has ended."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] | None = None
+
+    def wake() -> None:
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    for stream in streams:
+        stream.watch(wake)
+    running = list(range(len(streams)))
+    try:
+        while running:
+            turn, running = _turn(streams, running)
+            if turn.tokens or turn.finished:
+                yield turn
+                continue
+            waiter = loop.create_future()
             try:
-                events = await next_events(stream)
-            except StopAsyncIteration:
-                yield Finished(0, await stream.result())
-                return
-            yield Tokens(0, events)
-    reading = {asyncio.ensure_future(_next(stream)): i for i, stream in enumerate(streams)}
-    try:
-        while reading:
-            done, _ = await asyncio.wait(reading, return_when=asyncio.FIRST_COMPLETED)
-            for task in sorted(done, key=reading.__getitem__):
-                index = reading.pop(task)
-                read = task.result()  # the error that ended the stream, raised
-                if read is None:
-                    yield Finished(index, await streams[index].result())
-                    continue
-                reading[asyncio.ensure_future(_next(streams[index]))] = index
-                yield Tokens(index, read)
+                await waiter
+            finally:
+                waiter = None
     finally:
-        for task in reading:
-            if not task.done():
-                task.cancel()
-            elif not task.cancelled():
-                task.exception()  # seen: the error raised is another stream's
+        for stream in streams:
+            stream.watch(None)
 
 
-async def _next(stream: GenerationStream) -> list[TokenEvent] | None:
-    """The stream's next events; None at its end."""
-    try:
-        return await next_events(stream)
-    except StopAsyncIteration:
-        return None
+def _turn(streams: Sequence[GenerationStream], running: list[int]) -> tuple[Turn, list[int]]:
+    """What the running streams got, and those still running after it."""
+    turn, still = Turn(), []
+    for index in running:
+        stream = streams[index]
+        events = stream.drain()
+        if events:
+            turn.tokens.append(Tokens(index, events))
+        if stream.done:
+            turn.finished.append(Finished(index, stream.outcome()))  # an error: raised
+        else:
+            still.append(index)
+    return turn, still

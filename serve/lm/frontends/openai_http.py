@@ -37,7 +37,7 @@ from serve.lm.frontends.calls import (
     CancelOnDisconnect,
     LanguageModelCalls,
 )
-from serve.lm.frontends.merged_streams import Finished, merged
+from serve.lm.frontends.merged_streams import merged
 from serve.lm.frontends.openai_answers import Answer, error
 from serve.lm.frontends.openai_requests import Endpoint, OpenAICall, parse
 from serve.lm.messages import Generation, GenerationResult, GenerationSpec
@@ -134,27 +134,27 @@ class OpenAIFrontend:
         """Every choice's chunks as its tokens come (several prompts: interleaved, each
         with its index), each choice's finish reason, then the token counts of all."""
         results: list[GenerationResult | None] = [None] * len(streams)
-        async with aclosing(merged(streams)) as happened:
-            item = await anext(happened)  # raises the error that ends a stream before any token
-            version = streams[item.index].model_version or 0
+        async with aclosing(merged(streams)) as turns:
+            turn = await anext(turns)  # raises the error that ends a stream before any token
+            first = streams[(turn.tokens or turn.finished)[0].index]
+            version = first.model_version or 0
             if answer.logprobs:
                 answer.codec = self.calls.codec(admitted, version)
-            await exchange.start(
-                200, [*SSE_HEADERS, *stamp(version, streams[item.index].model_sha256)]
-            )
-            held = b""  # a finish chunk, written with what comes next
+            await exchange.start(200, [*SSE_HEADERS, *stamp(version, first.model_sha256)])
+            held = b""  # finish chunks, written with what comes next
             try:
                 while True:
-                    if isinstance(item, Finished):
-                        results[item.index] = item.result
-                        held += _data([answer.finished(item.result, item.index)])
-                    else:
-                        version = streams[item.index].model_version or version
-                        chunks = answer.chunks(version, item.events, item.index)
-                        if chunks:
-                            await exchange.chunk(held + _data(chunks))
-                            held = b""
-                    item = await anext(happened)
+                    chunks = []
+                    for tokens in turn.tokens:  # every choice's tokens of the turn: one write
+                        version = streams[tokens.index].model_version or version
+                        chunks.extend(answer.chunks(version, tokens.events, tokens.index))
+                    if chunks:
+                        await exchange.chunk(held + _data(chunks))
+                        held = b""
+                    for ended in turn.finished:
+                        results[ended.index] = ended.result
+                        held += _data([answer.finished(ended.result, ended.index)])
+                    turn = await anext(turns)
             except StopAsyncIteration:
                 done = [result for result in results if result is not None]
                 await exchange.chunk(held + _data(answer.end(done)) + _DONE, last=True)

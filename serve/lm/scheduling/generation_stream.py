@@ -35,6 +35,7 @@ class GenerationStream:
         self._cancel = cancel
         self._events: deque[TokenEvent] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._watcher: Callable[[], None] | None = None  # a reader of several streams
         self._done: asyncio.Future[GenerationResult] = loop.create_future()
         self._done.add_done_callback(_retrieved)
 
@@ -64,6 +65,16 @@ class GenerationStream:
 
     async def result(self) -> GenerationResult:
         return await asyncio.shield(self._done)
+
+    def outcome(self) -> GenerationResult:
+        """The result of a generation that ended (``done``); the error that ended it is
+        raised."""
+        return self._done.result()
+
+    def watch(self, wake: Callable[[], None] | None) -> None:
+        """Call ``wake`` whenever events or the end arrive (None: stop), so that one reader
+        of several streams waits once for all of them (``merged_streams``)."""
+        self._watcher = wake
 
     @property
     def done(self) -> bool:
@@ -97,6 +108,8 @@ class GenerationStream:
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+        if self._watcher is not None:
+            self._watcher()
 
 
 def _retrieved(future: asyncio.Future[GenerationResult]) -> None:
