@@ -21,6 +21,7 @@ from serve.lm.decoder import Decoder
 from serve.lm.messages import PromptLogProbs, TokenEvent
 from serve.lm.sampling import (
     Alternatives,
+    Position,
     Sampler,
     choose_rows,
     chosen_log_probs,
@@ -78,19 +79,19 @@ class DecodeBatch(Generic[Owner]):
             ran = len(prompt)
             # keep the last position alone: every position's logits are the prompt's length
             # times the vocabulary (a quarter of a gigabyte for 2,048 tokens of 32,000)
-            shared = self._prefilled[prompt] = _Prefilled(positions[-1].copy(), cache, {})
+            last = Position(positions[-1].copy())
+            shared = self._prefilled[prompt] = _Prefilled(last, cache, {})
             if spec.echo:
                 shared.scored[k] = _scored_prompt(positions, prompt, k)
         if spec.echo:
             sequence.prompt = shared.scored[k]
-        logits, cache = shared.last, shared.cache
-        token = sequence.choose(logits)
+        last, cache = shared.last, shared.cache
+        token = last.choose(sequence.sampler)
         if k:
-            log_prob, top = _with_alternatives(logits, token, k)
+            log_prob, top = _with_alternatives(last.logits, token, k)
             event = sequence.accept(token, log_prob, top)
         else:
-            log_prob = chosen_log_probs(logits[None, :], np.asarray([token]))[0]
-            event = sequence.accept(token, float(log_prob))
+            event = sequence.accept(token, last.log_prob(token))
         if sequence.finish is None:
             self._joining.append((owner, sequence, cache))
         return event, ran
@@ -168,7 +169,7 @@ class DecodeBatch(Generic[Owner]):
 class _Prefilled:
     """A prompt prefilled since the last step, for the next with the same prompt."""
 
-    last: np.ndarray  # its last position's logits [vocab]: they choose the first new token
+    last: Position  # its last position's logits [vocab]: they choose the first new token
     cache: KVCache
     scored: dict[int, PromptLogProbs]  # the prompt scored (echo), by alternatives asked
 

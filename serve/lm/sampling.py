@@ -22,6 +22,7 @@ import numpy as np
 
 __all__ = [
     "GREEDY_BELOW",
+    "Position",
     "Sampler",
     "SamplingParams",
     "choose_rows",
@@ -92,13 +93,53 @@ def choose_rows(logits: np.ndarray, samplers: list[Sampler]) -> np.ndarray:
     return tokens
 
 
+class Position:
+    """One position's logits ``[vocab]``, from which several sequences choose: a prompt's
+    last position, shared by a group's choices. What every choice needs is computed once
+    (the log-prob normaliser, and per temperature the cumulative weights of sampling
+    without a cut), so each further choice costs one draw; its tokens and log-probs are
+    those :meth:`Sampler.choose` and :func:`chosen_log_probs` give for the same row."""
+
+    __slots__ = ("_cumulative", "_normaliser", "_wide", "logits")
+
+    def __init__(self, logits: np.ndarray) -> None:
+        self.logits = logits
+        self._wide = logits.astype(np.float64)
+        top = self._wide.max()
+        self._normaliser = float(top + np.log(np.exp(self._wide - top).sum()))
+        self._cumulative: dict[float, np.ndarray] = {}
+
+    def choose(self, sampler: Sampler) -> int:
+        params = sampler.params
+        if params.greedy or sampler.cuts:
+            return sampler.choose(self.logits)
+        cumulative = self._cumulative.get(params.temperature)
+        if cumulative is None:
+            cumulative = self._cumulative[params.temperature] = _plain_cumulative(
+                self._wide / params.temperature
+            )
+        return _plain_draw(cumulative, sampler.uniform())
+
+    def log_prob(self, token: int) -> float:
+        """log p(token) at this position: temperature 1, no cut."""
+        return float(self._wide[token] - self._normaliser)
+
+
+def _plain_cumulative(scaled: np.ndarray) -> np.ndarray:
+    """Sampling without a cut: the cumulative weights of ``scaled`` (no sort needed)."""
+    return np.cumsum(np.exp(scaled - scaled.max()))
+
+
+def _plain_draw(cumulative: np.ndarray, uniform: float) -> int:
+    index = int(np.searchsorted(cumulative, uniform * cumulative[-1], side="right"))
+    return min(index, len(cumulative) - 1)
+
+
 def _sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
     scaled = logits.astype(np.float64) / params.temperature
     vocabulary = scaled.shape[-1]
     if params.top_p >= 1.0 and not 0 < params.top_k < vocabulary:
-        cumulative = np.cumsum(np.exp(scaled - scaled.max()))  # no cut: no sort either
-        index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
-        return min(index, vocabulary - 1)
+        return _plain_draw(_plain_cumulative(scaled), rng.random())
     if 0 < params.top_k < vocabulary:
         candidates = np.argpartition(-scaled, params.top_k - 1)[: params.top_k]
         candidates.sort()  # by token id, so the partition's order never matters

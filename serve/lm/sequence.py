@@ -11,8 +11,6 @@ once, at the end, and the events carry none.
 
 from __future__ import annotations
 
-import numpy as np
-
 from serve.lm.messages import FinishReason, Generation, PromptLogProbs, TokenEvent
 from serve.lm.sampling import Alternatives, Sampler
 from serve.lm.text import Detokenizer, StopStrings, TextCodec
@@ -65,10 +63,6 @@ class DecodingSequence:
     @property
     def sampler(self) -> Sampler:
         return self._sampler
-
-    def choose(self, logits: np.ndarray) -> int:
-        """The next token, from this sequence's row of logits ``[vocab]``."""
-        return self._sampler.choose(logits)
 
     def accept(self, token: int, log_prob: float, top: Alternatives = ()) -> TokenEvent:
         """Take the chosen token (and the likeliest alternatives at its position, when they

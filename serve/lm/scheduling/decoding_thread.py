@@ -5,6 +5,8 @@ hand-over (who joins, under the step rules; who left on the loop's side), and th
 
 1. prefills each joining generation alone and chooses its first token (a request can end
    right there), and runs each joining scoring (one forward pass over its completions);
+   what that produced is handed to the event loop at once, so a newcomer's first token
+   never waits for the running batch's decoding;
 2. decodes every running sequence one token further in one graph call per version: the
    newcomers are merged into the batch's key/value cache first, the sequences that
    finished leave at once.
@@ -131,6 +133,8 @@ class DecodingThread:
     def _step(self, step: Step) -> None:
         for request in step.joining:
             self._join(request)
+        if step.joining:  # their first tokens go now, not after the batch's decoding
+            self._send(force=False)
         sequences, gone = 0, step.gone
         for version, running in list(self._batches.items()):
             if gone:

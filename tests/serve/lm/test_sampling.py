@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from serve.lm.sampling import (
+    Position,
     Sampler,
     SamplingParams,
     choose_rows,
@@ -99,3 +100,24 @@ def test_greedy_rows_are_the_argmax_and_its_log_prob_of_every_row():
     assert log_probs.dtype == np.float64
     expected = log_softmax(logits)[np.arange(6), tokens]
     assert np.abs(log_probs - expected).max() < 1e-12
+
+
+def test_a_shared_position_gives_each_sampler_the_token_and_log_prob_it_would_get_alone():
+    rng = np.random.default_rng(2)
+    row = (rng.normal(size=64) * 3).astype(np.float32)
+    kinds = [
+        SamplingParams(0.0, 1.0, 0, None),
+        SamplingParams(1.0, 1.0, 0, 5),
+        SamplingParams(1.0, 1.0, 0, 6),  # the same temperature: its weights reused
+        SamplingParams(0.7, 1.0, 0, 7),
+        SamplingParams(1.0, 0.9, 0, 8),
+        SamplingParams(1.2, 1.0, 4, 9),
+    ]
+    position = Position(row)
+    for _ in range(10):
+        for kind in kinds:
+            alone, shared = Sampler(kind), Sampler(kind)
+            tokens = [alone.choose(row) for _ in range(3)]
+            assert [position.choose(shared) for _ in range(3)] == tokens
+            expected = chosen_log_probs(row[None, :], np.asarray(tokens[:1]))[0]
+            assert abs(position.log_prob(tokens[0]) - expected) < 1e-12
