@@ -41,6 +41,8 @@ Scenarios (all by default):
                                        layouts) against inline (issue #24), see below
   grpo                                 GRPO through the server, co-located and
                                        decoupled (issue #26), see below
+  lane                                 CartPole actors and a 64-env rollout worker over
+                                       HTTP and over the local lane (issue #25), see below
 
 overload: one rlserve serve process (mlp). Saturation: wrk at 8, 16, 32 and 64
 connections; goodput = 2xx answers/s, its peak is reached at C* connections. Overload:
@@ -120,6 +122,13 @@ update (optimizer step to the new version serving) with its parts, and each side
 of the wall-clock spent waiting. No targets: the figures are reported. `--only grpo` takes
 about two minutes (plus building the tiny policies on a first run).
 
+lane (bench/lane.py): rlserve serve --lane on core 0 serving the bundled CartPole policy;
+on core 1, over HTTP (PolicyClient) and over the local lane (LaneClient), one after the
+other: one actor (one env, one call per step), eight actors at once, and one rollout
+worker with 64 envs (rlserve collect's code); beside them, the 64 envs stepped alone.
+Targets (issue #25), through the lane: one actor >= 10,000 env steps/s, eight actors >=
+20,000, the 64-env worker >= 100,000. `--only lane --seconds 8` takes about two minutes.
+
 Needs wrk and taskset on PATH, two CPU cores, and the test install (torch and
 stable-baselines3 build the mlp and cnn models; transformers, trl, peft and
 onnxruntime-genai the lm scenario; redis-server the cache scenario). Writes
@@ -151,6 +160,7 @@ from bench import (
     features,
     gpu_report,
     grpo,
+    lane,
     lm,
     load,
     loop,
@@ -283,6 +293,9 @@ def _run_peers(
     if scenarios.GRPO in chosen:
         _say("tiny Llama: GRPO through the server, co-located and decoupled")
         results.grpo = grpo.run(workdir)
+    if scenarios.LANE in chosen:
+        _say("cartpole: actors and a rollout worker over HTTP and over the local lane")
+        results.lane = lane.run(repository / "cartpole", workdir, args.seconds, args.warmup)
 
 
 def _write(output: Path, results: Results, chosen: tuple[str, ...]) -> None:
@@ -325,6 +338,8 @@ def _splice(
             return report.splice_features(old, results.features, verdicts)
         if results.grpo is not None:
             return report.splice_grpo(old, results.grpo, verdicts)
+        if results.lane is not None:
+            return report.splice_lane(old, results.lane, verdicts)
     return report.splice_subset(old, results, verdicts)
 
 

@@ -124,12 +124,14 @@ class Drain(threading.Thread):
             self.error = error
 
 
-def worker(url: str, num_envs: int, seconds: float, warmup: float) -> WorkerResult:
+def worker(
+    url: str, num_envs: int, seconds: float, warmup: float, lane: str | None = None
+) -> WorkerResult:
     buffer = f"memory://bench-loop-{num_envs}"
     consumer = open_consumer(buffer, "trainer", "drain")
     drain = Drain(consumer)
     drain.start()
-    rollout = TimedWorker(ENV_ID, url, buffer, num_envs=num_envs, retry_for_s=10.0)
+    rollout = TimedWorker(ENV_ID, url, buffer, num_envs=num_envs, retry_for_s=10.0, lane=lane)
     with rollout:
         _run_for(rollout, warmup)
         before = _snapshot(rollout)
@@ -471,6 +473,7 @@ def main(argv: list[str] | None = None) -> None:
     w.add_argument("--num-envs", type=int, required=True)
     w.add_argument("--seconds", type=float, default=8.0)
     w.add_argument("--warmup", type=float, default=1.0)
+    w.add_argument("--lane", default=None, help="the server's local-lane socket (rlserve --lane)")
     for name in ("buffer", "producer", "consumer"):
         b = commands.add_parser(name)
         b.add_argument("--url", required=True)
@@ -482,7 +485,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     out: dict[str, Any]
     if args.command == "worker":
-        out = asdict(worker(args.url, args.num_envs, args.seconds, args.warmup))
+        out = asdict(worker(args.url, args.num_envs, args.seconds, args.warmup, args.lane))
     elif args.command == "consumer":
         tally = consumer_process(args.url, args.batch)
         tally.seen.clear()

@@ -13,6 +13,7 @@ from bench import (
     cache,
     children,
     features,
+    lane,
     lm,
     lm_child,
     loop,
@@ -27,6 +28,7 @@ from bench import (
 from bench.cache import CacheRow, CacheRun, Path_
 from bench.features import FeatureRow, FeaturesRun
 from bench.grpo import GrpoRun, LayoutRow
+from bench.lane import LaneRow, LaneRun
 from bench.lm import BaselineRun, LmRun, ServerRun
 from bench.load import LoadResult
 from bench.loop import BufferRun, LoopRun, WorkerRun
@@ -94,6 +96,8 @@ def _own_sections(results: Results) -> list[str]:
         parts.append(_features_section(results.features))
     if results.grpo is not None:
         parts.append(_grpo_section(results.grpo))
+    if results.lane is not None:
+        parts.append(_lane_section(results.lane))
     return parts
 
 
@@ -128,6 +132,8 @@ def _header(c: Conditions) -> str:
         own_runs += " (the recurrent scenario: each mode measured as long)"
     if scenarios.FEATURES in c.scenarios:
         own_runs += " (the features scenario: each mode measured as long)"
+    if scenarios.LANE in c.scenarios:
+        own_runs += " (the lane scenario: each load and transport measured as long)"
     return (
         "# Benchmarks\n\n"
         f"Written by `python -m bench` on {c.when}.\n\n"
@@ -461,6 +467,12 @@ def splice_grpo(document: str, run: GrpoRun, verdicts: list[Verdict]) -> str | N
     """``document`` with its GRPO section replaced by this run's; None when it is no
     benchmarks document."""
     return _splice(document, GRPO_HEADING, _grpo_section(run), verdicts, targets.GRPO_PREFIX)
+
+
+def splice_lane(document: str, run: LaneRun, verdicts: list[Verdict]) -> str | None:
+    """``document`` with its lane section and the lane rows of its Targets table replaced by
+    this run's; None when it is no benchmarks document."""
+    return _splice(document, LANE_HEADING, _lane_section(run), verdicts, targets.LANE_PREFIX)
 
 
 def splice_recurrent(document: str, run: RecurrentRun, verdicts: list[Verdict]) -> str | None:
@@ -1483,3 +1495,68 @@ one core) is most of a cycle, and the update itself a small part since the expor
 the first graph each version's weights instead of building it again (4.2 s before).
 Decoupled, the workers sample while the trainer learns, so the trainer rarely waits; the
 workers mostly wait for the buffer's room, the bound that keeps staleness at one version."""
+
+
+LANE_HEADING = "## Local lane"
+
+
+def _lane_section(run: LaneRun) -> str:
+    method = _LANE_METHOD.format(
+        when=run.when,
+        took=_duration(run.seconds),
+        machine=run.machine,
+        load=run.load_before,
+        load_after=run.load_after,
+        actors=lane.ACTORS,
+        envs=lane.ENVS,
+        warmup=f"{run.warmup_s:g}",
+        seconds=f"{run.measured_s:g}",
+    )
+    table = [
+        "| clients | transport | env steps/s | lane against HTTP | server CPU µs/row |",
+        "|---|---|---:|---:|---:|",
+        *(_lane_row(run, row) for row in run.rows),
+        f"| {lane.ENVS} CartPole envs alone (random actions, no server) | none "
+        f"| {_maybe(run.env_steps_per_s, '{:,.0f}')} | | |",
+    ]
+    verdicts = targets.lane_verdicts(run)
+    return _own_section(LANE_HEADING, method, verdicts, run.failure, table, _LANE_READING)
+
+
+def _lane_row(run: LaneRun, row: LaneRow) -> str:
+    head = f"| {row.load.value} | {row.transport.value} "
+    if row.steps_per_s is None:
+        return f"{head}| failed: {(row.failure or '').replace('|', '/')} | | |"
+    versus = ""
+    http = run.row(row.load, lane.Transport.HTTP)
+    if row.transport is lane.Transport.LANE and http is not None and http.steps_per_s:
+        versus = f"{row.steps_per_s / http.steps_per_s:.2f}x"
+    cpu_us = _maybe(row.server_us_per_row, "{:,.0f}")
+    return f"{head}| {row.steps_per_s:,.0f} | {versus} | {cpu_us} |"
+
+
+_LANE_METHOD = """\
+Measured {when} ({took}) on {machine}; load average {load} before, {load_after} after.
+`rlserve serve --lane PATH` (one process, core 0) serves the bundled CartPole policy; the
+clients run on core 1, each load over HTTP (`PolicyClient`, JSON over keep-alive HTTP) and
+then over the local lane (`LaneClient`: rows in a shared-memory slot, one doorbell byte
+each way over a Unix socket), against the same server: **one actor** (`bench.actor`: one
+CartPole env, one predict call per step, its deterministic action), **{actors} actors**
+(that many such processes at once, their steps summed; the server batches their rows
+together), and **one rollout worker with {envs} envs** (`bench.loop_child worker`: the
+code of `rlserve collect`, one call per iteration for every env, sampled actions with
+log-probs and values, every step published into an in-process buffer that a drain thread
+empties). {warmup} s of warm-up, then {seconds} s measured, per row. *Server CPU µs/row*
+is the server process's CPU time over the row's whole run, warm-ups included, divided by
+the rows it computed for it. The last row steps the worker's vector env alone with random
+actions: the most any client of it could collect on core 1."""
+
+_LANE_READING = """\
+How to read it: an actor waits for each answer before it steps again, so its rate is one
+over the round trip: the client's work (the env step, writing the row, reading the
+answer), the wake-ups on both sides, and the server's path for one call (admission,
+validation, the scheduler's turn, the model, the record and metrics). The lane removes
+HTTP and JSON from that round trip, not the server's own path, which is most of it at one
+row per call; the eight actors share the server's core, and their rows meet in batches.
+The rollout worker's calls carry 64 rows each, so the per-call cost is spread over
+them and the env and the worker's own bookkeeping set the pace."""

@@ -8,6 +8,7 @@ from bench.actor import ActorResult
 from bench.cache import CacheRun
 from bench.features import FeaturesRun
 from bench.grpo import GrpoRun
+from bench.lane import LaneRun
 from bench.lm import LmRun
 from bench.load import LoadResult
 from bench.loop import LoopRun
@@ -83,6 +84,7 @@ class Results:
     recurrent: RecurrentRun | None = None
     features: FeaturesRun | None = None
     grpo: GrpoRun | None = None
+    lane: LaneRun | None = None
 
     def find(self, scenario: str, setup_key: str) -> LoadRun | None:
         for run in self.load:

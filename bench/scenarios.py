@@ -11,7 +11,8 @@ transformers and onnxruntime-genai (see bench/lm.py), ``cache`` the result cache
 and miss paths against a model run (see bench/cache.py), ``recurrent`` 64 sequences
 of a recurrent policy with client-held and server-held state (see bench/recurrent.py),
 ``features`` observations by entity from Redis against inline (see bench/features.py), and
-``grpo`` GRPO learning through the server in both layouts (see bench/grpo.py).
+``grpo`` GRPO learning through the server in both layouts (see bench/grpo.py), and ``lane``
+CartPole actors and a rollout worker over HTTP and over the local lane (see bench/lane.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ CACHE = "cache"
 RECURRENT = "recurrent"
 FEATURES = "features"
 GRPO = "grpo"
+LANE = "lane"
 STOCHASTIC_OUTPUTS = ("actions", "log_probs", "values")
 
 
@@ -58,6 +60,7 @@ WRK = (
 )
 NAMES = (
     *(s.name for s in WRK), RAW, ACTOR, OVERLOAD, OIP, LOOP, LM, CACHE, RECURRENT, FEATURES, GRPO,
+    LANE,
 )  # fmt: skip
 SPLICED = (
     OIP,
@@ -67,6 +70,7 @@ SPLICED = (
     RECURRENT,
     FEATURES,
     GRPO,
+    LANE,
 )  # alone into an existing document: replace only their own section
 MODELS = ("cartpole", "mlp", "cnn")  # every model of the repository, in document order
 

@@ -161,7 +161,7 @@ def start(
             lambda c: c.post("/predict", content=probe).status_code == 200, "serving", timeout_s
         )
         return server
-    repository = _only(model, workdir)
+    repository = only_model(model, workdir)
     if setup.kind is Kind.SERVE:
         command = [*_RLSERVE, "serve", "--model-repository", str(repository)]
         server = Server(command, {}, log, setup.core)
@@ -205,7 +205,7 @@ def newest_onnx(model: Path) -> Path:
     return versions[-1]
 
 
-def _only(model: Path, workdir: Path) -> Path:
+def only_model(model: Path, workdir: Path) -> Path:
     """A repository holding only ``model``, so that it answers ``POST /predict``."""
     repository = workdir / f"only-{model.name}"
     if not repository.exists():

@@ -14,10 +14,23 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from bench import cache, features, lm, loop, models, oip, overload, ratios, recurrent, servers
+from bench import (
+    cache,
+    features,
+    lane,
+    lm,
+    loop,
+    models,
+    oip,
+    overload,
+    ratios,
+    recurrent,
+    servers,
+)
 from bench.actor import OVER_HTTP, Client
 from bench.cache import CacheRun, Path_
 from bench.features import FeaturesRun
+from bench.lane import LaneRun
 from bench.lm import LmRun, ServerRun
 from bench.loop import LoopRun
 from bench.oip import OipRun
@@ -63,6 +76,7 @@ def judge(results: Results) -> list[Verdict]:
         *cache_verdicts(results.cache),
         *recurrent_verdicts(results.recurrent),
         *features_verdicts(results.features),
+        *lane_verdicts(results.lane),
     ]  # grpo: no targets, its figures are reported
 
 
@@ -603,3 +617,31 @@ def features_verdicts(run: FeaturesRun | None) -> list[Verdict]:
 
 
 GRPO_PREFIX = "grpo: "  # no grpo target: its figures are reported (issue #26)
+
+
+LANE_PREFIX = "lane: "  # every lane target starts so
+
+
+def lane_verdicts(run: LaneRun | None) -> list[Verdict]:
+    wanted = (
+        (lane.Load.ONE_ACTOR, lane.MIN_ONE_ACTOR, "one CartPole actor (one env, one call a step)"),
+        (lane.Load.EIGHT_ACTORS, lane.MIN_EIGHT_ACTORS, f"{lane.ACTORS} one-env actors together"),
+        (lane.Load.WORKER, lane.MIN_WORKER, f"one rollout worker with {lane.ENVS} envs"),
+    )
+    verdicts = []
+    for load, minimum, what in wanted:
+        target = f"{LANE_PREFIX}{what} through the local lane ≥ {minimum:,.0f} env steps/s"
+        if run is None:
+            verdicts.append(Verdict(target, "not run", None))
+            continue
+        row, http = run.row(load, lane.Transport.LANE), run.row(load, lane.Transport.HTTP)
+        if row is None or row.steps_per_s is None:
+            failure = run.failure or (row.failure if row is not None else None) or "not run"
+            verdicts.append(Verdict(target, failure, None))
+            continue
+        versus = ""
+        if http is not None and http.steps_per_s:
+            versus = f" (HTTP: {http.steps_per_s:,.0f}, {row.steps_per_s / http.steps_per_s:.2f}x)"
+        measured = f"{row.steps_per_s:,.0f} steps/s{versus}"
+        verdicts.append(Verdict(target, measured, row.steps_per_s >= minimum))
+    return verdicts

@@ -1,0 +1,229 @@
+"""The local lane (issue #25): the ``lane`` scenario.
+
+One ``rlserve serve --lane PATH`` process on the server core serves the bundled CartPole
+policy; the clients run on the load core, each setup over HTTP and over the lane, one
+after another against the same server:
+
+- **one actor**: one CartPole env, one predict call per step (``bench.actor``, the project's
+  ``PolicyClient`` over HTTP, ``LaneClient`` over the lane);
+- **eight actors**: eight such processes at once, their steps summed (the server batches
+  their rows across actors);
+- **one rollout worker with 64 envs**: ``loop.collect.RolloutWorker`` (the code of
+  ``rlserve collect``), one call per iteration for all its envs, every step published into
+  an in-process buffer a drain thread empties (``bench.loop_child worker``, with ``--lane``).
+
+Beside them, the env's own speed: the same vector env of 64 CartPoles stepped with random
+actions and no server, on the load core. Each row: ``warmup`` seconds, then ``seconds``
+measured; the server's CPU time over the row, per env step.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from bench import children, cpu, servers
+
+ENVS = 64  # the rollout worker's
+ACTORS = 8
+CHILD_TIMEOUT_S = 120.0
+# Targets (issue #25), env steps/s through the lane.
+MIN_ONE_ACTOR = 10_000.0
+MIN_EIGHT_ACTORS = 20_000.0
+MIN_WORKER = 100_000.0
+
+
+class Transport(Enum):
+    HTTP = "HTTP (PolicyClient)"
+    LANE = "local lane"
+
+
+class Load(Enum):
+    ONE_ACTOR = "one actor, 1 env"
+    EIGHT_ACTORS = f"{ACTORS} actors, 1 env each"
+    WORKER = f"rollout worker, {ENVS} envs"
+
+
+@dataclass(frozen=True)
+class LaneRow:
+    load: Load
+    transport: Transport
+    steps_per_s: float | None  # None: failed
+    failure: str | None
+    server_cpu_s: float
+    rows: int  # rows the server computed for the row's clients, their warm-ups included
+
+    @property
+    def server_us_per_row(self) -> float | None:
+        return self.server_cpu_s * 1e6 / self.rows if self.rows else None
+
+
+@dataclass(frozen=True)
+class LaneRun:
+    when: str
+    seconds: float  # the scenario's wall time
+    measured_s: float
+    warmup_s: float
+    machine: str
+    load_before: str
+    load_after: str
+    env_steps_per_s: float | None  # the vector env of ENVS CartPoles alone
+    rows: tuple[LaneRow, ...]
+    failure: str | None  # why nothing was measured
+
+    def row(self, load: Load, transport: Transport) -> LaneRow | None:
+        return next((r for r in self.rows if r.load is load and r.transport is transport), None)
+
+
+def run(model: Path, workdir: Path, seconds: int, warmup: int) -> LaneRun:
+    started = time.monotonic()
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load_before = cpu.loadavg()
+    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    lane = workdir / "bench.lane"
+    rows: list[LaneRow] = []
+    failure = None
+    env_rate = _env_alone(seconds)
+    try:
+        server = _serve(model, workdir, lane)
+    except (RuntimeError, TimeoutError) as exc:
+        failure = str(exc)[:500]
+    else:
+        try:
+            rows = [
+                _measure(server, lane, load, transport, seconds, warmup)
+                for load in Load
+                for transport in Transport
+            ]
+        finally:
+            server.stop()
+    return LaneRun(
+        when, time.monotonic() - started, float(seconds), float(warmup), machine, load_before,
+        cpu.loadavg(), env_rate, tuple(rows), failure,
+    )  # fmt: skip
+
+
+def _serve(model: Path, workdir: Path, lane: Path) -> servers.Server:
+    _say("lane: cartpole: starting rlserve serve --lane")
+    repository = servers.only_model(model, workdir)
+    command = [
+        sys.executable, "-m", "serve.cli", "serve", "--model-repository", str(repository),
+        "--lane", str(lane),
+    ]  # fmt: skip
+    server = servers.Server(command, {}, workdir / "lane.log", cpu.SERVER_CORE)
+    server.wait_until(lambda c: c.get("/ready").status_code == 200, "ready", 120)
+    return server
+
+
+def _measure(
+    server: servers.Server, lane: Path, load: Load, transport: Transport, seconds: int, warmup: int
+) -> LaneRow:
+    _say(f"lane: {load.value}, over {transport.value}")
+    commands = _commands(server.url, lane, load, transport, seconds, warmup)
+    before = server.cpu_seconds()
+    outputs, failure = _all(commands)
+    spent = server.cpu_seconds() - before
+    if failure is not None:
+        _say(f"lane: failed: {failure}\n{server.log_tail()[-1500:]}")
+        return LaneRow(load, transport, None, failure, 0.0, 0)
+    rate = sum(_rate(o, load) for o in outputs)
+    served = sum(_served(o, load) for o in outputs)
+    return LaneRow(load, transport, rate, None, spent, served)
+
+
+def _rate(output: dict[str, float], load: Load) -> float:
+    """A child's measured env steps/s."""
+    if load is Load.WORKER:
+        return output["env_steps"] / output["seconds"] if output["seconds"] else 0.0
+    return output["steps_per_s"]
+
+
+def _served(output: dict[str, float], load: Load) -> int:
+    """Rows the server computed for a child, its warm-up included (the server's CPU time
+    covers it too): an actor's steps; a worker's requests times its envs."""
+    if load is Load.WORKER:
+        return int(output["all_requests"]) * ENVS
+    return int(output["steps"] + output["warmup_steps"])
+
+
+def _commands(
+    url: str, lane: Path, load: Load, transport: Transport, seconds: int, warmup: int
+) -> list[list[str]]:
+    timing = ["--seconds", str(seconds), "--warmup", str(warmup)]
+    if load is Load.WORKER:
+        command = [
+            sys.executable, "-m", "bench.loop_child", "worker", "--url", url,
+            "--num-envs", str(ENVS), *timing,
+        ]  # fmt: skip
+        return [command + (["--lane", str(lane)] if transport is Transport.LANE else [])]
+    client = "lane" if transport is Transport.LANE else "policy"
+    command = [
+        sys.executable, "-m", "bench.actor", "--url", url, "--client", client,
+        "--lane", str(lane), *timing,
+    ]  # fmt: skip
+    return [command] * (ACTORS if load is Load.EIGHT_ACTORS else 1)
+
+
+def _all(commands: list[list[str]]) -> tuple[list[dict[str, float]], str | None]:
+    """Every command at once on the load core: their JSON lines, or why one has none."""
+    if len(commands) == 1:
+        output, failure = children.measure(commands[0], cpu.LOAD_CORE, CHILD_TIMEOUT_S)
+        return [output], failure
+    running = [_start(c) for c in commands]
+    outputs, failure = [], None
+    for process in running:
+        try:
+            out, err = process.communicate(timeout=CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+        lines = out.strip().splitlines()
+        if process.returncode != 0 or not lines:
+            failure = (
+                failure or f"exited {process.returncode}: {(err.strip() or 'no output')[-300:]}"
+            )
+            continue
+        outputs.append(json.loads(lines[-1]))
+    return outputs, failure
+
+
+def _start(command: list[str]) -> subprocess.Popen[str]:
+    pinned = cpu.pinned(command, cpu.LOAD_CORE)
+    pipe = subprocess.PIPE
+    return subprocess.Popen(pinned, stdout=pipe, stderr=pipe, text=True, cwd=children.ROOT)
+
+
+def _env_alone(seconds: int) -> float | None:
+    """Env steps/s of the rollout worker's vector env of ENVS CartPoles, random actions, no
+    server, on the load core."""
+    _say(f"lane: {ENVS} CartPole envs alone")
+    code = (
+        "import time, numpy as np\n"
+        "from loop.collect import make_envs\n"
+        f"envs = make_envs('CartPole-v1', {ENVS}, 'auto')\n"
+        "envs.reset(seed=0)\n"
+        "rng = np.random.default_rng(0)\n"
+        f"actions = rng.integers(0, 2, size=(1000, {ENVS}))\n"
+        "steps, start = 0, time.perf_counter()\n"
+        f"while time.perf_counter() - start < {seconds}:\n"
+        "    envs.step(actions[steps % 1000])\n"
+        "    steps += 1\n"
+        f"print('{{\"steps_per_s\": %f}}' % (steps * {ENVS} / (time.perf_counter() - start)))\n"
+    )
+    output, failure = children.measure([sys.executable, "-c", code], cpu.LOAD_CORE, 60)
+    if failure is not None:
+        _say(f"lane: the env alone failed: {failure}")
+        return None
+    return float(output["steps_per_s"])
+
+
+def _say(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
