@@ -331,7 +331,7 @@ def _vllm(
             _load(server, common, c, seconds, warmup, label="vLLM-cpu") for c in CONCURRENCY
         )
     finally:
-        server.stop()
+        lm_vllm.stop(server)
     return runs, None
 
 

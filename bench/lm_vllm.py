@@ -30,6 +30,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
+
 from bench import cpu, servers
 
 VERSION = "0.32.0"
@@ -101,6 +103,23 @@ def start(checkpoint: Path, name: str, workdir: Path, max_sequences: int) -> ser
     except (RuntimeError, TimeoutError) as exc:
         raise Unavailable(f"vLLM did not start: {str(exc)[-300:]}") from exc
     return server
+
+
+def stop(server: servers.Server) -> None:
+    """Stop vLLM, and remove what its OpenMP runtime (Intel's, loaded by torch) leaves in
+    ``/dev/shm`` for each of its processes: ``__KMP_REGISTERED_LIB_<pid>_<uid>``."""
+    pids = {server.process.pid, *(p.pid for p in _descendants(server.process.pid))}
+    server.stop()
+    for pid in pids:
+        for left in Path("/dev/shm").glob(f"__KMP_REGISTERED_LIB_{pid}_*"):
+            left.unlink(missing_ok=True)
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _say(message: str) -> None:
