@@ -8,7 +8,11 @@ record trained on was made by the trainer's current version (staleness 0, assert
 every batch). With ``--serve-repository`` the server is this process's child
 (``loop/child_server.py``): started before the first turn, stopped (SIGTERM: it drains;
 SIGKILL after 30 s) when this process ends, whether it finished, failed, or got Ctrl-C or
-SIGTERM; if it exits before, this process stops with an error naming its log.
+SIGTERM; if it exits before, this process stops with an error naming its log. The workers
+ask for actions over the server's local lane (shared memory, docs/lane.md): a child server
+is started with one in this run's private temporary folder, a separate server's is the
+configuration's ``inference_cluster.lane``; ``--predictions http`` asks over HTTP. Each
+update's log line says which, with the seconds spent in inference and training turns so far.
 
     # 0. a fresh policy as version 1 and the trainer's checkpoint (the decoupled trainer's step)
     python examples/ppo_trainer.py --init-repository models --model cartpole \\
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import json
 import os
 import shutil
@@ -70,6 +75,13 @@ from serve.client import PolicyClient
 from serve.errors import ConfigError
 
 
+class Predictions(enum.Enum):
+    """How the in-process rollout workers ask the server for actions."""
+
+    LANE = "lane"  # the server's local lane (shared memory), HTTP when it is not there
+    HTTP = "http"
+
+
 @dataclass
 class Args(ppo_trainer.Args):
     workers: int = field(default=2, metadata=arg("in-process rollout workers"))
@@ -96,6 +108,14 @@ class Args(ppo_trainer.Args):
     serve_log: Path | None = field(
         default=None,
         metadata=arg("the child server's output (default: server.log beside the checkpoint)"),
+    )
+    predictions: Predictions = field(
+        default=Predictions.LANE,
+        metadata=arg(
+            "how the workers ask for actions: lane (a child server gets a local lane in a "
+            "private temporary folder; a separate server's is the config's "
+            "inference_cluster.lane, else HTTP) or http"
+        ),
     )
 
 
@@ -196,7 +216,11 @@ def use_training_devices(config: loop_config.LoopConfig | None) -> None:
 
 
 def start_server(
-    args: Args, config: loop_config.LoopConfig | None, token: str, environ: dict[str, str]
+    args: Args,
+    config: loop_config.LoopConfig | None,
+    token: str,
+    environ: dict[str, str],
+    lane: Path | None,
 ) -> ChildServer:
     """The child server on ``--serve-repository`` (not started yet: enter it)."""
     assert args.serve_repository is not None
@@ -208,7 +232,18 @@ def start_server(
         port=args.serve_port,
         cuda_visible_devices=config.cuda_visible_devices("inference") if config else "",
         environ=environ,
+        lane=lane,
     )
+
+
+def lane_of(args: Args, config: loop_config.LoopConfig | None, scratch: Path) -> Path | None:
+    """The local lane the workers use: a child server's, in this run's private scratch
+    folder; a separate server's from the configuration; none over HTTP."""
+    if args.predictions is Predictions.HTTP:
+        return None
+    if args.serve_repository is not None:
+        return scratch / "rlserve.lane"
+    return config.inference_cluster.lane if config is not None else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,7 +286,8 @@ def train(  # noqa: C901 (CleanRL style: the training loop reads top to bottom, 
         token = config.admin_token.get_secret_value()
     if not token:
         sys.exit(f"${args.admin_token_env} is not set: the runner holds, pushes and resumes")
-    scratch = Path(tempfile.mkdtemp(prefix="ppo-colocated-"))
+    scratch = Path(tempfile.mkdtemp(prefix="ppo-colocated-"))  # 0700: the lane's too
+    lane = lane_of(args, config, scratch)
     learner = PPOLearner(agent, args, checkpoint, scratch)
     if "optimizer" in saved:
         learner.optimizer.load_state_dict(saved["optimizer"])
@@ -267,7 +303,7 @@ def train(  # noqa: C901 (CleanRL style: the training loop reads top to bottom, 
     with ExitStack() as stack:
         server_url, check_server, child = args.server, _no_check, None
         if args.serve_repository is not None:  # the child: stopped last, when the stack unwinds
-            child = stack.enter_context(start_server(args, config, token, environ))
+            child = stack.enter_context(start_server(args, config, token, environ, lane))
             server_url, check_server = child.url, child.check
             progress(f"started rlserve serve on {args.serve_repository} as pid {child.pid} at "
                      f"{child.url}; its output goes to {child.log}")  # fmt: skip
@@ -286,6 +322,7 @@ def train(  # noqa: C901 (CleanRL style: the training loop reads top to bottom, 
                     seed=1000 * args.seed + w,
                     model=args.model,
                     worker_id=f"w{w}",
+                    lane=lane,
                 )
             )
             for w in range(args.workers)
@@ -309,15 +346,17 @@ def train(  # noqa: C901 (CleanRL style: the training loop reads top to bottom, 
             training_interval=args.training_interval, max_hold_s=args.max_hold_s,
             check_server=check_server,
         )  # fmt: skip
+        through = f"the lane {lane}" if lane is not None else "HTTP"
         progress(f"version {version} of {args.model} at {server_url}; {args.workers} x "
-                 f"{args.num_envs} envs in-process; turns of {args.inference_interval:g} s / "
-                 f"{args.training_interval:g} s")  # fmt: skip
+                 f"{args.num_envs} envs in-process, predictions over {through}; turns of "
+                 f"{args.inference_interval:g} s / {args.training_interval:g} s")  # fmt: skip
         started = last_progress = time.monotonic()
-        env_steps, training_s, worst_error = 0, 0.0, 0.0
+        env_steps, training_s, inference_s, worst_error = 0, 0.0, 0.0, 0.0
         while True:
             cycle: Cycle = runner.cycle(learner)
             env_steps += cycle.inference.records
             training_s += cycle.training.work_s
+            inference_s += cycle.inference.seconds
             now = time.monotonic()
             busy = training_s / (now - started)
             metrics.busy(min(1.0, busy))
@@ -331,6 +370,9 @@ def train(  # noqa: C901 (CleanRL style: the training loop reads top to bottom, 
                 **learner.last,
                 "phases": [cycle.inference.to_json(), cycle.training.to_json()],
                 "busy_ratio": round(busy, 3),
+                "inference_s": round(inference_s, 2),
+                "training_s": round(training_s, 2),
+                "predictions": "lane" if lane is not None else "http",
                 "wall_s": round(now - started, 2),
             }
             if log is not None:

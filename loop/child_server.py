@@ -99,7 +99,8 @@ class ChildServer:
 
     ``cuda_visible_devices`` (``LoopConfig.cuda_visible_devices("inference")``) is set for
     the child when not empty; ``environ`` is the environment it inherits (default: this
-    process's, when started)."""
+    process's, when started); ``lane``: the child also listens on a local lane at that
+    path (``rlserve serve --lane``), for rollout workers in this process."""
 
     def __init__(
         self,
@@ -113,6 +114,7 @@ class ChildServer:
         environ: Mapping[str, str] | None = None,
         ready_timeout_s: float = 60.0,
         stop_timeout_s: float = 30.0,
+        lane: Path | None = None,
     ) -> None:
         if ready_timeout_s <= 0 or stop_timeout_s <= 0:
             raise ConfigError(
@@ -124,6 +126,7 @@ class ChildServer:
         self.url = f"http://{host}:{self.port}"
         self.ready_timeout_s, self.stop_timeout_s = ready_timeout_s, stop_timeout_s
         self._token, self._gpus, self._environ = admin_token, cuda_visible_devices, environ
+        self.lane = lane  # the server's local lane (--lane), for workers in this process
         self._process: subprocess.Popen[bytes] | None = None
         self._output: IO[bytes] | None = None
         self._ready = False
@@ -155,6 +158,7 @@ class ChildServer:
             sys.executable, "-m", "serve.cli", "serve",
             "--model-repository", str(self.repository),
             "--host", self.host, "--port", str(self.port), "--drain-delay-s", "0",
+            *(["--lane", str(self.lane)] if self.lane is not None else []),
         ]  # fmt: skip
 
     def environment(self) -> dict[str, str]:

@@ -27,6 +27,8 @@ Asserted from what the trainer logged per update (``--log-json``) and from the s
 - the turns alternate (inference, training, inference, ...; each ends before the next
   starts) and none is shorter than its ``task_schedule`` quantum (10 ms, 50 ms), each a
   whole number of quanta;
+- a child server listens on a local lane too, and the workers predict through it (a
+  separate server, whose lane the reference file does not name, over HTTP);
 - the server's active version is the last one pushed (read back from the server, or from
   the repository's serving state once the child server is gone), and a child server was
   stopped with the trainer: its log ends with its shutdown, and its process is gone.
@@ -189,6 +191,12 @@ def check(learned: Learned, target: float = TARGET_RETURN) -> None:
         assert training["held_at_resume"] is True
         assert training["push_result"] == "activated"
         assert training["push_active_version"] == version
+    # A child server has a local lane, and the workers predicted through it; a separate
+    # server (the reference config names no lane) over HTTP.
+    through = "lane" if learned.child_pid is not None else "http"
+    assert {u["predictions"] for u in updates} == {through}
+    assert ("rlserve.lane: local lane at" in learned.server_log) == (through == "lane")
+    assert all(u["inference_s"] > 0 and u["training_s"] > 0 for u in updates)
     # The server's own account: one hold and one resume per update.
     assert learned.server_log.count(f"model {MODEL} held for") == len(updates)
     assert learned.server_log.count(f"model {MODEL} resumed") == len(updates)
