@@ -212,6 +212,36 @@ class Backoff:
         return not stop.wait(min(pause, left))
 
 
+def publish_retried(
+    producer: Producer,
+    records: Sequence[Any],
+    backoff_for_s: float,
+    *,
+    retried: Callable[[], None],
+    lost: str,
+    stop: threading.Event | None = None,
+) -> bool:
+    """Publish ``records``, the same ones again while the buffer pushes back (a trainer
+    behind), for ``backoff_for_s`` since the first refusal: True once published; False when
+    ``stop`` was set meanwhile (they stay unpublished); GaveUp, its message ending with
+    ``lost``, when the time is up. ``retried`` is called for each refusal."""
+    backoff: Backoff | None = None
+    while True:
+        try:
+            producer.publish(records)
+            return True
+        except (BufferFull, BufferUnavailable) as error:
+            retried()
+            backoff = backoff or Backoff(backoff_for_s)
+            if not backoff.wait(None, stop):
+                if stop is not None and stop.is_set():
+                    return False
+                raise GaveUp(
+                    f"the buffer refused {len(records)} records for {backoff_for_s:g}s "
+                    f"(last: {error.message}); {lost}"
+                ) from error
+
+
 # ---------------------------------------------------------------------- the worker
 
 
@@ -429,25 +459,18 @@ class RolloutWorker:
         """Publish ``records``, the same ones again while the buffer pushes back. A stop
         does not abandon them: they are tried for the whole ``retry_for_s``."""
         started = time.perf_counter()
-        backoff: Backoff | None = None
         try:
-            while True:
-                try:
-                    self.producer.publish(records)
-                    self.counters.published += len(records)
-                    return
-                except (BufferFull, BufferUnavailable) as error:
-                    self.counters.publish_retries += 1
-                    backoff = backoff or Backoff(self.retry_for_s)
-                    if not backoff.wait(None):
-                        raise GaveUp(
-                            f"the buffer refused {len(records)} records for "
-                            f"{self.retry_for_s:g}s (last: {error.message}); they are lost and "
-                            "their episodes end without a last step: make the trainer keep "
-                            "up, or allow more with --retry-for-s"
-                        ) from error
+            publish_retried(
+                self.producer, records, self.retry_for_s, retried=self._publish_refused,
+                lost="they are lost and their episodes end without a last step: make the "
+                "trainer keep up, or allow more with --retry-for-s",
+            )  # fmt: skip
+            self.counters.published += len(records)
         finally:
             self.counters.publish_s += time.perf_counter() - started
+
+    def _publish_refused(self) -> None:
+        self.counters.publish_retries += 1
 
     def _refused(self, error: BaseException) -> ConfigError:
         where = f"model {self.model!r}" if self.model else "the server's default model"

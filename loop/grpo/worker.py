@@ -36,8 +36,8 @@ import httpx
 import numpy as np
 
 from loop.buffers import open_producer
-from loop.buffers.base import BufferFull, BufferOptions, BufferUnavailable, Producer
-from loop.collect import TRANSIENT_STATUSES, Backoff, GaveUp
+from loop.buffers.base import BufferOptions, Producer
+from loop.collect import TRANSIENT_STATUSES, Backoff, GaveUp, publish_retried
 from loop.experience import Completion
 from loop.grpo.prompts import PromptRow, Prompts
 from loop.grpo.rewards import Reward
@@ -226,24 +226,14 @@ class PromptWorker:
         behind: the workers wait for it); a stop meanwhile leaves them unpublished."""
         started = time.perf_counter()
         try:
-            self._publish_retried(records)
+            published = publish_retried(
+                self.producer, records, self.retry_for_s, retried=self._publish_refused,
+                lost="these completions are lost", stop=self._stop,
+            )  # fmt: skip
+            if published:
+                self.counters.published += len(records)
         finally:
             self.counters.publish_s += time.perf_counter() - started
 
-    def _publish_retried(self, records: Sequence[Completion]) -> None:
-        backoff: Backoff | None = None
-        while True:
-            try:
-                self.producer.publish(records)
-                self.counters.published += len(records)
-                return
-            except (BufferFull, BufferUnavailable) as error:
-                self.counters.retries += 1
-                backoff = backoff or Backoff(self.retry_for_s)
-                if not backoff.wait(None, self._stop):
-                    if self._stop.is_set():
-                        return
-                    raise GaveUp(
-                        f"the buffer refused {len(records)} completions for "
-                        f"{self.retry_for_s:g}s (last: {error.message}); they are lost"
-                    ) from error
+    def _publish_refused(self) -> None:
+        self.counters.retries += 1
