@@ -31,6 +31,7 @@ import time
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -95,15 +96,38 @@ class Memory:
         )
 
 
-def _lane_inputs(action_masks: Any, memory: Memory | None) -> dict[str, Any] | None:
-    """What a call gives beside its observations, for the local lane; None when only HTTP
-    carries it (a server-held sequence)."""
+@dataclass(frozen=True)
+class _LaneArguments:
+    """What a call gives beside its observations, as ``LaneClient.predict`` takes it."""
+
+    inputs: dict[str, Any]  # by predict field: action masks, a client-held state
+    sequence: dict[str, Any]  # a server-held sequence: its id, start and end
+
+
+def _lane_arguments(action_masks: Any, memory: Memory | None) -> _LaneArguments | None:
+    """The call's arguments for the local lane; None when only HTTP carries them (a
+    server-held sequence named by strings: the lane takes integer ids)."""
+    inputs: dict[str, Any] = {}
+    sequence: dict[str, Any] = {}
     if memory is not None and memory.held_by_server:
-        return None
-    given = {} if memory is None else memory.fields()
+        if not _integer_ids(memory.sequence_id):
+            return None
+        sequence = {
+            "sequence_id": memory.sequence_id,
+            "sequence_start": False if memory.sequence_start is None else memory.sequence_start,
+            "sequence_end": False if memory.sequence_end is None else memory.sequence_end,
+        }
+    elif memory is not None:
+        inputs = memory.fields()
     if action_masks is not None:
-        given["action_masks"] = action_masks
-    return given
+        inputs["action_masks"] = action_masks
+    return _LaneArguments(inputs, sequence)
+
+
+def _integer_ids(value: Any) -> bool:
+    """Whether a sequence id (or a list, one per row) is made of integers only."""
+    ids = value if isinstance(value, list) else [value]
+    return bool(ids) and all(isinstance(i, Integral) and not isinstance(i, bool) for i in ids)
 
 
 def _predict_call(
@@ -334,14 +358,17 @@ class PolicyClient:
         memory: Memory | None = None,
     ) -> Prediction:
         """``action_masks``: a masked policy's (MaskablePPO); ``memory``: a recurrent
-        policy's state, or its server-held sequence (over HTTP only)."""
-        lane_inputs = _lane_inputs(action_masks, memory)
-        over_lane = actions is None and lane_inputs is not None  # the lane scores no actions
+        policy's state, or its server-held sequence (over the lane when its ids are
+        integers, else over HTTP)."""
+        lane = _lane_arguments(action_masks, memory)
+        over_lane = actions is None and lane is not None  # the lane scores no actions
         if self._lane is not None and over_lane and time.monotonic() >= self._lane_retry_at:
+            assert lane is not None
             try:
                 return self._lane.predict(
                     observations, model=model, version=version, deterministic=deterministic,
-                    seed=seed, outputs=outputs, timeout_ms=timeout_ms, inputs=lane_inputs,
+                    seed=seed, outputs=outputs, timeout_ms=timeout_ms, inputs=lane.inputs,
+                    **lane.sequence,
                 )  # fmt: skip
             except LaneUnavailable as exc:
                 log.warning("%s; predicting over HTTP, the lane again in %gs", exc, LANE_RETRY_S)

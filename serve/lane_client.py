@@ -53,7 +53,12 @@ class _Lane:
             raise
         self.seq = 0
         self.inputs = {a.key: a for a in self.layout.inputs if a.field is None}
-        self.extras = {a.field: a for a in self.layout.inputs if a.field is not None}
+        self.extras = {
+            a.field: a
+            for a in self.layout.inputs
+            if a.field is not None and a.field not in wire.SEQUENCE_FIELDS
+        }
+        self.sequences = {a.field: a for a in self.layout.inputs if a.field in wire.SEQUENCE_FIELDS}
         self.dtypes = {
             a.name: np.dtype(a.dtype) for a in (*self.layout.inputs, *self.layout.outputs)
         }
@@ -66,7 +71,7 @@ class _Lane:
         for key, area in self.inputs.items():
             shown = f"observations{'' if key is None else f'[{key!r}]'}"
             self._write(area, rows[key], shown)
-        for field, area in self.extras.items():
+        for field, area in (*self.extras.items(), *self.sequences.items()):
             self._write(area, extras[field], field)
         self.seq += 1
         flags = wire.Flags.DETERMINISTIC if deterministic else wire.Flags(0)
@@ -114,6 +119,29 @@ class _Lane:
             if field == "episode_start" and array.ndim == 0:
                 array = np.full(n, bool(array))
             rows[field] = array[np.newaxis] if single and array.ndim == len(area.shape) else array
+        return rows
+
+    def sequence_rows(
+        self, sequence_id: Any, start: Any, end: Any, n: int
+    ) -> dict[str, np.ndarray]:
+        """Each row's sequence: its integer id, and whether it starts or ends there (one
+        boolean for every row, or one per row)."""
+        ids = np.asarray(sequence_id)
+        if ids.dtype.kind not in "iu" or ids.shape not in ((), (n,)):
+            raise ValueError(
+                f"sequence_id: the local lane takes integer ids, one for {n} row(s) or one per "
+                "row; send string ids over HTTP"
+            )
+        if ids.ndim == 1 and len(set(ids.tolist())) != n:
+            raise ValueError("sequence_id: ids repeat; each row steps its own sequence")
+        rows = {"sequence_id": np.broadcast_to(ids, (n,)).astype(np.int64)}
+        for field, value in (("sequence_start", start), ("sequence_end", end)):
+            flags = np.asarray(value)
+            if flags.dtype.kind in "iu" and np.isin(flags, (0, 1)).all():
+                flags = flags.astype(bool)  # 0 and 1, as over HTTP
+            if flags.dtype != np.bool_ or flags.shape not in ((), (n,)):
+                raise ValueError(f"{field}: true, false, or one boolean per row ({n})")
+            rows[field] = np.broadcast_to(flags, (n,)).astype(np.uint8)
         return rows
 
     def outputs(self, n: int) -> dict[str, np.ndarray]:
@@ -177,19 +205,27 @@ class LaneClient:
         outputs: Sequence[str] = ("actions",),
         timeout_ms: float | None = None,
         inputs: Mapping[str, Any] | None = None,
+        sequence_id: Any = None,
+        sequence_start: Any = False,
+        sequence_end: Any = False,
     ) -> Prediction:
         """``inputs``: what the model takes beside its observations, by predict field:
         ``action_masks`` (MaskablePPO), ``state`` and ``episode_start`` (a recurrent
-        policy; the answer's ``state`` is the next one)."""
+        policy; the answer's ``state`` is the next one). ``sequence_id`` (an integer, or one
+        per row): the server holds a recurrent policy's memory instead, as over HTTP;
+        ``sequence_start`` / ``sequence_end`` mark a sequence's first and last step."""
         keyed = observations if isinstance(observations, dict) else {None: observations}
         arrays = {k: np.asarray(v) for k, v in keyed.items()}
         names = tuple(dict.fromkeys(outputs))
+        held = sequence_id is not None
         for attempt in (1, 2):
-            lane = self._lane(model, version, names, arrays)
+            lane = self._lane(model, version, names, arrays, held=held)
             single = _single(lane, arrays)
             rows = {k: v[None] if single else v for k, v in arrays.items()}
             n = len(next(iter(rows.values())))
             extras = lane.extra_rows(inputs or {}, n, single=single)
+            if held:
+                extras |= lane.sequence_rows(sequence_id, sequence_start, sequence_end, n)
             try:
                 status, answer = lane.call(rows, extras, n, deterministic, seed, timeout_ms)
             except (ConnectionError, BrokenPipeError) as exc:
@@ -207,17 +243,17 @@ class LaneClient:
 
     def _lane(
         self, model: str | None, version: int | None, outputs: tuple[str, ...],
-        arrays: dict[str | None, np.ndarray],
+        arrays: dict[str | None, np.ndarray], *, held: bool,
     ) -> _Lane:  # fmt: skip
         lanes: dict[tuple[Any, ...], _Lane] = self._local.__dict__.setdefault("lanes", {})
-        key = (model, version, outputs)
+        key = (model, version, outputs, held)
         lane = lanes.get(key)
         rows = max((len(v) if v.ndim > 1 else 1) for v in arrays.values())
         if lane is not None and lane.layout.rows < rows:
             self._drop(lane)
             lane = None
         if lane is None:
-            hello = wire.Hello(model, version, max(rows, 1), outputs)
+            hello = wire.Hello(model, version, max(rows, 1), outputs, sequences=held)
             lane = lanes[key] = _Lane(self.path, hello, self.timeout_s)
             with self._lock:
                 self._opened.append(lane)
@@ -249,6 +285,7 @@ def _handshake(sock: socket.socket, hello: wire.Hello) -> tuple[wire.Layout, mma
                 "version": hello.version,
                 "rows": hello.rows,
                 "outputs": list(hello.outputs),
+                "sequences": hello.sequences,
             }
         )
     )
@@ -294,7 +331,7 @@ def _single(lane: _Lane, arrays: dict[str | None, np.ndarray]) -> bool:
 
 
 def _described(lane: _Lane) -> str:
-    keys = [a.key for a in lane.layout.inputs]
+    keys = list(lane.inputs)
     return "one array" if keys == [None] else f"a dict with keys {keys}"
 
 

@@ -28,6 +28,7 @@ from stable_baselines3 import PPO
 from serve import cli
 from serve.client import Memory, PolicyClient
 from serve.lane_client import LaneClient
+from serve.prediction import RequestFailed
 from tests.e2e.server import Server, free_port
 from tests.export.export_envs import CartPoleNoVelocity
 from tests.export.export_policies import train_recurrent_ppo
@@ -400,6 +401,53 @@ def test_sixteen_server_held_sequences_at_once_each_replay_the_source(
     with ThreadPoolExecutor(16) as pool:
         for ours, theirs in pool.map(episode, range(200, 216)):
             assert ours == theirs
+
+
+def test_the_local_lane_names_server_held_sequences_and_replays_the_source(
+    trained: tuple[Any, Path], server: Server, lane_path: Path
+) -> None:
+    """Over the lane a row names its sequence (an integer id) and the server keeps its
+    memory: no state travels; a batch steps one sequence per row, as over HTTP."""
+    model = trained[0]
+    env = CartPoleNoVelocity()
+    theirs = run_episode(env, SourceRecurrentActor(model), 11)
+    with LaneClient(lane_path) as lane:
+        steps = 0
+
+        def by_lane(observation: np.ndarray) -> int:
+            nonlocal steps
+            answer = lane.predict(
+                observation, model="recurrent", sequence_id=7011, sequence_start=steps == 0
+            )
+            steps += 1
+            assert answer.state is None  # the server holds it
+            return int(answer.actions)
+
+        ours = run_episode(env, by_lane, 11)
+        assert [int(a) for a in ours.actions] == [int(a) for a in theirs.actions]
+        rows = np.zeros((2, 2), np.float32)
+        batch = lane.predict(rows, model="recurrent", sequence_id=[7101, 7102], sequence_start=True)
+        assert np.shape(batch.actions) == (2,)
+        with pytest.raises(RequestFailed, match="no such live sequence") as refused:
+            lane.predict(rows[0], model="recurrent", sequence_id=7999)  # never started
+        assert refused.value.status == 422
+        with pytest.raises(ValueError, match="integer ids"):
+            lane.predict(rows[0], model="recurrent", sequence_id="episode-1")
+        with pytest.raises(RequestFailed, match="not a recurrent policy"):
+            lane.predict(np.zeros(2, np.float32), model="feed_forward", sequence_id=1)
+    with PolicyClient(server.url, lane=lane_path) as client:  # integer ids: the lane
+        steps = 0
+
+        def policy_client(observation: np.ndarray) -> int:
+            nonlocal steps
+            memory = Memory(sequence_id=7301, sequence_start=steps == 0)
+            steps += 1
+            answer = client.predict(observation, model="recurrent", memory=memory)
+            assert answer.state is None
+            return int(answer.actions)
+
+        ours = run_episode(env, policy_client, 11)
+    assert [int(a) for a in ours.actions] == [int(a) for a in theirs.actions]
 
 
 def test_a_batch_steps_one_sequence_per_row(server: Server) -> None:

@@ -212,9 +212,8 @@ class LaneServer:
                     _answer(slot, seq, wire.Status.RECONNECT)
                     return
                 lane.sha256 = served.sha256
-            call = InferCall(
-                _inputs(slot, lane.layout, rows), _parameters(flags, seed), lane.outputs
-            )
+            parameters = {**_parameters(flags, seed), **_sequences(slot, lane.layout, rows)}
+            call = InferCall(_inputs(slot, lane.layout, rows), parameters, lane.outputs)
             asked_ms = timeout_ms if timeout_ms > 0 else None
             budget = call_budget_ms(call, route.default_deadline_ms, asked_ms)
             deadline = self.inference.calls.turn.deadline(received_at, budget)
@@ -254,8 +253,6 @@ def layout_of(model: str, signature: Signature, hello: wire.Hello) -> wire.Layou
             f"outputs: expected distinct names drawn from {[*known, wire.DISTRIBUTION]}, "
             f"got {listed(list(hello.outputs))}"
         )
-    if wire.STATE in known and wire.STATE not in names:
-        names.append(wire.STATE)  # the client carries it to its next step
     inputs = [
         (
             meta.name,
@@ -265,6 +262,10 @@ def layout_of(model: str, signature: Signature, hello: wire.Hello) -> wire.Layou
         )
         for meta in signature.inputs
     ]
+    if hello.sequences:
+        inputs = _held(model, inputs, names)
+    elif wire.STATE in known and wire.STATE not in names:
+        names.append(wire.STATE)  # the client carries it to its next step
     outputs = [
         (name, None, *_typed(known[name].datatype, known[name].shape), None) for name in names
     ]
@@ -274,6 +275,31 @@ def layout_of(model: str, signature: Signature, hello: wire.Hello) -> wire.Layou
     return wire.Layout(model, hello.rows, size, tuple(input_areas), tuple(output_areas))
 
 
+_SEQUENCE_AREAS = (("<i8", 8), ("|u1", 1), ("|u1", 1))  # per row: id, start, end
+
+
+def _held(model: str, inputs: list[wire.Placed], names: list[str]) -> list[wire.Placed]:
+    """A lane of server-held sequences: the observations (and masks), then each row's
+    sequence id, start and end; the client-held memory's inputs and output are not there."""
+    fields = {field for *_, field in inputs}
+    if not set(wire.CLIENT_HELD) <= fields:
+        raise InvalidInput(
+            f"sequences: model {model!r} is not a recurrent policy: it has no memory for the "
+            "server to hold; say hello without sequences"
+        )
+    if wire.STATE in names:
+        raise InvalidInput(
+            f"outputs: {wire.STATE!r}: the server holds the sequences' memory on this lane; "
+            "leave it out"
+        )
+    kept = [placed for placed in inputs if placed[-1] not in wire.CLIENT_HELD]
+    sequence = [
+        (field, None, dtype, (), itemsize, field)
+        for field, (dtype, itemsize) in zip(wire.SEQUENCE_FIELDS, _SEQUENCE_AREAS, strict=True)
+    ]
+    return kept + sequence
+
+
 def _typed(datatype: str, shape: tuple[int, ...]) -> tuple[str, tuple[int, ...], int]:
     dtype = DTYPES[datatype]
     return dtype.str, tuple(shape[1:]), dtype.itemsize
@@ -281,17 +307,33 @@ def _typed(datatype: str, shape: tuple[int, ...]) -> tuple[str, tuple[int, ...],
 
 def _hello_of(layout: wire.Layout) -> wire.Hello:
     """A hello that makes this layout again, if the model's tensors are the same."""
-    return wire.Hello(layout.model, None, layout.rows, tuple(a.name for a in layout.outputs))
+    outputs = tuple(a.name for a in layout.outputs)
+    sequences = any(a.field in wire.SEQUENCE_FIELDS for a in layout.inputs)
+    return wire.Hello(layout.model, None, layout.rows, outputs, sequences=sequences)
 
 
 def _inputs(slot: mmap.mmap, layout: wire.Layout, rows: int) -> dict[str, np.ndarray]:
     """Each input's rows, copied out of the slot (the client may write it again at once)."""
     inputs = {}
     for area in layout.inputs:
+        if area.field in wire.SEQUENCE_FIELDS:
+            continue  # parameters: _sequences
         count = rows * area.row_bytes // np.dtype(area.dtype).itemsize
         view = np.frombuffer(slot, area.dtype, count, area.offset)
         inputs[area.name] = view.reshape(rows, *area.shape).copy()
     return inputs
+
+
+def _sequences(slot: mmap.mmap, layout: wire.Layout, rows: int) -> dict[str, object]:
+    """The rows' sequence ids, starts and ends, as the predict parameters of server-held
+    sequences (none on a lane without them)."""
+    parameters: dict[str, object] = {}
+    for area in layout.inputs:
+        if area.field not in wire.SEQUENCE_FIELDS:
+            continue
+        values = np.frombuffer(slot, area.dtype, rows, area.offset).copy()
+        parameters[area.field] = values.tolist() if area.dtype == "<i8" else values != 0
+    return parameters
 
 
 def _parameters(flags: int, seed: int) -> dict[str, object]:
@@ -394,11 +436,12 @@ async def _read_hello(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> w
     try:
         given = orjson.loads(await _read_exactly(loop, conn, length))
         hello = wire.Hello(
-            given.get("model"), given.get("version"), given["rows"], tuple(given["outputs"])
-        )
+            given.get("model"), given.get("version"), given["rows"], tuple(given["outputs"]),
+            sequences=given.get("sequences", False),
+        )  # fmt: skip
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
         raise MalformedRequest(
-            'hello: expected JSON {"model", "version", "rows", "outputs"}'
+            'hello: expected JSON {"model", "version", "rows", "outputs", "sequences"}'
         ) from None
     if hello.model is not None and not isinstance(hello.model, str):
         raise MalformedRequest("hello: model is a name or null")
@@ -410,6 +453,8 @@ async def _read_hello(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> w
         raise MalformedRequest("hello: rows is an integer")
     if not all(isinstance(name, str) for name in hello.outputs):
         raise MalformedRequest("hello: outputs is a list of names")
+    if not isinstance(hello.sequences, bool):
+        raise MalformedRequest("hello: sequences is true or false")
     return hello
 
 

@@ -5,7 +5,8 @@ processes at its ends:
 
 1. **Hello** (client to server): one frame, a little-endian ``u32`` length and that many
    bytes of JSON: ``{"model": name or null, "version": number or null, "rows": the most
-   rows a call will carry, "outputs": ["actions", ...]}``.
+   rows a call will carry, "outputs": ["actions", ...], "sequences": false}`` (true: the
+   server holds a recurrent policy's memory; :data:`SEQUENCE_FIELDS`).
 2. **Welcome** (server to client): one frame of JSON, ``{"layout": ...}``
    (:class:`Layout`), with the slot's file descriptor passed beside it (``SCM_RIGHTS``): an
    anonymous ``memfd``, so nothing is ever named in ``/dev/shm`` and the memory goes when
@@ -52,6 +53,11 @@ ALIGN = 64
 # distribution's parameters (logits, or mean and log_std), as the predict routes say it.
 OWN_OUTPUTS = ("actions", "log_probs", "values", "q_values", "state")
 STATE = "state"  # a recurrent policy's next state: every answer of one carries it
+# A lane whose hello says "sequences": the server holds a recurrent policy's memory: each
+# row names its sequence (an integer id) and whether it starts or ends there, in these
+# areas (int64, uint8, uint8 per row); no state travels either way.
+SEQUENCE_FIELDS = ("sequence_id", "sequence_start", "sequence_end")
+CLIENT_HELD = ("state", "episode_start")  # a recurrent policy's inputs the client carries
 DISTRIBUTION = "distribution"
 
 
@@ -72,6 +78,7 @@ class Hello:
     version: int | None
     rows: int
     outputs: tuple[str, ...]
+    sequences: bool = False  # the server holds the sequences' memory (SEQUENCE_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +92,8 @@ class Area:
     offset: int
     row_bytes: int
     field: str | None = None  # an input beside the observations: the predict field it is
-    # ("action_masks", "state", "episode_start"); None: an observation (or an output)
+    # ("action_masks", "state", "episode_start", or one of SEQUENCE_FIELDS); None: an
+    # observation (or an output)
 
 
 @dataclass(frozen=True, slots=True)
