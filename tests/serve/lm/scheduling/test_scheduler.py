@@ -106,7 +106,9 @@ async def test_requests_of_uneven_lengths_decode_together_and_exactly():
     steps = Steps()
     cycle = lifecycle(fakes.language_model(decoder=decoder), sink=steps)
     budgets = [30, 5, 17, 40]
+    cycle.hold()  # all four queued before the decoding thread takes any: they join together
     streams = [generate(cycle, p, n) for p, n in zip(PROMPTS, budgets, strict=True)]
+    cycle.resume()
     results = await asyncio.gather(*(s.result() for s in streams))
     await cycle.scheduler.stop()
     for prompt, budget, result in zip(PROMPTS, budgets, results, strict=True):
