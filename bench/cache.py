@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -119,7 +117,7 @@ def run(repository: Path, workdir: Path, seconds: int, warmup: int) -> CacheRun:
     started = time.monotonic()
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load_before = cpu.loadavg()
-    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    machine = cpu.machine()
     rows: list[CacheRow] = []
     failure = None
     try:

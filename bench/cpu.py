@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import shutil
 from collections.abc import Iterator
 
@@ -58,6 +59,11 @@ def on_core(core: int) -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, before)
+
+
+def machine() -> str:
+    """This machine, as every section of the benchmark document names it."""
+    return f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
 
 
 def loadavg() -> str:

@@ -21,8 +21,6 @@ Target: a by-entity mode's p99 within 2 ms of the inline mode's.
 from __future__ import annotations
 
 import datetime
-import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -104,7 +102,7 @@ def run(repository: Path, workdir: Path, seconds: int, warmup: int) -> FeaturesR
     started = time.monotonic()
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load_before = cpu.loadavg()
-    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    machine = cpu.machine()
     rows: list[FeatureRow] = []
     failure = None
     try:

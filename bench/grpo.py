@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -57,7 +56,7 @@ class GrpoRun:
 def run(workdir: Path) -> GrpoRun:
     started = time.monotonic()
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    machine = cpu.machine()
     before = cpu.loadavg()
     try:
         policy = _policy()

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
@@ -87,7 +85,7 @@ def run(model: Path, workdir: Path, seconds: int, warmup: int) -> LaneRun:
     started = time.monotonic()
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load_before = cpu.loadavg()
-    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    machine = cpu.machine()
     lane = workdir / "bench.lane"
     rows: list[LaneRow] = []
     failure = None

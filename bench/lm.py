@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
@@ -127,7 +125,7 @@ def run(workdir: Path, seconds: int, warmup: int) -> LmRun:
     started = time.monotonic()
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load_before = cpu.loadavg()
-    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    machine = cpu.machine()
 
     def finish(**parts: Any) -> LmRun:
         defaults: dict[str, Any] = {

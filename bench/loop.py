@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
-import platform
 import subprocess
 import sys
 import threading
@@ -133,7 +131,7 @@ def run(model: Path, workdir: Path, seconds: int, warmup: int) -> LoopRun:
     load_before = cpu.loadavg()
     workers = _workers(model, workdir, seconds, warmup)
     buffers = tuple(_buffer(b, workdir, seconds) for b in BACKENDS)
-    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    machine = cpu.machine()
     return LoopRun(
         when, time.monotonic() - started, float(seconds), float(warmup), machine, load_before,
         cpu.loadavg(), workers, buffers,

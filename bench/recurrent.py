@@ -20,8 +20,6 @@ request and an answer carry. Target: server-held at >= 80% of client-held's requ
 from __future__ import annotations
 
 import datetime
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -92,7 +90,7 @@ def run(workdir: Path, seconds: int, warmup: int) -> RecurrentRun:
     started = time.monotonic()
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load_before = cpu.loadavg()
-    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    machine = cpu.machine()
     rows: list[RecurrentRow] = []
     failure = None
     try:

@@ -6,6 +6,7 @@ import math
 import re
 import statistics
 from collections.abc import Callable
+from typing import Protocol
 
 import onnxruntime
 
@@ -710,6 +711,32 @@ def _predict_row(run: oip.PredictRun, ceiling: float) -> str:
     )
 
 
+class _Measured(Protocol):
+    """What every scenario's run says of when and where it was measured."""
+
+    @property
+    def when(self) -> str: ...
+    @property
+    def seconds(self) -> float: ...  # the scenario's wall time
+    @property
+    def machine(self) -> str: ...
+    @property
+    def load_before(self) -> str: ...
+    @property
+    def load_after(self) -> str: ...
+
+
+def _conditions(run: _Measured) -> dict[str, str]:
+    """A section's method text's fields for when and where its run was measured."""
+    return {
+        "when": run.when,
+        "took": _duration(run.seconds),
+        "machine": run.machine,
+        "load": run.load_before,
+        "load_after": run.load_after,
+    }
+
+
 def _duration(seconds: float) -> str:
     minutes, rest = divmod(round(seconds), 60)
     return f"{minutes} min {rest} s" if minutes else f"{rest} s"
@@ -793,11 +820,7 @@ def _loop_section(run: LoopRun) -> str:
         LOOP_HEADING,
         "",
         _LOOP_METHOD.format(
-            when=run.when,
-            took=_duration(run.seconds),
-            machine=run.machine,
-            load=run.load_before,
-            load_after=run.load_after,
+            **_conditions(run),
             envs=", ".join(map(str, loop.NUM_ENVS)),
             warmup=f"{run.warmup_s:g}",
             seconds=f"{run.measured_s:g}",
@@ -970,11 +993,7 @@ def _lm_section(run: LmRun) -> str:
         LM_HEADING,
         "",
         _LM_METHOD.format(
-            when=run.when,
-            took=_duration(run.seconds),
-            machine=run.machine,
-            load=run.load_before,
-            load_after=run.load_after,
+            **_conditions(run),
             model=run.model or "the recipe's llama_dpo",
             export=f"{run.export_s:.0f}",
             prompts=lm.PROMPTS,
@@ -1229,11 +1248,7 @@ CACHE_HEADING = "## Result cache"
 
 def _cache_section(run: CacheRun) -> str:
     method = _CACHE_METHOD.format(
-        when=run.when,
-        took=_duration(run.seconds),
-        machine=run.machine,
-        load=run.load_before,
-        load_after=run.load_after,
+        **_conditions(run),
         redis=run.redis or "redis-server",
         warmup=f"{run.warmup_s:g}",
         seconds=f"{run.measured_s:g}",
@@ -1323,11 +1338,7 @@ RECURRENT_HEADING = "## Recurrent policies"
 
 def _recurrent_section(run: RecurrentRun) -> str:
     method = _RECURRENT_METHOD.format(
-        when=run.when,
-        took=_duration(run.seconds),
-        machine=run.machine,
-        load=run.load_before,
-        load_after=run.load_after,
+        **_conditions(run),
         sequences=recurrent.SEQUENCES,
         hidden=recurrent.HIDDEN,
         size=run.state_size,
@@ -1385,11 +1396,7 @@ FEATURES_HEADING = "## Online features"
 
 def _features_section(run: FeaturesRun) -> str:
     method = _FEATURES_METHOD.format(
-        when=run.when,
-        took=_duration(run.seconds),
-        machine=run.machine,
-        load=run.load_before,
-        load_after=run.load_after,
+        **_conditions(run),
         redis=run.redis or "redis-server",
         entities=f"{features.ENTITIES:,}",
         connections=features.CONNECTIONS,
@@ -1447,11 +1454,7 @@ GRPO_HEADING = "## GRPO through the server"
 
 def _grpo_section(run: GrpoRun) -> str:
     method = _GRPO_METHOD.format(
-        when=run.when,
-        took=_duration(run.seconds),
-        machine=run.machine,
-        load=run.load_before,
-        load_after=run.load_after,
+        **_conditions(run),
         versions=run.versions,
     )
     table = [
@@ -1521,11 +1524,7 @@ LANE_HEADING = "## Local lane"
 
 def _lane_section(run: LaneRun) -> str:
     method = _LANE_METHOD.format(
-        when=run.when,
-        took=_duration(run.seconds),
-        machine=run.machine,
-        load=run.load_before,
-        load_after=run.load_after,
+        **_conditions(run),
         actors=lane.ACTORS,
         envs=lane.ENVS,
         warmup=f"{run.warmup_s:g}",
