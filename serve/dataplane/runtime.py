@@ -18,12 +18,17 @@ A session runs its batches one of two ways, chosen once when it is built
 (:class:`Execution`): on the CPU provider ``session.run`` with numpy feeds; on CUDA or
 TensorRT through an I/O binding, with the inputs copied to the device and the outputs left
 there by the run and copied back to host memory once, together.
+
+A CPU session can also run over arrays bound where they lie (:meth:`Session.bind`): the
+inputs are read and the outputs written in the caller's own numpy arrays, with no copy in
+or out, and an output may be bound to an input's array (a language model's key/value
+cache grown in place: ``serve.lm.slots``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -72,6 +77,8 @@ class Execution(Enum):
 
 
 Executor = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
+# inputs and outputs bound in place -> a run over them (see Session.bind)
+Binder = Callable[[Mapping[str, np.ndarray], Mapping[str, np.ndarray]], Callable[[], None]]
 
 
 class Session:
@@ -102,6 +109,41 @@ class Session:
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         values = self._execute(feeds)
         return {name: _canonical(v) for name, v in zip(self.output_names, values, strict=True)}
+
+    @property
+    def binder(self) -> Binder | None:
+        """:meth:`bind` where the session runs on the CPU (its arrays are host memory);
+        ``None`` on a GPU provider."""
+        return self.bind if self.execution is Execution.RUN else None
+
+    def bind(
+        self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]
+    ) -> Callable[[], None]:
+        """A run that reads ``inputs`` and writes ``outputs`` where they are: C-contiguous
+        host arrays of the exact shapes the run takes and makes, kept alive by the binding.
+        An array given both as an input and as an output is one buffer to the graph. Bind
+        again whenever an array is replaced or its shape changes."""
+        binding = self._session.io_binding()
+        values: dict[tuple[int, tuple[int, ...]], ort.OrtValue] = {}
+
+        def value(array: np.ndarray) -> ort.OrtValue:
+            if not array.flags.c_contiguous:
+                raise ValueError("a bound array must be C-contiguous")
+            key = (array.ctypes.data, array.shape)
+            if key not in values:
+                values[key] = ort.OrtValue.ortvalue_from_numpy(array)
+            return values[key]
+
+        for name, array in inputs.items():
+            binding.bind_ortvalue_input(name, value(array))
+        for name, array in outputs.items():
+            binding.bind_ortvalue_output(name, value(array))
+        session = self._session
+
+        def run() -> None:
+            session.run_with_iobinding(binding)
+
+        return run
 
 
 class _PlainRun:

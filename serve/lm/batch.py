@@ -5,7 +5,9 @@ prefill` runs a newcomer's prompt alone and chooses its first token; the newcome
 running rows at the start of the next :meth:`DecodeBatch.step`, which feeds every row its
 last token in one graph call and chooses the next. A sequence that finishes leaves at once
 (its row is dropped before the next step); so does one its owner gave up on
-(:meth:`DecodeBatch.drop`).
+(:meth:`DecodeBatch.drop`). The rows' cache is the decoder's :class:`~serve.lm.cache.
+BatchCache`; when rows leave it says where the others now are, and the batch's own
+per-row lists follow.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from serve.lm.cache import KVCache, merge
+from serve.lm.cache import KVCache
 from serve.lm.decoder import Decoder
 from serve.lm.messages import PromptLogProbs, TokenEvent
 from serve.lm.sampling import (
@@ -41,7 +43,7 @@ class DecodeBatch(Generic[Owner]):
 
     def __init__(self, decoder: Decoder) -> None:
         self.decoder = decoder
-        self._cache: KVCache | None = None
+        self._cache = decoder.batch_cache()
         self._owners: list[Owner] = []
         self._sequences: list[DecodingSequence] = []
         self._samplers: list[Sampler] = []  # the running rows'
@@ -60,8 +62,7 @@ class DecodeBatch(Generic[Owner]):
     @property
     def nbytes(self) -> int:
         """Bytes of key/value cache held by running and joining sequences."""
-        held = self._cache.nbytes if self._cache is not None else 0
-        return held + sum(cache.nbytes for _, _, cache in self._joining)
+        return self._cache.nbytes + sum(cache.nbytes for _, _, cache in self._joining)
 
     @property
     def owners(self) -> list[Owner]:
@@ -99,10 +100,10 @@ class DecodeBatch(Generic[Owner]):
     def step(self) -> list[tuple[Owner, DecodingSequence, TokenEvent]]:
         """One token for every sequence; the finished ones leave the batch."""
         self._join()
-        if self._cache is None:
+        if not self._sequences:
             return []
         sequences = self._sequences
-        logits, self._cache = self.decoder.step(self._cache, self._tokens)
+        logits = self._cache.step(self._tokens)
         if self._greedy:  # one argmax for the whole batch
             chosen, log_probs = greedy_rows(logits)
         else:
@@ -137,8 +138,8 @@ class DecodeBatch(Generic[Owner]):
         self._prefilled.clear()  # a step comes: later prompts run on their own
         if not self._joining:
             return
-        caches = [cache for _, _, cache in self._joining]
-        self._cache = merge(caches if self._cache is None else [self._cache, *caches])
+        reach = max(s.generation.reach for _, s, _ in self._joining)
+        self._cache.add([cache for _, _, cache in self._joining], reach)
         self._owners += [owner for owner, _, _ in self._joining]
         joined = [sequence.last_token for _, sequence, _ in self._joining]
         self._sequences += [sequence for _, sequence, _ in self._joining]
@@ -149,10 +150,10 @@ class DecodeBatch(Generic[Owner]):
     def _keep(self, rows: list[int]) -> None:
         if len(rows) == len(self._sequences):
             return
-        self._owners = [self._owners[r] for r in rows]
-        self._sequences = [self._sequences[r] for r in rows]
-        self._tokens = self._tokens[rows]
-        self._cache = None if not rows or self._cache is None else self._cache.select(rows)
+        order = self._cache.keep(rows)  # where the cache put the kept rows
+        self._owners = [self._owners[r] for r in order]
+        self._sequences = [self._sequences[r] for r in order]
+        self._tokens = self._tokens[order]
         self._rows_changed()
 
     def _rows_changed(self) -> None:

@@ -1,4 +1,17 @@
-"""The key/value cache of a batch of sequences decoded together, as plain numpy arrays.
+"""The key/value cache of a batch of sequences decoded together.
+
+A batch holds its cache in a :class:`BatchCache`: rows join (each a prefill's own
+:class:`KVCache`), rows leave, and a step grows every row by one token. There are two:
+
+- :class:`~serve.lm.slots.SlotCache`: preallocated rows that a step grows in place, for a
+  graph that writes each row's new key and value at the row's own length (the
+  ``sequence_lengths`` layout) running on the CPU. Nothing is copied per step.
+- :class:`CopiedCache` (here): immutable :class:`KVCache` arrays, which the graph returns
+  grown by a column (a copy of the whole cache per step); :func:`merge` and
+  :meth:`KVCache.select` copy it again when rows join or leave. For the ``left_padded``
+  layout, and any graph on a GPU.
+
+The rest of this module is :class:`KVCache`, plain numpy arrays.
 
 Each layer's keys and values are ``[rows, kv_heads, columns, head_dim]``. Where a row's
 ``lengths[row]`` real tokens sit is the graph's :class:`~serve.lm.contract.CacheLayout`:
@@ -24,14 +37,42 @@ length.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from serve.lm.contract import CacheLayout
 
-__all__ = ["KVCache", "merge"]
+__all__ = ["BatchCache", "CopiedCache", "KVCache", "merge"]
+
+
+class BatchCache(Protocol):
+    """The cache of the rows a batch decodes, and the graph call that grows it."""
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of memory it holds."""
+        ...
+
+    def add(self, caches: Sequence[KVCache], reach: int) -> None:
+        """New rows after the running ones, in order: each a prefill's cache (no padding).
+        ``reach``: the most tokens any of them will come to hold (prompt and new tokens)."""
+        ...
+
+    def keep(self, rows: Sequence[int]) -> list[int]:
+        """Keep these rows (increasing) and drop the others; returns the rows kept, in the
+        order they are in now (each row's index before)."""
+        ...
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        """One new token per row (``tokens`` ``[rows]``) run and kept: the logits
+        ``[rows, vocab]``, valid until the next call."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,3 +182,37 @@ def _aligned(parts: Sequence[np.ndarray], rows: int, columns: int, left: bool) -
         out[row : row + part.shape[0], :, used] = part
         row += part.shape[0]
     return out
+
+
+# one step of a graph over a whole cache: logits [rows, vocab] and the cache one column longer
+CopiedStep = Callable[[KVCache, np.ndarray], tuple[np.ndarray, KVCache]]
+
+
+class CopiedCache:
+    """A :class:`BatchCache` of :class:`KVCache` arrays, replaced by every step, merge and
+    select."""
+
+    def __init__(self, step: CopiedStep) -> None:
+        self._step = step
+        self._cache: KVCache | None = None
+
+    @property
+    def rows(self) -> int:
+        return 0 if self._cache is None else self._cache.rows
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self._cache is None else self._cache.nbytes
+
+    def add(self, caches: Sequence[KVCache], reach: int) -> None:
+        self._cache = merge(caches if self._cache is None else [self._cache, *caches])
+
+    def keep(self, rows: Sequence[int]) -> list[int]:
+        self._cache = None if not rows or self._cache is None else self._cache.select(rows)
+        return list(rows)
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        if self._cache is None:
+            raise RuntimeError("a step of an empty batch")
+        logits, self._cache = self._step(self._cache, tokens)
+        return logits

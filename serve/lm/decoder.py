@@ -1,23 +1,45 @@
 """The calls a decoding engine makes of a language model's graph.
 
-:class:`Decoder` is what the continuous-batching scheduler needs: prefill one prompt, step
-a batch by one token, run whole rows for scoring. :class:`GraphDecoder` implements it over
-the contract's graph interface (``serve.lm.contract``) with any ``feeds -> outputs``
-callable (an onnxruntime session's ``run``); tests implement it without a graph.
+:class:`Decoder` is what the continuous-batching scheduler needs: prefill one prompt, a
+batch's cache that steps its rows by one token, run whole rows for scoring.
+:class:`GraphDecoder` implements it over the contract's graph interface
+(``serve.lm.contract``) with any ``feeds -> outputs`` callable (an onnxruntime session's
+``run``), and a binder where the session can run over arrays in place (the CPU); tests
+implement it without a graph.
+
+Where a batch's cache lives is chosen once per decoder (:class:`CacheStorage`): in
+preallocated slots grown in place when the graph writes each row's new token at the row's
+own length and can be bound in place; else in arrays the graph returns grown by each step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import Enum
 from typing import Protocol
 
 import numpy as np
 
-from serve.lm.cache import KVCache
-from serve.lm.contract import LanguageModelContract
+from serve.dataplane.runtime import Binder
+from serve.lm.cache import BatchCache, CopiedCache, KVCache
+from serve.lm.contract import CacheLayout, LanguageModelContract
 from serve.lm.greedy import Runner
+from serve.lm.slots import SlotCache
 
-__all__ = ["Decoder", "GraphDecoder"]
+__all__ = ["CacheStorage", "Decoder", "GraphDecoder"]
+
+
+class CacheStorage(Enum):
+    """Where a batch's key/value cache lives."""
+
+    SLOTS = "slots"  # preallocated rows the graph grows in place (serve.lm.slots)
+    COPIES = "copies"  # arrays the graph returns one column longer (serve.lm.cache)
+
+    @classmethod
+    def for_graph(cls, layout: CacheLayout, binder: Binder | None) -> CacheStorage:
+        if layout is CacheLayout.SEQUENCE_LENGTHS and binder is not None:
+            return cls.SLOTS
+        return cls.COPIES
 
 
 class Decoder(Protocol):
@@ -29,9 +51,8 @@ class Decoder(Protocol):
         last one's choose the first new token) and its cache."""
         ...
 
-    def step(self, cache: KVCache, tokens: np.ndarray) -> tuple[np.ndarray, KVCache]:
-        """One new token per row (``tokens`` ``[rows]``): logits ``[rows, vocab]`` and the
-        cache grown by the new tokens."""
+    def batch_cache(self) -> BatchCache:
+        """An empty cache for a batch's rows, which also runs its steps."""
         ...
 
     def forward(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
@@ -43,8 +64,12 @@ class Decoder(Protocol):
 class GraphDecoder:
     """A :class:`Decoder` over a graph with the contract's interface."""
 
-    def __init__(self, run: Runner, contract: LanguageModelContract) -> None:
+    def __init__(
+        self, run: Runner, contract: LanguageModelContract, binder: Binder | None = None
+    ) -> None:
         self._run = run
+        self._binder = binder
+        self.storage = CacheStorage.for_graph(contract.cache_layout, binder)
         self._contract = contract
         self._tensors = contract.tensors
         self._past = [contract.cache_names(i)[:2] for i in range(contract.num_layers)]
@@ -65,7 +90,19 @@ class GraphDecoder:
         keys, values = self._cache_of(outputs)
         return outputs[self._tensors.logits][0], KVCache.of_rows(keys, values, self._layout)
 
+    def batch_cache(self) -> BatchCache:
+        if self.storage is CacheStorage.SLOTS and self._binder is not None:
+            return SlotCache(self._contract, self._binder)
+        return self.copied_cache()
+
+    def copied_cache(self) -> CopiedCache:
+        """A batch cache copied at every step, whatever the storage (the reference slots
+        are tested against)."""
+        return CopiedCache(self.step)
+
     def step(self, cache: KVCache, tokens: np.ndarray) -> tuple[np.ndarray, KVCache]:
+        """One new token per row of ``cache``: logits ``[rows, vocab]`` and a copy of the
+        cache grown by the new tokens."""
         mask, positions = cache.step_inputs()
         outputs = self._call(np.asarray(tokens, np.int64).reshape(-1, 1), mask, positions, cache)
         keys, values = self._cache_of(outputs)

@@ -73,6 +73,12 @@ class Generation:
     def deadline(self) -> float:
         return self.spec.deadline
 
+    @property
+    def reach(self) -> int:
+        """The most tokens its key/value cache can come to hold: the prompt and every new
+        token but the last (which is chosen, never fed back)."""
+        return len(self.prompt_ids) + self.max_new_tokens - 1
+
 
 @dataclass(frozen=True, slots=True)
 class ScoreSpec:

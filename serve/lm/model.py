@@ -84,7 +84,7 @@ class LanguageModel:
             raise ModelLoadError(
                 f"{origin}: golden prompts do not reproduce: {'; '.join(problems)}"
             )
-        decoder = GraphDecoder(session.run, contract)
+        decoder = GraphDecoder(session.run, contract, session.binder)
         return cls(name, version, contract, decoder, codec, sha256, session.report)
 
     # ------------------------------------------------------------------ calls
@@ -197,11 +197,12 @@ class LanguageModel:
         _, cache = self.decoder.prefill(prompt)
         seconds = {}
         for size in sizes:
-            rows = cache.select([0] * size)
+            rows = self.decoder.batch_cache()
+            rows.add([cache] * size, cache.columns + 2)
             tokens = np.zeros(size, np.int64)
-            self.decoder.step(rows, tokens)
+            rows.step(tokens)
             started = time.perf_counter()
-            self.decoder.step(rows, tokens)
+            rows.step(tokens)
             seconds[size] = time.perf_counter() - started
         return seconds
 

@@ -13,7 +13,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
 from serve.dataplane.runtime import ProviderReport
-from serve.lm.cache import KVCache
+from serve.lm.cache import BatchCache, CopiedCache, KVCache
 from serve.lm.contract import CacheLayout, LanguageModelContract
 from serve.lm.model import LanguageModel
 from serve.lm.text import TextCodec
@@ -120,6 +120,9 @@ class FakeDecoder:
             next_token_logits(int(sum(ids[: p + 1])), p, p + 1, ids[p]) for p in range(len(ids))
         ]
         return np.stack(logits), cache
+
+    def batch_cache(self) -> BatchCache:
+        return CopiedCache(self.step)
 
     def step(self, cache: KVCache, tokens: np.ndarray) -> tuple[np.ndarray, KVCache]:
         self._called("step", len(tokens))
