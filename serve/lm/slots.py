@@ -22,9 +22,10 @@ running rows copied over, when a joining row needs more: rows double (from
 ``FIRST_ROWS``), and the columns become the most that any row will hold (its prompt and
 ``max_new_tokens``, which the batch says as it adds rows), rounded up to ``COLUMN_STEP``
 and never past the context; so a step never reallocates. The graph's arrays are bound
-again then, and when the number of rows changes. The cache's memory is its arrays',
-whatever the rows use of them: at most twice the rows running (and ``FIRST_ROWS``) times
-the longest reach among the rows that joined since the batch began.
+again then; until then a binding is kept for each number of rows the batch has had. The
+cache's memory is its arrays', whatever the rows use of them: at most twice the rows
+running (and ``FIRST_ROWS``) times the longest reach among the rows that joined since the
+batch began.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ class SlotCache:
         self._ids = np.zeros((0, 1), np.int64)
         self._positions = np.zeros((0, 1), np.int64)
         self._logits = np.zeros((0, 1, contract.vocab_size), np.float32)
-        self._run: Callable[[], None] | None = None  # bound to the current rows and arrays
+        # runs bound to the current arrays, by the number of rows they take
+        self._runs: dict[int, Callable[[], None]] = {}
 
     @property
     def rows(self) -> int:
@@ -95,7 +97,7 @@ class SlotCache:
                 self._mask[row, :length] = 1
                 self._lengths[row] = length
                 row += 1
-        self._resize(rows)
+        self._rows = rows
 
     def keep(self, rows: Sequence[int]) -> list[int]:
         """The kept rows past the new end move into the slots the dropped ones left."""
@@ -108,7 +110,7 @@ class SlotCache:
                 slot = next(free)
                 self._move(row, slot)
                 now[slot] = row
-        self._resize(kept)
+        self._rows = kept
         return now
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
@@ -119,9 +121,10 @@ class SlotCache:
         self._ids[:rows, 0] = tokens
         self._positions[:rows, 0] = lengths
         self._mask[np.arange(rows), lengths] = 1  # the new token's column
-        if self._run is None:
-            self._run = self._bound(rows)
-        self._run()
+        run = self._runs.get(rows)
+        if run is None:
+            run = self._runs[rows] = self._bound(rows)
+        run()
         self._lengths[:rows] += 1
         return self._logits[:rows, 0]
 
@@ -134,10 +137,6 @@ class SlotCache:
                 array[target, :, :length] = array[source, :, :length]
         self._mask[target] = self._mask[source]
         self._lengths[target] = length
-
-    def _resize(self, rows: int) -> None:
-        if rows != self._rows:
-            self._rows, self._run = rows, None
 
     def _reserve(self, rows: int, columns: int) -> None:
         """Arrays of at least ``rows`` rows (doubling) and ``columns`` columns (rounded
@@ -164,7 +163,7 @@ class SlotCache:
         self._ids = np.zeros((capacity, 1), np.int64)
         self._positions = np.zeros((capacity, 1), np.int64)
         self._logits = np.zeros((capacity, 1, c.vocab_size), np.float32)
-        self._run = None
+        self._runs = {}
 
     def _bound(self, rows: int) -> Callable[[], None]:
         """The graph's run over the first ``rows`` rows of the current arrays."""
