@@ -65,6 +65,7 @@ class SlotCache:
         self._logits = np.zeros((0, 1, contract.vocab_size), np.float32)
         # runs bound to the current arrays, by the number of rows they take
         self._runs: dict[int, Callable[[], None]] = {}
+        self._nbytes = 0  # of the keys and values (asked at every step: kept, not summed)
 
     @property
     def rows(self) -> int:
@@ -80,7 +81,7 @@ class SlotCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self._keys) + sum(a.nbytes for a in self._values)
+        return self._nbytes
 
     def add(self, caches: Sequence[KVCache], reach: int) -> None:
         rows = self._rows + sum(c.rows for c in caches)
@@ -164,6 +165,7 @@ class SlotCache:
         self._positions = np.zeros((capacity, 1), np.int64)
         self._logits = np.zeros((capacity, 1, c.vocab_size), np.float32)
         self._runs = {}
+        self._nbytes = sum(a.nbytes for a in (*self._keys, *self._values))
 
     def _bound(self, rows: int) -> Callable[[], None]:
         """The graph's run over the first ``rows`` rows of the current arrays."""

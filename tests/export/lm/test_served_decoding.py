@@ -103,6 +103,9 @@ def test_slots_decode_as_copies_through_joins_drops_and_growth(
     assert isinstance(slot_cache, slots.SlotCache)
     assert slot_cache.capacity > slots.FIRST_ROWS
     assert slot_cache.columns >= 60 + 80
+    c = model.contract
+    row_bytes = 2 * c.num_layers * c.num_kv_heads * slot_cache.columns * c.head_dim * 4
+    assert slot_cache.nbytes == slot_cache.capacity * row_bytes  # what the metrics show
 
 
 @pytest.mark.parametrize("size", [1, 4])
