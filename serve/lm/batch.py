@@ -41,9 +41,10 @@ Owner = TypeVar("Owner")
 class DecodeBatch(Generic[Owner]):
     """Sequences decoded together, each with the owner its events go to."""
 
-    def __init__(self, decoder: Decoder) -> None:
+    def __init__(self, decoder: Decoder, *, tokens: int) -> None:
+        """``tokens``: the key/value-cache tokens the batch may hold (``max_batch_tokens``)."""
         self.decoder = decoder
-        self._cache = decoder.batch_cache()
+        self._cache = decoder.batch_cache(tokens)
         self._owners: list[Owner] = []
         self._sequences: list[DecodingSequence] = []
         self._samplers: list[Sampler] = []  # the running rows'

@@ -51,8 +51,9 @@ class Decoder(Protocol):
         last one's choose the first new token) and its cache."""
         ...
 
-    def batch_cache(self) -> BatchCache:
-        """An empty cache for a batch's rows, which also runs its steps."""
+    def batch_cache(self, tokens: int) -> BatchCache:
+        """An empty cache for a batch's rows, which also runs its steps; ``tokens``: the
+        batch's budget (rows times the tokens each can come to hold)."""
         ...
 
     def forward(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
@@ -90,9 +91,9 @@ class GraphDecoder:
         keys, values = self._cache_of(outputs)
         return outputs[self._tensors.logits][0], KVCache.of_rows(keys, values, self._layout)
 
-    def batch_cache(self) -> BatchCache:
+    def batch_cache(self, tokens: int) -> BatchCache:
         if self.storage is CacheStorage.SLOTS and self._binder is not None:
-            return SlotCache(self._contract, self._binder)
+            return SlotCache(self._contract, self._binder, tokens)
         return self.copied_cache()
 
     def copied_cache(self) -> CopiedCache:

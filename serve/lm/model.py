@@ -197,7 +197,7 @@ class LanguageModel:
         _, cache = self.decoder.prefill(prompt)
         seconds = {}
         for size in sizes:
-            rows = self.decoder.batch_cache()
+            rows = self.decoder.batch_cache(size * (cache.columns + 2))
             rows.add([cache] * size, cache.columns + 2)
             tokens = np.zeros(size, np.int64)
             rows.step(tokens)

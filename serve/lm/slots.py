@@ -23,9 +23,10 @@ running rows copied over, when a joining row needs more: rows double (from
 ``max_new_tokens``, which the batch says as it adds rows), rounded up to ``COLUMN_STEP``
 and never past the context; so a step never reallocates. The graph's arrays are bound
 again then; until then a binding is kept for each number of rows the batch has had. The
-cache's memory is its arrays', whatever the rows use of them: at most twice the rows
-running (and ``FIRST_ROWS``) times the longest reach among the rows that joined since the
-batch began.
+cache's memory is its arrays', whatever the rows use of them. The batch's token budget
+(``max_batch_tokens``) bounds it: rows past the ones running are allocated only while
+rows times columns stay within the budget, so the memory is the budget's at most, unless
+the rows running alone need more (a request larger than the budget runs alone).
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ COLUMN_STEP = 64  # the columns are a multiple of this (or the context)
 class SlotCache:
     """A :class:`~serve.lm.cache.BatchCache` of preallocated rows, grown in place."""
 
-    def __init__(self, contract: LanguageModelContract, bind: Binder) -> None:
+    def __init__(self, contract: LanguageModelContract, bind: Binder, tokens: int) -> None:
         self._contract = contract
         self._bind = bind
+        self._tokens = tokens  # the budget: rows times columns allocated, at most
         tensors = contract.tensors
         self._past = [contract.cache_names(i)[:2] for i in range(contract.num_layers)]
         self._present = [contract.cache_names(i)[2:] for i in range(contract.num_layers)]
@@ -140,8 +142,8 @@ class SlotCache:
         self._lengths[target] = length
 
     def _reserve(self, rows: int, columns: int) -> None:
-        """Arrays of at least ``rows`` rows (doubling) and ``columns`` columns (rounded
-        up), the running rows copied over."""
+        """Arrays of at least ``rows`` rows (doubling, within the budget) and ``columns``
+        columns (rounded up), the running rows copied over."""
         capacity, width = self.capacity, self.columns
         if rows <= capacity and columns <= width:
             return
@@ -152,6 +154,7 @@ class SlotCache:
             capacity = max(rows, 2 * capacity, FIRST_ROWS)
         if columns > width:
             width = min(context, -(-columns // COLUMN_STEP) * COLUMN_STEP)
+        capacity = max(rows, min(capacity, self._tokens // width))  # spare rows in budget
         used, c = self._rows, self._contract
         shape = (capacity, c.num_kv_heads, width, c.head_dim)
         self._keys = [_regrown(self._keys, layer, shape, used) for layer in range(c.num_layers)]

@@ -61,7 +61,7 @@ def test_slots_decode_as_copies_through_joins_drops_and_growth(
     decoder = model.decoder
     assert isinstance(decoder, GraphDecoder)
     assert decoder.storage is CacheStorage.SLOTS  # the default graph on the CPU
-    slotted, copied = _Rows(decoder.batch_cache()), _Rows(decoder.copied_cache())
+    slotted, copied = _Rows(decoder.batch_cache(1 << 14)), _Rows(decoder.copied_cache())
     rng = np.random.default_rng(7)
     vocab = model.contract.vocab_size
     prompts = [rng.integers(3, vocab, size=n).tolist() for n in (5, 40, 17, 3, 60, 9, 33, 12)]
@@ -108,6 +108,26 @@ def test_slots_decode_as_copies_through_joins_drops_and_growth(
     assert slot_cache.nbytes == slot_cache.capacity * row_bytes  # what the metrics show
 
 
+def test_slots_allocate_spare_rows_only_within_the_batch_budget(
+    llama_export: pipeline.LmExportOutcome,
+) -> None:
+    model = _model(llama_export)
+    _, cache = model.decoder.prefill([5, 6, 7])
+    slot_cache = model.decoder.batch_cache(300)  # a budget of 300 tokens: one row of 200
+    assert isinstance(slot_cache, slots.SlotCache)
+    slot_cache.add([cache], 200)
+    assert (slot_cache.capacity, slot_cache.columns) == (1, 256)  # not FIRST_ROWS
+    slot_cache.add([cache, cache], 200)  # rows running get their slots, budget or not
+    assert slot_cache.capacity == 3
+    slot_cache.keep([2])
+    assert slot_cache.rows == 1
+    assert slot_cache.capacity == 3  # kept until the batch ends
+    wide = model.decoder.batch_cache(1 << 14)
+    assert isinstance(wide, slots.SlotCache)
+    wide.add([cache], 40)
+    assert (wide.capacity, wide.columns) == (slots.FIRST_ROWS, 64)
+
+
 @pytest.mark.parametrize("size", [1, 4])
 def test_a_copied_cache_is_what_a_left_padded_graph_decodes_in(
     qwen2_grpo_export: tuple[object, pipeline.LmExportOutcome], size: int
@@ -117,6 +137,6 @@ def test_a_copied_cache_is_what_a_left_padded_graph_decodes_in(
     assert isinstance(decoder, GraphDecoder)
     assert decoder.storage is CacheStorage.COPIES  # the torch.onnx graph pads on the left
     _, cache = decoder.prefill([5, 6, 7])
-    rows = decoder.batch_cache()
+    rows = decoder.batch_cache(1 << 14)
     rows.add([cache] * size, 4)
     assert rows.step(np.full(size, 8, np.int64)).shape == (size, model.contract.vocab_size)

@@ -121,7 +121,7 @@ class FakeDecoder:
         ]
         return np.stack(logits), cache
 
-    def batch_cache(self) -> BatchCache:
+    def batch_cache(self, tokens: int) -> BatchCache:
         return CopiedCache(self.step)
 
     def step(self, cache: KVCache, tokens: np.ndarray) -> tuple[np.ndarray, KVCache]:

@@ -16,6 +16,8 @@ from tests.serve.lm.test_sequence import generation
 
 PROMPT = (0, 3, 9, 4, 17)
 
+BUDGET = 1 << 14  # max_batch_tokens
+
 
 def asking(top: int, *, echo: bool = False, prompt: tuple[int, ...] = PROMPT) -> Generation:
     model = fakes.language_model()
@@ -26,7 +28,7 @@ def asking(top: int, *, echo: bool = False, prompt: tuple[int, ...] = PROMPT) ->
 def decoded(*generations: Generation) -> list[DecodingSequence]:
     """Each generation prefilled and stepped to its end in one batch."""
     model = fakes.language_model()
-    batch: DecodeBatch[int] = DecodeBatch(fakes.FakeDecoder())
+    batch: DecodeBatch[int] = DecodeBatch(fakes.FakeDecoder(), tokens=BUDGET)
     sequences = [model.sequence(g, streamed=False) for g in generations]
     for owner, sequence in enumerate(sequences):
         batch.prefill(owner, sequence)
@@ -79,7 +81,7 @@ def test_an_echoed_prompt_is_scored_token_by_token() -> None:
 def test_a_prompt_prefilled_since_the_last_step_is_shared() -> None:
     model = fakes.language_model()
     decoder = fakes.FakeDecoder()
-    batch: DecodeBatch[int] = DecodeBatch(decoder)
+    batch: DecodeBatch[int] = DecodeBatch(decoder, tokens=BUDGET)
     first = model.sequence(asking(0), streamed=False)
     second = model.sequence(asking(0), streamed=False)
     other = model.sequence(asking(0, prompt=(0, 4, 4)), streamed=False)
@@ -97,7 +99,7 @@ def test_a_prompt_prefilled_since_the_last_step_is_shared() -> None:
 
 def test_a_shared_prefill_scores_an_echoed_prompt_for_each_count_of_alternatives() -> None:
     model = fakes.language_model()
-    batch: DecodeBatch[int] = DecodeBatch(fakes.FakeDecoder())
+    batch: DecodeBatch[int] = DecodeBatch(fakes.FakeDecoder(), tokens=BUDGET)
     asked = [asking(2, echo=True), asking(2, echo=True), asking(3, echo=True), asking(0)]
     sequences = [model.sequence(g, streamed=False) for g in asked]
     ran = [batch.prefill(i, s)[1] for i, s in enumerate(sequences)]

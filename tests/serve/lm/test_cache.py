@@ -13,6 +13,8 @@ from serve.lm.messages import FinishReason
 from tests.serve.lm import fakes
 from tests.serve.lm.test_sequence import generation
 
+BUDGET = 1 << 14  # max_batch_tokens
+
 
 def rows_of(*lengths: int, layout: CacheLayout = CacheLayout.LEFT_PADDED) -> KVCache:
     """One cache per length, its keys counting 1..length (so columns can be told apart)."""
@@ -61,7 +63,7 @@ def test_a_grown_cache_counts_the_new_column():
 def test_uneven_sequences_joining_and_leaving_decode_as_they_would_alone(seed, layout):
     rng = np.random.default_rng(seed)
     model = fakes.language_model(decoder=fakes.FakeDecoder(layout=layout))
-    batch: DecodeBatch[int] = DecodeBatch(model.decoder)
+    batch: DecodeBatch[int] = DecodeBatch(model.decoder, tokens=BUDGET)
     arrivals = sorted(int(v) for v in rng.integers(0, 12, size=7))
     prompts = {
         i: [fakes.BOS, *(int(t) for t in rng.integers(3, fakes.VOCAB, size=rng.integers(1, 20)))]
@@ -85,7 +87,7 @@ def test_uneven_sequences_joining_and_leaving_decode_as_they_would_alone(seed, l
 
 def test_dropped_sequences_leave_and_the_others_go_on_unchanged():
     model = fakes.language_model()
-    batch: DecodeBatch[str] = DecodeBatch(model.decoder)
+    batch: DecodeBatch[str] = DecodeBatch(model.decoder, tokens=BUDGET)
     prompts = {"a": [0, 5, 9, 13, 40], "b": [0, 7], "c": [0, 30, 31, 32]}
     sequences = {
         k: model.sequence(generation(model, p, 20), streamed=True) for k, p in prompts.items()
@@ -103,7 +105,7 @@ def test_dropped_sequences_leave_and_the_others_go_on_unchanged():
 
 def test_a_sequence_that_ends_in_its_prefill_never_joins():
     model = fakes.language_model()
-    batch: DecodeBatch[str] = DecodeBatch(model.decoder)
+    batch: DecodeBatch[str] = DecodeBatch(model.decoder, tokens=BUDGET)
     sequence = model.sequence(generation(model, [0, 9], 1), streamed=False)
     event, _ = batch.prefill("one", sequence)
     assert sequence.finish is FinishReason.LENGTH
@@ -155,7 +157,7 @@ def test_rows_finishing_together_while_others_join_and_one_is_dropped(layout):
     """Uneven prompts; three rows end in one step, two newcomers join at that boundary and
     an owner gives up on another: every row still gets exactly its own tokens."""
     model = fakes.language_model(decoder=fakes.FakeDecoder(layout=layout), context_length=64)
-    batch: DecodeBatch[int] = DecodeBatch(model.decoder)
+    batch: DecodeBatch[int] = DecodeBatch(model.decoder, tokens=BUDGET)
     prompts = {
         0: [fakes.BOS, 5, 9, 11, 30, 7, 7, 40],
         1: [fakes.BOS, 12],
