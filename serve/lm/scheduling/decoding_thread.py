@@ -191,8 +191,8 @@ class DecodingThread:
             sequence = model.sequence(work, streamed=request.streamed)
             running = self._batches.get(model.version)
             if running is None:
-                batch = DecodeBatch(model.decoder, tokens=self.limits.max_batch_tokens)
-                running = _VersionBatch(model, batch)
+                budget = self.limits.max_batch_tokens
+                running = _VersionBatch(model, DecodeBatch(model.decoder, tokens=budget))
             owner = _Running(request)
             event, prefilled = running.batch.prefill(owner, sequence)
             if len(running.batch):
