@@ -82,8 +82,13 @@ def choose_rows(logits: np.ndarray, samplers: list[Sampler]) -> np.ndarray:
     plain = [row for row, s in enumerate(samplers) if not s.params.greedy and not s.cuts]
     if plain:
         temperatures = np.asarray([samplers[row].params.temperature for row in plain])
-        scaled = logits[plain].astype(np.float64) / temperatures[:, None]
-        cumulative = np.cumsum(np.exp(scaled - scaled.max(axis=-1, keepdims=True)), axis=-1)
+        # _plain_cumulative's steps, for every row at once and in place (one array: these
+        # rows times the vocabulary, in float64, is the largest thing a step allocates)
+        cumulative = logits[plain].astype(np.float64)
+        cumulative /= temperatures[:, None]
+        cumulative -= cumulative.max(axis=-1, keepdims=True)
+        np.exp(cumulative, out=cumulative)
+        np.cumsum(cumulative, axis=-1, out=cumulative)
         draws = np.asarray([samplers[row].uniform() for row in plain]) * cumulative[:, -1]
         index = (cumulative <= draws[:, None]).sum(axis=-1)  # searchsorted, side="right"
         tokens[plain] = np.minimum(index, logits.shape[-1] - 1)
