@@ -8,7 +8,9 @@
    keeps ``CONCURRENCY`` requests in flight, one row per request, with zero-filled inputs
    (``--input-data zero``: its random FP32 data holds NaN and infinity bit patterns, which
    the policy refuses), for each model over every ``TRANSPORTS``: HTTP with binary tensors,
-   HTTP with JSON tensors, gRPC unary (ModelInfer) and gRPC streaming (ModelStreamInfer).
+   HTTP with JSON tensors, gRPC unary (ModelInfer) and gRPC streaming (ModelStreamInfer);
+   then over ``SHARED_MEMORY``: HTTP and gRPC streaming with the tensors in system
+   shared-memory regions (Triton's extension, which the server is started to allow).
    perf_analyzer takes windows of ``--seconds`` / 3 (1 s at least) until the last three
    agree within ``STABILITY`` percent, ``MAX_TRIALS`` at most, and reports those three. It
    stops at the first error answer (a 429, a 504): such a run, or one that never
@@ -78,15 +80,26 @@ class Transport:
     protocol: Literal["http", "grpc"]
     binary: bool = True  # HTTP: binary tensor data; False: JSON tensors
     streaming: bool = False  # gRPC: ModelStreamInfer
+    shared_memory: bool = False  # tensors in system shared-memory regions (Triton's extension)
 
 
 HTTP_BINARY = Transport("http-binary", "HTTP `/v2`, binary tensors", "http")
 HTTP_JSON = Transport("http-json", "HTTP `/v2`, JSON tensors", "http", binary=False)
 GRPC_UNARY = Transport("grpc", "gRPC ModelInfer (unary)", "grpc")
 GRPC_STREAM = Transport("grpc-stream", "gRPC ModelStreamInfer (streaming)", "grpc", streaming=True)
+HTTP_SHM = Transport("http-shm", "HTTP `/v2`, system shared memory", "http", shared_memory=True)
+GRPC_STREAM_SHM = Transport(
+    "grpc-stream-shm",
+    "gRPC ModelStreamInfer (streaming), system shared memory",
+    "grpc",
+    streaming=True,
+    shared_memory=True,
+)
 TRANSPORTS = (HTTP_BINARY, HTTP_JSON, GRPC_UNARY, GRPC_STREAM)
+SHARED_MEMORY = (HTTP_SHM, GRPC_STREAM_SHM)  # rlserve only: the peer has no such extension
 GRPC = (GRPC_UNARY, GRPC_STREAM)
 CEILING_TRANSPORTS = (GRPC_UNARY, GRPC_STREAM, HTTP_BINARY)  # the cnn target's
+SHM_REGIONS = 1024  # perf_analyzer registers regions per request in flight
 
 
 @dataclass(frozen=True)
@@ -246,7 +259,8 @@ def _rlserve(
     grpc_port = servers._free_port()
     command = [
         sys.executable, "-m", "serve.cli", "serve", "--model-repository", str(folder),
-        "--grpc-port", str(grpc_port),
+        "--grpc-port", str(grpc_port), "--allow-client-shm",
+        "--shm-max-regions", str(SHM_REGIONS),
     ]  # fmt: skip
     _say(f"  oip: starting {RLSERVE} (HTTP and gRPC)")
     server = Server(command, {}, workdir / "oip-rlserve.log", cpu.SERVER_CORE)
@@ -259,7 +273,8 @@ def _rlserve(
     predict = None
     try:
         for model in MODELS:
-            runs += [_perf(prefix, endpoint, model.name, t, measurement_ms) for t in TRANSPORTS]
+            transports = (*TRANSPORTS, *SHARED_MEMORY)
+            runs += [_perf(prefix, endpoint, model.name, t, measurement_ms) for t in transports]
             if model.name == PREDICT.model:
                 predict = _predict(endpoint, seconds, warmup)
     finally:
@@ -385,6 +400,7 @@ def _perf(
             streaming=transport.streaming,
             input_data="zero",
             binary=transport.binary,
+            shared_memory=transport.shared_memory,
             stability_percentage=STABILITY,
             max_trials=MAX_TRIALS,
         )

@@ -346,6 +346,7 @@ def run(  # noqa: C901 (one branch per perf_analyzer option it translates)
     max_trials: int = 6,
     percentile: int | None = None,
     warmup_requests: int = 0,
+    shared_memory: bool = False,
     extra_args: Sequence[str] = (),
     timeout_s: float | None = None,
 ) -> PerfResult:
@@ -359,6 +360,9 @@ def run(  # noqa: C901 (one branch per perf_analyzer option it translates)
     binary data after the JSON header; False sends them as JSON arrays. ``streaming``
     (gRPC only) sends over ModelStreamInfer, one stream per concurrent request.
     ``percentile`` stabilises on that latency percentile instead of the average.
+    ``shared_memory`` passes inputs and outputs through system shared memory (Triton's
+    extension: perf_analyzer registers POSIX regions with the server and sends only their
+    names, offsets and sizes; the server must allow it).
 
     Raises UnstableMeasurement when no stable result came within ``max_trials`` windows
     and PerfAnalyzerError on any other failure, both with perf_analyzer's output.
@@ -389,7 +393,9 @@ def run(  # noqa: C901 (one branch per perf_analyzer option it translates)
             command += ["--shape", one]
         if input_data is not None:
             command += ["--input-data", str(input_data)]
-        if protocol == "http":
+        if shared_memory:
+            command += ["--shared-memory", "system"]
+        elif protocol == "http":
             tensor_format = "binary" if binary else "json"
             command += ["--input-tensor-format", tensor_format]
             command += ["--output-tensor-format", tensor_format]

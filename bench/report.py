@@ -675,7 +675,7 @@ def _oip_table(run: OipRun, model: str, failures: list[str]) -> list[str]:
         lines.append(
             _perf_row(perf, ceiling.rows_per_s_batch if ceiling else 0.0, reference, failures)
         )
-        if predict and perf.server == oip.RLSERVE and perf.transport is oip.TRANSPORTS[-1]:
+        if predict and perf.server == oip.RLSERVE and perf.transport is oip.SHARED_MEMORY[-1]:
             lines.append(_predict_row(predict, ceiling.rows_per_s_batch if ceiling else 0.0))
     return lines
 

@@ -216,9 +216,10 @@ OIP_PREFIX = "oip: "  # every oip target starts so (a subset run replaces those 
 
 
 def oip_verdicts(run: OipRun | None) -> list[Verdict]:
-    """cnn near the onnxruntime ceiling over gRPC or binary HTTP, and mlp over gRPC well
-    above the JSON predict path, both at oip.CONCURRENCY requests in flight."""
-    return [_oip_ceiling(run), _oip_grpc(run)]
+    """cnn near the onnxruntime ceiling over gRPC or binary HTTP, and through system shared
+    memory (issue 25), and mlp over gRPC well above the JSON predict path, all at
+    oip.CONCURRENCY requests in flight."""
+    return [_oip_ceiling(run), _oip_shared_memory(run), _oip_grpc(run)]
 
 
 def _oip_ceiling(run: OipRun | None) -> Verdict:
@@ -233,6 +234,27 @@ def _oip_ceiling(run: OipRun | None) -> Verdict:
     best = run.best(model, oip.CEILING_TRANSPORTS)
     if best is None:
         return Verdict(target, "no run completed (see the oip section)", False)
+    share = best.requests_per_s / ceiling.rows_per_s_batch
+    measured = (
+        f"{share:.0%}: {best.requests_per_s:,.0f} of {ceiling.rows_per_s_batch:,.0f} rows/s, "
+        f"over {best.transport.label}"
+    )
+    return Verdict(target, measured, share >= oip.MIN_CEILING_SHARE)
+
+
+def _oip_shared_memory(run: OipRun | None) -> Verdict:
+    target = (
+        f"{OIP_PREFIX}cnn through Triton's system shared memory (HTTP or gRPC) at "
+        f"{oip.CONCURRENCY} requests in flight ≥ {oip.MIN_CEILING_SHARE:.0%} of the "
+        f"onnxruntime ceiling (rows/s at batch {oip.BATCH})"
+    )
+    model = models.CNN.name
+    ceiling = run.ceiling(model) if run else None
+    if run is None or ceiling is None:
+        return Verdict(target, _oip_unmeasured(run), None)
+    best = run.best(model, oip.SHARED_MEMORY)
+    if best is None:
+        return Verdict(target, "no shared-memory run completed (see the oip section)", False)
     share = best.requests_per_s / ceiling.rows_per_s_batch
     measured = (
         f"{share:.0%}: {best.requests_per_s:,.0f} of {ceiling.rows_per_s_batch:,.0f} rows/s, "

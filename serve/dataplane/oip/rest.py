@@ -11,7 +11,7 @@
     GET  /v2/systemsharedmemory[/region/{r}]/status   shared-memory regions (allow_client_shm)
     POST /v2/systemsharedmemory/region/{r}/register   {"key", "offset", "byte_size"}
     POST /v2/systemsharedmemory[/region/{r}]/unregister
-         /v2/cudasharedmemory/...                     refused: no CUDA shared memory here
+         /v2/cudasharedmemory/...                     none registered; register refused
 
 An infer body is a JSON header, optionally followed by binary tensor data: when the
 ``Inference-Header-Content-Length`` header is given, the first that many bytes are JSON and
@@ -20,7 +20,9 @@ input order. Outputs requested with ``parameters.binary_data`` (or all outputs, 
 request parameter ``binary_data_output``) are answered the same way. With system shared
 memory on (``serve.dataplane.oip.shared_memory``), an input or a requested output whose
 parameters name a ``shared_memory_region`` is read from or written to that region instead;
-such an output is answered with its shared-memory parameters and no data. Errors are
+such an output is answered with its name, datatype and shape only, no parameters and no
+data, as Triton answers it (Triton's C++ client reads any output ``parameters`` as binary
+data and fails without ``binary_data_size``). Errors are
 ``{"error": message, "code": code}`` with the status ``serve.status`` maps the code to; the
 deadline is ``X-Request-Timeout-Ms``, or the request parameter ``timeout`` (microseconds).
 
@@ -100,7 +102,7 @@ class V2Path:
     model: str | None
     version: str | None
     action: str  # "", "ready", "config", "infer", "live", "server_ready", "index", "stats",
-    # "shm_status", "shm_register", "shm_unregister", "cuda_shm"
+    # "shm_status", "shm_register", "shm_unregister", and the same with "cuda_" before them
     region: str = ""  # a shared-memory region's name ("": every region)
 
 
@@ -114,10 +116,10 @@ def match(path: str) -> V2Path | None:
     fixed = _FIXED.get(tuple(parts))
     if fixed is not None:
         return V2Path(None, None, fixed)
-    if parts[0] == "cudasharedmemory":
-        return V2Path(None, None, "cuda_shm")
     if parts[0] == "systemsharedmemory":
-        return _shared_memory_path(parts[1:])
+        return _shared_memory_path(parts[1:], "shm_")
+    if parts[0] == "cudasharedmemory":
+        return _shared_memory_path(parts[1:], "cuda_shm_")
     if len(parts) < 2 or parts[0] != "models" or not parts[1]:
         return V2Path(None, None, "unknown")
     model, rest = parts[1], parts[2:]
@@ -131,15 +133,16 @@ def match(path: str) -> V2Path | None:
     return V2Path(None, None, "unknown")
 
 
-def _shared_memory_path(parts: list[str]) -> V2Path:
+def _shared_memory_path(parts: list[str], kind: str) -> V2Path:
     """``status`` or ``unregister`` (every region), or ``region/{name}/{action}``; a region's
-    name may hold '/' (the client percent-encodes it, the path arrives decoded)."""
+    name may hold '/' (the client percent-encodes it, the path arrives decoded). ``kind``:
+    the actions' prefix, system or CUDA shared memory."""
     if len(parts) == 1 and parts[0] in ("status", "unregister"):
-        return V2Path(None, None, "shm_" + parts[0])
+        return V2Path(None, None, kind + parts[0])
     if len(parts) >= 3 and parts[0] == "region" and parts[-1] in _SHM_ACTIONS:
         region = "/".join(parts[1:-1])
         if region:
-            return V2Path(None, None, "shm_" + parts[-1], region)
+            return V2Path(None, None, kind + parts[-1], region)
     return V2Path(None, None, "unknown")
 
 
@@ -171,7 +174,7 @@ class OipRestFrontend:
 
     async def _handle(self, exchange: Exchange, *, path: V2Path) -> None:
         scope, call = exchange.scope, exchange.call
-        if path.action.endswith("_shm") or path.action.startswith("shm_"):
+        if path.action.startswith(("shm_", "cuda_shm_")):
             exchange.metered = False  # not inference calls
             answer = await self._shared_memory(exchange, path)
             await exchange.json(200, answer, [])
@@ -208,20 +211,27 @@ class OipRestFrontend:
         return self._model_metadata(path)
 
     async def _shared_memory(self, exchange: Exchange, path: V2Path) -> Any:
-        """The system shared-memory routes (CUDA's: refused)."""
+        """The system shared-memory routes, and CUDA's as Triton answers them on a host
+        without CUDA: none registered, unregistering succeeds, registering is refused."""
         scope, registry = exchange.scope, self.inference.shared_memory
-        if path.action == "cuda_shm":
-            raise shared_memory.refuse_cuda()
-        if path.action == "shm_status":
+        cuda = path.action.startswith("cuda_")
+        action = path.action.removeprefix("cuda_")
+        if action == "shm_status":
             allow(scope, "GET")
-            return [region.to_json() for region in registry.status(path.region)]
+            regions = registry.cuda_status(path.region) if cuda else registry.status(path.region)
+            return [region.to_json() for region in regions]
         allow(scope, "POST")
         body = await read_body(
             exchange.receive, exchange.call.declared_length, _REGISTER_BODY_BYTES
         )
-        if path.action == "shm_unregister":
-            registry.unregister(path.region)
+        if action == "shm_unregister":
+            if cuda:
+                registry.cuda_unregister(path.region)
+            else:
+                registry.unregister(path.region)
             return {}
+        if cuda:
+            raise shared_memory.refuse_cuda()
         given = _register_body(body, path.region)
         registry.register(path.region, given["key"], given.get("offset", 0), given["byte_size"])
         return {}
@@ -536,8 +546,8 @@ def encode_infer(answer: InferAnswer, call: InferCall) -> tuple[bytes, list[tupl
             "datatype": tensor.datatype,
             "shape": list(tensor.values.shape),
         }
-        if tensor.placement is not None:  # written there already (Inference.run)
-            entry["parameters"] = tensor.placement.parameters(tensor.values.nbytes)
+        if tensor.placement is not None:
+            pass  # written to shared memory already (Inference.run): named, not carried
         elif tensor.binary:
             raw = tensors.to_bytes(tensor.values)
             entry["parameters"] = {"binary_data_size": len(raw)}

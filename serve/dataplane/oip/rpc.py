@@ -22,9 +22,10 @@ With system shared memory on (``serve.dataplane.oip.shared_memory``), the
 ``SystemSharedMemory*`` RPCs register, list and unregister regions, and an input or requested
 output whose parameters name a ``shared_memory_region`` is read from or written to it: such an
 input has no entry in ``raw_input_contents`` (as tritonclient sends it), and such an output is
-answered after the others, with its shared-memory parameters and no ``raw_output_contents``
-entry, so that the entries line up with the outputs before it. The ``CudaSharedMemory*`` RPCs
-are refused.
+answered in its place among the others with an empty ``raw_output_contents`` entry, as Triton
+answers it: every output has an entry at its own index (Triton's C++ client reads entry i for
+output i without looking at the count). The ``CudaSharedMemory*`` RPCs answer as Triton does
+on a host without CUDA: no region registered, unregistering succeeds, registering is refused.
 
 ``grpc.health.v1.Health`` answers SERVING while the server is ready (Kubernetes' gRPC
 probe asks it).
@@ -49,8 +50,8 @@ from serve.dataplane.oip.infer import InferAnswer, Inference, call_budget_ms
 from serve.dataplane.oip.proto import inference_pb2 as pb
 from serve.dataplane.oip.proto import inference_pb2_grpc as pb_grpc
 from serve.dataplane.oip.proto import model_config_pb2 as config_pb
-from serve.dataplane.oip.shared_memory import PlacedInput, Placement
-from serve.dataplane.oip.signature import InferCall, OutputTensor, RequestedOutput, config_dims
+from serve.dataplane.oip.shared_memory import PlacedInput
+from serve.dataplane.oip.signature import InferCall, RequestedOutput, config_dims
 from serve.dataplane.routing import Route
 from serve.errors import ConfigError, InvalidInput, RLServeError, internal_error, listed, quoted
 from serve.json_shown import json_shown
@@ -199,13 +200,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
-        await _abort(context, shared_memory.refuse_cuda())
+        await _answered(context, lambda: self.inference.shared_memory.cuda_status(request.name))
+        return pb.CudaSharedMemoryStatusResponse()  # none registered
 
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:  # noqa: N802
         await _abort(context, shared_memory.refuse_cuda())
 
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:  # noqa: N802
-        await _abort(context, shared_memory.refuse_cuda())
+        await _answered(context, lambda: self.inference.shared_memory.cuda_unregister(request.name))
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     async def _route(self, model: str, version: str, context: Any) -> Route:
         try:
@@ -451,41 +454,22 @@ def _parameter(value: Any) -> Any:
 
 
 def encode_infer(answer: InferAnswer, call: InferCall) -> Any:
-    """The answer: outputs carried in it first, each with its raw_output_contents entry, then
-    those written to shared memory, with their parameters and no entry."""
+    """The answer: every output with its ``raw_output_contents`` entry at the same index,
+    empty for an output written to shared memory."""
     response = answer.response
-    carried = [t for t in answer.tensors if t.placement is None]
-    placed = [t for t in answer.tensors if t.placement is not None]
     output = pb.ModelInferResponse.InferOutputTensor
     return pb.ModelInferResponse(
         model_name=response.model,
         model_version=str(response.version),
         id=call.id,
         parameters={"model_sha256": pb.InferParameter(string_param=response.sha256)},
-        outputs=[output(name=t.name, datatype=t.datatype, shape=t.values.shape) for t in carried]
-        + [
-            output(
-                name=t.name,
-                datatype=t.datatype,
-                shape=t.values.shape,
-                parameters=_placed_parameters(t),
-            )
-            for t in placed
+        outputs=[
+            output(name=t.name, datatype=t.datatype, shape=t.values.shape) for t in answer.tensors
         ],
-        raw_output_contents=[tensors.to_bytes(t.values) for t in carried],
+        raw_output_contents=[
+            b"" if t.placement is not None else tensors.to_bytes(t.values) for t in answer.tensors
+        ],
     )
-
-
-def _placed_parameters(tensor: OutputTensor) -> dict[str, Any]:
-    where: Placement | None = tensor.placement
-    assert where is not None
-    given = where.parameters(tensor.values.nbytes)
-    return {
-        key: pb.InferParameter(string_param=value)
-        if isinstance(value, str)
-        else pb.InferParameter(int64_param=value)
-        for key, value in given.items()
-    }
 
 
 def _data_type(datatype: str) -> Any:

@@ -67,13 +67,6 @@ class Placement:
     offset: int
     byte_size: int
 
-    def parameters(self, written: int) -> dict[str, Any]:
-        """The parameters an answer's output carries once ``written`` bytes are there."""
-        given: dict[str, Any] = {REGION: self.region, BYTE_SIZE: written}
-        if self.offset:
-            given[OFFSET] = self.offset
-        return given
-
 
 @dataclass(frozen=True, slots=True)
 class PlacedInput:
@@ -121,7 +114,7 @@ def placement(parameters: Mapping[str, Any], tensor: str) -> Placement | None:
 
 
 def refuse_cuda() -> Unsupported:
-    """The answer to every CUDA shared-memory route and RPC."""
+    """The answer to registering a CUDA shared-memory region."""
     return Unsupported(_NO_CUDA)
 
 
@@ -260,6 +253,19 @@ class SharedMemory:
             region = self._regions.pop(each, None)
             if region is not None:
                 region.close()
+
+    def cuda_status(self, name: str = "") -> list[RegionStatus]:
+        """CUDA regions, as Triton answers where none can be registered: none (a named one
+        is not found)."""
+        self._on()
+        if name:
+            raise NotFound(f"no CUDA shared-memory region {quoted(name)}: {_NO_CUDA}")
+        return []
+
+    def cuda_unregister(self, name: str = "") -> None:
+        """Nothing is registered, so nothing to do: no error, as in Triton (clients clean up
+        both kinds; perf_analyzer reports a failure otherwise)."""
+        self._on()
 
     def close(self) -> None:
         """Shutdown: every region closed, whatever the setting."""

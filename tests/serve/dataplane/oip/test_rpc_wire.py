@@ -424,19 +424,18 @@ def encoded(call_id: str = "call-9") -> Any:
     return encode_infer(InferAnswer(response, tensors), InferCall({}, {}, [], call_id))
 
 
-def test_outputs_in_shared_memory_come_last_with_their_parameters_and_no_raw_entry() -> None:
+def test_an_output_in_shared_memory_keeps_its_place_with_an_empty_raw_entry() -> None:
+    """As Triton answers it: Triton's C++ client reads entry i for output i, unchecked."""
     tensors = [
         OutputTensor("actions", "INT64", ACTIONS, False, Placement("io", 64, 256)),
         OutputTensor("logits", "FP32", LOGITS, False),
     ]
     response = InferenceResponse("cartpole", 4, SHA, {}, False)
     message = encode_infer(InferAnswer(response, tensors), InferCall({}, {}, [], "c"))
-    assert [o.name for o in message.outputs] == ["logits", "actions"]
-    assert list(message.raw_output_contents) == [LOGITS.tobytes()]
-    placed = message.outputs[1].parameters
-    assert placed["shared_memory_region"].string_param == "io"
-    assert placed["shared_memory_byte_size"].int64_param == ACTIONS.nbytes
-    assert placed["shared_memory_offset"].int64_param == 64
+    assert [o.name for o in message.outputs] == ["actions", "logits"]
+    assert list(message.raw_output_contents) == [b"", LOGITS.tobytes()]
+    assert not message.outputs[0].parameters
+    assert list(message.outputs[0].shape) == list(ACTIONS.shape)
     read = InferResult(triton_pb.ModelInferResponse.FromString(message.SerializeToString()))
     np.testing.assert_array_equal(read.as_numpy("logits"), LOGITS)
 
