@@ -760,8 +760,11 @@ def _peer_note(run: OipRun) -> str:
 
 _OIP_METHOD = """\
 Measured on {when} in {took} (the scenario `oip`: `python -m bench --only oip`, or part
-of a full run). One `rlserve serve --grpc-port` process on core 0 serves mlp and cnn over
-HTTP and gRPC for the whole scenario (onnxruntime {onnxruntime}). Triton's load generator,
+of a full run). One `rlserve serve --grpc-port --allow-client-shm` process on core 0 serves
+mlp and cnn over HTTP and gRPC for the whole scenario (onnxruntime {onnxruntime}); the last
+two rows of each model pass the tensors through system shared memory (perf_analyzer
+`--shared-memory system`: it registers a region per tensor and sends only their names,
+offsets and sizes). Triton's load generator,
 {version}, runs on core 1 with {concurrency} requests in flight
 (`--concurrency-range {concurrency}`), one observation per request, inputs filled with
 zeros (`--input-data zero`: its random FP32 data holds NaN and infinity bit patterns, which
