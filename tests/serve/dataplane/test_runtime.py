@@ -126,3 +126,29 @@ def test_the_binding_takes_non_contiguous_rows(models):
         bound.run({"obs": every_other})["mean"],
         plain.run({"obs": np.ascontiguousarray(every_other)})["mean"],
     )
+
+
+def test_a_bound_run_reads_and_writes_the_callers_arrays_in_place(models):
+    path, observations = models["mlp"]
+    settings = config.load(providers=[CPU])
+    session = runtime.create_session(path, settings, "mlp")
+    assert session.binder is not None  # the CPU provider binds host arrays
+    expected = session.run({"obs": observations[:4]})
+    rows = np.ascontiguousarray(observations[:4])
+    outputs = {name: np.zeros_like(expected[name]) for name in session.output_names}
+    run = session.bind({"obs": rows}, outputs)
+    run()
+    for name in session.output_names:
+        np.testing.assert_array_equal(outputs[name], expected[name], err_msg=name)
+    rows[:] = observations[4:8]  # the same arrays, new rows: no binding again
+    run()
+    np.testing.assert_array_equal(outputs["mean"], session.run({"obs": observations[4:8]})["mean"])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        session.bind({"obs": observations[:8:2]}, outputs)
+
+
+def test_a_session_on_a_gpu_provider_offers_no_binder(models):
+    path, _ = models["mlp"]
+    settings = config.load(providers=[CPU])
+    bound = runtime.create_session(path, settings, "mlp", execution=Execution.BOUND)
+    assert bound.binder is None  # its arrays would be device memory, not the caller's
