@@ -76,7 +76,7 @@ def _policy() -> Path:
     from bench import lm
     from examples.lm.tiny_policy import TinyPolicies
 
-    lm._policy()  # builds the tiny policies into the cache unless a current build is there
+    lm.policy()  # builds the tiny policies into the cache unless a current build is there
     return TinyPolicies.under(lm.CACHE / "policies").llama_base
 
 

@@ -139,11 +139,11 @@ def run(workdir: Path, seconds: int, warmup: int) -> LmRun:
         )  # fmt: skip
 
     try:
-        source = _policy()
+        source = policy()
         export_started = time.monotonic()
-        model = _export(source, workdir / "lm-repository")
+        model = export(source, workdir / "lm-repository")
         export_s = time.monotonic() - export_started
-        texts, ids = _prompts(model)
+        texts, ids = exact_prompts(model)
     except (RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
         _say(f"lm: setup failed: {exc}")
         return finish(setup_failure=str(exc))
@@ -171,7 +171,7 @@ def run(workdir: Path, seconds: int, warmup: int) -> LmRun:
 # --- the model -----------------------------------------------------------------------------
 
 
-def _policy() -> Path:
+def policy() -> Path:
     """The recipe's llama_dpo directory, built into the cache unless a current build is there."""
     from examples.lm.tiny_policy import TinyPolicies, existing_policies
 
@@ -182,7 +182,7 @@ def _policy() -> Path:
     return TinyPolicies.under(root).llama_dpo
 
 
-def _export(source: Path, repository: Path) -> Path:
+def export(source: Path, repository: Path) -> Path:
     """``rlserve export lm`` of ``source`` into ``repository``: the model's folder."""
     _say(f"lm: rlserve export lm {source.name} (parity gate)")
     command = [
@@ -197,7 +197,7 @@ def _export(source: Path, repository: Path) -> Path:
     return folder
 
 
-def _prompts(model: Path) -> tuple[list[str], list[list[int]]]:
+def exact_prompts(model: Path) -> tuple[list[str], list[list[int]]]:
     """PROMPTS texts of exactly PROMPT_TOKENS tokens (the exported tokenizer, its special
     tokens included), each a run of the recipe's sentences cut at a word."""
     from tokenizers import Tokenizer
