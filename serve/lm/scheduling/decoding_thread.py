@@ -6,7 +6,8 @@ hand-over (who joins, under the step rules; who left on the loop's side), and th
 1. prefills each joining generation alone and chooses its first token (a request can end
    right there), and runs each joining scoring (one forward pass over its completions);
    what that produced is handed to the event loop at once, so a newcomer's first token
-   never waits for the running batch's decoding;
+   never waits for the running batch's decoding (and, while many join, at least every
+   JOINING_SEND_S, so that the first need not wait for the last to join);
 2. decodes every running sequence one token further in one graph call per version: the
    newcomers are merged into the batch's key/value cache first, the sequences that
    finished leave at once.
@@ -56,13 +57,16 @@ from serve.lm.scheduling.step_plan import Occupancy, StepLimits
 from serve.lm.scoring import score
 from serve.lm.sequence import DecodingSequence
 
-__all__ = ["SEND_EVERY_S", "DecodingThread"]
+__all__ = ["JOINING_SEND_S", "SEND_EVERY_S", "DecodingThread"]
 
 log = logging.getLogger("rlserve.generation")
 
 # Steps that answer nobody hand their metrics to the event loop this often, not every step
 # (their tokens, if streamed, go at once): the loop counts a step's work only when needed.
 SEND_EVERY_S = 0.05
+# Joins at one boundary hand their first tokens over at least this often (a group of 32
+# takes about 2 ms to join): the first calls need not wait for the last to join.
+JOINING_SEND_S = 0.0005
 
 
 @dataclass(slots=True, eq=False)
@@ -131,8 +135,12 @@ class DecodingThread:
                 self._abandon(step.joining, self._failure(exc))
 
     def _step(self, step: Step) -> None:
+        sent_at = time.monotonic()
         for request in step.joining:
             self._join(request)
+            if time.monotonic() - sent_at >= JOINING_SEND_S:  # many joins: the first go
+                self._send(force=False)
+                sent_at = time.monotonic()
         if step.joining:  # their first tokens go now, not after the batch's decoding
             self._send(force=False)
         sequences, gone = 0, step.gone
