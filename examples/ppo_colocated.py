@@ -68,7 +68,7 @@ from loop import config as loop_config
 from loop.buffers import open_consumer
 from loop.child_server import ChildServer, ChildServerFailed
 from loop.collect import RolloutWorker
-from loop.colocated import ColocatedRunner, Cycle
+from loop.colocated import ColocatedRunner, Cycle, ServerCheck, no_check
 from loop.controller import Batch, Fallback, LoopMetrics, SyncController
 from serve.cli.arguments import add_arguments, arg, from_namespace
 from serve.client import PolicyClient
@@ -301,7 +301,8 @@ def train(  # noqa: C901 (CleanRL style: the training loop reads top to bottom, 
     log: TextIO | None = args.log_json.open("a") if args.log_json else None
     status, summary = 1, {}
     with ExitStack() as stack:
-        server_url, check_server, child = args.server, _no_check, None
+        check_server: ServerCheck = no_check
+        server_url, child = args.server, None
         if args.serve_repository is not None:  # the child: stopped last, when the stack unwinds
             child = stack.enter_context(start_server(args, config, token, environ, lane))
             server_url, check_server = child.url, child.check
@@ -404,10 +405,6 @@ def train(  # noqa: C901 (CleanRL style: the training loop reads top to bottom, 
     shutil.rmtree(scratch, ignore_errors=True)
     print(json.dumps(summary), flush=True)
     return status
-
-
-def _no_check() -> None:
-    """A server started separately: its failures show as the requests' errors."""
 
 
 def progress(message: str) -> None:

@@ -222,8 +222,13 @@ class ChildServer:
         if now:
             callback()
 
-    def check(self) -> None:
-        """ChildServerFailed if the child exited unasked."""
+    def check(self, *, wait_s: float = 0.0) -> None:
+        """ChildServerFailed if the child exited unasked. ``wait_s``: how long to give a
+        child that may be exiting to finish first, asked after a request failed: a killed
+        child's connections close before its exit can be seen."""
+        if wait_s > 0 and self._process is not None and not self._stopping.is_set():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(wait_s)
         self._raise_if_exited("while it was needed")
 
     def _raise_if_exited(self, when: str) -> None:

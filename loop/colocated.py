@@ -165,6 +165,20 @@ class Cycle:
     version: int  # after the cycle: the version pushed
 
 
+class ServerCheck(Protocol):
+    """Raises when the policy server can no longer answer (see ColocatedRunner)."""
+
+    def __call__(self, *, wait_s: float = 0.0) -> None: ...
+
+
+def no_check(*, wait_s: float = 0.0) -> None:
+    """A server this process does not run: its failures show as the requests' errors."""
+
+
+# After a failed cycle, how long a server that may be dying gets to be seen as exited.
+FAILURE_WAIT_S = 2.0
+
+
 class ColocatedRunner:
     """Alternates the phases described in the module docstring.
 
@@ -172,7 +186,10 @@ class ColocatedRunner:
     version the server serves now and the controller's version. ``workers`` publish into
     the buffer ``controller`` consumes; the runner steps them itself. ``check_server``
     raises when the server can no longer answer (``loop.child_server.ChildServer.check``:
-    the child exited); it is called before each cycle and when one fails. ``repository`` is
+    the child exited); it is called before each cycle, and when one fails with
+    ``wait_s=FAILURE_WAIT_S`` (the failure may be the server's death, not yet seen as an
+    exit: that wait ends as soon as it is, and delays only a run that is failing anyway).
+    ``repository`` is
     the server's model repository when this process shares its filesystem: a learner's file
     inside it is pushed by its path, with the files beside it."""
 
@@ -189,7 +206,7 @@ class ColocatedRunner:
         training_interval: float,
         max_hold_s: float = 60.0,
         repository: Path | None = None,
-        check_server: Callable[[], None] = lambda: None,
+        check_server: ServerCheck = no_check,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -228,7 +245,7 @@ class ColocatedRunner:
             inference = self._inference()
             training, batch = self._training(learner, inference.records)
         except Exception:
-            self.check_server()
+            self.check_server(wait_s=FAILURE_WAIT_S)
             raise
         self.phases += [inference, training]
         return Cycle(inference, training, batch, self.version)

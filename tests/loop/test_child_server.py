@@ -24,7 +24,7 @@ import httpx
 import pytest
 import torch
 
-from loop.child_server import ChildServer, ChildServerFailed, ChildState
+from loop.child_server import ChildServer, ChildServerFailed, ChildState, free_port
 from serve.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,6 +161,21 @@ def test_sigterm_to_the_parent_stops_the_child(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- while it runs
 
 
+def test_a_check_after_a_failure_waits_for_a_killed_child_to_be_seen_exiting(
+    tmp_path: Path,
+) -> None:
+    """A killed child's connections close before its exit can be seen: a check asked with
+    a wait (after a request failed) names the exit instead of letting the reset through."""
+    with child(served(tmp_path), tmp_path) as server:
+        server.check(wait_s=0.05)  # alive: it waits that long, then has nothing to say
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(ChildServerFailed, match=r"exited with status -9 \(SIGKILL\)"):
+            server.check(wait_s=10)
+        assert time.monotonic() - started < 5  # as soon as the exit shows, not the whole wait
+
+
 def test_a_child_that_dies_is_noticed_at_once(tmp_path: Path) -> None:
     noticed = threading.Event()
     with child(served(tmp_path), tmp_path) as server:
@@ -227,13 +242,19 @@ def policy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return tmp / "repository", tmp / "agent.pt"
 
 
+def own_metrics_port() -> list[str]:
+    """A free port for the trainer's /metrics: the reference config's default (9400) is one
+    port for every trainer, and tests in other files start trainers at the same time."""
+    return ["--metrics-port", str(free_port())]
+
+
 def run_colocated(tmp: Path, policy: tuple[Path, Path], *flags: str) -> subprocess.Popen[str]:
     repository = tmp / "repository"
     shutil.copytree(policy[0], repository)
     return subprocess.Popen(
         [sys.executable, str(TRAINER), "--config", str(REFERENCE), "--model", MODEL,
          "--serve-repository", str(repository), "--serve-log", str(tmp / "server.log"),
-         "--max-env-steps", "10000000", *flags],
+         "--max-env-steps", "10000000", *own_metrics_port(), *flags],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "RLSERVE_ADMIN_TOKEN": TOKEN},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from loop.buffers import open_consumer, open_producer
-from loop.colocated import ColocatedRunner, HoldLost, StalenessViolation
+from loop.colocated import FAILURE_WAIT_S, ColocatedRunner, HoldLost, StalenessViolation
 from loop.controller import Batch, Fallback, SyncController
 from loop.experience import Step
 from serve.errors import ConfigError
@@ -190,7 +190,7 @@ def test_a_gone_server_explains_the_failure() -> None:
     server = FakeServer(clock)
     alive = [True]
 
-    def check_server() -> None:
+    def check_server(*, wait_s: float = 0.0) -> None:
         if not alive[0]:
             raise ServerGone("the child server exited")
 
@@ -207,7 +207,10 @@ def test_a_gone_server_explains_the_failure() -> None:
         run.cycle(learner)
     checks = iter([None, ServerGone("the child server exited")])
 
-    def exits_during_the_cycle() -> None:
+    waits: list[float] = []
+
+    def exits_during_the_cycle(*, wait_s: float = 0.0) -> None:
+        waits.append(wait_s)
         error = next(checks)
         if error is not None:
             raise error
@@ -216,4 +219,5 @@ def test_a_gone_server_explains_the_failure() -> None:
     with pytest.raises(ServerGone) as gone:
         run.cycle(learner)
     assert isinstance(gone.value.__context__, RuntimeError)  # the symptom, kept as context
+    assert waits == [0.0, FAILURE_WAIT_S]  # after the failure, time for a dying child to exit
     assert not server.held

@@ -49,6 +49,7 @@ from typing import Any
 
 import pytest
 
+from loop.child_server import free_port
 from serve.client import PolicyClient
 from serve.control.store import STATE_FILE
 from tests.e2e.server import Server
@@ -98,6 +99,7 @@ def learn(
         sys.executable, str(TRAINER), "--config", str(REFERENCE), "--model", MODEL,
         "--checkpoint", str(checkpoint), "--seed", str(seed), "--target-return",
         str(target), "--max-env-steps", str(budget), "--log-json", str(log),
+        "--metrics-port", str(free_port()),  # not the reference's 9400: other tests run too
     ]  # fmt: skip
     if child_server:
         server_log = tmp / "server.log"
