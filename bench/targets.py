@@ -223,38 +223,35 @@ def oip_verdicts(run: OipRun | None) -> list[Verdict]:
 
 
 def _oip_ceiling(run: OipRun | None) -> Verdict:
-    target = (
-        f"{OIP_PREFIX}cnn over gRPC or binary HTTP at {oip.CONCURRENCY} concurrent streams "
-        f"≥ {oip.MIN_CEILING_SHARE:.0%} of the onnxruntime ceiling (rows/s at batch {oip.BATCH})"
+    return _oip_cnn_share(
+        run,
+        f"cnn over gRPC or binary HTTP at {oip.CONCURRENCY} concurrent streams",
+        oip.CEILING_TRANSPORTS,
     )
-    model = models.CNN.name
-    ceiling = run.ceiling(model) if run else None
-    if run is None or ceiling is None:
-        return Verdict(target, _oip_unmeasured(run), None)
-    best = run.best(model, oip.CEILING_TRANSPORTS)
-    if best is None:
-        return Verdict(target, "no run completed (see the oip section)", False)
-    share = best.requests_per_s / ceiling.rows_per_s_batch
-    measured = (
-        f"{share:.0%}: {best.requests_per_s:,.0f} of {ceiling.rows_per_s_batch:,.0f} rows/s, "
-        f"over {best.transport.label}"
-    )
-    return Verdict(target, measured, share >= oip.MIN_CEILING_SHARE)
 
 
 def _oip_shared_memory(run: OipRun | None) -> Verdict:
+    return _oip_cnn_share(
+        run,
+        f"cnn through Triton's system shared memory (HTTP or gRPC) at {oip.CONCURRENCY} "
+        "requests in flight",
+        oip.SHARED_MEMORY,
+    )
+
+
+def _oip_cnn_share(run: OipRun | None, how: str, transports: tuple[oip.Transport, ...]) -> Verdict:
+    """cnn's best rows/s over ``transports`` as a share of the onnxruntime ceiling."""
     target = (
-        f"{OIP_PREFIX}cnn through Triton's system shared memory (HTTP or gRPC) at "
-        f"{oip.CONCURRENCY} requests in flight ≥ {oip.MIN_CEILING_SHARE:.0%} of the "
-        f"onnxruntime ceiling (rows/s at batch {oip.BATCH})"
+        f"{OIP_PREFIX}{how} ≥ {oip.MIN_CEILING_SHARE:.0%} of the onnxruntime ceiling "
+        f"(rows/s at batch {oip.BATCH})"
     )
     model = models.CNN.name
     ceiling = run.ceiling(model) if run else None
     if run is None or ceiling is None:
         return Verdict(target, _oip_unmeasured(run), None)
-    best = run.best(model, oip.SHARED_MEMORY)
+    best = run.best(model, transports)
     if best is None:
-        return Verdict(target, "no shared-memory run completed (see the oip section)", False)
+        return Verdict(target, "no run completed over those paths (see the oip section)", False)
     share = best.requests_per_s / ceiling.rows_per_s_batch
     measured = (
         f"{share:.0%}: {best.requests_per_s:,.0f} of {ceiling.rows_per_s_batch:,.0f} rows/s, "
