@@ -158,7 +158,7 @@ class Doorbell(ABC):
 class SocketBell(Doorbell):
     """One byte over a connected Unix socket, read with a blocking ``recv``."""
 
-    def __init__(self, sock: socket.socket, rings: bool = True) -> None:
+    def __init__(self, sock: socket.socket, *, rings: bool = True) -> None:
         self._sock = sock
         self._rings = rings  # a spinning client is never rung
 

@@ -35,12 +35,6 @@ class CacheStorage(Enum):
     SLOTS = "slots"  # preallocated rows the graph grows in place (serve.lm.slots)
     COPIES = "copies"  # arrays the graph returns one column longer (serve.lm.cache)
 
-    @classmethod
-    def for_graph(cls, layout: CacheLayout, binder: Binder | None) -> CacheStorage:
-        if layout is CacheLayout.SEQUENCE_LENGTHS and binder is not None:
-            return cls.SLOTS
-        return cls.COPIES
-
 
 class Decoder(Protocol):
     @property
@@ -69,8 +63,10 @@ class GraphDecoder:
         self, run: Runner, contract: LanguageModelContract, binder: Binder | None = None
     ) -> None:
         self._run = run
-        self._binder = binder
-        self.storage = CacheStorage.for_graph(contract.cache_layout, binder)
+        # kept only where slots can use it: a graph that writes each row's new key and
+        # value at the row's own length (a left-padded one appends a column to every row)
+        sequence_lengths = contract.cache_layout is CacheLayout.SEQUENCE_LENGTHS
+        self._binder = binder if sequence_lengths else None
         self._contract = contract
         self._tensors = contract.tensors
         self._past = [contract.cache_names(i)[:2] for i in range(contract.num_layers)]
@@ -91,10 +87,14 @@ class GraphDecoder:
         keys, values = self._cache_of(outputs)
         return outputs[self._tensors.logits][0], KVCache.of_rows(keys, values, self._layout)
 
+    @property
+    def storage(self) -> CacheStorage:
+        return CacheStorage.COPIES if self._binder is None else CacheStorage.SLOTS
+
     def batch_cache(self, tokens: int) -> BatchCache:
-        if self.storage is CacheStorage.SLOTS and self._binder is not None:
-            return SlotCache(self._contract, self._binder, tokens)
-        return self.copied_cache()
+        if self._binder is None:
+            return self.copied_cache()
+        return SlotCache(self._contract, self._binder, tokens)
 
     def copied_cache(self) -> CopiedCache:
         """A batch cache copied at every step, whatever the storage (the reference slots

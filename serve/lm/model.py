@@ -196,9 +196,10 @@ class LanguageModel:
         prompt = self.contract.golden[0].prompt_ids if self.contract.golden else [0]
         _, cache = self.decoder.prefill(prompt)
         seconds = {}
+        reach = cache.columns + 2  # the prompt and the two steps timed
         for size in sizes:
-            rows = self.decoder.batch_cache(size * (cache.columns + 2))
-            rows.add([cache] * size, cache.columns + 2)
+            rows = self.decoder.batch_cache(size * reach)
+            rows.add([cache] * size, reach)
             tokens = np.zeros(size, np.int64)
             rows.step(tokens)
             started = time.perf_counter()

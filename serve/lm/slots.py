@@ -52,11 +52,10 @@ class SlotCache:
         self._contract = contract
         self._bind = bind
         self._tokens = tokens  # the budget: rows times columns allocated, at most
-        tensors = contract.tensors
         self._past = [contract.cache_names(i)[:2] for i in range(contract.num_layers)]
         self._present = [contract.cache_names(i)[2:] for i in range(contract.num_layers)]
-        self._names = (tensors.input_ids, tensors.attention_mask, tensors.position_ids)
-        self._logits_name = tensors.logits
+        # None: the graph counts each row's positions from its mask
+        self._position_ids = contract.tensors.position_ids
         self._rows = 0
         self._lengths = np.zeros(0, np.int64)  # per row: its tokens in the cache
         self._keys: list[np.ndarray] = []
@@ -119,10 +118,12 @@ class SlotCache:
     def step(self, tokens: np.ndarray) -> np.ndarray:
         rows = self._rows
         lengths = self._lengths[:rows]
-        if int(lengths.max()) + 1 > self.columns:
-            self._reserve(rows, int(lengths.max()) + 1)
+        needed = int(lengths.max()) + 1
+        if needed > self.columns:
+            self._reserve(rows, needed)
         self._ids[:rows, 0] = tokens
-        self._positions[:rows, 0] = lengths
+        if self._position_ids is not None:
+            self._positions[:rows, 0] = lengths
         self._mask[np.arange(rows), lengths] = 1  # the new token's column
         run = self._runs.get(rows)
         if run is None:
@@ -172,11 +173,11 @@ class SlotCache:
 
     def _bound(self, rows: int) -> Callable[[], None]:
         """The graph's run over the first ``rows`` rows of the current arrays."""
-        input_ids, attention_mask, position_ids = self._names
-        inputs = {input_ids: self._ids[:rows], attention_mask: self._mask[:rows]}
-        if position_ids is not None:  # else the graph counts them from the mask
-            inputs[position_ids] = self._positions[:rows]
-        outputs = {self._logits_name: self._logits[:rows]}
+        tensors = self._contract.tensors
+        inputs = {tensors.input_ids: self._ids[:rows], tensors.attention_mask: self._mask[:rows]}
+        if self._position_ids is not None:
+            inputs[self._position_ids] = self._positions[:rows]
+        outputs = {tensors.logits: self._logits[:rows]}
         for layer, ((past_key, past_value), (key, value)) in enumerate(
             zip(self._past, self._present, strict=True)
         ):
