@@ -20,6 +20,16 @@ The rules, in order:
    when ``max_wait_s`` has passed since the oldest request arrived, or when waiting any
    longer would make some gathered request miss its deadline given the expected run time.
 4. Otherwise the scheduler waits until the earliest of those moments, or a new arrival.
+5. *Company*: a request that finds the model idle moments after a batch of several rows
+   was answered (within ``COMPANY_WINDOW_S``) is planned ``COMPANY_TURNS`` turns of the
+   event loop later instead of in the next one (:func:`company_turns`). The callers just
+   answered are sending their next requests: one turn reads them from their sockets, the
+   next decodes them into the queue, so a closed loop of clients (RL actors, a load
+   generator) stays in one batch instead of splitting into groups that each pay a batch's
+   fixed cost. Gathering ends after the turn in which ``COMPANY_WAIT_S`` passed: when
+   turns take that long, many calls are being read and the batch fills anyway. A lone
+   caller (batches of one row) never waits, nor does a model idle for longer than the
+   window, nor a request whose deadline leaves less than that wait.
 
 Padding a batch to a warmed size is the model's business (GPU providers want it, the CPU
 does not): :func:`buckets_for` and :func:`bucket` give the sizes it warms and pads to.
@@ -121,6 +131,21 @@ def _release_time(
         oldest = min(oldest, queue[i].enqueued_at)
         tightest = min(tightest, queue[i].deadline)
     return min(oldest + limits.max_wait_s, tightest - expected_run_s)
+
+
+COMPANY_TURNS = 3  # turns of the event loop from an arrival to its plan (1: the next turn)
+COMPANY_WINDOW_S = 0.002  # how recently a batch of several rows was answered
+COMPANY_WAIT_S = 0.001  # gathering stops after the turn that passes this
+
+
+def company_turns(answered_rows: int, since_answered_s: float, slack_s: float) -> int:
+    """Rule 5: in which turn of the event loop to plan a batch for a model that was idle,
+    ``since_answered_s`` after the last batch, of ``answered_rows`` rows, was answered;
+    ``slack_s``: how long the arriving request can wait and still be run by its deadline."""
+    recent = answered_rows > 1 and since_answered_s < COMPANY_WINDOW_S
+    if recent and slack_s > COMPANY_WAIT_S:
+        return COMPANY_TURNS
+    return 1
 
 
 def admission_wait_s(rows_ahead: int, rows: int, seconds_per_row: float) -> float:

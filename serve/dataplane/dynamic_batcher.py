@@ -10,7 +10,9 @@ Whenever the model is idle and something changed, the scheduler asks
 ``serve.dataplane.batching.plan`` what to do with the head of the queue and does it: a
 request that finds the model idle runs at once, together with whatever arrived in the same
 turn of the event loop; rows that arrive while a batch runs form the next batch, released
-when the running one ends. One batch runs at a time per model.
+when the running one ends. Moments after a batch of several rows was answered, the plan
+lets two more turns pass, in which the callers just answered send again and join
+(``batching.company_turns``). One batch runs at a time per model.
 
 A batch runs inline on the event loop while batches are cheap, on the scheduler's thread
 when they are not (``batching.RunTimes``, from measured run times). While a backlog waits,
@@ -32,6 +34,8 @@ move between phases goes through ``_enter``, which checks it against ``TRANSITIO
 
     from        what happens                               to
     IDLE        a request arrives                          PLANNING
+                one arrives moments after a batch of rows  GATHERING
+    GATHERING   its turns passed; a full batch; stop       PLANNING
     PLANNING    the plan releases a batch                  RUNNING
                 the plan waits for company (max_wait_ms)   WAITING
                 only expired requests left the queue       PLANNING
@@ -42,7 +46,7 @@ move between phases goes through ``_enter``, which checks it against ``TRANSITIO
                 the batch ends, rows wait, a hold          HELD
                 the batch ends, nothing is queued          IDLE
     HELD        resume or stop                             PLANNING, or IDLE if none queued
-    IDLE, PLANNING, WAITING: hold                          HELD
+    IDLE, PLANNING, WAITING, GATHERING: hold               HELD
 
 A hold arriving while a batch runs lets it finish; the scheduler is HELD when it ends.
 Stopping runs what is queued (a hold included) without waiting for fuller batches.
@@ -64,12 +68,14 @@ from serve.config import ModelSettings
 from serve.dataplane import split
 from serve.dataplane.batch_run import Execution, deliver, execute, lost, settle
 from serve.dataplane.batching import (
+    COMPANY_WAIT_S,
     BatchLimits,
     DrainRate,
     RunTimes,
     Waiting,
     admission_wait_s,
     buckets_for,
+    company_turns,
     plan,
 )
 from serve.dataplane.messages import InferenceResponse, Prepared
@@ -106,6 +112,7 @@ class Phase(Enum):
     IDLE = "idle"  # nothing queued, nothing running
     PLANNING = "planning"  # a plan is due, in this turn of the event loop
     WAITING = "waiting"  # queued rows wait for company: a timer is set for their release
+    GATHERING = "gathering"  # the plan waits a few turns of the loop for callers just answered
     RUNNING = "running"  # a batch executes, inline or on the thread; arrivals queue
     HELD = "held"  # a hold: queued rows wait for resume or stop, nothing is planned
 
@@ -115,14 +122,18 @@ class Phase(Enum):
 
 
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    Phase.IDLE: frozenset({Phase.PLANNING, Phase.HELD}),
+    Phase.IDLE: frozenset({Phase.PLANNING, Phase.GATHERING, Phase.HELD}),
     Phase.PLANNING: frozenset(
         {Phase.RUNNING, Phase.WAITING, Phase.PLANNING, Phase.IDLE, Phase.HELD}
     ),
     Phase.WAITING: frozenset({Phase.PLANNING, Phase.HELD}),
+    Phase.GATHERING: frozenset({Phase.PLANNING, Phase.HELD}),
     Phase.RUNNING: frozenset({Phase.PLANNING, Phase.HELD, Phase.IDLE}),
     Phase.HELD: frozenset({Phase.PLANNING, Phase.IDLE}),
 }
+
+
+_PLAN_PENDING = frozenset({Phase.IDLE, Phase.PLANNING, Phase.WAITING, Phase.GATHERING})
 
 
 class _Refused(Enum):
@@ -160,6 +171,8 @@ class _Pace:
     run_times: RunTimes
     drain: DrainRate
     backlogged: bool = False  # rows were waiting when the last batch ended
+    answered_rows: int = 0  # the last batch's rows
+    answered_at: float = -math.inf  # when it ended (monotonic s)
     chain_until: float = 0.0  # inline batches may follow each other until then
 
     def row_s(self, max_batch_size: int) -> float:
@@ -280,7 +293,7 @@ class DynamicBatchScheduler:
         future: asyncio.Future[InferenceResponse] = self._loop.create_future()
         self._queue.append(Ticket(prepared, time.monotonic(), version, future))
         self._deadlines.watch(self._loop, prepared.deadline)
-        self._arrived()
+        self._arrived(prepared.deadline)
         return future
 
     # ------------------------------------------------------------------ control
@@ -293,7 +306,7 @@ class DynamicBatchScheduler:
 
     def hold(self) -> None:
         self.held = True
-        if self._holding() and self.phase in (Phase.IDLE, Phase.PLANNING, Phase.WAITING):
+        if self._holding() and self.phase in _PLAN_PENDING:
             self._cancel_alarm()
             self._enter(Phase.HELD)
 
@@ -315,12 +328,22 @@ class DynamicBatchScheduler:
         """Whether a hold keeps queued rows from running (stopping runs them anyway)."""
         return self.held and self.life is not Life.STOPPING
 
-    def _arrived(self) -> None:
-        """IDLE -> PLANNING; WAITING -> PLANNING once the queue holds a full batch. The plan
-        comes after the requests that arrived with this one have joined the queue."""
+    def _arrived(self, deadline: float) -> None:
+        """IDLE -> PLANNING or GATHERING (``company_turns``); WAITING or GATHERING ->
+        PLANNING once the queue holds a full batch. The plan comes after the requests that
+        arrived with this one have joined the queue."""
         if self.phase is Phase.IDLE:
-            self._plan_soon()
-        elif self.phase is Phase.WAITING and self._queue.rows >= self.limits.max_batch_size:
+            pace, now = self.pace, time.monotonic()
+            slack_s = deadline - now - pace.run_times.expected_s
+            turns = company_turns(pace.answered_rows, now - pace.answered_at, slack_s)
+            if turns > 1:
+                self._gather(turns)
+            else:
+                self._plan_soon()
+        elif (
+            self.phase in (Phase.WAITING, Phase.GATHERING)
+            and self._queue.rows >= self.limits.max_batch_size
+        ):
             self._cancel_alarm()
             self._plan_soon()
 
@@ -336,6 +359,21 @@ class DynamicBatchScheduler:
         self._enter(Phase.PLANNING)
         self._alarm = self._loop.call_soon(self._due)
 
+    def _gather(self, turns: int) -> None:
+        assert self._loop is not None
+        self._enter(Phase.GATHERING)
+        until = time.monotonic() + COMPANY_WAIT_S
+        self._alarm = self._loop.call_soon(self._turned, turns, until)
+
+    def _turned(self, left: int, until: float) -> None:
+        """GATHERING: a turn of the event loop has passed; plan in the last one, or once
+        ``COMPANY_WAIT_S`` passed (a busy loop's turns are long: reading is under way)."""
+        assert self._loop is not None
+        if left > 1 and time.monotonic() < until:
+            self._alarm = self._loop.call_soon(self._turned, left - 1, until)
+        else:
+            self._due()
+
     def _wait(self, wait_s: float) -> None:
         assert self._loop is not None
         self._enter(Phase.WAITING)
@@ -347,10 +385,11 @@ class DynamicBatchScheduler:
             self._alarm = None
 
     def _due(self) -> None:
-        """The event loop's call for a due plan (PLANNING, or WAITING's timer)."""
+        """The event loop's call for a due plan (PLANNING, WAITING's timer, GATHERING's
+        last turn)."""
         self._alarm = None
         self.pace.chain_until = time.monotonic() + CHAIN_S
-        if self.phase is Phase.WAITING:
+        if self.phase is not Phase.PLANNING:
             self._enter(Phase.PLANNING)
         self._plan()
 
@@ -425,6 +464,7 @@ class DynamicBatchScheduler:
         """RUNNING -> PLANNING, HELD or IDLE: answer the batch's requests; True when the
         next batch is to be planned at once (inline batches back to back, ``CHAIN_S``)."""
         self._batch = _NO_BATCH
+        self.pace.answered_rows, self.pace.answered_at = execution.rows, execution.finished
         run_s = execution.finished - execution.started
         self.pace.run_times.add(execution.rows, run_s, inline=execution.inline)
         deliver(execution, self._sinks, self.limits.max_batch_size)
@@ -479,7 +519,7 @@ class DynamicBatchScheduler:
             self.life = Life.STOPPING
         if self.phase is Phase.HELD:
             self._after_hold()
-        elif self.phase is Phase.WAITING:  # stopping waits for no company
+        elif self.phase in (Phase.WAITING, Phase.GATHERING):  # stopping waits for no company
             self._cancel_alarm()
             self._plan_soon()
         if self.life is Life.STOPPING and (self._queue or self.phase is Phase.RUNNING):

@@ -3,6 +3,9 @@
 import pytest
 
 from serve.dataplane.batching import (
+    COMPANY_TURNS,
+    COMPANY_WAIT_S,
+    COMPANY_WINDOW_S,
     BatchLimits,
     DrainRate,
     Plan,
@@ -11,6 +14,7 @@ from serve.dataplane.batching import (
     admission_wait_s,
     bucket,
     buckets_for,
+    company_turns,
     plan,
 )
 
@@ -80,6 +84,18 @@ def test_an_empty_queue_plans_nothing() -> None:
 def test_without_max_wait_a_lone_request_goes_at_once() -> None:
     decision = plan([waiting(1, at=0.0)], now=0.0, limits=NO_WAIT, expected_run_s=0.001)
     assert decision == Plan(expired=(), take=(0,), wait_s=0.0)
+
+
+def test_an_arrival_just_after_a_batch_of_several_rows_is_planned_turns_later() -> None:
+    assert COMPANY_TURNS > 1
+    assert company_turns(8, since_answered_s=0.0003, slack_s=1.0) == COMPANY_TURNS
+
+
+def test_a_lone_caller_an_idle_model_and_a_tight_deadline_are_planned_in_the_next_turn() -> None:
+    assert company_turns(1, since_answered_s=0.0003, slack_s=1.0) == 1  # batches of one row
+    assert company_turns(8, since_answered_s=COMPANY_WINDOW_S, slack_s=1.0) == 1
+    assert company_turns(0, since_answered_s=float("inf"), slack_s=1.0) == 1  # never ran
+    assert company_turns(8, since_answered_s=0.0003, slack_s=COMPANY_WAIT_S / 2) == 1
 
 
 def test_a_batch_never_mixes_versions() -> None:

@@ -371,6 +371,65 @@ async def test_stopping_does_not_wait_out_max_wait_for_rows_already_waiting() ->
     assert not cycle.scheduler.alive
 
 
+async def turns_until(condition: Any, limit: int = 10) -> int:
+    """How many turns of the event loop pass before ``condition()`` holds."""
+    for turn in range(limit):
+        if condition():
+            return turn
+        await asyncio.sleep(0)
+    raise AssertionError(f"not within {limit} turns")
+
+
+async def test_callers_answered_together_are_gathered_again_into_one_batch() -> None:
+    model = EchoModel()
+    cycle = lifecycle(model, max_batch_size=8)
+    scheduler = rows_scheduler(cycle)
+    await asyncio.gather(*(submit(cycle, [float(i)]) for i in range(4)))
+    assert model.batches == [4]
+    # The four callers send again, but one turn of the event loop apart each: without
+    # gathering the first would run alone.
+    again = [submit(cycle, [1.0])]
+    assert scheduler.phase is Phase.GATHERING
+    for i in range(3):
+        await asyncio.sleep(0)
+        again.append(submit(cycle, [float(i)]))
+    await asyncio.gather(*again)
+    await scheduler.stop()
+    assert model.batches == [4, 3, 1]  # only the last came after the gathering's turns
+
+
+async def test_a_lone_caller_is_not_kept_waiting_for_company() -> None:
+    model = EchoModel()
+    cycle = lifecycle(model, max_batch_size=8)
+    scheduler = rows_scheduler(cycle)
+    await submit(cycle, [1.0])
+    nxt = submit(cycle, [2.0])
+    assert scheduler.phase is Phase.PLANNING  # batches of one row: no gathering
+    assert await turns_until(nxt.done) <= 2
+    await scheduler.stop()
+
+
+async def test_a_full_batch_ends_the_gathering_and_a_hold_or_stop_interrupts_it() -> None:
+    model = EchoModel()
+    cycle = lifecycle(model, max_batch_size=2)
+    scheduler = rows_scheduler(cycle)
+    await asyncio.gather(submit(cycle, [1.0]), submit(cycle, [2.0]))
+    first = submit(cycle, [3.0])
+    assert scheduler.phase is Phase.GATHERING
+    second = submit(cycle, [4.0])
+    assert scheduler.phase is Phase.PLANNING  # full: planned in the next turn
+    await asyncio.gather(first, second)
+    assert model.batches == [2, 2]
+    held = submit(cycle, [5.0])
+    assert scheduler.phase is Phase.GATHERING
+    scheduler.hold()
+    assert scheduler.phase is Phase.HELD
+    await asyncio.sleep(0.01)
+    assert not held.done()
+    await asyncio.wait_for(scheduler.stop(), 1)
+    assert held.result().outputs == {"y": [10.0]}
+
+
 async def test_the_phase_says_what_the_scheduler_does_with_its_queue() -> None:
     cycle = lifecycle(EchoModel(run_s=0.2), max_wait_ms=20, inline_max_ms=0)
     scheduler = cycle.scheduler
