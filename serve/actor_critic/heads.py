@@ -36,6 +36,12 @@ from serve.types import OutputKind, Outputs, PredictOptions
 PARAMETER_ROLES = (TensorRole.LOGITS, TensorRole.MEAN, TensorRole.LOG_STD)
 
 
+def _alike(requests: Sequence[Prepared]) -> bool:
+    """The batch's requests share one options object, without a seed or actions to score."""
+    first = requests[0].options
+    return first.seed is None and all(r.options is first and r.evaluate is None for r in requests)
+
+
 def needs_distribution(options: PredictOptions) -> bool:
     """Whether a request's rows need the distribution: to sample, or for log-probs."""
     return not options.deterministic or OutputKind.LOG_PROBS in options.outputs
@@ -59,27 +65,38 @@ class PolicyHeads:
         self._squashed = self._kind is DistributionKind.SQUASHED_DIAG_GAUSSIAN
         self._clip = self._bounds is not None and contract.preprocessing.action_clip
         self._rng = np.random.default_rng()  # used by one batch at a time
+        carried = {"values": self._value, "q_values": self._q_values, **self.parameters}
+        carried["state"] = self._next_state
+        self._carried = tuple((role, name) for role, name in carried.items() if name is not None)
+        # the graph outputs passed on as they are, by role
+
+    @property
+    def action_outputs(self) -> tuple[str, ...]:
+        """The graph outputs a batch that wants only deterministic actions needs: the action,
+        and a recurrent policy's next memory."""
+        return (self._action,) if self._next_state is None else (self._action, self._next_state)
 
     def __call__(self, graph: Outputs, requests: Sequence[Prepared]) -> Outputs:
+        """The batch's outputs by role. ``graph`` holds every output of the graph, or, for a
+        batch ``answered_by_graph``, at least ``action_outputs``."""
         outputs = {"actions": graph[self._action]}
-        if self._value is not None:
-            outputs["values"] = graph[self._value]
-        if self._q_values is not None:
-            outputs["q_values"] = graph[self._q_values]
-        for role, name in self.parameters.items():
-            outputs[role] = graph[name]
-        if self._next_state is not None:
-            outputs["state"] = graph[self._next_state]
+        for role, name in self._carried:
+            if name in graph:
+                outputs[role] = graph[name]
         if not self.stochastic:
             return outputs  # the policy refused every request that needed a distribution
         first = requests[0].options
-        alike = first.seed is None and all(
-            r.options is first and r.evaluate is None for r in requests
-        )
+        alike = _alike(requests)
         if alike and not needs_distribution(first):
             return outputs  # the graph's actions are the answer
         self._stochastic(outputs, requests, uniform=alike)
         return outputs
+
+    def answered_by_graph(self, requests: Sequence[Prepared]) -> bool:
+        """Whether the batch's actions are the graph's own: nothing sampled, no log-prob."""
+        if not self.stochastic:
+            return True
+        return _alike(requests) and not needs_distribution(requests[0].options)
 
     def _stochastic(self, outputs: Outputs, requests: Sequence[Prepared], *, uniform: bool) -> None:
         """Sampled actions and log-probs for every row. A batch whose requests share one

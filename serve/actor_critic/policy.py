@@ -7,12 +7,21 @@ Built once per loaded version: the contract's compiled observation validator
 (``serve.actor_critic.validation``) checks requests on the event loop; a batch runs the
 graph once and the policy heads (``serve.actor_critic.heads``) once over all its rows; each
 request's answer is then a slice of those outputs.
+
+On the CPU a version also keeps its graph cut to the deterministic action
+(:func:`action_session`, ``serve.dataplane.graph_cut``): a batch that wants only the
+graph's actions runs it, leaving out the critic and the distribution's parameters, whose
+weights a small policy's run at batch 1 would spend most of its time reading. The cut is
+served only once its outputs equal the whole graph's, bit for bit, on the golden vectors at
+every warmed batch size.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -24,15 +33,20 @@ from serve.actor_critic.memory import MemoryInputs
 from serve.actor_critic.validation import ObservationValidator, predict_options
 from serve.contract import PolicyContract, TensorRole
 from serve.dataplane.batching import bucket, buckets_for
+from serve.dataplane.graph_cut import cut_to
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceRequest, Prepared, SequenceStep
-from serve.dataplane.runtime import CPU, Session
-from serve.errors import InvalidInput
+from serve.dataplane.runtime import CPU, Execution, Session, create_session
+from serve.errors import InvalidInput, one_line
 from serve.spaces import ObservationBounds, parse_observations
 from serve.types import Answer, OutputKind, Outputs, PredictOptions
 
 if TYPE_CHECKING:
-    from serve.config import FeatureView
+    from serve.config import FeatureView, Settings
+
+log = logging.getLogger("rlserve.policy")
+
+_ACTIONS_ONLY = frozenset({OutputKind.ACTIONS})
 
 
 class ActorCriticPolicy:
@@ -49,12 +63,14 @@ class ActorCriticPolicy:
         *,
         observation_bounds: ObservationBounds,
         features: FeatureView | None = None,
+        actions: Session | None = None,
     ) -> None:
         self.name, self.version, self.contract, self.sha256 = name, version, contract, sha256
         self.features = features  # its own features view (None: its model's, if any)
         self.provider_report = session.report
         self.provider = session.report.primary
         self._session = session
+        self._actions = actions  # the graph cut to action_outputs (action_session), if any
         self._observations = ObservationValidator(contract, bounds=observation_bounds)
         self._heads = PolicyHeads(contract)
         mask = contract.action_mask
@@ -165,12 +181,21 @@ class ActorCriticPolicy:
     def execute(self, inputs: dict[str, np.ndarray], requests: Sequence[Prepared]) -> Outputs:
         rows = sum(r.rows for r in requests)
         size = rows if self.batch_sizes is None else bucket(rows, self.batch_sizes)
+        session = self._session
+        if self._actions is not None and self._actions_only(requests):
+            session = self._actions
         if size == rows:
-            graph = self._session.run(inputs)
+            graph = session.run(inputs)
         else:
-            padded = self._session.run({n: _fill(a, size) for n, a in inputs.items()})
+            padded = session.run({n: _fill(a, size) for n, a in inputs.items()})
             graph = {name: values[:rows] for name, values in padded.items()}
         return self._heads(graph, requests)
+
+    def _actions_only(self, requests: Sequence[Prepared]) -> bool:
+        """Whether the batch needs nothing of the graph but its actions (and next memory)."""
+        return all(
+            r.options.outputs == _ACTIONS_ONLY for r in requests
+        ) and self._heads.answered_by_graph(requests)
 
     def respond(self, request: Prepared, outputs: Outputs, start: int) -> Answer:
         rows = slice(start, start + request.rows)
@@ -198,9 +223,33 @@ class ActorCriticPolicy:
             feeds = {k: _fill(v, size) for k, v in golden.items()}
             self._session.run(feeds)  # the first run of a size pays one-off costs
             started = time.perf_counter()
-            self._session.run(feeds)
+            whole = self._session.run(feeds)
             seconds[size] = time.perf_counter() - started
+            if self._actions is not None:
+                self._check_cut(feeds, whole, size)
         return seconds
+
+    def _check_cut(self, feeds: dict[str, np.ndarray], whole: Outputs, size: int) -> None:
+        """Warm the cut graph on ``feeds``; stop using it unless it gives ``whole``'s outputs
+        bit for bit."""
+        assert self._actions is not None
+        self._actions.run(feeds)  # its first run of the size pays one-off costs
+        cut = self._actions.run(feeds)
+        differ = [
+            name
+            for name in self._heads.action_outputs
+            if not np.array_equal(cut[name], whole[name], equal_nan=cut[name].dtype.kind == "f")
+        ]
+        if differ:
+            log.warning(
+                "%s/%s: the graph cut to its actions gives other %s than the whole graph at "
+                "batch size %d; every batch runs the whole graph",
+                self.name,
+                self.version,
+                differ,
+                size,
+            )
+            self._actions = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -208,6 +257,7 @@ class ActorCriticPolicy:
             "kind": self.contract.kind,
             "sha256": self.sha256,
             "provider": self.provider,
+            "actions_graph": "whole" if self._actions is None else "cut",
             "contract": self.contract.model_dump(mode="json", by_alias=True),
         }
 
@@ -226,3 +276,23 @@ def _fill(array: np.ndarray, rows: int) -> np.ndarray:
     if len(array) == rows:
         return array
     return array[np.minimum(np.arange(rows), len(array) - 1)]
+
+
+def action_session(
+    path: Path, contract: PolicyContract, session: Session, settings: Settings, origin: str
+) -> Session | None:
+    """A session over the version's graph cut to what actions-only batches need, for a
+    version served on the CPU; None on a GPU provider (the critic costs next to nothing
+    there) or when the cut would leave nothing out. It holds the actor's weights a second
+    time."""
+    if session.execution is not Execution.RUN or session.report.primary != CPU:
+        return None
+    heads = PolicyHeads(contract)
+    try:
+        cut = cut_to(path, heads.action_outputs)
+    except Exception as exc:  # onnx raises assorted types for graphs it cannot read
+        log.warning("%s: its graph cannot be cut to its actions (%s)", origin, one_line(exc))
+        return None
+    if cut is None:
+        return None
+    return create_session(cut, settings, f"{origin} (actions only)", execution=Execution.RUN)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import cast
 
 from serve import contract
-from serve.actor_critic.policy import ActorCriticPolicy
+from serve.actor_critic.policy import ActorCriticPolicy, action_session
 from serve.config import (
     FeatureView,
     ModelSettings,
@@ -206,6 +206,7 @@ def load_file(
         model.max_batch_size,
         observation_bounds=model.observation_bounds,
         features=own_view,
+        actions=action_session(path, policy_contract, session, settings, origin),
     )
     timings = loaded.warm_up(buckets_for(model.max_batch_size))
     log.info(
