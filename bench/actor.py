@@ -5,7 +5,8 @@
 For every step the actor POSTs the observation to ``/predict`` and steps the env with the
 returned action, resetting when an episode ends: the loop of an RL actor that keeps its
 policy on a server. ``policy`` uses the project's client (``serve.client.PolicyClient``);
-``http`` a bare ``http.client`` keep-alive connection, so the client's own cost shows;
+``http`` the standard library's ``http.client`` on a keep-alive connection, so what each
+client costs per step shows;
 ``lane`` the server's local lane (``--lane PATH``: arrays in shared memory, no HTTP).
 Prints one JSON line: client, steps, seconds, steps_per_s, episodes, warmup_steps.
 """

@@ -276,8 +276,9 @@ def _actor_section(results: Results) -> str:
         "One Python process on core 1 steps one CartPole-v1 env with actions from rlserve "
         "serve (core 0, cartpole model), one request per step, resetting when an episode "
         "ends (`bench/actor.py`). *policy* is the project's client (`serve.client."
-        "PolicyClient`); *http* a bare `http.client` keep-alive connection: the client's "
-        "own cost is the difference.",
+        "PolicyClient`, its own HTTP/1.1 connection parsed by httptools); *http* the "
+        "standard library's `http.client` on a keep-alive connection, encoding with orjson: "
+        "the difference is what each client costs the actor per step.",
         "",
         "| client | env steps/s | steps | episodes | server CPU µs/step |",
         "|---|---:|---:|---:|---:|",

