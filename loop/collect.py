@@ -41,7 +41,6 @@ was the cause; the iteration's records were not stored when the buffer was).
 
 from __future__ import annotations
 
-import http.client
 import os
 import random
 import secrets
@@ -187,7 +186,7 @@ def transient(error: BaseException) -> bool:
     starting or stopping."""
     if isinstance(error, RequestFailed):
         return error.status in TRANSIENT_STATUSES
-    return isinstance(error, OSError | http.client.HTTPException)
+    return isinstance(error, OSError)  # the client's connection errors are OSErrors
 
 
 class Backoff:
@@ -388,7 +387,7 @@ class RolloutWorker:
                     )
                     self.counters.requests += 1
                     return answer
-                except (RequestFailed, OSError, http.client.HTTPException) as error:
+                except (RequestFailed, OSError) as error:
                     if not transient(error):
                         raise self._refused(error) from error
                     self.counters.predict_retries += 1

@@ -29,6 +29,10 @@ class ConnectionClosed(ConnectionResetError):
     closed while idle, when the answer has not begun)."""
 
 
+class UnreadableAnswer(ConnectionError):
+    """The server's answer is not HTTP/1.1 that httptools can read."""
+
+
 @dataclass(frozen=True)
 class Answer:
     status: int
@@ -110,7 +114,12 @@ class Connection:
                     else "the server closed the connection without answering"
                 )
             parsed.received += len(block)
-            parser.feed_data(block)
+            try:
+                parser.feed_data(block)
+            except httptools.HttpParserError as exc:
+                raise UnreadableAnswer(
+                    f"the server's answer is not readable HTTP/1.1: {exc}"
+                ) from None
         if not parsed.keep_alive:
             self.close()
         status = parser.get_status_code()

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from serve.client_connection import Connection, ConnectionClosed
+from serve.client_connection import Connection, ConnectionClosed, UnreadableAnswer
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -29,6 +29,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         elif self.path == "/closing":
             self.close_connection = True
             self._answer(200, b"ok", {"Content-Length": "2", "Connection": "close"})
+        elif self.path == "/garbage":
+            self.close_connection = True
+            self.wfile.write(b"NOT HTTP AT ALL\r\n\r\n")
         elif self.path == "/hang-up":
             self.close_connection = True  # no answer at all
 
@@ -46,7 +49,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def port() -> Iterator[int]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
     yield server.server_address[1]
     server.shutdown()
     server.server_close()
@@ -81,4 +84,11 @@ def test_a_server_that_hangs_up_without_answering_is_told_apart(port: int) -> No
     connection = Connection("127.0.0.1", port, tls=False, timeout_s=5)
     with pytest.raises(ConnectionClosed, match="without answering"):
         connection.exchange("POST", "/hang-up", {}, b"x")
+    connection.close()
+
+
+def test_an_answer_that_is_not_http_is_an_unreadable_answer(port: int) -> None:
+    connection = Connection("127.0.0.1", port, tls=False, timeout_s=5)
+    with pytest.raises(UnreadableAnswer, match=r"not readable HTTP/1\.1"):
+        connection.exchange("POST", "/garbage", {}, b"x")
     connection.close()
