@@ -379,7 +379,10 @@ def test_bad_requests_are_told_what_is_wrong(server, path, body, status, words) 
 def test_a_deadline_that_passes_mid_stream_ends_it_with_an_error_event(server: Server) -> None:
     with busy_decoding(server.url, MODEL), httpx.stream(  # it cannot finish within 60 ms
         "POST", f"{server.url}/v1/models/{MODEL}/generate",
-        json={"prompt": "The", **LONG, "max_new_tokens": 250, "seed": 3, "stream": True},
+        json={
+            "prompt": "The", **LONG, "max_new_tokens": 250, "ignore_eos": True, "seed": 3,
+            "stream": True,
+        },  # all 250 tokens: a sampled end of sequence would end it early on a fast machine
         headers={"X-Request-Timeout-Ms": "60"}, timeout=30,
     ) as answer:  # fmt: skip
         assert answer.status_code == 200  # it started in time
