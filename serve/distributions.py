@@ -17,6 +17,7 @@ Computation is in float64 and results are returned as float32, the policies' pre
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -68,6 +69,11 @@ def _sample_index(log_p: np.ndarray, uniform: np.ndarray) -> np.ndarray:
 class Categorical:
     logits: np.ndarray  # [B, n]
 
+    @functools.cached_property
+    def _log_p(self) -> np.ndarray:
+        """The log-probabilities, once for sampling and scoring alike."""
+        return _log_softmax(self.logits)
+
     def mode(self) -> np.ndarray:
         return self.logits.argmax(axis=-1).astype(np.int64)
 
@@ -75,7 +81,7 @@ class Categorical:
         return rng.random((rows, 1))
 
     def sample_with(self, noise: np.ndarray) -> np.ndarray:
-        return _sample_index(_log_softmax(self.logits), noise)
+        return _sample_index(self._log_p, noise)
 
     def sample(self, rng: np.random.Generator) -> np.ndarray:
         return self.sample_with(self.draw(rng, len(self.logits)))
@@ -84,9 +90,9 @@ class Categorical:
         return Categorical(self.logits[rows])
 
     def log_prob(self, actions: np.ndarray) -> np.ndarray:
-        log_p = _log_softmax(self.logits)
-        picked = np.take_along_axis(log_p, actions.astype(np.int64).reshape(-1, 1), axis=-1)
-        return picked[:, 0].astype(np.float32)
+        taken = actions.astype(np.int64).reshape(-1)
+        picked = self._log_p[np.arange(len(taken)), taken]  # each row's own action
+        return picked.astype(np.float32)
 
 
 @dataclass(frozen=True)
