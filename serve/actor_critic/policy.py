@@ -70,7 +70,8 @@ class ActorCriticPolicy:
         self.provider_report = session.report
         self.provider = session.report.primary
         self._session = session
-        self._actions = actions  # the graph cut to action_outputs (action_session), if any
+        self._cut = actions  # the graph cut to action_outputs (action_session), if any
+        self._actions: Session | None = None  # the cut, once warm_up found it exact
         self._observations = ObservationValidator(contract, bounds=observation_bounds)
         self._heads = PolicyHeads(contract)
         mask = contract.action_mask
@@ -217,24 +218,26 @@ class ActorCriticPolicy:
         return answer
 
     def warm_up(self, sizes: Sequence[int]) -> dict[int, float]:
+        """Run every batch size once warm (the seconds each took); the graph cut to the
+        actions is served from then on if it gave the whole graph's outputs at each."""
         golden = self.contract.golden_feeds(self.contract.golden[0])
         seconds = {}
+        exact = self._cut is not None
         for size in sizes:
             feeds = {k: _fill(v, size) for k, v in golden.items()}
             self._session.run(feeds)  # the first run of a size pays one-off costs
             started = time.perf_counter()
             whole = self._session.run(feeds)
             seconds[size] = time.perf_counter() - started
-            if self._actions is not None:
-                self._check_cut(feeds, whole, size)
+            exact = exact and self._cut_gives(whole, feeds, size)
+        self._actions = self._cut if exact else None
         return seconds
 
-    def _check_cut(self, feeds: dict[str, np.ndarray], whole: Outputs, size: int) -> None:
-        """Warm the cut graph on ``feeds``; stop using it unless it gives ``whole``'s outputs
-        bit for bit."""
-        assert self._actions is not None
-        self._actions.run(feeds)  # its first run of the size pays one-off costs
-        cut = self._actions.run(feeds)
+    def _cut_gives(self, whole: Outputs, feeds: dict[str, np.ndarray], size: int) -> bool:
+        """Whether the cut graph, warmed on ``feeds``, gives ``whole``'s outputs bit for bit."""
+        assert self._cut is not None
+        self._cut.run(feeds)  # its first run of the size pays one-off costs
+        cut = self._cut.run(feeds)
         differ = [
             name
             for name in self._heads.action_outputs
@@ -249,7 +252,7 @@ class ActorCriticPolicy:
                 differ,
                 size,
             )
-            self._actions = None
+        return not differ
 
     def describe(self) -> dict[str, Any]:
         return {

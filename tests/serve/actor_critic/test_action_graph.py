@@ -90,6 +90,7 @@ def test_a_cut_that_gives_other_actions_is_not_served(
         observation_bounds=settings.for_model({}).observation_bounds,
         actions=wrong,
     )
+    assert policy.describe()["actions_graph"] == "whole"  # not before warm_up checked it
     with caplog.at_level(logging.WARNING, logger="rlserve.policy"):
         policy.warm_up([1, 8])
     assert policy.describe()["actions_graph"] == "whole"
