@@ -104,6 +104,12 @@ class PolicyHeads:
         done in whole-batch operations; otherwise rows are sorted out request by request."""
         params = {role: outputs[role] for role in self.parameters}
         dist = distributions.build(self._kind, params, self._nvec)
+        if uniform and not requests[0].options.deterministic:  # every row sampled, one draw
+            actions = dist.sample_with(dist.draw(self._rng, len(outputs["actions"])))
+            graph_actions = outputs["actions"]
+            outputs["actions"] = self._to_env(actions).astype(graph_actions.dtype, copy=False)
+            outputs["log_probs"] = dist.log_prob(actions.astype(np.float64))
+            return
         taken = dist.mode().astype(np.float64)
         rows = len(taken)
         sampled = np.full(rows, uniform and not requests[0].options.deterministic)
