@@ -42,6 +42,13 @@ def _alike(requests: Sequence[Prepared]) -> bool:
     return first.seed is None and all(r.options is first and r.evaluate is None for r in requests)
 
 
+def action_outputs(contract: PolicyContract) -> tuple[str, ...]:
+    """The graph outputs a batch that wants only deterministic actions needs: the action,
+    and a recurrent policy's next memory."""
+    roles = (TensorRole.ACTION, TensorRole.NEXT_STATE)
+    return tuple(o.name for role in roles for o in contract.outputs if o.role == role)
+
+
 def needs_distribution(options: PredictOptions) -> bool:
     """Whether a request's rows need the distribution: to sample, or for log-probs."""
     return not options.deterministic or OutputKind.LOG_PROBS in options.outputs
@@ -65,16 +72,11 @@ class PolicyHeads:
         self._squashed = self._kind is DistributionKind.SQUASHED_DIAG_GAUSSIAN
         self._clip = self._bounds is not None and contract.preprocessing.action_clip
         self._rng = np.random.default_rng()  # used by one batch at a time
+        self.action_outputs = action_outputs(contract)
         carried = {"values": self._value, "q_values": self._q_values, **self.parameters}
         carried["state"] = self._next_state
         self._carried = tuple((role, name) for role, name in carried.items() if name is not None)
         # the graph outputs passed on as they are, by role
-
-    @property
-    def action_outputs(self) -> tuple[str, ...]:
-        """The graph outputs a batch that wants only deterministic actions needs: the action,
-        and a recurrent policy's next memory."""
-        return (self._action,) if self._next_state is None else (self._action, self._next_state)
 
     def __call__(self, graph: Outputs, requests: Sequence[Prepared]) -> Outputs:
         """The batch's outputs by role. ``graph`` holds every output of the graph, or, for a
@@ -83,17 +85,14 @@ class PolicyHeads:
         for role, name in self._carried:
             if name in graph:
                 outputs[role] = graph[name]
-        if not self.stochastic:
-            return outputs  # the policy refused every request that needed a distribution
-        first = requests[0].options
-        alike = _alike(requests)
-        if alike and not needs_distribution(first):
-            return outputs  # the graph's actions are the answer
-        self._stochastic(outputs, requests, uniform=alike)
+        if self.answered_by_graph(requests):
+            return outputs
+        self._stochastic(outputs, requests, uniform=_alike(requests))
         return outputs
 
     def answered_by_graph(self, requests: Sequence[Prepared]) -> bool:
-        """Whether the batch's actions are the graph's own: nothing sampled, no log-prob."""
+        """Whether the batch's actions are the graph's own: nothing sampled, no log-prob
+        (always, for a deterministic policy: it refused every request that needed them)."""
         if not self.stochastic:
             return True
         return _alike(requests) and not needs_distribution(requests[0].options)
@@ -112,7 +111,7 @@ class PolicyHeads:
             return
         taken = dist.mode().astype(np.float64)
         rows = len(taken)
-        sampled = np.full(rows, uniform and not requests[0].options.deterministic)
+        sampled = np.zeros(rows, bool)  # a uniform batch here samples nothing (else: above)
         seeded: list[_Seeded] = []
         if not uniform:
             start = 0

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from serve.actor_critic import masks, memory
-from serve.actor_critic.heads import PolicyHeads, needs_distribution
+from serve.actor_critic.heads import PolicyHeads, action_outputs, needs_distribution
 from serve.actor_critic.masks import ActionMasks
 from serve.actor_critic.memory import MemoryInputs
 from serve.actor_critic.validation import ObservationValidator, predict_options
@@ -290,9 +290,8 @@ def action_session(
     time."""
     if session.execution is not Execution.RUN or session.report.primary != CPU:
         return None
-    heads = PolicyHeads(contract)
     try:
-        cut = cut_to(path, heads.action_outputs)
+        cut = cut_to(path, action_outputs(contract))
     except Exception as exc:  # onnx raises assorted types for graphs it cannot read
         log.warning("%s: its graph cannot be cut to its actions (%s)", origin, one_line(exc))
         return None

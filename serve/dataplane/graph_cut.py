@@ -30,7 +30,8 @@ def cut_to(model: Path, outputs: Sequence[str]) -> bytes | None:
     graph = proto.graph
     if any(a.type in _SUBGRAPHS for node in graph.node for a in node.attribute):
         return None
-    inputs = [i.name for i in graph.input if i.name not in {t.name for t in graph.initializer}]
+    weights = {t.name for t in graph.initializer}  # older exporters list them as inputs too
+    inputs = [i.name for i in graph.input if i.name not in weights]
     cut = Extractor(proto).extract_model(inputs, list(outputs))
     if len(cut.graph.node) == len(graph.node):
         return None
