@@ -34,10 +34,11 @@ The rules, in order:
 Padding a batch to a warmed size is the model's business (GPU providers want it, the CPU
 does not): :func:`buckets_for` and :func:`bucket` give the sizes it warms and pads to.
 
-Admission (:func:`admission_wait_s`): a request is refused at once (429) when the rows queued
-ahead of it would take longer to serve than its deadline allows, at the rate the queue has
-been measured to drain while it was backlogged (:class:`DrainRate`). A request that finds
-nothing ahead of it is always admitted.
+Admission (:func:`admission`): a request is refused at once (429) when it would overfill
+the queue, or when the rows queued ahead of it would take longer to serve than its deadline
+allows (:func:`admission_wait_s`), at the rate the queue has been measured to drain while
+it was backlogged (:class:`DrainRate`). A request that finds nothing ahead of it is
+admitted; a scheduler that is starting or stopping admits nothing (503).
 
 Where a batch runs is decided by :class:`RunTimes`: inline on the event loop while batches
 of its size have been measured to run under a threshold (a thread hop costs more than a
@@ -51,6 +52,7 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 # Waiting and Plan are made for every queued request at every plan: plain slotted classes,
 # as a frozen dataclass pays an object.__setattr__ per field (most of a lone request's plan).
@@ -146,6 +148,49 @@ def company_turns(answered_rows: int, since_answered_s: float, slack_s: float) -
     if recent and slack_s > COMPANY_WAIT_S:
         return COMPANY_TURNS
     return 1
+
+
+class Refused(Enum):
+    """Why a request is not admitted."""
+
+    STOPPED = "stopped"  # starting or shutting down
+    FULL = "full"  # max_queue_rows reached
+    LATE = "late"  # the rows ahead would make it miss its deadline
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """A model's rows queued and running, and how many may queue."""
+
+    queued: int
+    running: int
+    max_queued: int
+
+
+def admission(
+    backlog: Backlog,
+    rows: int,
+    budget_s: float,
+    seconds_per_row: float,
+    *,
+    serving: bool,
+    held: bool,
+) -> Refused | None:
+    """Admission: why a request of ``rows`` rows with ``budget_s`` left before its deadline
+    is refused now, or None when it is admitted. A scheduler that is not serving (starting
+    or stopping) admits nothing; a queue never holds more than ``max_queued`` rows; a held
+    model admits what fits, to wait for the resume within its deadline; otherwise the rows
+    ahead must be served within the budget at the measured drain rate."""
+    if not serving:
+        return Refused.STOPPED
+    if backlog.queued + rows > backlog.max_queued:
+        return Refused.FULL
+    if held:
+        return None
+    ahead = backlog.queued + backlog.running
+    if admission_wait_s(ahead, rows, seconds_per_row) > budget_s:
+        return Refused.LATE
+    return None
 
 
 def admission_wait_s(rows_ahead: int, rows: int, seconds_per_row: float) -> float:

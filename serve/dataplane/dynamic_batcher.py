@@ -69,10 +69,13 @@ from serve.dataplane import split
 from serve.dataplane.batch_run import Execution, deliver, execute, lost, settle
 from serve.dataplane.batching import (
     COMPANY_WAIT_S,
+    Backlog,
     BatchLimits,
     DrainRate,
+    Refused,
     RunTimes,
     Waiting,
+    admission,
     admission_wait_s,
     buckets_for,
     company_turns,
@@ -136,14 +139,6 @@ TRANSITIONS: dict[Phase, frozenset[Phase]] = {
 _PLAN_PENDING = frozenset({Phase.IDLE, Phase.PLANNING, Phase.WAITING, Phase.GATHERING})
 
 
-class _Refused(Enum):
-    """Why a request is not admitted."""
-
-    STOPPED = "stopped"  # starting or shutting down
-    FULL = "full"  # max_queue_rows reached
-    LATE = "late"  # the rows ahead would make it miss its deadline
-
-
 @dataclass(slots=True)
 class _Batch:
     """The batch that runs (in the RUNNING phase)."""
@@ -205,6 +200,41 @@ class _DeadlineTimer:
         self._expire()
 
 
+class _PlanCall:
+    """When the scheduler's next plan is called, one call at a time: in the next turn of the
+    event loop (PLANNING), after a few turns (GATHERING: planned in the last one, or once
+    ``until`` passed, as a busy loop's turns are long and reading is under way), or after a
+    wait (WAITING)."""
+
+    def __init__(self, due: Callable[[], None]) -> None:
+        self._due = due
+        self._handle: asyncio.Handle | None = None
+
+    def soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._handle = loop.call_soon(self._call)
+
+    def after_turns(self, loop: asyncio.AbstractEventLoop, turns: int, until: float) -> None:
+        self._handle = loop.call_soon(self._turned, loop, turns, until)
+
+    def later(self, loop: asyncio.AbstractEventLoop, wait_s: float) -> None:
+        self._handle = loop.call_later(wait_s, self._call)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _call(self) -> None:
+        self._handle = None
+        self._due()
+
+    def _turned(self, loop: asyncio.AbstractEventLoop, left: int, until: float) -> None:
+        if left > 1 and time.monotonic() < until:
+            self._handle = loop.call_soon(self._turned, loop, left - 1, until)
+        else:
+            self._call()
+
+
 class DynamicBatchScheduler:
     def __init__(
         self,
@@ -224,7 +254,7 @@ class DynamicBatchScheduler:
         self._sinks = tuple(sinks)
         self._queue = RowQueue()
         self._batch = _NO_BATCH
-        self._alarm: asyncio.Handle | None = None  # PLANNING or WAITING: the plan's call
+        self._plan_call = _PlanCall(self._due)
         self._deadlines = _DeadlineTimer(self._expire)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -262,19 +292,13 @@ class DynamicBatchScheduler:
         frontend asks for every call while the process is overloaded."""
         return self._refused(rows, deadline) is None
 
-    def _refused(self, rows: int, deadline: float) -> _Refused | None:
+    def _refused(self, rows: int, deadline: float) -> Refused | None:
         """Why ``rows`` rows due by ``deadline`` cannot be admitted now (None: they can)."""
-        if self.life is not Life.SERVING:
-            return _Refused.STOPPED
-        if self._queue.rows + rows > self.max_queue_rows:
-            return _Refused.FULL
-        if self.held:
-            return None  # requests wait for the resume, within their deadlines
-        ahead = self._queue.rows + self._batch.rows
+        queue = Backlog(self._queue.rows, self._batch.rows, self.max_queue_rows)
         row_s = self.pace.row_s(self.limits.max_batch_size)
-        if admission_wait_s(ahead, rows, row_s) > deadline - time.monotonic():
-            return _Refused.LATE
-        return None
+        budget_s = deadline - time.monotonic()
+        serving = self.life is Life.SERVING
+        return admission(queue, rows, budget_s, row_s, serving=serving, held=self.held)
 
     def _submit_parts(
         self, prepared: Prepared, version: int | None
@@ -307,7 +331,7 @@ class DynamicBatchScheduler:
     def hold(self) -> None:
         self.held = True
         if self._holding() and self.phase in _PLAN_PENDING:
-            self._cancel_alarm()
+            self._plan_call.cancel()
             self._enter(Phase.HELD)
 
     def resume(self) -> None:
@@ -344,7 +368,7 @@ class DynamicBatchScheduler:
             self.phase in (Phase.WAITING, Phase.GATHERING)
             and self._queue.rows >= self.limits.max_batch_size
         ):
-            self._cancel_alarm()
+            self._plan_call.cancel()
             self._plan_soon()
 
     def _after_hold(self) -> None:
@@ -357,37 +381,20 @@ class DynamicBatchScheduler:
     def _plan_soon(self) -> None:
         assert self._loop is not None
         self._enter(Phase.PLANNING)
-        self._alarm = self._loop.call_soon(self._due)
+        self._plan_call.soon(self._loop)
 
     def _gather(self, turns: int) -> None:
         assert self._loop is not None
         self._enter(Phase.GATHERING)
-        until = time.monotonic() + COMPANY_WAIT_S
-        self._alarm = self._loop.call_soon(self._turned, turns, until)
-
-    def _turned(self, left: int, until: float) -> None:
-        """GATHERING: a turn of the event loop has passed; plan in the last one, or once
-        ``COMPANY_WAIT_S`` passed (a busy loop's turns are long: reading is under way)."""
-        assert self._loop is not None
-        if left > 1 and time.monotonic() < until:
-            self._alarm = self._loop.call_soon(self._turned, left - 1, until)
-        else:
-            self._due()
+        self._plan_call.after_turns(self._loop, turns, time.monotonic() + COMPANY_WAIT_S)
 
     def _wait(self, wait_s: float) -> None:
         assert self._loop is not None
         self._enter(Phase.WAITING)
-        self._alarm = self._loop.call_later(wait_s, self._due)
-
-    def _cancel_alarm(self) -> None:
-        if self._alarm is not None:
-            self._alarm.cancel()
-            self._alarm = None
+        self._plan_call.later(self._loop, wait_s)
 
     def _due(self) -> None:
-        """The event loop's call for a due plan (PLANNING, WAITING's timer, GATHERING's
-        last turn)."""
-        self._alarm = None
+        """The plan's call is due (PLANNING, WAITING's timer, GATHERING's last turn)."""
         self.pace.chain_until = time.monotonic() + CHAIN_S
         if self.phase is not Phase.PLANNING:
             self._enter(Phase.PLANNING)
@@ -520,7 +527,7 @@ class DynamicBatchScheduler:
         if self.phase is Phase.HELD:
             self._after_hold()
         elif self.phase in (Phase.WAITING, Phase.GATHERING):  # stopping waits for no company
-            self._cancel_alarm()
+            self._plan_call.cancel()
             self._plan_soon()
         if self.life is Life.STOPPING and (self._queue or self.phase is Phase.RUNNING):
             await self._stopped.wait()
@@ -532,18 +539,18 @@ class DynamicBatchScheduler:
 
 def _refusal(
     scheduler: DynamicBatchScheduler,
-    refused: _Refused,
+    refused: Refused,
     rows: tuple[int, int, int],
     row_s: float,
     deadline: float,
 ) -> RLServeError:
     """The error that refuses a request: ``rows`` are the rows queued, running and asked."""
     name, (queued, running, asked) = scheduler.name, rows
-    if refused is _Refused.STOPPED:
+    if refused is Refused.STOPPED:
         return ServiceUnavailable(
             f"model {name!r} is not running: the server is starting or shutting down"
         )
-    if refused is _Refused.FULL:
+    if refused is Refused.FULL:
         return QueueFull(
             f"model {name!r}: queue full ({queued} of {scheduler.max_queue_rows} "
             "rows waiting); retry shortly",

@@ -6,11 +6,14 @@ from serve.dataplane.batching import (
     COMPANY_TURNS,
     COMPANY_WAIT_S,
     COMPANY_WINDOW_S,
+    Backlog,
     BatchLimits,
     DrainRate,
     Plan,
+    Refused,
     RunTimes,
     Waiting,
+    admission,
     admission_wait_s,
     bucket,
     buckets_for,
@@ -172,3 +175,17 @@ def test_one_window_stretched_by_a_pause_does_not_move_the_drain_rate() -> None:
         now += 0.5
         rate.started(now, 8, backlogged=True)
     assert rate.seconds_per_row == pytest.approx(0.0625)
+
+
+def test_admission_refuses_what_it_cannot_serve_and_says_why() -> None:
+    backlog = Backlog(queued=40, running=8, max_queued=64)
+    serving = {"serving": True, "held": False}
+    assert admission(backlog, 4, 1.0, 0.001, **serving) is None  # 52 rows in 52 ms
+    assert admission(backlog, 4, 0.050, 0.001, **serving) is Refused.LATE
+    assert admission(backlog, 25, 1.0, 0.001, **serving) is Refused.FULL  # 65 of 64 queued
+    assert admission(Backlog(0, 0, 64), 4, 0.0, 0.001, **serving) is None  # nothing ahead
+    held = {"serving": True, "held": True}
+    assert admission(backlog, 4, 0.050, 0.001, **held) is None  # waits for the resume
+    assert admission(backlog, 25, 1.0, 0.001, **held) is Refused.FULL
+    stopping = {"serving": False, "held": False}
+    assert admission(Backlog(0, 0, 64), 1, 1.0, 0.001, **stopping) is Refused.STOPPED
