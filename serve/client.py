@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 import orjson
 
-from serve.client_connection import Connection
+from serve.client_connection import Answer, Connection
 from serve.lane_client import LaneClient, LaneUnavailable
 from serve.prediction import Prediction, RequestFailed
 
@@ -64,13 +64,6 @@ class _Call:
     def target(self) -> str:
         query = urllib.parse.urlencode(self.params) if self.params else ""
         return f"{self.path}?{query}" if query else self.path
-
-
-@dataclass(frozen=True)
-class _Reply:
-    status: int
-    body: bytes
-    retry_after: str | None
 
 
 # ---------------------------------------------------------------------- requests and answers
@@ -213,7 +206,7 @@ def _json(body: Any) -> bytes:
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def _result(reply: _Reply) -> Any:
+def _result(reply: Answer) -> Any:
     if 200 <= reply.status < 300:
         return orjson.loads(reply.body)
     try:
@@ -259,7 +252,7 @@ class _KeepAlive:
         self._opened: list[Connection] = []
         self._lock = threading.Lock()
 
-    def send(self, call: _Call) -> _Reply:
+    def send(self, call: _Call) -> Answer:
         reused = getattr(self._local, "connection", None) is not None
         try:
             return self._exchange(self._connection(), call)
@@ -269,7 +262,7 @@ class _KeepAlive:
                 raise
         return self._exchange(self._connection(), call)  # the kept-alive one had closed
 
-    def _exchange(self, connection: Connection, call: _Call) -> _Reply:
+    def _exchange(self, connection: Connection, call: _Call) -> Answer:
         headers = {**self._headers, **call.headers} if call.headers else self._headers
         try:
             target = self._prefix + call.target
@@ -279,7 +272,7 @@ class _KeepAlive:
             raise
         if not answer.keep_alive:
             self._drop()
-        return _Reply(answer.status, answer.body, answer.retry_after)
+        return answer
 
     def _connection(self) -> Connection:
         connection: Connection | None = getattr(self._local, "connection", None)
@@ -439,9 +432,8 @@ class AsyncPolicyClient:
         response = await self._http.request(
             call.method, call.path, content=call.body, params=call.params, headers=call.headers
         )
-        return _result(
-            _Reply(response.status_code, response.content, response.headers.get("Retry-After"))
-        )
+        retry_after = response.headers.get("Retry-After")
+        return _result(Answer(response.status_code, response.content, retry_after))
 
     async def predict(
         self,

@@ -35,10 +35,12 @@ class UnreadableAnswer(ConnectionError):
 
 @dataclass(frozen=True)
 class Answer:
+    """An HTTP answer as the clients read it (``serve.client``'s transports alike)."""
+
     status: int
     body: bytes
     retry_after: str | None
-    keep_alive: bool  # the connection may carry the next call
+    keep_alive: bool = True  # the connection may carry the next call (httpx's pool decides)
 
 
 @dataclass
