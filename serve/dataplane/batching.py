@@ -158,9 +158,10 @@ class Refused(Enum):
     LATE = "late"  # the rows ahead would make it miss its deadline
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Backlog:
-    """A model's rows queued and running, and how many may queue."""
+    """A model's rows queued and running, and how many may queue (made for every request
+    admitted: not frozen, see Waiting)."""
 
     queued: int
     running: int
