@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -21,13 +21,14 @@ import gymnasium
 import numpy as np
 import onnxruntime as ort
 import pytest
+import zstandard
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from loop.buffers import open_consumer
+from loop.buffers import local_log, open_consumer
 from loop.buffers.base import BufferOptions, RecordTooLarge
 from loop.collect import Counters, GaveUp, RolloutWorker
 from loop.commands import CollectArgs
-from loop.experience import Deduplicator, Step
+from loop.experience import Deduplicator, Step, decode
 from serve.distributions import Categorical
 from serve.errors import ConfigError
 from tests.e2e.server import RLSERVE, Server, free_port
@@ -85,6 +86,20 @@ def consume(url: str, expected: int, timeout_s: float = 10.0) -> list[Step]:
     finally:
         consumer.close()
     return steps
+
+
+def newest_step(buffer_dir: Path) -> int:
+    """How far into its episode the newest record of a file buffer is, read from its last
+    segment (no consumer: a group would be a reader the log keeps records for); -1 if none."""
+    segments = sorted(buffer_dir.glob("*.log"))
+    newest = deque(local_log.frames(segments[-1].read_bytes()) if segments else (), maxlen=1)
+    if not newest:
+        return -1
+    last = newest[0]
+    payload = last.payload
+    if last.flags & local_log.ZSTD:
+        payload = zstandard.ZstdDecompressor().decompress(payload)
+    return stepped(decode(payload)).step
 
 
 @dataclass
@@ -226,6 +241,10 @@ def test_a_worker_survives_a_server_restart_and_a_swap_losing_and_repeating_noth
         assert published() == down, "steps published while the server was down"
         server = serve_on(port, repository, tmp_path / "server-2.log")
         wait_for(lambda: published() > down + 100_000, 20, "the worker to resume")
+        # The demo policy holds CartPole to its 500-step limit, so the 4 envs' episodes end
+        # together: a swap at that step would leave no episode straddling it. Swap early in
+        # an episode instead.
+        wait_for(lambda: 0 <= newest_step(buffer_dir) < 300, 20, "the envs early in episodes")
 
         from serve.client import PolicyClient
 
