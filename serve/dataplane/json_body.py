@@ -52,6 +52,7 @@ from serve.errors import InvalidInput, MalformedRequest, quoted
 _NUMERIC = ("observations", "actions")
 _SCALARS = frozenset({int, float, str, type(None)})  # what JSON decodes to, but booleans
 MAX_DEPTH = 64  # numpy's most axes: lists nested deeper are no array of numbers
+_FEW_BRACKETS = 8  # up to this many "[" are found one by one, more are counted
 
 
 class PredictBodyDecoder:
@@ -107,7 +108,7 @@ def _observations_and_parameters(
     if None in brackets:
         return None
     arrays = sum(_arrays_in(shape)) + sum(b for b in brackets if b is not None)
-    if body.count(b"[") != arrays:
+    if not _holds_brackets(body, arrays):
         return None  # nesting the lengths did not see
     flat = _numbers(observations, integral=b"." not in body)
     if flat is None or flat.size != math.prod(shape):
@@ -115,6 +116,20 @@ def _observations_and_parameters(
     if len(shape) > MAX_DEPTH:  # numbers only, as the general path would refuse them
         raise _too_deep("observations", len(shape))
     return {"observations": flat.reshape(shape), **parameters}
+
+
+def _holds_brackets(body: bytes, expected: int) -> bool:
+    """Whether ``body`` holds exactly ``expected`` "[". A few (one observation: one or two)
+    are looked for one by one, each search a ``memchr``, about ten times faster than
+    ``bytes.count`` over a body of numbers; many (an image's nested lists) are counted."""
+    if expected > _FEW_BRACKETS:
+        return body.count(b"[") == expected
+    at = -1
+    for _ in range(expected):
+        at = body.find(b"[", at + 1)
+        if at < 0:
+            return False
+    return body.find(b"[", at + 1) < 0
 
 
 def _rectangular_shape(array: simdjson.Array) -> tuple[int, ...] | None:

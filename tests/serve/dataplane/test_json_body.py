@@ -63,6 +63,7 @@ def test_parameters_come_back_as_python_values(decoder: PredictBodyDecoder) -> N
         b'{"observations": [[], [1, 2], 3]}',  # nesting that flattens to the right count
         b'{"observations": [1, [2], 3]}',  # a hidden nested array
         b'{"observations": [[1, [2]], [[], 4]]}',  # rows of equal length hiding nesting
+        b'{"observations": [' + b"[1, 2], " * 8 + b"[1, [2]]]}",  # as many: "[" counted
         b'{"observations": [1, "2", 3]}',
         b'{"observations": ["true", "false"]}',  # words in strings are no booleans
         b'{"observations": {"is_true": [1], "false_start": 0}, "deterministic": false}',
