@@ -42,6 +42,12 @@ def _alike(requests: Sequence[Prepared]) -> bool:
     return first.seed is None and all(r.options is first and r.evaluate is None for r in requests)
 
 
+def _sampled(requests: Sequence[Prepared], *, alike: bool) -> bool:
+    """Whether a batch of a stochastic policy needs its distribution: unless its requests
+    are ``alike`` and want neither sampled actions nor log-probs."""
+    return not alike or needs_distribution(requests[0].options)
+
+
 def action_outputs(contract: PolicyContract) -> tuple[str, ...]:
     """The graph outputs a batch that wants only deterministic actions needs: the action,
     and a recurrent policy's next memory."""
@@ -85,17 +91,18 @@ class PolicyHeads:
         for role, name in self._carried:
             if name in graph:
                 outputs[role] = graph[name]
-        if self.answered_by_graph(requests):
+        if not self.stochastic:
+            return outputs  # the policy refused every request that needed a distribution
+        alike = _alike(requests)
+        if not _sampled(requests, alike=alike):
             return outputs
-        self._stochastic(outputs, requests, uniform=_alike(requests))
+        self._stochastic(outputs, requests, uniform=alike)
         return outputs
 
     def answered_by_graph(self, requests: Sequence[Prepared]) -> bool:
         """Whether the batch's actions are the graph's own: nothing sampled, no log-prob
         (always, for a deterministic policy: it refused every request that needed them)."""
-        if not self.stochastic:
-            return True
-        return _alike(requests) and not needs_distribution(requests[0].options)
+        return not self.stochastic or not _sampled(requests, alike=_alike(requests))
 
     def _stochastic(self, outputs: Outputs, requests: Sequence[Prepared], *, uniform: bool) -> None:
         """Sampled actions and log-probs for every row. A batch whose requests share one
