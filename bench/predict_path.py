@@ -14,12 +14,17 @@ Each row is measured on its own, in one process on one core, as CPU time per cal
 - the frontend's part: the whole call less the scheduler's part, decoding and validation
   (routing, deadline, admission, the call wrapper, encoding, stamping, the asyncio hops).
 
+``--modules`` lists instead the modules of ``serve`` whose functions run during one whole
+call (and the batch it makes), traced with ``sys.setprofile``: what a reader following the
+call in the code meets, the helpers it calls included (uvicorn's protocol, which every call
+over HTTP also crosses, is not part of the ASGI call).
+
 Rows measured alone run warm: in a whole call the model's weights (about 1 MB for mlp)
 and the interpreter's data leave the caches between stages, so a stage costs more in
 place than alone, and that difference lands in the rows computed by subtraction (the
 scheduler's: ``bench.lone_request`` measures it with a model that costs nothing).
 
-    .venv/bin/python -m bench.predict_path [--calls 5000] [--repeats 5]
+    .venv/bin/python -m bench.predict_path [--calls 5000] [--repeats 5] [--modules]
 
 Prints the best of ``--repeats`` runs of each (the machine is noisy; CPU time is less
 disturbed than wall time). The access log is off. The exported mlp is kept in
@@ -31,10 +36,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from bench import models, scenarios
@@ -158,12 +166,57 @@ async def measure(repository: Path, calls: int, repeats: int) -> list[Stage]:
     ]
 
 
+async def crossed_modules(repository: Path) -> Counter[str]:
+    """The modules of ``serve`` whose functions run in one whole call, with how many of
+    their functions' calls each saw (a warm call: routes, run times and caches settled)."""
+    app = create_app(config.load(model_repository=repository, access_log=False))
+    stop = await _started(app)
+    body = scenarios.body(scenarios.Scenario("mlp-1", "mlp", "mlp", 1))
+    scope, message = _http_scope(body), {"type": "http.request", "body": body}
+    package = str(Path(__file__).resolve().parents[1] / "serve") + os.sep
+
+    async def receive() -> Message:
+        return message
+
+    async def send(sent: Message) -> None:
+        return None
+
+    calls: Counter[str] = Counter()
+
+    def count(frame: FrameType, event: str, arg: Any) -> None:
+        name = frame.f_code.co_filename
+        if event == "call" and name.startswith(package):
+            calls["serve/" + name[len(package) :]] += 1
+
+    try:
+        for _ in range(100):
+            await app(dict(scope), receive, send)
+        sys.setprofile(count)
+        try:
+            await app(dict(scope), receive, send)
+        finally:
+            sys.setprofile(None)
+    finally:
+        await stop()
+    return calls
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=5_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--modules", action="store_true", help="list the serve modules one call runs code of"
+    )
     args: Any = parser.parse_args(argv)
     repository = models.build_repository(CACHE / "repository", (models.MLP,))
+    if args.modules:
+        crossed = asyncio.run(crossed_modules(repository))
+        print(f"{len(crossed)} modules of serve run code in one predict call:")
+        print("| module | function calls |\n|---|---:|")
+        for module, count in sorted(crossed.items()):
+            print(f"| `{module}` | {count} |")
+        return
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {0})  # one core, as the servers are pinned
     stages = asyncio.run(measure(repository, args.calls, args.repeats))
