@@ -103,10 +103,9 @@ async def _best(call: Callable[[], Awaitable[Any]], calls: int, repeats: int) ->
     return best
 
 
-async def measure(repository: Path, calls: int, repeats: int) -> list[Stage]:
-    app = create_app(config.load(model_repository=repository, access_log=False))
-    stop = await _started(app)
-    body = scenarios.body(scenarios.Scenario("mlp-1", "mlp", "mlp", 1))
+def _whole_call(app: RLServeApp, body: bytes) -> Callable[[], Awaitable[None]]:
+    """One whole ASGI predict call of ``body``, as uvicorn would make it; RuntimeError
+    unless it is answered 200."""
     scope, message = _http_scope(body), {"type": "http.request", "body": body}
     answers: list[Message] = []
 
@@ -122,6 +121,18 @@ async def measure(repository: Path, calls: int, repeats: int) -> list[Stage]:
         if answers[0]["status"] != 200:
             raise RuntimeError(f"predict answered {answers}")
 
+    return whole
+
+
+def _mlp_body() -> bytes:
+    return scenarios.body(scenarios.Scenario("mlp-1", "mlp", "mlp", 1))
+
+
+async def measure(repository: Path, calls: int, repeats: int) -> list[Stage]:
+    app = create_app(config.load(model_repository=repository, access_log=False))
+    stop = await _started(app)
+    body = _mlp_body()
+    whole = _whole_call(app, body)
     route = app.frontend.router.resolve(models.MLP.name, None)
     model, scheduler = route.row_model(), route.row_scheduler()
     payload = app.frontend.bodies.decode(body)
@@ -171,16 +182,8 @@ async def crossed_modules(repository: Path) -> Counter[str]:
     their functions' calls each saw (a warm call: routes, run times and caches settled)."""
     app = create_app(config.load(model_repository=repository, access_log=False))
     stop = await _started(app)
-    body = scenarios.body(scenarios.Scenario("mlp-1", "mlp", "mlp", 1))
-    scope, message = _http_scope(body), {"type": "http.request", "body": body}
+    whole = _whole_call(app, _mlp_body())
     package = str(Path(__file__).resolve().parents[1] / "serve") + os.sep
-
-    async def receive() -> Message:
-        return message
-
-    async def send(sent: Message) -> None:
-        return None
-
     calls: Counter[str] = Counter()
 
     def count(frame: FrameType, event: str, arg: Any) -> None:
@@ -190,10 +193,10 @@ async def crossed_modules(repository: Path) -> Counter[str]:
 
     try:
         for _ in range(100):
-            await app(dict(scope), receive, send)
+            await whole()
         sys.setprofile(count)
         try:
-            await app(dict(scope), receive, send)
+            await whole()
         finally:
             sys.setprofile(None)
     finally:
