@@ -6,9 +6,12 @@ ever named in /dev/shm)."""
 
 from __future__ import annotations
 
+import array
 import json
+import mmap
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +22,7 @@ import numpy as np
 import pytest
 
 from serve.client import PolicyClient, RequestFailed
+from serve.dataplane.lane import wire
 from serve.lane_client import LaneClient, LaneUnavailable
 from tests.e2e.conftest import DEMO, ROOT
 from tests.e2e.server import Server
@@ -128,6 +132,43 @@ def test_a_killed_client_costs_the_server_nothing(lane_server: tuple[Server, Pat
     child.stdout.close()
     with LaneClient(path) as lane, server.client() as http:
         assert lane.predict(observations(1)[0]).model == "cartpole"
+        assert http.get("/health").status_code == 200
+
+
+def test_a_client_cannot_resize_the_slot_under_the_server(
+    lane_server: tuple[Server, Path],
+) -> None:
+    """A client that keeps the slot's descriptor and truncates it (which would take the
+    server's mapped pages away: SIGBUS) is refused by the seals; its call is answered."""
+    server, path = lane_server
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(str(path))
+        hello = {"model": None, "version": None, "rows": 1, "outputs": ["actions"]}
+        sock.sendall(wire.frame(hello))
+        fds = array.array("i")
+        head, ancillary, _, _ = sock.recvmsg(wire.FRAME.size, socket.CMSG_SPACE(fds.itemsize))
+        fds.frombytes(ancillary[0][2])
+        welcome = json.loads(sock.recv(wire.frame_length(head)))
+        layout = wire.Layout.from_json(welcome["layout"])
+        fd = fds[0]
+        try:
+            for size in (0, layout.size // 2, layout.size * 2):
+                with pytest.raises(PermissionError):
+                    os.ftruncate(fd, size)
+            assert os.fstat(fd).st_size == layout.size
+            slot = mmap.mmap(fd, layout.size)
+            area = layout.inputs[0]
+            slot[area.offset : area.offset + area.row_bytes] = observations(1).tobytes()
+            wire.REQUEST.pack_into(slot, wire.REQUEST_OFFSET, 1, 1, wire.Flags.DETERMINISTIC, 0, 0)
+            sock.sendall(wire.DOORBELL)
+            assert sock.recv(1) == wire.DOORBELL
+            answer = wire.ANSWER.unpack_from(slot, wire.ANSWER_OFFSET)
+            assert (answer[0], wire.Status(answer[1])) == (1, wire.Status.OK)
+            slot.close()
+        finally:
+            os.close(fd)
+    with server.client() as http:
         assert http.get("/health").status_code == 200
 
 

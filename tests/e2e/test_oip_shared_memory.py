@@ -9,8 +9,10 @@ region a test made is destroyed, and nothing of them is left in /dev/shm.
 
 from __future__ import annotations
 
+import os
 import queue
 import shutil
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -321,3 +323,61 @@ def test_calls_on_a_grpc_stream_read_and_write_shared_memory(shm_server: Shm) ->
     for i, want in expected.items():
         got = shm.get_contents_as_numpy(handle, np.int64, want.shape, offset=1024 * i + 512)
         np.testing.assert_array_equal(got, want, err_msg=str(i))
+
+
+def test_a_client_shrinking_its_object_during_calls_gets_refusals_not_a_dead_server(
+    shm_server: Shm,
+) -> None:
+    """The object under a registered region is truncated and regrown while three clients
+    read inputs and write outputs beyond its first page: every call is answered (200, or
+    422 naming the shrunk region), and the server goes on answering."""
+    size, calls_each = 1 << 20, 150
+    handle, key = shm_server.region(size)
+    shm.set_shared_memory_region(handle, [obs(1)], offset=8192)
+    with shm_server.client("http") as client:
+        client.register_system_shared_memory("shrinking", key, size)
+    statuses_seen: list[int] = []
+    failures: list[BaseException] = []
+
+    def call() -> None:
+        with httpx.Client(base_url=shm_server.server.url, timeout=30) as http:
+            body = {
+                "inputs": [{"name": "obs", "shape": [1, 4], "datatype": "FP32",
+                            "parameters": placed(8192, 16)}],
+                "outputs": [{"name": "actions", "parameters": placed(65536, 8)}],
+            }  # fmt: skip
+            try:
+                for _ in range(calls_each):
+                    answer = http.post("/v2/models/cartpole/infer", json=body)
+                    statuses_seen.append(answer.status_code)
+                    if answer.status_code != 200:
+                        assert answer.json()["code"] == "invalid_input", answer.text
+                        assert "shrank" in answer.json()["error"], answer.text
+            except BaseException as exc:  # the server gone: a connection error
+                failures.append(exc)
+
+    def placed(offset: int, size: int) -> dict[str, Any]:
+        return {
+            "shared_memory_region": "shrinking",
+            "shared_memory_offset": offset,
+            "shared_memory_byte_size": size,
+        }
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    fd = os.open(Path("/dev/shm") / key.lstrip("/"), os.O_RDWR)
+    try:
+        for thread in threads:
+            thread.start()
+        while any(thread.is_alive() for thread in threads):
+            os.ftruncate(fd, 4096)
+            os.ftruncate(fd, size)
+    finally:
+        os.ftruncate(fd, size)
+        os.close(fd)
+        for thread in threads:
+            thread.join()
+    assert failures == []
+    assert len(statuses_seen) == 3 * calls_each
+    assert set(statuses_seen) <= {200, 422}
+    with httpx.Client(base_url=shm_server.server.url, timeout=10) as http:
+        assert http.get("/health").status_code == 200

@@ -11,13 +11,16 @@ same metrics and records.
 Safety: the socket file is the server user's alone (0600), and a peer of another user is
 refused (``SO_PEERCRED``); each lane's slot is sized by the server from the model's
 contract and bounded by settings (``lane_max_rows``, ``lane_max_connections``), and every
-offset read or written is the server's own. A client can only put values in its rows.
+offset read or written is the server's own. The slot is sealed at its size before it is
+passed (:func:`sealed_memfd`): a client cannot shrink or grow it under the server's mapping.
+A client can only put values in its rows.
 """
 
 from __future__ import annotations
 
 import array
 import asyncio
+import fcntl
 import logging
 import mmap
 import os
@@ -72,8 +75,7 @@ class Lane:
         self.layout = layout
         self.sha256 = route.row_model().sha256  # the version the layout was checked against
         self.outputs = [RequestedOutput(area.name) for area in layout.outputs]
-        self.fd = os.memfd_create("rlserve-lane", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, layout.size)
+        self.fd = sealed_memfd(layout.size)
         self.slot = mmap.mmap(self.fd, layout.size)
 
     def close(self) -> None:
@@ -82,6 +84,25 @@ class Lane:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def sealed_memfd(size: int) -> int:
+    """An anonymous memfd of ``size`` bytes whose size nobody can change again.
+
+    The seals (``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``) hold for every process the
+    descriptor reaches: a client that ``ftruncate``s its copy gets ``EPERM``, so the pages
+    the server has mapped are never taken away under it (a shrunk mapping faults with
+    SIGBUS, which would end the process). Writes stay allowed: they are the lane's data.
+    """
+    fd = os.memfd_create("rlserve-lane", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+        seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 class LaneServer:

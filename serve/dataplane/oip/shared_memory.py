@@ -19,19 +19,21 @@ checked, before any byte is read or written:
   tells it, at registration and again at every read and write (an object shrunk meanwhile
   is refused, never touched past its end); a window is at most ``shm_max_region_bytes``,
   and at most ``shm_max_regions`` regions are registered at once;
+- the object is never mapped: bytes move through its file descriptor (``pread``,
+  ``pwrite``), so an object shrunk between the check and the access gives a short read
+  (422 for that call), never the SIGBUS a mapping would raise;
 - a tensor's slice lies inside its region's window, and its byte size is exactly what the
   input's datatype and shape take, or at least what the output needs.
 
 An input's bytes are copied out of the region when the call is decoded (a client writing the
 region afterwards cannot change a call being served); an output is written once its batch
-is done, just before the answer. Regions are mapped read-write and closed (unmapped) when
+is done, just before the answer. Regions are opened read-write and closed when
 unregistered, never unlinked: the client owns the object. Every region is this process's: a
 server with several workers (gunicorn) has one registry per worker.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import stat
 from collections.abc import Mapping
@@ -119,17 +121,18 @@ def refuse_cuda() -> Unsupported:
 
 
 class _Region:
-    """One registered window of a shared-memory object, mapped read-write."""
+    """One registered window of a shared-memory object, read and written through its file
+    descriptor (``pread``/``pwrite``), never mapped: an object its client shrinks while a
+    call reads it gives a short read, answered 422, where a mapping would fault (SIGBUS)
+    and end the server."""
 
-    def __init__(self, status: RegionStatus, fd: int, mapped: mmap.mmap, start: int) -> None:
+    def __init__(self, status: RegionStatus, fd: int) -> None:
         self.status = status
-        self.fd = fd  # kept open to fstat the object at every access
-        self.mapped = mapped  # maps the object from ``start`` (page-aligned) on
-        self.start = status.offset - start  # the window's first byte in ``mapped``
+        self.fd = fd  # the object, opened read-write; closed when unregistered
 
     def _window(self, where: Placement, tensor: str) -> int:
-        """The first byte of ``where`` in ``mapped``, once it is known to lie inside the window
-        and the object still holds the whole window."""
+        """The object's offset of ``where``'s first byte, once ``where`` is known to lie
+        inside the window and the object still holds the whole window."""
         size = self.status.byte_size
         if where.offset + where.byte_size > size:
             raise InvalidInput(
@@ -138,23 +141,33 @@ class _Region:
             )
         held = os.fstat(self.fd).st_size
         if self.status.offset + size > held:
-            raise InvalidInput(
-                f"region {quoted(self.status.name)}: its object {quoted(self.status.key)} "
-                f"shrank to {held} bytes since it was registered (offset {self.status.offset}, "
-                f"{size} bytes); unregister it and register it again"
-            )
-        return self.start + where.offset
+            raise self._shrunk(held)
+        return self.status.offset + where.offset
+
+    def _shrunk(self, held: int) -> InvalidInput:
+        return InvalidInput(
+            f"region {quoted(self.status.name)}: its object {quoted(self.status.key)} "
+            f"shrank to {held} bytes since it was registered (offset {self.status.offset}, "
+            f"{self.status.byte_size} bytes); unregister it and register it again"
+        )
 
     def read(self, where: Placement, tensor: str) -> bytes:
+        """A copy of the slice (the client may rewrite the region afterwards)."""
         first = self._window(where, tensor)
-        return self.mapped[first : first + where.byte_size]  # a copy: the client may rewrite it
+        data = os.pread(self.fd, where.byte_size, first)
+        if len(data) < where.byte_size:  # shrunk between the check and the read
+            raise self._shrunk(first + len(data))
+        return data
 
     def write(self, where: Placement, data: bytes, tensor: str) -> None:
+        """The slice written in place. An object shrunk between the check and the write
+        grows back to hold it (the window is the client's): never a fault."""
         first = self._window(where, tensor)
-        self.mapped[first : first + len(data)] = data
+        view = memoryview(data)
+        while view:
+            view = view[os.pwrite(self.fd, view, first + len(data) - len(view)) :]
 
     def close(self) -> None:
-        self.mapped.close()
         os.close(self.fd)
 
 
@@ -216,13 +229,13 @@ class SharedMemory:
                 f"read-write: {exc.strerror}"
             ) from None
         try:
-            region = self._map(name, key, fd, offset, byte_size)
+            region = self._checked(name, key, fd, offset, byte_size)
         except BaseException:
             os.close(fd)
             raise
         self._regions[name] = region
 
-    def _map(self, name: str, key: str, fd: int, offset: int, byte_size: int) -> _Region:
+    def _checked(self, name: str, key: str, fd: int, offset: int, byte_size: int) -> _Region:
         facts = os.fstat(fd)
         if not stat.S_ISREG(facts.st_mode):
             raise InvalidInput(
@@ -233,9 +246,7 @@ class SharedMemory:
                 f"register {quoted(name)}: offset {offset} + byte_size {byte_size} runs past "
                 f"the end of {quoted(key)}, which holds {facts.st_size} bytes"
             )
-        start = offset - offset % mmap.ALLOCATIONGRANULARITY
-        mapped = mmap.mmap(fd, offset + byte_size - start, mmap.MAP_SHARED, offset=start)
-        return _Region(RegionStatus(name, key, offset, byte_size), fd, mapped, start)
+        return _Region(RegionStatus(name, key, offset, byte_size), fd)
 
     def status(self, name: str = "") -> list[RegionStatus]:
         """One region's status, or every region's (``name`` empty)."""
