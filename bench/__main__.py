@@ -300,7 +300,7 @@ def _run_peers(
 
 def _write(output: Path, results: Results, chosen: tuple[str, ...]) -> None:
     """The document. A run of every scenario (or into a new file) writes it whole, keeping
-    only an existing GPU path section; a subset into an existing benchmarks document
+    only an existing GPU path section and the figures measured in tests; a subset into an existing benchmarks document
     replaces only its own sections and Targets rows (``--only oip``, ``loop``, ``lm`` or
     ``cache`` alone: that section alone, which says when it was measured)."""
     verdicts = targets.judge(results)
@@ -312,6 +312,8 @@ def _write(output: Path, results: Results, chosen: tuple[str, ...]) -> None:
             _say(f"replaced the {', '.join(chosen)} sections of {output}, keeping the rest")
             return
     document = report.render(results, verdicts)
+    if old is not None:  # figures recorded from tests, not by this run
+        document = report.keep_sections(document, old)
     kept = gpu_report.section_of(old) if old is not None else None
     if kept is not None:  # measured by bench/gpu.sh on a GPU machine, not by this run
         document = gpu_report.splice(document, kept)

@@ -511,6 +511,22 @@ def _put_section(document: str, heading: str, section: str) -> str:
 
 _SECTION = re.compile(r"(?ms)^(## [^\n]*)\n.*?(?=^## |\Z)")
 
+# Sections a run of the benchmarks does not measure but carries over when it rewrites the
+# document: figures recorded from tests (printed under ``pytest -s``), by hand.
+MEASURED_IN_TESTS = "## Measured in tests"
+
+
+def keep_sections(document: str, old: str) -> str:
+    """``document`` with ``old``'s sections measured elsewhere (MEASURED_IN_TESTS) put back."""
+    for heading, section in _sections(old):
+        if heading == MEASURED_IN_TESTS:
+            document = _put_section(document, heading, section)
+    return document
+
+
+def _sections(document: str) -> list[tuple[str, str]]:
+    return [(found.group(1), found.group(0)) for found in _SECTION.finditer(document)]
+
 
 def splice_subset(document: str, results: Results, verdicts: list[Verdict]) -> str | None:
     """``document`` (a benchmarks document) with every section this run rendered (the

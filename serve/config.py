@@ -83,6 +83,12 @@ _PREFILL_HELP = (
     "language models: prompt tokens prefilled at one step boundary, which the running "
     "sequences wait for (the first newcomer of a boundary is always prefilled)"
 )
+_ANSWER_TOKENS_HELP = (
+    "language models: token entries one answer may carry, at most: its choices times each "
+    "one's new tokens (and echoed prompt tokens) times 1 + top_logprobs (scores: the "
+    "completions' tokens times 1 + top_logprobs); a call whose product is larger is refused "
+    "(422; 400 on the OpenAI routes) before it queues"
+)
 _RESULT_CACHE_HELP = (
     "serve repeated deterministic predict answers from this Redis (redis://host:port/db, "
     "rediss://, unix://; needs pip install 'rlserve[cache]'), keyed by model, version, "
@@ -263,6 +269,7 @@ class ModelSettings(BaseModel):
     max_sequences: PositiveInt = Field(32, description=_SEQUENCES_HELP)
     max_batch_tokens: PositiveInt = Field(16384, description=_BATCH_TOKENS_HELP)
     max_prefill_tokens: PositiveInt = Field(2048, description=_PREFILL_HELP)
+    max_answer_tokens: PositiveInt = Field(65536, description=_ANSWER_TOKENS_HELP)
     # The result cache (serve.dataplane.result_cache): off unless result_cache is set.
     result_cache: ResultCacheUrl | None = Field(None, description=_RESULT_CACHE_HELP)
     result_cache_ttl_s: float = Field(60.0, gt=0, description=_RESULT_CACHE_TTL_HELP)

@@ -79,6 +79,13 @@ class Generation:
         token but the last (which is chosen, never fed back)."""
         return len(self.prompt_ids) + self.max_new_tokens - 1
 
+    @property
+    def answer_tokens(self) -> int:
+        """The most token entries its answer can carry: every new token (and, echoed, every
+        prompt token), each with its alternatives."""
+        echoed = len(self.prompt_ids) if self.spec.echo else 0
+        return (self.max_new_tokens + echoed) * (1 + self.spec.top_logprobs)
+
 
 @dataclass(frozen=True, slots=True)
 class ScoreSpec:
@@ -110,6 +117,12 @@ class Scoring:
     def tokens(self) -> int:
         """Tokens one forward pass over every completion processes."""
         return sum(len(self.prompt_ids) + len(c) for c in self.completion_ids)
+
+    @property
+    def answer_tokens(self) -> int:
+        """The token entries its answer carries: every completion token with its
+        alternatives."""
+        return sum(len(c) for c in self.completion_ids) * (1 + self.spec.top_logprobs)
 
 
 @dataclass(slots=True)  # not frozen: one is made per token, and a frozen one costs 4x more

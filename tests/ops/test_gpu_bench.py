@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import gpu, gpu_report
+from bench import gpu, gpu_report, report
 from tests.ops.conftest import REPO
 
 NO_GPU = "no NVIDIA GPU"
@@ -310,3 +310,13 @@ def test_the_limit_check_wants_the_limit_and_the_strategy_where_cuda_runs():
     cpu_only = gpu.LimitCheck([gpu.CUDA], 256 << 20, [gpu.CPU], {})
     assert cpu_only.passed
     assert not cpu_only.applies  # no CUDA here: reported as n/a, the CUDA run fails instead
+
+
+def test_a_whole_run_keeps_the_figures_measured_in_tests():
+    measured = f"{report.MEASURED_IN_TESTS}\n\nfrom pytest -s\n\n"
+    old = f"# Benchmarks\n\n## A\n\nold\n\n{measured}## Reading the numbers\n\nr\n"
+    new = report.keep_sections("# Benchmarks\n\n## A\n\nnew\n\n## Reading the numbers\n\nr\n", old)
+    assert new == f"# Benchmarks\n\n## A\n\nnew\n\n{measured}## Reading the numbers\n\nr\n"
+    assert report.keep_sections("# Benchmarks\n\n## A\n\nnew\n", "# Benchmarks\n") == (
+        "# Benchmarks\n\n## A\n\nnew\n"
+    )

@@ -5,7 +5,8 @@ one call from its first byte to its answer.
 :class:`LanguageModelCalls` routes a call to a language model's version and scheduler
 (:class:`Admitted`), computes its deadline, reads its body within the size limit, admits
 it (429 when the queue is full), tokenizes off the event loop when the body is large,
-and submits a generation; the call around these steps (errors in the frontend's own shape,
+bounds the answer (``max_answer_tokens``), queues the generations and encodes a large
+answer off the event loop; the call around these steps (errors in the frontend's own shape,
 metrics, the access-log line, the answer's writer) is ``serve.dataplane.http_calls``'s, as
 for every HTTP frontend. :class:`CancelOnDisconnect` gives up on a generation whose client
 went away.
@@ -19,24 +20,44 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+import orjson
 from starlette.types import Message, Receive
 
 from serve.dataplane.deadline import Deadline, LoopTurn, budget_ms
-from serve.dataplane.http_calls import INLINE_BODY_BYTES, Call, Exchange, HttpCalls, read_body
+from serve.dataplane.http_calls import (
+    INLINE_BODY_BYTES,
+    JSON_HEADER,
+    Call,
+    Exchange,
+    Headers,
+    HttpCalls,
+    read_body,
+)
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.routing import Route, Router
 from serve.dataplane.wire import decode_object, timeout_header_ms
-from serve.errors import NotFound, RLServeError
-from serve.lm.messages import Generation, GenerationSpec, TokenEvent
+from serve.errors import InvalidInput, NotFound, RLServeError, quoted
+from serve.lm.messages import Generation, TokenEvent
 from serve.lm.model import LanguageModel
 from serve.lm.scheduling.generation_stream import GenerationStream
 from serve.lm.scheduling.scheduler import ContinuousBatchScheduler
 from serve.lm.text import TextCodec
 
-__all__ = ["Admitted", "CancelOnDisconnect", "LanguageModelCalls", "next_events"]
+__all__ = [
+    "Admitted",
+    "CancelOnDisconnect",
+    "LanguageModelCalls",
+    "bound_answer",
+    "generations_product",
+    "json_answer",
+    "next_events",
+]
 
 log = logging.getLogger("rlserve.generate")
 
+# Answers of more token entries than this are built and encoded off the event loop (a
+# token entry with its log-prob takes about 1-2 us to build and encode).
+INLINE_ANSWER_TOKENS = 2048
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 Spec = TypeVar("Spec")
@@ -130,15 +151,6 @@ class LanguageModelCalls:
             return await asyncio.to_thread(prepare, spec)
         return prepare(spec)
 
-    async def submit(
-        self, exchange: Exchange, admitted: Admitted, spec: GenerationSpec, *, tokens: bool
-    ) -> GenerationStream:
-        """Tokenize a generation on the version it was routed to and queue it (``tokens``:
-        its token events are wanted)."""
-        generation = await self.prepare(exchange, admitted.version.prepare_generation, spec)
-        (stream,) = self.queue(admitted, [generation], tokens=tokens)
-        return stream
-
     def codec(self, admitted: Admitted, version: int) -> TextCodec:
         """The tokenizer of the version that generated (a request not pinned to a version
         runs on the one active when it joins the batch): for tokens' texts."""
@@ -156,7 +168,9 @@ class LanguageModelCalls:
     ) -> list[GenerationStream]:
         """Queue a call's prepared generations together (in one turn of the event loop, so
         they join the same batches and a version swap pins them alike); when one is refused,
-        none stays queued."""
+        none stays queued. A call whose answer would carry more token entries than the
+        model's ``max_answer_tokens`` is refused before any is queued."""
+        bound_answer(admitted, *generations_product(generations))
         admitted.deadline.check("validating it")
         streams: list[GenerationStream] = []
         try:
@@ -169,6 +183,49 @@ class LanguageModelCalls:
                 stream.cancel()
             raise
         return streams
+
+
+def bound_answer(admitted: Admitted, tokens: int, product: str) -> None:
+    """Refuse a call whose answer could carry more than the model's ``max_answer_tokens``
+    token entries, naming the ``product`` that makes ``tokens``: an answer can grow far
+    faster than the request that asks for it."""
+    bound = admitted.scheduler.max_answer_tokens
+    if tokens > bound:
+        raise InvalidInput(
+            f"this call's answer could carry {tokens} token entries ({product}); model "
+            f"{quoted(admitted.model)} answers at most {bound} (its max_answer_tokens "
+            "setting): ask for fewer choices (n), tokens (max_tokens, max_new_tokens, echo) "
+            "or alternatives (top_logprobs)"
+        )
+
+
+def generations_product(generations: Sequence[Generation]) -> tuple[int, str]:
+    """The token entries a call's generations can answer, and the product that makes them."""
+    tokens = [generation.answer_tokens for generation in generations]
+    width = 1 + generations[0].spec.top_logprobs  # every generation of a call asks alike
+    product = (
+        f"{len(generations)} generation(s) of up to {max(tokens) // width} tokens (new, and "
+        f"echoed prompt) times 1 + {width - 1} top_logprobs"
+    )
+    return sum(tokens), product
+
+
+async def json_answer(
+    exchange: Exchange, tokens: int, build: Callable[[], Any], headers: Headers
+) -> None:
+    """A whole JSON answer of ``tokens`` token entries: built and encoded on the event loop
+    when small, on a worker thread otherwise (the loop keeps serving meanwhile; the thread
+    gives the interpreter back every switch interval), so no answer holds the loop in
+    proportion to its size."""
+    if tokens <= INLINE_ANSWER_TOKENS:
+        body = orjson.dumps(build())
+    else:
+        body = await asyncio.to_thread(_encoded, build)
+    await exchange.answer(200, body, [*headers, JSON_HEADER])
+
+
+def _encoded(build: Callable[[], Any]) -> bytes:
+    return orjson.dumps(build())
 
 
 def generation_parts(route: Route, action: str) -> tuple[ContinuousBatchScheduler, LanguageModel]:

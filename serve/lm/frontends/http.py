@@ -57,6 +57,9 @@ from serve.lm.frontends.calls import (
     Admitted,
     CancelOnDisconnect,
     LanguageModelCalls,
+    bound_answer,
+    generations_product,
+    json_answer,
     next_events,
 )
 from serve.lm.frontends.merged_streams import merged
@@ -140,7 +143,10 @@ class LanguageModelFrontend:
         if len(specs) > 1:
             await self._generate_group(exchange, admitted, specs, streaming=streaming)
             return
-        stream = await self.calls.submit(exchange, admitted, specs[0], tokens=streaming)
+        generation = await self.calls.prepare(
+            exchange, admitted.version.prepare_generation, specs[0]
+        )
+        (stream,) = self.calls.queue(admitted, [generation], tokens=streaming)
         with CancelOnDisconnect(exchange.receive, stream) as watch:
             try:
                 if streaming:
@@ -152,7 +158,12 @@ class LanguageModelFrontend:
                     raise Disconnected from None  # nobody is left to answer
                 raise
         codec = self.calls.codec(admitted, result.version)
-        await exchange.json(200, _generated(result, codec), stamp(result.version, result.sha256))
+        await json_answer(
+            exchange,
+            generation.answer_tokens,
+            lambda: _generated(result, codec),
+            stamp(result.version, result.sha256),
+        )
 
     async def _stream(
         self,
@@ -215,7 +226,10 @@ class LanguageModelFrontend:
                 raise
         first = results[0]
         codec = self.calls.codec(admitted, first.version)
-        await exchange.json(200, _group(results, codec), stamp(first.version, first.sha256))
+        tokens, _ = generations_product(generations)
+        await json_answer(
+            exchange, tokens, lambda: _group(results, codec), stamp(first.version, first.sha256)
+        )
 
     async def _stream_group(
         self,
@@ -263,10 +277,21 @@ class LanguageModelFrontend:
         admitted, payload = await self._read(exchange, path)
         spec = score_spec(payload, call.request_id, call.received_at, admitted.deadline.at)
         scoring = await self.calls.prepare(exchange, admitted.version.prepare_scoring, spec)
+        completions = scoring.completion_ids
+        product = (
+            f"{len(completions)} completion(s) of {sum(map(len, completions))} tokens in all "
+            f"times 1 + {spec.top_logprobs} top_logprobs"
+        )
+        bound_answer(admitted, scoring.answer_tokens, product)
         admitted.deadline.check("validating it")
         result = await admitted.scheduler.submit_scoring(scoring, admitted.pinned)
         codec = self.calls.codec(admitted, result.version)
-        await exchange.json(200, _scored(result, codec), stamp(result.version, result.sha256))
+        await json_answer(
+            exchange,
+            scoring.answer_tokens,
+            lambda: _scored(result, codec),
+            stamp(result.version, result.sha256),
+        )
 
     # ------------------------------------------------------------------ common
 

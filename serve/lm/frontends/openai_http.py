@@ -36,6 +36,8 @@ from serve.lm.frontends.calls import (
     Admitted,
     CancelOnDisconnect,
     LanguageModelCalls,
+    generations_product,
+    json_answer,
 )
 from serve.lm.frontends.merged_streams import merged
 from serve.lm.frontends.openai_answers import Answer, error
@@ -121,7 +123,10 @@ class OpenAIFrontend:
         first = results[0]
         if answer.logprobs or answer.echo:
             answer.codec = self.calls.codec(admitted, first.version)
-        await exchange.json(200, answer.body(results), stamp(first.version, first.sha256))
+        tokens, _ = generations_product(generations)
+        await json_answer(
+            exchange, tokens, lambda: answer.body(results), stamp(first.version, first.sha256)
+        )
 
     async def _stream(
         self,

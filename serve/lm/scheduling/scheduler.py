@@ -54,6 +54,7 @@ class ContinuousBatchScheduler:
         self.limits = StepLimits(
             settings.max_sequences, settings.max_batch_tokens, settings.max_prefill_tokens
         )
+        self.max_answer_tokens = settings.max_answer_tokens  # the frontends bound answers
         self._handover = Handover()
         self._loop_side = LoopSide(name, self._handover, settings.max_queue_rows, sink)
         self._decoding = DecodingThread(name, versions, self.limits, self._handover)
@@ -120,6 +121,7 @@ class ContinuousBatchScheduler:
             "max_batch_tokens": self.limits.max_batch_tokens,
             "max_prefill_tokens": self.limits.max_prefill_tokens,
             "max_queue_rows": self._loop_side.max_queue,
+            "max_answer_tokens": self.max_answer_tokens,
             "running_sequences": self._handover.status.sequences,
             "queued_requests": self._handover.queued,
         }
