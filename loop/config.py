@@ -288,6 +288,11 @@ class DataBuffer(_Section):
     publish_timeout_s: float = Field(default=5.0, ge=0, description="wait for room this long")
     overflow: Literal["block", "drop"] = "block"
     compression: Literal["zstd"] | None = None
+    max_record_bytes: PositiveInt | None = Field(
+        default=None,
+        description="one record, decompressed, at most (unset: 64 MiB): a consumer skips "
+        "larger ones",
+    )
 
     @field_validator("redis")
     @classmethod
@@ -470,11 +475,13 @@ class LoopConfig(BaseSettings):
         from loop.buffers.base import BufferOptions, Overflow
 
         b = self.data_buffer
+        limit = {} if b.max_record_bytes is None else {"max_record_bytes": b.max_record_bytes}
         return BufferOptions(
             max_pending=b.max_pending,
             overflow=Overflow(b.overflow),
             publish_timeout_s=b.publish_timeout_s,
             compression=b.compression,
+            **limit,
         )
 
     # -- the server, the controller, the trainer -------------------------------------------

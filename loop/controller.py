@@ -147,7 +147,8 @@ class LoopMetrics:
 
     ``rl_policy_version`` (gauge, the trainer's version), ``rl_experience_staleness``
     (histogram, versions, of every new record when the controller decides on it),
-    ``rl_experience_{consumed,dropped,routed,duplicates,kept_stale}_total`` (counters),
+    ``rl_experience_{consumed,dropped,routed,duplicates,kept_stale,undecodable}_total``
+    (counters),
     ``rl_buffer_latency_seconds`` (histogram: from the server's answer, ``served_at``, to
     the controller taking the record), ``rl_buffer_pending`` (gauge, set by
     :meth:`SyncController.lag`) and ``rl_trainer_busy_ratio`` (gauge the trainer sets)."""
@@ -168,6 +169,9 @@ class LoopMetrics:
         self.routed = _counter("routed", "Over-stale records routed to the offline buffer", r)
         self.duplicates = _counter("duplicates", "Redeliveries dropped by deduplication", r)
         self.kept_stale = _counter("kept_stale", "Over-stale records returned, marked (keep)", r)
+        self.undecodable = _counter(
+            "undecodable", "Poison records the buffer skipped (not an experience record)", r
+        )
         self.latency = Histogram(
             "rl_buffer_latency_seconds",
             "From the server's answer (served_at) to the trainer taking the record",
@@ -235,6 +239,7 @@ class SyncController(Generic[R]):
         self.max_staleness = max_staleness
         self.fallback = fallback
         self._consumer = consumer
+        self._undecodable_seen = consumer.counts.undecodable
         self._offline = offline
         self._metrics = metrics
         self._pending = pending  # the buffer's pending(): for lag()
@@ -320,6 +325,7 @@ class SyncController(Generic[R]):
         once the original is done (a held batch: when the trainer commits it); records
         taken and not yet decided on are decided from the copy already taken."""
         self._consumer = consumer
+        self._undecodable_seen = consumer.counts.undecodable
         self._queue = deque()
 
     def lag(self) -> int | None:
@@ -347,6 +353,7 @@ class SyncController(Generic[R]):
         if self._carry:
             return [self._carry.popleft() for _ in range(min(want, len(self._carry)))], True
         deliveries = self._consumer.poll(want, max(0.0, deadline - time.monotonic()))
+        self._count_undecodable()
         now = time.time()
         new = []
         for delivery in deliveries:
@@ -361,6 +368,13 @@ class SyncController(Generic[R]):
             else:
                 self._duplicate(entry)
         return new, bool(deliveries)
+
+    def _count_undecodable(self) -> None:
+        """Poison records the consumer skipped since the last poll, into the metric."""
+        skipped = self._consumer.counts.undecodable
+        if self._metrics is not None and skipped > self._undecodable_seen:
+            self._metrics.undecodable.inc(skipped - self._undecodable_seen)
+        self._undecodable_seen = skipped
 
     def _check_kind(self, record: Record) -> None:
         if not isinstance(record, self._records):

@@ -18,6 +18,12 @@ contract tests in ``tests/loop/buffers/contract.py`` check against real servers)
   (retry the same records); :class:`RecordTooLarge` never does (retrying cannot help).
 - **Accounting**: ``published`` + ``dropped`` on the producer side, ``delivered`` and
   ``committed`` on the consumer side; published = committed + still buffered.
+- **Poison records are skipped**: a record a consumer cannot decode (bytes that are not an
+  experience record, or that decompress beyond ``max_record_bytes``) is never delivered:
+  :class:`RecordReader` logs it with its position, counts it in ``undecodable``, and the
+  backend acknowledges it (Redis: after copying it to ``<stream>-dead``; ``file://`` and
+  Kafka: with the next commit, which is cumulative), so the records around it are
+  delivered and it never comes again once they are committed.
 - **One rule for group names** (``loop.group_names``): ``file://`` and Kafka take the same
   ones as the loop config, and refuse others (:class:`~serve.errors.ConfigError`) before
   any server is asked.
@@ -25,13 +31,16 @@ contract tests in ``tests/loop/buffers/contract.py`` check against real servers)
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from loop.experience import Record
+from loop.experience import Record, decode
 from serve.errors import ConfigError, PayloadTooLarge, QueueFull, ServiceUnavailable
+
+MAX_RECORD_BYTES = 64 << 20  # one encoded record, decompressed, at most
 
 
 class Overflow(StrEnum):
@@ -47,10 +56,13 @@ class BufferOptions:
     overflow: Overflow = Overflow.BLOCK
     publish_timeout_s: float = 5.0
     compression: str | None = None  # "zstd" or None: compress records for congested links
+    max_record_bytes: int = MAX_RECORD_BYTES  # a consumer skips a record that decodes larger
 
     def __post_init__(self) -> None:
         if self.max_pending < 1:
             raise ConfigError(f"max_pending must be at least 1, got {self.max_pending}")
+        if self.max_record_bytes < 1:
+            raise ConfigError(f"max_record_bytes must be at least 1, got {self.max_record_bytes}")
         if self.publish_timeout_s < 0:
             raise ConfigError(f"publish_timeout_s must be >= 0, got {self.publish_timeout_s}")
         if self.overflow not in tuple(Overflow):
@@ -92,12 +104,68 @@ class ProducerCounts:
 class ConsumerCounts:
     delivered: int = 0  # redeliveries included
     committed: int = 0
+    undecodable: int = 0  # poison records skipped (RecordReader)
     by_version: dict[int, int] = field(default_factory=dict)  # committed steps per version
 
     def add_committed(self, steps: Iterable[Record]) -> None:
         for step in steps:
             self.committed += 1
             self.by_version[step.model_version] = self.by_version.get(step.model_version, 0) + 1
+
+
+class RecordReader:
+    """A consumer's one way from a buffer's bytes to a record: zstd-decompressed within
+    ``max_record_bytes`` (a frame that says it is larger is refused before anything is
+    decompressed), then decoded. Bytes that are not a record give None, once logged with
+    their position (``where``) and counted in ``counts.undecodable``: the consumer skips
+    them and delivers the rest."""
+
+    def __init__(self, options: BufferOptions, counts: ConsumerCounts, log: logging.Logger):
+        self.limit = options.max_record_bytes
+        self.counts = counts
+        self.log = log
+        self._zstd: Any = None
+
+    def read(self, data: bytes, *, compressed: bool, where: str) -> Record | None:
+        try:
+            return decode(self._decompressed(data) if compressed else self._bounded(data))
+        except (ValueError, TypeError) as error:  # msgpack's errors are ValueErrors
+            self.skipped(where, str(error))
+            return None
+
+    def skipped(self, where: str, why: str, *, records: int = 1) -> None:
+        """Count and log records the consumer skips."""
+        self.counts.undecodable += records
+        self.log.error(
+            "%s is not an experience record (%s); skipped (%d so far): publish only through "
+            "loop.buffers",
+            where,
+            why,
+            self.counts.undecodable,
+        )
+
+    def _bounded(self, data: bytes) -> bytes:
+        if len(data) > self.limit:
+            raise ValueError(f"{len(data)} bytes, more than max_record_bytes {self.limit}")
+        return data
+
+    def _decompressed(self, data: bytes) -> bytes:
+        if self._zstd is None:
+            import zstandard
+
+            self._zstd = zstandard
+        try:
+            declared = self._zstd.frame_content_size(data)  # -1: the frame does not say
+            if declared > self.limit:
+                raise ValueError(
+                    f"decompresses to {declared} bytes, more than max_record_bytes {self.limit}"
+                )
+            # Bounded where the frame does not declare its size; where it does, zstd
+            # checks the frame against it.
+            out = self._zstd.ZstdDecompressor().decompress(data, max_output_size=self.limit)
+        except self._zstd.ZstdError as error:
+            raise ValueError(f"not a zstd frame within max_record_bytes: {error}") from None
+        return bytes(out)
 
 
 def overflow(

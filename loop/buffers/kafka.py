@@ -58,9 +58,10 @@ Guarantees (``loop.buffers.base``):
   ``session.timeout.ms`` (10 s here; a consumer under another name waits as long; noida-db
   never expires it). Names must be unique among a group's running consumers: a second one
   with the same name fences the first. ``poll`` returns what is fetched already, else
-  waits for the first record; a record that is not an experience record is logged and
-  skipped. ``heartbeat.interval.ms`` (1 s) bounds how soon running members notice a
-  rebalance; joining takes about 0.4 s against noida-db with 200 ms.
+  waits for the first record; a record that is not an experience record is logged,
+  counted (``undecodable``) and skipped: the next commit, a position, passes it.
+  ``heartbeat.interval.ms`` (1 s) bounds how soon running members notice a rebalance;
+  joining takes about 0.4 s against noida-db with 200 ms.
 - **Commit**: synchronous, for the highest offset + 1 per partition among the deliveries
   (Kafka commits positions, so earlier records of those partitions are committed too). A
   commit that loses to a rebalance (the partition moved) is logged and not counted: those
@@ -93,10 +94,11 @@ from loop.buffers.base import (
     ConsumerCounts,
     Delivery,
     ProducerCounts,
+    RecordReader,
     RecordTooLarge,
     overflow,
 )
-from loop.experience import Record, decode, encode
+from loop.experience import Record, encode
 from loop.group_names import check_group_name, group_name_problem
 from serve.errors import ConfigError
 
@@ -646,7 +648,11 @@ class KafkaConsumer:
         self._topic = _Topic(url, options)
         self.name = name
         self.counts = ConsumerCounts()
+        self._reader = RecordReader(options, self.counts, log)
         self._committed: dict[int, int] = {}  # partition -> next offset this consumer committed
+        self._read_to: dict[int, int] = {}  # partition -> the last offset read (skipped too)
+        # Poison records, by (partition, the offset read just before): committed with it.
+        self._skipped_after: dict[tuple[int, int], int] = {}
         self._brokers_down: KafkaError | None = None  # every broker down, said the client
         self._fatal: KafkaError | None = None  # the client cannot go on
         self._closed = False
@@ -696,6 +702,12 @@ class KafkaConsumer:
         for delivery in deliveries:
             partition, offset = delivery.position
             highest[partition] = max(offset, highest.get(partition, -1))
+        for partition, offset in highest.items():  # and the poison records right after
+            while (partition, offset) in self._skipped_after:
+                offset = highest[partition] = self._skipped_after.pop((partition, offset))
+        self._commit_highest(highest, deliveries)
+
+    def _commit_highest(self, highest: dict[int, int], deliveries: Sequence[Delivery]) -> None:
         topic = self._topic.target.topic
         offsets = [TopicPartition(topic, p, o + 1) for p, o in sorted(highest.items())]
         try:
@@ -758,19 +770,27 @@ class KafkaConsumer:
         return good
 
     def _delivery(self, message: Any) -> Delivery | None:
-        try:
-            step = decode(message.value())
-        except (ValueError, TypeError) as error:  # msgpack errors are ValueErrors
-            log.error(
-                "kafka topic %s partition %d offset %d is not an experience record (%s); "
-                "skipped: publish only through loop.buffers",
-                message.topic(),
-                message.partition(),
-                message.offset(),
-                error,
-            )
+        where = (
+            f"kafka topic {message.topic()} partition {message.partition()} offset "
+            f"{message.offset()}"
+        )
+        step = self._reader.read(message.value() or b"", compressed=False, where=where)
+        partition, offset = message.partition(), message.offset()
+        before = self._read_to.get(partition)
+        self._read_to[partition] = offset
+        if step is None:
+            self._skip(partition, before, offset)
             return None
-        return Delivery(step, (message.partition(), message.offset()))
+        return Delivery(step, (partition, offset))
+
+    def _skip(self, partition: int, before: int | None, offset: int) -> None:
+        """A poison record at ``offset``: committed at once when every record read before it
+        is (or none was: the group's committed offset is where reading began), else with
+        the delivery at ``before``."""
+        if before is None or self._committed.get(partition, 0) > before:
+            self._commit_highest({partition: offset}, [])
+        else:
+            self._skipped_after[(partition, before)] = offset
 
     def _newly_committed(self, deliveries: Iterable[Delivery]) -> list[Record]:
         seen: set[tuple[int, int]] = set()

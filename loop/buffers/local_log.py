@@ -17,10 +17,15 @@ Guarantees (``loop.buffers.base``):
 - **Order**: records are appended in publish order under the lock; a group reads them in
   sequence, so an episode's steps arrive in order.
 - **Torn writes**: a producer killed mid-write leaves a frame that fails its CRC or is
-  short. Readers stop before it; the next producer truncates it (under the lock) before
-  appending. Nothing that was acknowledged is lost: ``publish`` returns after ``write``,
-  so a record survives its producer being killed; it survives a power cut only after
-  ``flush`` (fsync).
+  short, at the tail. Readers stop before it; the next producer truncates it (under the
+  lock) before appending. Nothing that was acknowledged is lost: ``publish`` returns after
+  ``write``, so a record survives its producer being killed; it survives a power cut only
+  after ``flush`` (fsync).
+- **Damage in the middle**: a frame that fails its CRC with intact frames after it (a
+  flipped bit on disk, an edit by hand) is not a torn write: readers skip it (logged,
+  counted in ``undecodable``) and deliver what follows; producers keep it and never
+  truncate the intact records after it. A frame whose payload does not decode (or
+  decompresses beyond ``max_record_bytes``) is skipped the same way.
 - **At least once**: a consumer starts at its group's committed position, so what it was
   delivered and did not commit comes again after a restart (or a kill -9). Commits are
   cumulative (offsets, as in Kafka): committing a delivery commits every delivery before it.
@@ -58,15 +63,18 @@ from loop.buffers.base import (
     ConsumerCounts,
     Delivery,
     ProducerCounts,
+    RecordReader,
     overflow,
 )
-from loop.experience import Record, decode, encode
+from loop.experience import Record, encode
 from loop.group_names import check_group_name
 from serve.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 HEADER = struct.Struct("<IQB")  # payload length, sequence number, flags
+SEQ, SEQ_AT = struct.Struct("<Q"), 4  # the sequence number in a header, and where it is
+MAX_LOST = 64  # damaged records in a row that readers look past
 CRC = struct.Struct("<I")
 ZSTD = 1  # flag: the payload is zstd-compressed
 SEGMENT_BYTES = 64 << 20
@@ -88,6 +96,8 @@ class Frame(NamedTuple):
     flags: int
     payload: bytes
     end: int  # byte offset just after the frame
+    lost: int = 0  # > 0: records seq .. seq + lost - 1 are damaged (no payload); the next
+    # intact frame starts at ``end``
 
 
 def frame(seq: int, payload: bytes, flags: int = 0) -> bytes:
@@ -95,21 +105,53 @@ def frame(seq: int, payload: bytes, flags: int = 0) -> bytes:
     return head + payload + CRC.pack(zlib.crc32(payload, zlib.crc32(head)))
 
 
-def frames(data: bytes, start: int = 0) -> Iterator[Frame]:
-    """The whole, intact frames in ``data`` from ``start``; stops at a short or torn one
-    (``end`` of the last frame yielded is where the intact data ends)."""
+def frames(data: bytes, start: int = 0, expect: int | None = None) -> Iterator[Frame]:
+    """The frames in ``data`` from ``start``, up to where the intact data ends: a frame that
+    is short or fails its CRC at the tail (a torn write, or one in progress) ends them.
+
+    With ``expect``, the sequence number of the first frame, a frame that fails its CRC
+    with an intact frame of a later number after it is damage in the middle, not a torn
+    tail: it is given as a frame with ``lost`` records and no payload, and the frames after
+    it follow (at most :data:`MAX_LOST` records in a row are looked past)."""
     pos = start
     while pos + HEADER.size <= len(data):
-        length, seq, flags = HEADER.unpack_from(data, pos)
-        end = pos + HEADER.size + length + CRC.size
-        if end > len(data):
-            return
-        body = data[pos + HEADER.size : end - CRC.size]
-        (crc,) = CRC.unpack_from(data, end - CRC.size)
-        if crc != zlib.crc32(body, zlib.crc32(data[pos : pos + HEADER.size])):
-            return
-        yield Frame(seq, flags, body, end)
-        pos = end
+        found = _intact(data, pos)
+        if found is None:
+            if expect is None or (after := _next_intact(data, pos + 1, expect)) is None:
+                return
+            resumed, seq = after
+            yield Frame(expect, 0, b"", resumed, seq - expect)
+            pos, expect = resumed, seq
+            continue
+        yield found
+        pos, expect = found.end, None if expect is None else found.seq + 1
+
+
+def _intact(data: bytes, pos: int) -> Frame | None:
+    """The frame at ``pos`` when it is whole and its CRC matches."""
+    length, seq, flags = HEADER.unpack_from(data, pos)
+    end = pos + HEADER.size + length + CRC.size
+    if end > len(data):
+        return None
+    body = data[pos + HEADER.size : end - CRC.size]
+    (crc,) = CRC.unpack_from(data, end - CRC.size)
+    if crc != zlib.crc32(body, zlib.crc32(data[pos : pos + HEADER.size])):
+        return None
+    return Frame(seq, flags, body, end)
+
+
+def _next_intact(data: bytes, start: int, expect: int) -> tuple[int, int] | None:
+    """Where the first intact frame numbered ``expect + 1`` to ``expect + MAX_LOST`` starts
+    after ``start``, and its number; None if there is none (the data ends torn)."""
+    for seq in range(expect + 1, expect + MAX_LOST + 1):
+        marker = SEQ.pack(seq)
+        at = data.find(marker, start + SEQ_AT)
+        while at != -1:
+            pos = at - SEQ_AT
+            if _intact(data, pos) is not None:
+                return pos, seq
+            at = data.find(marker, at + 1)
+    return None
 
 
 class _Log:
@@ -257,10 +299,18 @@ class LogProducer:
             return
         data = os.pread(self._fd, size - self._end, self._end)
         intact = 0
-        for f in frames(data):
+        for f in frames(data, expect=self._next):
             if f.seq != self._next:
                 break
-            self._next, intact = f.seq + 1, f.end
+            if f.lost:
+                log.error(
+                    "%s: records %d to %d are damaged (their CRC does not match) and "
+                    "intact records follow; kept as they are, readers skip them",
+                    self._log.segment(self._segment),
+                    f.seq,
+                    f.seq + f.lost - 1,
+                )
+            self._next, intact = f.seq + max(1, f.lost), f.end
         self._end += intact
         if self._end < size:
             log.warning(
@@ -316,7 +366,9 @@ class LogConsumer:
         self._fd = -1
         self._fd_segment = -1
         self._outstanding: deque[Delivery] = deque()  # delivered, not committed, in order
-        self._decompressor: Any = None
+        self._reader = RecordReader(options, self.counts, log)
+        # Skipped records, by the seq just before them: committed with the delivery there.
+        self._skipped_after: dict[int, Position] = {}
 
     def poll(self, max_records: int, timeout_s: float) -> list[Delivery]:
         """Up to ``max_records`` in sequence, waiting up to ``timeout_s`` for the first."""
@@ -341,16 +393,29 @@ class LogConsumer:
         top: Position = max(d.position for d in deliveries)
         if top.seq <= self._committed.seq:
             return  # already committed
+        while top.seq in self._skipped_after:  # and the skipped records right after it
+            top = self._skipped_after.pop(top.seq)
+        self._write_committed(top)
+        done = []
+        while self._outstanding and self._outstanding[0].position.seq <= top.seq:
+            done.append(self._outstanding.popleft().step)
+        self.counts.add_committed(done)
+
+    def _write_committed(self, top: Position) -> None:
         try:
             self._log.write_offset(self.group, top)
             self._log.delete_behind(self._log.low())
         except OSError as e:
             raise BufferUnavailable(f"cannot commit to {self._log.groups}: {e}") from e
         self._committed = top
-        done = []
-        while self._outstanding and self._outstanding[0].position.seq <= top.seq:
-            done.append(self._outstanding.popleft().step)
-        self.counts.add_committed(done)
+
+    def _skip(self, before: Position, after: Position) -> None:
+        """A record skipped (poison, damage) between ``before`` and ``after``: committed at
+        once when everything before it is, else with the delivery just before it."""
+        if before.seq == self._committed.seq:
+            self._write_committed(after)
+        else:
+            self._skipped_after[before.seq] = after
 
     def close(self) -> None:
         """Leave the group: the next consumer starts at the committed position."""
@@ -407,7 +472,7 @@ class LogConsumer:
             length = HEADER.unpack_from(data)[0]
             data = os.pread(self._fd, max(READ_BYTES, HEADER.size + length + CRC.size), at.offset)
         out: list[Delivery] = []
-        for f in frames(data):
+        for f in frames(data, expect=at.seq):
             if len(out) == max_records:
                 break
             if f.seq != at.seq:
@@ -416,19 +481,19 @@ class LogConsumer:
                     "expected; the log was changed by hand, delete the group's offset file "
                     "to start again from the oldest record"
                 )
-            at = Position(at.seq + 1, at.segment, self._at.offset + f.end)
-            out.append(Delivery(decode(self._payload(f)), at))
+            where = f"{self._log.segment(at.segment)} record {f.seq}"
+            before, at = at, Position(at.seq + max(1, f.lost), at.segment, self._at.offset + f.end)
+            if f.lost:
+                self._reader.skipped(where, "damaged: its CRC does not match", records=f.lost)
+                self._skip(before, at)
+                continue
+            record = self._reader.read(f.payload, compressed=bool(f.flags & ZSTD), where=where)
+            if record is None:  # a poison record
+                self._skip(before, at)
+            else:
+                out.append(Delivery(record, at))
         self._at = at
         return out
-
-    def _payload(self, f: Frame) -> bytes:
-        if not f.flags & ZSTD:
-            return f.payload
-        if self._decompressor is None:
-            import zstandard
-
-            self._decompressor = zstandard.ZstdDecompressor()
-        return bytes(self._decompressor.decompress(f.payload))
 
     def _open_segment(self) -> bool:
         """Open the segment holding the next record; False while the log is empty."""
@@ -450,7 +515,7 @@ class LogConsumer:
         first = holding[-1]
         at = Position(max(first, self._at.seq), first, 0)
         with open(self._log.segment(first), "rb") as f:
-            for fr in frames(f.read()):
+            for fr in frames(f.read(), expect=first):
                 if fr.seq >= at.seq:
                     break
                 at = Position(at.seq, first, fr.end)

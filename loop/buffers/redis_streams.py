@@ -31,6 +31,11 @@ Guarantees (``loop.buffers.base``):
   median). Without it a restart loses the stream and the group; the consumer then
   recreates an empty group and logs a warning. Needs Redis 6.2 or newer (``XAUTOCLAIM``,
   ``XTRIM MINID``).
+- **Poison entries**: an entry that is not an experience record (other fields, bytes that
+  do not decode, a zstd field that decompresses beyond ``max_record_bytes``) is logged,
+  counted (``undecodable``), copied to the stream ``<stream>-dead`` with its id as
+  ``origin`` (the newest ~10,000 kept) and acknowledged, in one transaction; the entries
+  around it are delivered.
 - **Delivery**: a consumer reads its own pending entries first (``XREADGROUP … 0``: what it
   was given and did not commit before a restart or a connection error), then new ones
   (``>``). ``commit`` is ``XACK``. ``close`` keeps the uncommitted entries in the consumer's
@@ -71,8 +76,9 @@ from loop.buffers.base import (
     Delivery,
     Overflow,
     ProducerCounts,
+    RecordReader,
 )
-from loop.experience import Record, decode, encode
+from loop.experience import Record, encode
 from serve.errors import ConfigError
 
 log = logging.getLogger("rlserve.buffers.redis")
@@ -80,6 +86,8 @@ log = logging.getLogger("rlserve.buffers.redis")
 DEFAULT_STREAM = "rl_experience"
 FIELD_PLAIN = b"s"  # the entry's value is loop.experience.encode's bytes
 FIELD_ZSTD = b"z"  # the same bytes, zstd-compressed
+ORIGIN_FIELD = b"origin"  # a dead-lettered entry's id in the stream it came from
+DEAD_MAXLEN = 10_000  # entries <stream>-dead keeps, about (the oldest are trimmed)
 SOCKET_TIMEOUT_S = 10.0  # a reply slower than this is a connection error
 BLOCK_SLICE_S = 2.0  # a blocking read waits at most this long per command (< socket timeout)
 CLAIM_CHECK_S = 1.0  # poll looks for abandoned entries at most this often
@@ -367,7 +375,7 @@ class RedisConsumer:
         self.group = group
         self.name = name
         self.counts = ConsumerCounts()
-        self._decompress: Callable[[bytes], bytes] | None = None
+        self._reader = RecordReader(options, self.counts, log)
         self._own_cursor: bytes | str | None = "0"  # reading our pending list; None: new ones
         self._acked_since_trim = 0
         self._last_trim = time.monotonic()
@@ -515,11 +523,16 @@ class RedisConsumer:
     ) -> list[Delivery]:
         out: list[Delivery] = []
         gone: list[bytes] = []
+        poison: list[tuple[bytes, Mapping[bytes, bytes]]] = []
         for entry_id, fields in entries:
             if not fields:
                 gone.append(entry_id)  # deleted from the stream while pending
                 continue
-            out.append(Delivery(self._step(entry_id, fields), entry_id.decode()))
+            record = self._record(entry_id, fields)
+            if record is None:
+                poison.append((entry_id, fields))
+                continue
+            out.append(Delivery(record, entry_id.decode()))
         if gone:
             log.warning(
                 "redis stream %s: %d entries pending for %s were deleted from the stream "
@@ -530,23 +543,33 @@ class RedisConsumer:
                 gone,
             )
             self._stream.call(lambda: self._ack(gone), "acknowledging deleted entries")
+        if poison:
+            self._stream.call(lambda: self._dead_letter(poison), "dead-lettering entries")
         self.counts.delivered += len(out)
         return out
 
-    def _step(self, entry_id: bytes, fields: Mapping[bytes, bytes]) -> Record:
+    def _record(self, entry_id: bytes, fields: Mapping[bytes, bytes]) -> Record | None:
+        where = f"redis stream {self._stream.key!r} entry {entry_id.decode()}"
         if FIELD_PLAIN in fields:
-            return decode(fields[FIELD_PLAIN])
+            return self._reader.read(fields[FIELD_PLAIN], compressed=False, where=where)
         if FIELD_ZSTD in fields:
-            if self._decompress is None:
-                import zstandard
-
-                self._decompress = zstandard.ZstdDecompressor().decompress
-            return decode(self._decompress(fields[FIELD_ZSTD]))
-        raise ValueError(
-            f"redis stream {self._stream.key!r} entry {entry_id.decode()} is not an experience "
-            f"record (fields {sorted(fields)}; expected {FIELD_PLAIN!r} or {FIELD_ZSTD!r}): "
-            "publish only with loop.buffers, or remove it with XDEL and XACK"
+            return self._reader.read(fields[FIELD_ZSTD], compressed=True, where=where)
+        self._reader.skipped(
+            where, f"fields {sorted(fields)}; expected {FIELD_PLAIN!r} or {FIELD_ZSTD!r}"
         )
+        return None
+
+    def _dead_letter(self, entries: Sequence[tuple[bytes, Mapping[bytes, bytes]]]) -> None:
+        """Copy entries no consumer can decode to ``<stream>-dead`` (with the id they had,
+        as ``origin``) and acknowledge them, in one transaction: they are never delivered
+        again, and nothing of them is lost for whoever looks."""
+        dead = f"{self._stream.key}-dead"
+        pipe = self._stream.client.pipeline(transaction=True)
+        for entry_id, fields in entries:
+            kept = {**fields, ORIGIN_FIELD: entry_id}
+            pipe.xadd(dead, kept, maxlen=DEAD_MAXLEN, approximate=True)
+            pipe.xack(self._stream.key, self.group, entry_id)
+        pipe.execute()
 
     def _ack(self, ids: Sequence[Any]) -> list[int]:
         pipe = self._stream.client.pipeline(transaction=True)

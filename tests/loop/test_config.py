@@ -275,12 +275,17 @@ def test_buffer_options_and_the_consumer_name():
             "publish_timeout_s": 1.5,
             "overflow": "drop",
             "compression": "zstd",
+            "max_record_bytes": 1 << 20,
             "group": "ppo",
             "consumer": "ppo-a",
         }
     )
     assert config.buffer_options() == BufferOptions(
-        max_pending=4096, overflow=Overflow.DROP, publish_timeout_s=1.5, compression="zstd"
+        max_pending=4096,
+        overflow=Overflow.DROP,
+        publish_timeout_s=1.5,
+        compression="zstd",
+        max_record_bytes=1 << 20,
     )
     assert (config.consumer_group, config.consumer_name) == ("ppo", "ppo-a")
     assert load(data_buffer={"group": "ppo"}).consumer_name == "ppo-0"

@@ -27,6 +27,7 @@ from loop.controller import Accounting, Batch, Fallback, LoopMetrics, SyncContro
 from loop.experience import Completion, Record, Step
 from serve.errors import ConfigError
 from tests.loop.buffers.contract import make_completion, make_step, stepped
+from tests.loop.buffers.test_local_log import append_frame
 
 K = 5  # max_staleness in most tests
 
@@ -574,3 +575,26 @@ def test_a_controller_returns_the_records_it_learns_from_and_refuses_another_kin
     ppo = SyncController(open_consumer(steps, "ppo", "t"), max_staleness=K, fallback="drop")
     with pytest.raises(ConfigError, match=r"delivered a Completion record .* learns from Step"):
         ppo.next_batch(1, timeout_s=1)
+
+
+def test_poison_records_are_counted_and_the_trainer_learns_through_them(tmp_path):
+    """One poison record in every ten on a file buffer: every good record reaches the
+    trainer, the poison ones are counted in rl_experience_undecodable_total, and nothing
+    stays pending."""
+    url = f"file://{tmp_path}/log"
+    producer = open_producer(url)
+    steps = spread(6)
+    for start in range(0, len(steps), 10):
+        producer.publish(steps[start : start + 10])
+        append_frame(tmp_path / "log", b"\xc1")  # msgpack's one never-used byte
+    registry = CollectorRegistry()
+    controller = SyncController(
+        open_consumer(url, "trainer", "t"),
+        max_staleness=None,
+        fallback=Fallback.KEEP,
+        metrics=LoopMetrics(registry),
+    )
+    batches, _ = run_trainer(controller)
+    assert sorted(s.key for b in batches for s in b.steps) == sorted(s.key for s in steps)
+    assert sample(registry, "rl_experience_undecodable_total") == len(steps) // 10
+    assert controller.accounting().balance(producer.counts.published, producer.pending()) == 0

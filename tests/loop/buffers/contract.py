@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,10 +37,16 @@ from loop.experience import Completion, Deduplicator, Record, Step
 ROOT = Path(__file__).resolve().parents[3]  # the repository: children import tests.* from it
 
 
+Inject = Callable[[bytes, str], None]
+
+
 @dataclass
 class Backend:
     url: str  # a fresh, empty buffer per test (unique name/dir/stream/topic)
     crosses_processes: bool  # False for memory:// (skip the subprocess tests)
+    # Appends raw bytes as one record of a stream (an episode), as a careless or hostile
+    # publisher would; None where records travel as objects (memory://).
+    inject: Inject | None = None
     _opened: list[Producer | Consumer] = field(default_factory=list, repr=False)
 
     def producer(self, **overrides: Any) -> Producer:
@@ -389,6 +395,31 @@ class BufferContract:
         again.flush()
         assert again.counts.published == 1
         assert keys(drain(consumer, 1, self.timeout_s)) == [steps[n].key]
+
+    def test_a_poison_record_is_skipped_and_the_rest_delivered(self, backend: Backend) -> None:
+        """Bytes that are not a record, between good ones and after the last: the good ones
+        are delivered, the poison is counted, leaves nothing pending once they are committed
+        and is never read again."""
+        if backend.inject is None:
+            pytest.skip("records travel as objects here: none can fail to decode")
+        producer = backend.producer()
+        producer.publish(episode("a", 3))
+        producer.flush()
+        backend.inject(b"\xc1", "b")  # msgpack's one never-used byte
+        producer.publish(episode("b", 3))
+        producer.flush()
+        backend.inject(b"\xc1", "b")
+        consumer = backend.consumer()
+        got = drain(consumer, 6, self.timeout_s)
+        assert sorted(keys(got)) == sorted(f"{e}:{i}" for e in "ab" for i in range(3))
+        wait_for(lambda: consumer.poll(1, 0) == [] and consumer.counts.undecodable == 2,
+                 self.timeout_s, "both poison records read")  # fmt: skip
+        consumer.commit(got)
+        consumer.close()
+        wait_for(lambda: producer.pending() == 0, self.timeout_s, "pending() == 0")
+        again = backend.consumer()
+        self.assert_quiet(again)
+        assert again.counts.undecodable == 0
 
     def test_accounting_balances(self, backend: Backend) -> None:
         steps = [make_step(f"acc{e}", i, version=1 + i // 4) for e in range(4) for i in range(10)]

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from uuid import uuid4
 
+import confluent_kafka
 import numpy as np
 import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
@@ -80,7 +81,13 @@ class TestKafka(BufferContract):
 
     @pytest.fixture
     def backend(self, kafka_broker: KafkaBroker, topic: str) -> Backend:
-        return Backend(kafka_broker.url(topic, group="trainer"), crosses_processes=True)
+        def inject(data: bytes, stream: str) -> None:  # keyed as the stream's own records
+            producer = confluent_kafka.Producer({"bootstrap.servers": kafka_broker.bootstrap})
+            producer.produce(topic, data, stream.encode())
+            assert producer.flush(TIMEOUT_S) == 0
+
+        url = kafka_broker.url(topic, group="trainer")
+        return Backend(url, crosses_processes=True, inject=inject)
 
 
 def _producer(url: str, opened: list, **options: object) -> KafkaProducer:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import zstandard
 
 from loop.buffers import open_consumer, open_producer
 from loop.buffers.base import BufferOptions, BufferUnavailable, Producer
@@ -30,10 +32,24 @@ from tests.loop.buffers.contract import (
 )
 
 
+def append_frame(log_dir: Path, data: bytes, flags: int = 0) -> None:
+    """A frame of raw bytes after the log's last record, as a foreign writer would add it."""
+    last = segment_files(log_dir)[-1]
+    intact = list(frames(last.read_bytes()))
+    seq = intact[-1].seq + 1 if intact else int(last.stem)
+    with open(last, "ab") as f:
+        f.write(frame(seq, data, flags))
+
+
+def appender(log_dir: Path) -> Callable[[bytes, str], None]:
+    return lambda data, _: append_frame(log_dir, data)
+
+
 class TestLocalLog(BufferContract):
     @pytest.fixture
     def backend(self, tmp_path):
-        return Backend(f"file://{tmp_path}/log?segment_bytes=4096", crosses_processes=True)
+        url = f"file://{tmp_path}/log?segment_bytes=4096"
+        return Backend(url, crosses_processes=True, inject=appender(tmp_path / "log"))
 
 
 class ZstdBackend(Backend):
@@ -44,7 +60,8 @@ class ZstdBackend(Backend):
 class TestLocalLogZstd(BufferContract):
     @pytest.fixture
     def backend(self, tmp_path):
-        return ZstdBackend(f"file://{tmp_path}/log", crosses_processes=True)
+        inject = appender(tmp_path / "log")
+        return ZstdBackend(f"file://{tmp_path}/log", crosses_processes=True, inject=inject)
 
 
 @pytest.fixture
@@ -93,6 +110,41 @@ def test_a_corrupt_last_frame_is_not_delivered(log_dir):
     assert keys(drain(consumer, 3, 0.3)) == ["a:0", "a:1"]
     open_producer(url).publish(episode("b", 1))
     assert keys(drain(consumer, 1, 2.0)) == ["b:0"]  # seq 2 again: the corrupt one is gone
+
+
+def test_damage_in_the_middle_skips_one_record_and_keeps_the_rest(log_dir):
+    """A flipped byte inside record 2 of 5: the consumer skips it and delivers 3 and 4; the
+    next producer keeps them (it truncates only a torn tail) and appends after them."""
+    url = url_of(log_dir)
+    open_producer(url).publish(episode("a", 5))
+    (segment,) = segment_files(log_dir)
+    data = bytearray(segment.read_bytes())
+    second = list(frames(bytes(data)))[2]
+    data[second.end - 8] ^= 0xFF  # inside record 2's payload
+    segment.write_bytes(bytes(data))
+    consumer = open_consumer(url, "g", "c")
+    got = drain(consumer, 4, 2.0)
+    assert keys(got) == ["a:0", "a:1", "a:3", "a:4"]
+    assert consumer.counts.undecodable == 1
+    again = open_producer(url)
+    again.publish(episode("b", 3))
+    assert keys(drain(consumer, 3, 2.0)) == ["b:0", "b:1", "b:2"]
+    assert [f.seq for f in frames(segment.read_bytes(), expect=0)] == list(range(8))
+    consumer.commit(got)
+
+
+def test_a_compressed_record_past_max_record_bytes_is_skipped(log_dir):
+    """A zstd frame holding 64 MiB of zeros (2 KB on disk) is refused by its declared size
+    before anything is decompressed; the records around it are delivered."""
+    url = url_of(log_dir)
+    producer = open_producer(url)
+    producer.publish(episode("a", 1))
+    bomb = zstandard.ZstdCompressor().compress(bytes(64 << 20))
+    append_frame(log_dir, bomb, ZSTD)
+    producer.publish(episode("b", 1))
+    consumer = open_consumer(url, "g", "c", BufferOptions(max_record_bytes=1 << 20))
+    assert keys(drain(consumer, 2, 2.0)) == ["a:0", "b:0"]
+    assert consumer.counts.undecodable == 1
 
 
 def frames_end(data: bytes) -> int:

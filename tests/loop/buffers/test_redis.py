@@ -12,6 +12,7 @@ from uuid import uuid4
 
 import pytest
 import redis
+import zstandard
 
 from loop.buffers import open_consumer, open_producer
 from loop.buffers.base import BufferOptions, BufferUnavailable
@@ -55,8 +56,11 @@ def raw(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 class TestRedis(BufferContract):
     @pytest.fixture
-    def backend(self, redis_server: RedisServer, stream: str) -> Backend:
-        return Backend(redis_server.url(stream), crosses_processes=True)
+    def backend(self, redis_server: RedisServer, stream: str, raw: redis.Redis) -> Backend:
+        def inject(data: bytes, _: str) -> None:
+            raw.xadd(stream, {"s": data})
+
+        return Backend(redis_server.url(stream), crosses_processes=True, inject=inject)
 
 
 def test_open_by_url_and_parameters(redis_server: RedisServer, stream: str) -> None:
@@ -270,3 +274,36 @@ def test_a_key_that_is_no_stream_is_a_config_error(
     raw.set(stream, b"not a stream")
     with pytest.raises(ConfigError, match="stream=NAME"):
         open_consumer(redis_server.url(stream), "trainer", "c1")
+
+
+def test_poison_entries_are_dead_lettered_and_a_restart_resumes(
+    redis_server: RedisServer, stream: str, raw: redis.Redis
+) -> None:
+    """The issue's crash loop: a poison entry read in one batch with good ones. The good
+    ones are delivered, the poison (bytes that are not a record, fields of another kind, a
+    zstd bomb) goes to <stream>-dead and is acknowledged; a restarted consumer of the same
+    name gets its uncommitted good entries again, and nothing else."""
+    url = redis_server.url(stream)
+    producer = open_producer(url)
+    producer.publish(episode("a", 2))
+    raw.xadd(stream, {"s": b"\xc1"})
+    raw.xadd(stream, {"other": b"x"})
+    raw.xadd(stream, {"z": zstandard.ZstdCompressor().compress(bytes(64 << 20))})
+    producer.publish(episode("b", 2))
+    producer.close()
+    options = BufferOptions(max_record_bytes=1 << 20)
+    consumer = open_consumer(url, "g", "c", options)
+    assert keys(drain(consumer, 4, 5.0)) == ["a:0", "a:1", "b:0", "b:1"]
+    assert consumer.counts.undecodable == 3
+    consumer.close()  # nothing committed: the good ones come again
+    dead = raw.xrange(f"{stream}-dead")
+    assert [fields.get(b"s", fields.get(b"other")) for _, fields in dead][:2] == [b"\xc1", b"x"]
+    assert len(dead) == 3
+    assert all(b"origin" in fields for _, fields in dead)
+    again = open_consumer(url, "g", "c", options)
+    got = drain(again, 4, 5.0)
+    assert keys(got) == ["a:0", "a:1", "b:0", "b:1"]
+    assert again.counts.undecodable == 0
+    again.commit(got)
+    assert raw.xpending(stream, "g")["pending"] == 0
+    again.close()
