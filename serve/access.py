@@ -1,5 +1,7 @@
 """What every HTTP exchange gets: a request id, one structured access-log line, and
-``Connection: close`` while the server drains (so clients reconnect to another replica).
+``Connection: close`` while the server drains (so clients reconnect to another replica);
+and the one check of the admin bearer token (:func:`check_bearer`), which the admin routes
+and the system shared-memory registry (HTTP headers and gRPC metadata alike) share.
 
 The predict frontend (``serve.dataplane.http``) does this inline; :class:`AccessMiddleware`
 does it for the control-plane application. Both use the functions here.
@@ -7,14 +9,18 @@ does it for the control-plane application. Both use the functions here.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import random
 import time
 from collections.abc import Callable
 
 import orjson
+from pydantic import SecretStr
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from serve.errors import Forbidden, Unauthorized
 
 log = logging.getLogger("rlserve.access")
 
@@ -39,6 +45,19 @@ def new_request_id() -> str:
     the process's own generator, seeded from the OS, without a system call per request.
     A forked worker draws from a generator of its own (``random`` reseeds after fork)."""
     return f"{random.getrandbits(96):024x}"
+
+
+def check_bearer(token: SecretStr, authorization: str, guarded: str) -> None:
+    """``authorization`` (the ``Authorization`` header, or gRPC's ``authorization``
+    metadata) is ``Bearer <token>``: else Unauthorized (no bearer token) or Forbidden (another
+    one). ``guarded`` names what the token guards, for the message; the token never shows."""
+    if not authorization.lower().startswith("bearer "):
+        raise Unauthorized(
+            f"{guarded}: missing bearer token: send Authorization: Bearer <admin_token>"
+        )
+    given = authorization[7:].strip().encode()
+    if not hmac.compare_digest(given, token.get_secret_value().encode()):
+        raise Forbidden(f"{guarded}: the bearer token does not match admin_token")
 
 
 def log_exchange(scope: Scope, request_id: str, status: int, seconds: float) -> None:

@@ -330,7 +330,15 @@ class Settings(BaseSettings, ModelSettings):
         description="serve Triton's system shared-memory extension on /v2 and gRPC (Triton's "
         "--allow-client-shm): clients register POSIX shared-memory objects of /dev/shm that "
         "the server then reads inputs from and writes outputs to, so turn it on only where "
-        "every client that reaches the ports may use this server user's shared memory",
+        "every client that reaches the ports may use this server user's shared memory, or "
+        "set admin_token, which then guards it (shm_open)",
+    )
+    shm_open: bool = Field(
+        False,
+        description="let any client that reaches the ports register, list and unregister "
+        "system shared-memory regions and name them in calls, even with admin_token set "
+        "(which otherwise guards them: Authorization: Bearer <admin_token>); only for a "
+        "trusted single-tenant host",
     )
     shm_max_regions: PositiveInt = Field(
         64, description="system shared-memory regions registered at once, per server process"
@@ -360,7 +368,8 @@ class Settings(BaseSettings, ModelSettings):
     admin_token: SecretStr | None = Field(
         None,
         description=f"bearer token for push/activate/rollback/hold ({ADMIN_TOKEN_MIN_CHARS} "
-        "characters or more, no whitespace); unset disables them",
+        "characters or more, no whitespace), and for system shared memory unless shm_open; "
+        "unset disables the updates",
     )
     poll_interval_s: float | None = Field(
         None,

@@ -8,7 +8,6 @@ one) and are disabled (403) while no ``admin_token`` is configured. The semantic
 from __future__ import annotations
 
 import asyncio
-import hmac
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from serve.access import check_bearer
 from serve.config import Settings
 from serve.control import store
 from serve.control.http_bodies import body_chunks, json_response, read_json_object
 from serve.control.repository import MODEL_FILE
 from serve.control.updates import ActivationMode, Canary, Push, Updater
 from serve.dataplane.wire import positive_number
-from serve.errors import Forbidden, InvalidInput, Unauthorized
+from serve.errors import Forbidden, InvalidInput
 from serve.versions import DESCRIPTION, parse_version, path_version
 
 DEFAULT_WAIT_S = 10.0  # an update waits this long for every worker to serve it
@@ -51,11 +51,7 @@ class AdminEndpoints:
             raise Forbidden(
                 "admin endpoints are disabled: set admin_token (RLSERVE_ADMIN_TOKEN) to enable them"
             )
-        given = request.headers.get("authorization", "")
-        if not given.lower().startswith("bearer "):
-            raise Unauthorized("missing bearer token: send Authorization: Bearer <admin_token>")
-        if not hmac.compare_digest(given[7:].strip().encode(), token.get_secret_value().encode()):
-            raise Forbidden("the bearer token does not match admin_token")
+        check_bearer(token, request.headers.get("authorization", ""), "admin endpoints")
 
     async def push_version(self, request: Request, model: str, version: str) -> Response:
         """Push a new version: ONNX bytes (application/octet-stream, sha256 in X-Model-SHA256,

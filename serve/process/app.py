@@ -192,6 +192,7 @@ def create_app(
         enabled=settings.allow_client_shm,
         max_regions=settings.shm_max_regions,
         max_region_bytes=settings.shm_max_region_bytes,
+        admin_token=None if settings.shm_open else settings.admin_token,
     )
     inference = Inference(
         manager, metrics, lambda: phases.draining, rows, shared_memory, feature_lookup

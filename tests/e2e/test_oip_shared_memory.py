@@ -3,8 +3,9 @@
 ``tritonclient.http`` and ``tritonclient.grpc`` create regions with
 ``tritonclient.utils.shared_memory``, register them with ``rlserve serve --allow-client-shm``,
 and infer with inputs and outputs in shared memory: the answers equal the same call with
-ordinary tensors. Every bad call is answered clearly; the extension is off by default; every
-region a test made is destroyed, and nothing of them is left in /dev/shm.
+ordinary tensors. Every bad call is answered clearly; the extension is off by default; with
+an admin token set, only its bearer uses it (``--shm-open`` opens it again); every region a
+test made is destroyed, and nothing of them is left in /dev/shm.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from tests.e2e.server import Server, free_port
 
 PREFIX = "rlserve-e2e-"
 MAX_REGIONS = 3
+TOKEN = "shm-e2e-admin-token-0123456789"
+ADMIN = {"authorization": f"Bearer {TOKEN}"}  # tritonclient's headers=: HTTP or gRPC metadata
 TRANSPORTS = ["http", "grpc"]
 OUTPUTS = ("actions", "log_probs", "values", "logits")
 
@@ -56,9 +59,13 @@ class Shm:
         return handle, key
 
 
-def start(repository: Path, tmp: Path, *flags: str) -> tuple[Server, int]:
+def start(
+    repository: Path, tmp: Path, *flags: str, env: dict[str, str] | None = None
+) -> tuple[Server, int]:
     grpc_port = free_port()
-    server = Server.rlserve(repository, "--grpc-port", str(grpc_port), *flags, log=tmp / "log")
+    server = Server.rlserve(
+        repository, "--grpc-port", str(grpc_port), *flags, env=env, log=tmp / "log"
+    )
     server.wait_ready()
     return server, grpc_port
 
@@ -381,3 +388,151 @@ def test_a_client_shrinking_its_object_during_calls_gets_refusals_not_a_dead_ser
     assert set(statuses_seen) <= {200, 422}
     with httpx.Client(base_url=shm_server.server.url, timeout=10) as http:
         assert http.get("/health").status_code == 200
+
+
+@pytest.fixture(scope="module")
+def guarded(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shm]:
+    """A server with system shared memory on and an admin token set, which guards it."""
+    tmp = tmp_path_factory.mktemp("shm-guarded")
+    env = {"RLSERVE_ADMIN_TOKEN": TOKEN}
+    server, grpc_port = start(repository, tmp, "--allow-client-shm", env=env)
+    served = Shm(server, grpc_port)
+    yield served
+    server.stop()
+    for handle in served.handles:
+        shm.destroy_shared_memory_region(handle)
+
+
+def refused_as(transport: str, call: Any, http: str, grpc: str, message: str) -> None:
+    error = refusal(call)
+    assert error.status() == (http if transport == "http" else grpc), error
+    assert message in error.message(), error.message()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_with_an_admin_token_only_the_admin_registers_lists_unregisters_and_places(
+    guarded: Shm, transport: str
+) -> None:
+    """A client without the token can neither register another process's object, nor list
+    the regions' keys, nor unregister them, nor have outputs written into them."""
+    module = module_of(transport)
+    handle, key = guarded.region(256)
+    shm.set_shared_memory_region(handle, [obs(1)])
+    unauthenticated = ("401", "StatusCode.UNAUTHENTICATED", "missing bearer token")
+    with guarded.client(transport) as client:
+        anonymous: dict[str, Any] = {
+            "register": lambda: client.register_system_shared_memory("r", key, 64),
+            "status": client.get_system_shared_memory_status,
+            "unregister": client.unregister_system_shared_memory,
+        }
+        for call in anonymous.values():
+            refused_as(transport, call, *unauthenticated)
+        wrong = {"authorization": "Bearer not-the-admin-token-at-all"}
+        refused_as(
+            transport,
+            lambda: client.register_system_shared_memory("r", key, 64, headers=wrong),
+            "403",
+            "StatusCode.PERMISSION_DENIED",
+            "does not match admin_token",
+        )
+        client.register_system_shared_memory("r", key, 64, headers=ADMIN)
+        refused_as(transport, lambda: client.unregister_system_shared_memory("r"), *unauthenticated)
+        assert statuses_as_admin(client, transport) == {
+            "r": {"key": key, "offset": 0, "byte_size": 64}
+        }
+        given = module.InferInput("obs", [1, 4], "FP32")
+        given.set_shared_memory("r", 16)
+        actions = module.InferRequestedOutput("actions")
+        actions.set_shared_memory("r", 8, offset=32)
+        refused_as(
+            transport,
+            lambda: client.infer("cartpole", [given], outputs=[actions]),
+            *unauthenticated,
+        )
+        assert shm.get_contents_as_numpy(handle, np.int64, [1], offset=32).tolist() == [0]
+        client.infer("cartpole", [given], outputs=[actions], headers=ADMIN)
+        want = ordinary(client, transport, obs(1))["actions"]
+        got = shm.get_contents_as_numpy(handle, np.int64, want.shape, offset=32)
+        np.testing.assert_array_equal(got, want)
+        client.unregister_system_shared_memory(headers=ADMIN)
+        assert statuses_as_admin(client, transport) == {}
+
+
+def statuses_as_admin(client: Any, transport: str) -> dict[str, dict[str, int | str]]:
+    if transport == "http":
+        listed = client.get_system_shared_memory_status(headers=ADMIN)
+        return {r["name"]: {k: r[k] for k in ("key", "offset", "byte_size")} for r in listed}
+    answer = client.get_system_shared_memory_status(headers=ADMIN)
+    return {
+        n: {"key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+        for n, r in answer.regions.items()
+    }
+
+
+def test_a_grpc_stream_places_tensors_with_the_streams_admin_token(guarded: Shm) -> None:
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    handle, key = guarded.region(1024)
+    shm.set_shared_memory_region(handle, [obs(1)])
+    given = triton_grpc.InferInput("obs", [1, 4], "FP32")
+    given.set_shared_memory("s", 16)
+    for headers, error_wanted in ((None, "missing bearer token"), (ADMIN, None)):
+        with guarded.client("grpc") as client:
+            client.register_system_shared_memory("s", key, 1024, headers=ADMIN)
+            client.start_stream(
+                callback=lambda result, error: answers.put((result, error)), headers=headers
+            )
+            client.async_stream_infer("cartpole", [given], request_id="1")
+            result, error = answers.get(timeout=10)
+            client.stop_stream()
+            client.unregister_system_shared_memory(headers=ADMIN)
+        if error_wanted is None:
+            assert error is None, error
+        else:
+            assert error is not None, result
+            assert error_wanted in error.message(), error
+
+
+def test_shm_open_opens_it_to_every_client_despite_the_admin_token(
+    repository: Path, tmp_path: Path
+) -> None:
+    server, grpc_port = start(
+        repository,
+        tmp_path,
+        "--allow-client-shm",
+        "--shm-open",
+        env={"RLSERVE_ADMIN_TOKEN": TOKEN},
+    )
+    opened = Shm(server, grpc_port)
+    try:
+        _, key = opened.region(64)
+        for transport in TRANSPORTS:
+            with opened.client(transport) as client:
+                client.register_system_shared_memory(transport, key, 8)
+                assert list(statuses(client, transport, transport)) == [transport]
+                client.unregister_system_shared_memory(transport)
+    finally:
+        server.stop()
+        for handle in opened.handles:
+            shm.destroy_shared_memory_region(handle)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_region_names_are_bounded_and_a_404_names_only_the_callers_region(
+    shm_server: Shm, transport: str
+) -> None:
+    """Three names of 1 MB once made every client's gRPC status fail (RESOURCE_EXHAUSTED);
+    a 404 listed the regions other clients had registered."""
+    _, key = shm_server.region(64)
+    with shm_server.client(transport) as client:
+        client.register_system_shared_memory("theirs", key, 8)
+        longest = "n" * 128
+        client.register_system_shared_memory(longest, key, 8, offset=8)
+        huge = "h" * (1 << 20) if transport == "grpc" else "h" * 4096  # a URL path over HTTP
+        for name in ("n" * 129, huge):
+            error = refusal(lambda name=name: client.register_system_shared_memory(name, key, 8))
+            assert "a region needs a name of 1 to 128 characters" in error.message()
+            assert len(error.message()) < 1024  # the name is cut, not echoed
+        assert set(statuses(client, transport)) == {"theirs", longest}
+        error = refusal(lambda: client.get_system_shared_memory_status("mine"))
+        assert "no shared-memory region 'mine' is registered" in error.message()
+        assert "theirs" not in error.message()

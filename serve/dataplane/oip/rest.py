@@ -22,7 +22,9 @@ memory on (``serve.dataplane.oip.shared_memory``), an input or a requested outpu
 parameters name a ``shared_memory_region`` is read from or written to that region instead;
 such an output is answered with its name, datatype and shape only, no parameters and no
 data, as Triton answers it (Triton's C++ client reads any output ``parameters`` as binary
-data and fails without ``binary_data_size``). Errors are
+data and fails without ``binary_data_size``). While ``admin_token`` guards shared memory, its
+routes and the calls that place a tensor in it need ``Authorization: Bearer <admin_token>``,
+as the admin routes do (``SharedMemory.admit``). Errors are
 ``{"error": message, "code": code}`` with the status ``serve.status`` maps the code to; the
 deadline is ``X-Request-Timeout-Ms``, or the request parameter ``timeout`` (microseconds).
 
@@ -76,6 +78,7 @@ log = logging.getLogger("rlserve.oip")
 PREFIX = "/v2"
 _BINARY = (b"content-type", b"application/octet-stream")
 _HEADER_LENGTH = b"inference-header-content-length"
+_AUTHORIZATION = b"authorization"
 _MAX_LENGTH_DIGITS = 19  # a signed 64-bit integer's: more than any body could be
 ROUTES = (
     "the routes are GET /v2, GET /v2/health/live, GET /v2/health/ready, "
@@ -216,11 +219,12 @@ class OipRestFrontend:
         scope, registry = exchange.scope, self.inference.shared_memory
         cuda = path.action.startswith("cuda_")
         action = path.action.removeprefix("cuda_")
+        allow(scope, "GET" if action == "shm_status" else "POST")
+        if not cuda:  # CUDA's answer nothing a client could use: none is ever registered
+            registry.admit(_authorization(scope))
         if action == "shm_status":
-            allow(scope, "GET")
             regions = registry.cuda_status(path.region) if cuda else registry.status(path.region)
             return [region.to_json() for region in regions]
-        allow(scope, "POST")
         body = await read_body(
             exchange.receive, exchange.call.declared_length, _REGISTER_BODY_BYTES
         )
@@ -304,6 +308,8 @@ class OipRestFrontend:
         decoded, budget = await calls.prepare(
             len(body), lambda _: decode_infer(body, header_length, call, default_ms)
         )
+        if decoded.in_shared_memory:
+            self.inference.shared_memory.admit(_authorization(scope))
         deadline = calls.turn.deadline(call.received_at, budget)
         deadline.check("reading it")  # its timeout parameter may ask for less
         answer = await self.inference.run(
@@ -358,6 +364,14 @@ def _config_tensor(name: str, datatype: str, shape: tuple[int, ...]) -> dict[str
 
 def _kind(route: Route) -> str:
     return "KIND_CPU" if route.version.provider == "CPUExecutionProvider" else "KIND_GPU"
+
+
+def _authorization(scope: Scope) -> str:
+    """The call's ``Authorization`` header ("" when it has none)."""
+    for name, value in scope["headers"]:
+        if name == _AUTHORIZATION:
+            return value.decode("latin-1")
+    return ""
 
 
 def _header_length(scope: Scope) -> int | None:

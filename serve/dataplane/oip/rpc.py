@@ -24,8 +24,11 @@ output whose parameters name a ``shared_memory_region`` is read from or written 
 input has no entry in ``raw_input_contents`` (as tritonclient sends it), and such an output is
 answered in its place among the others with an empty ``raw_output_contents`` entry, as Triton
 answers it: every output has an entry at its own index (Triton's C++ client reads entry i for
-output i without looking at the count). The ``CudaSharedMemory*`` RPCs answer as Triton does
-on a host without CUDA: no region registered, unregistering succeeds, registering is refused.
+output i without looking at the count). While ``admin_token`` guards shared memory, those RPCs
+and the calls that place a tensor in it need the ``authorization`` metadata ``Bearer
+<admin_token>`` (tritonclient's ``headers=``; a stream's, for its calls). The
+``CudaSharedMemory*`` RPCs answer as Triton does on a host without CUDA: no region
+registered, unregistering succeeds, registering is refused.
 
 ``grpc.health.v1.Health`` answers SERVING while the server is ready (Kubernetes' gRPC
 probe asks it).
@@ -176,9 +179,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     # ------------------------------------------------------------------ shared memory
 
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
-        regions = await _answered(
-            context, lambda: self.inference.shared_memory.status(request.name)
-        )
+        regions = await _answered(context, lambda: self._admitted(context).status(request.name))
         status = pb.SystemSharedMemoryStatusResponse.RegionStatus
         return pb.SystemSharedMemoryStatusResponse(
             regions={
@@ -188,16 +189,23 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         )
 
     async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:  # noqa: N802
-        registry = self.inference.shared_memory
         await _answered(
             context,
-            lambda: registry.register(request.name, request.key, request.offset, request.byte_size),
+            lambda: self._admitted(context).register(
+                request.name, request.key, request.offset, request.byte_size
+            ),
         )
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:  # noqa: N802
-        await _answered(context, lambda: self.inference.shared_memory.unregister(request.name))
+        await _answered(context, lambda: self._admitted(context).unregister(request.name))
         return pb.SystemSharedMemoryUnregisterResponse()
+
+    def _admitted(self, context: Any) -> shared_memory.SharedMemory:
+        """The registry, once the caller may use it (``SharedMemory.admit``)."""
+        registry = self.inference.shared_memory
+        registry.admit(_authorization(context))
+        return registry
 
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
         await _answered(context, lambda: self.inference.shared_memory.cuda_status(request.name))
@@ -223,7 +231,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         received_at = time.monotonic()
         remaining = context.time_remaining()
         try:
-            return await self._infer(request, received_at, remaining)
+            return await self._infer(request, received_at, remaining, context)
         except RLServeError as exc:
             await _abort(context, exc)
 
@@ -245,7 +253,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         async def answer(request: Any, received_at: float) -> None:
             try:
                 left = None if stream_ends is None else stream_ends - received_at
-                reply = await self._stream_reply(request, received_at, left)
+                reply = await self._stream_reply(request, received_at, left, context)
                 async with writing:
                     await context.write(reply)  # waits while the client reads nothing
             finally:
@@ -272,12 +280,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
     async def _stream_reply(
-        self, request: Any, received_at: float, remaining_s: float | None
+        self, request: Any, received_at: float, remaining_s: float | None, context: Any
     ) -> Any:
-        """One stream call's answer: its response, or its error naming the call."""
+        """One stream call's answer: its response, or its error naming the call (``context``:
+        the stream's)."""
         try:
             return pb.ModelStreamInferResponse(
-                infer_response=await self._infer(request, received_at, remaining_s)
+                infer_response=await self._infer(request, received_at, remaining_s, context)
             )
         except RLServeError as exc:  # the stream goes on; the reply names the call
             return pb.ModelStreamInferResponse(
@@ -294,11 +303,17 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         for reader in self._readers:
             reader.cancel()
 
-    async def _infer(self, request: Any, received_at: float, remaining_s: float | None) -> Any:
+    async def _infer(
+        self, request: Any, received_at: float, remaining_s: float | None, context: Any
+    ) -> Any:
+        """One call run (``context``: its own, or its stream's, whose metadata a call placing
+        a tensor in shared memory is admitted by)."""
         route: Route | None = None
         try:
             route = self.inference.route(request.model_name, request.model_version)
             call = decode_infer(request)
+            if call.in_shared_memory:
+                self.inference.shared_memory.admit(_authorization(context))
             asked_ms = None if remaining_s is None else remaining_s * 1000
             budget = call_budget_ms(call, route.default_deadline_ms, asked_ms)
             deadline = self.inference.calls.turn.deadline(received_at, budget)
@@ -313,6 +328,15 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             self.inference.refused(route, error, received_at)
             raise error from None
         return encode_infer(answer, call)
+
+
+def _authorization(context: Any) -> str:
+    """The call's ``authorization`` metadata ("" when it has none); gRPC sends metadata keys
+    in lower case."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            return value if isinstance(value, str) else bytes(value).decode("latin-1")
+    return ""
 
 
 async def _answered(context: Any, call: Callable[[], T]) -> T:

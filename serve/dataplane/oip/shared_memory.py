@@ -9,9 +9,17 @@ data, an output's written there instead of into the answer. Both transports deco
 parameters with :func:`placement` and hand them to :class:`SharedMemory`, through
 ``serve.dataplane.oip.infer.Inference``.
 
-Off unless the ``allow_client_shm`` setting turns it on: a region names host memory. What is
-checked, before any byte is read or written:
+Off unless the ``allow_client_shm`` setting turns it on: a region names host memory. Once
+on, while an ``admin_token`` is set (and ``shm_open`` does not open it to every client), only
+the admin may use it: registering, listing and unregistering regions and every call that
+places a tensor in one need ``Authorization: Bearer <admin_token>`` (gRPC: the
+``authorization`` metadata), checked by :meth:`SharedMemory.admit` with the admin routes'
+own check (``serve.access.check_bearer``). What is checked, before any byte is read or
+written:
 
+- a region's name is 1 to 128 characters (a status lists every name: unbounded names could
+  make it larger than any client takes); a call naming a region not registered is told
+  that name is not registered, never which others are;
 - a key is a plain shared-memory name (``/name`` or ``name``: no other ``/``, no ``..``, no
   NUL), opened as ``/dev/shm/<name>`` without following a symbolic link, and must be a
   regular file there;
@@ -41,6 +49,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
+
+from serve.access import check_bearer
 from serve.dataplane.oip import tensors
 from serve.errors import Conflict, InvalidInput, NotFound, Unsupported, quoted
 from serve.json_shown import json_shown
@@ -51,6 +62,11 @@ OFFSET = "shared_memory_offset"
 BYTE_SIZE = "shared_memory_byte_size"
 PARAMETERS = (REGION, OFFSET, BYTE_SIZE)
 _KEY_CHARACTERS = 255  # NAME_MAX: the longest file name /dev/shm takes
+_NAME_CHARACTERS = 128  # a region's name, at most: as the ids clients name other things by
+_GUARDED = (
+    "system shared memory (guarded by admin_token; a trusted single-tenant host may open it "
+    "to every client with --shm-open)"
+)
 _TURN_ON = (
     "system shared memory is off: start the server with --allow-client-shm "
     "(RLSERVE_ALLOW_CLIENT_SHM=true, allow_client_shm: true) to use it"
@@ -180,11 +196,13 @@ class SharedMemory:
         enabled: bool,
         max_regions: int,
         max_region_bytes: int,
+        admin_token: SecretStr | None = None,
         directory: Path = DIRECTORY,
     ) -> None:
         self.enabled = enabled
         self.max_regions = max_regions
         self.max_region_bytes = max_region_bytes
+        self.admin_token = admin_token  # None: any client may use the regions (shm_open)
         self.directory = directory
         self._regions: dict[str, _Region] = {}
 
@@ -192,11 +210,24 @@ class SharedMemory:
         if not self.enabled:
             raise Unsupported(_TURN_ON)
 
+    def admit(self, authorization: str) -> None:
+        """A caller may register, list and unregister regions and place tensors in them:
+        anyone while no admin token guards them, else the caller whose ``authorization``
+        (header or metadata; "" when none) carries it. Checked first, before what the call
+        names is looked at (401 without a bearer token, 403 with another one)."""
+        self._on()
+        if self.admin_token is not None:
+            check_bearer(self.admin_token, authorization, _GUARDED)
+
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         """Map ``byte_size`` bytes of the object ``key`` from ``offset`` as region ``name``."""
         self._on()
-        if not isinstance(name, str) or not name:
-            raise InvalidInput("register: a region needs a name (a non-empty string)")
+        if not isinstance(name, str) or not 0 < len(name) <= _NAME_CHARACTERS:
+            shown = quoted(name) if isinstance(name, str) else json_shown(name)
+            raise InvalidInput(
+                f"register: region name {shown}: a region needs a name of 1 to "
+                f"{_NAME_CHARACTERS} characters"
+            )
         offset = _count(offset, "register: offset")
         byte_size = _count(byte_size, "register: byte_size")
         if name in self._regions:
@@ -287,10 +318,7 @@ class SharedMemory:
     def _region(self, name: str, tensor: str) -> _Region:
         region = self._regions.get(name)
         if region is None:
-            raise NotFound(
-                f"{tensor}: no shared-memory region {quoted(name)} is registered"
-                + (f"; registered: {sorted(self._regions)[:3]}" if self._regions else "")
-            )
+            raise NotFound(f"{tensor}: no shared-memory region {quoted(name)} is registered")
         return region
 
     def read_input(self, given: PlacedInput) -> bytes:

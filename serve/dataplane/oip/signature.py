@@ -99,6 +99,11 @@ class InferCall:
     chosen: list[RequestedOutput] | None = None  # the outputs it gets, once checked
     placed: list[PlacedInput] = field(default_factory=list)  # inputs in system shared memory
 
+    @property
+    def in_shared_memory(self) -> bool:
+        """Whether an input comes from, or an output goes to, a shared-memory region."""
+        return bool(self.placed) or any(o.placement is not None for o in self.outputs)
+
 
 @dataclass(frozen=True, slots=True)
 class OutputTensor:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import SecretStr
 
 from serve.dataplane.oip.shared_memory import (
     DIRECTORY,
@@ -18,7 +19,14 @@ from serve.dataplane.oip.shared_memory import (
     placement,
     shm_name,
 )
-from serve.errors import Conflict, InvalidInput, NotFound, Unsupported
+from serve.errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    Unauthorized,
+    Unsupported,
+)
 
 Make = Callable[[int], str]
 
@@ -177,3 +185,45 @@ def test_parameters_place_a_tensor_only_with_a_region_and_a_byte_size() -> None:
         )
     with pytest.raises(InvalidInput, match="expected a byte count"):
         placement({"shared_memory_region": "r", "shared_memory_byte_size": True}, "x")
+
+
+ADMIN = SecretStr("shared-memory-admin-token")
+
+
+def test_with_an_admin_token_only_its_bearer_is_admitted() -> None:
+    guarded = SharedMemory(enabled=True, max_regions=2, max_region_bytes=64, admin_token=ADMIN)
+    with pytest.raises(Unauthorized, match=r"system shared memory .*--shm-open.*missing bearer"):
+        guarded.admit("")
+    with pytest.raises(Forbidden, match="does not match admin_token"):
+        guarded.admit("Bearer another-token-entirely")
+    guarded.admit("Bearer shared-memory-admin-token")
+    guarded.admit("bearer  shared-memory-admin-token ")  # as the admin routes take it
+    # no token to check (none set, or shm_open): every caller, as before
+    SharedMemory(enabled=True, max_regions=2, max_region_bytes=64).admit("")
+    off = SharedMemory(enabled=False, max_regions=2, max_region_bytes=64, admin_token=ADMIN)
+    with pytest.raises(Unsupported, match="--allow-client-shm"):
+        off.admit("Bearer shared-memory-admin-token")
+
+
+def test_a_region_name_is_bounded(registry: SharedMemory, make_object: Make) -> None:
+    key = make_object(64)
+    registry.register("n" * 128, key, 0, 8)
+    for name in ("n" * 129, "n" * (1 << 20), ""):
+        with pytest.raises(InvalidInput, match="a region needs a name of 1 to 128 characters"):
+            registry.register(name, key, 8, 8)
+    assert [s.name for s in registry.status()] == ["n" * 128]
+
+
+def test_a_region_not_registered_is_named_alone_never_the_others(
+    registry: SharedMemory, make_object: Make
+) -> None:
+    registry.register("someone-elses", make_object(64), 0, 8)
+    for call in (
+        lambda: registry.status("mine"),
+        lambda: registry.read_input(PlacedInput("obs", "UINT8", [1], Placement("mine", 0, 1))),
+        lambda: registry.check_output("actions", Placement("mine", 0, 8), 8),
+    ):
+        with pytest.raises(NotFound) as refused:
+            call()
+        assert "'mine' is registered" in refused.value.message
+        assert "someone-elses" not in refused.value.message
