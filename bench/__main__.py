@@ -300,9 +300,10 @@ def _run_peers(
 
 def _write(output: Path, results: Results, chosen: tuple[str, ...]) -> None:
     """The document. A run of every scenario (or into a new file) writes it whole, keeping
-    only an existing GPU path section and the figures measured in tests; a subset into an existing benchmarks document
-    replaces only its own sections and Targets rows (``--only oip``, ``loop``, ``lm`` or
-    ``cache`` alone: that section alone, which says when it was measured)."""
+    only an existing GPU path section and the figures measured in tests; a subset into an
+    existing benchmarks document replaces only its own sections and Targets rows (``--only
+    oip``, ``loop``, ``lm`` or ``cache`` alone: that section alone, which says when it was
+    measured)."""
     verdicts = targets.judge(results)
     old = output.read_text() if output.is_file() else None
     if old is not None and chosen != scenarios.NAMES:

@@ -9,16 +9,15 @@ integer, else float64; a body with a decimal point is read as floats first), sha
 nesting it verified:
 
 - the body is an object whose keys are all predict fields, without ``actions`` (scoring
-  requests are rare; they take the general path); a key given twice is refused (400), not
-  silently the last one;
+  requests are rare; they take the general path); a key given twice is refused (400,
+  ``serve.dataplane.json_keys``' answer), not silently the last one;
 - ``observations`` is an array whose every nested array has the length its level's first
   array has, down to arrays of numbers only;
 - counting every ``[`` in the body proves there is no nesting the lengths did not see.
 
 Anything else, a malformed body included, is decoded by orjson into Python values
 exactly as before, so errors and edge cases keep one behaviour (a key given twice in a
-nested object is refused there, ``serve.dataplane.json_keys``: a fast body has no nested
-object); on both paths,
+nested object is refused there: a fast body has no nested object); on both paths,
 observations or actions nested more than :data:`MAX_DEPTH` lists deep (more axes than an
 array can have) are refused (422), saying so. Either way the result is
 the body as a dict whose ``observations`` is an ``np.ndarray`` or Python lists; the
@@ -44,9 +43,9 @@ from typing import Any
 import numpy as np
 import simdjson
 
-from serve.dataplane.json_keys import refuse_repeated_keys
+from serve.dataplane.json_keys import repeated_keys
 from serve.dataplane.wire import decode_object
-from serve.errors import InvalidInput, MalformedRequest, quoted
+from serve.errors import InvalidInput, quoted
 
 # The fields that hold numbers only: a JSON boolean in them is refused.
 _NUMERIC = ("observations", "actions")
@@ -65,8 +64,7 @@ class PredictBodyDecoder:
         fast = self._fast(body)
         if fast is not None:  # numbers in simdjson's buffers: no booleans, no nested object
             return fast
-        payload = decode_object(body)
-        refuse_repeated_keys(body)  # nested in an observation (_fast refused top-level ones)
+        payload = decode_object(body)  # a key given twice refused, at any depth
         if b"true" in body or b"false" in body:  # rare: a search in C, over the bytes
             _refuse_booleans(payload, body)
         for name in _NUMERIC:
@@ -83,9 +81,8 @@ class PredictBodyDecoder:
             return None
         keys = list(document.keys())
         if len(set(keys)) != len(keys):
-            repeated = sorted({k for k in keys if keys.count(k) > 1})
-            raise MalformedRequest(
-                f"request body: the key(s) {repeated} appear more than once; give each field once"
+            raise repeated_keys(
+                "request body", [k for k in dict.fromkeys(keys) if keys.count(k) > 1]
             )
         if "observations" not in keys:
             return None

@@ -13,13 +13,15 @@ from typing import Any
 
 import orjson
 
+from serve.dataplane.json_keys import refuse_repeated_keys
 from serve.errors import MalformedRequest, PayloadTooLarge
 
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
 
 def decode_object(body: bytes) -> dict[str, Any]:
-    """A JSON object from a request body, or MalformedRequest saying what is wrong."""
+    """A JSON object from a request body, or MalformedRequest saying what is wrong (a key
+    given twice included: ``serve.dataplane.json_keys``)."""
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -29,6 +31,7 @@ def decode_object(body: bytes) -> dict[str, Any]:
             f'request body must be a JSON object like {{"observations": [...]}}, '
             f"got a JSON {type(payload).__name__}"
         )
+    refuse_repeated_keys(body, payload)
     return payload
 
 

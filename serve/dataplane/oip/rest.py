@@ -54,6 +54,7 @@ from serve.dataplane.http_calls import (
     read_body,
     stamp,
 )
+from serve.dataplane.json_keys import refuse_repeated_keys
 from serve.dataplane.oip import shared_memory, tensors
 from serve.dataplane.oip.catalog import PLATFORM, Catalog, extensions, repository_index
 from serve.dataplane.oip.infer import InferAnswer, Inference, call_budget_ms
@@ -325,6 +326,7 @@ def _register_body(body: bytes, region: str) -> dict[str, Any]:
         raise MalformedRequest(
             f"register {quoted(region)}: the body does not parse: {exc}"
         ) from None
+    refuse_repeated_keys(body, given)
     if not isinstance(given, dict) or "key" not in given or "byte_size" not in given:
         raise InvalidInput(
             f'register {quoted(region)}: expected {{"key": shm name, "offset": bytes, '
@@ -427,6 +429,7 @@ def decode_infer(
             'infer request: expected a JSON object like {"inputs": [{"name", "datatype", '
             f'"shape", "data"}}]}}, got a JSON {type(payload).__name__}'
         )
+    refuse_repeated_keys(header, payload)
     parameters = _object(payload.get("parameters"), "parameters")
     inputs, placed = _inputs(
         payload.get("inputs"), binary, may_hold_booleans=b"true" in header or b"false" in header

@@ -1,11 +1,13 @@
-"""Keys given twice inside a predict body's objects are refused, naming the key and where."""
+"""Keys given twice in a JSON body's objects are refused, naming the key and where."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from serve.dataplane.json_keys import refuse_repeated_keys
-from serve.errors import InvalidInput
+from serve.errors import MalformedRequest
 
 
 @pytest.mark.parametrize(
@@ -25,11 +27,16 @@ from serve.errors import InvalidInput
             'observations.a: the key(s) "k", "j"',
         ),
         (b'{"observations": [1], "actions": [{"m": 1, "m": 1}]}', 'actions[0]: the key(s) "m"'),
+        (b'{"max_tokens": 4, "max_tokens": 5}', 'request body: the key(s) "max_tokens"'),
+        # after a scalar in its list: the colon count sees what the walk skipped
+        (b'{"data": [1, {"a": 1, "a": 2}]}', 'data[1]: the key(s) "a"'),
+        # a colon in a string does not hide a repeat
+        (b'{"prompt": "a: b", "n": 1, "n": 2}', 'request body: the key(s) "n"'),
     ],
 )
 def test_a_nested_key_given_twice_is_refused_naming_it_and_where(body: bytes, where: str) -> None:
-    with pytest.raises(InvalidInput, match="appear more than once in one object") as refused:
-        refuse_repeated_keys(body)
+    with pytest.raises(MalformedRequest, match="appear more than once in one object") as refused:
+        refuse_repeated_keys(body, json.loads(body))
     assert refused.value.message.startswith(where), refused.value.message
 
 
@@ -43,4 +50,4 @@ def test_a_nested_key_given_twice_is_refused_naming_it_and_where(body: bytes, wh
     ],
 )
 def test_bodies_without_a_repeated_key_pass(body: bytes) -> None:
-    refuse_repeated_keys(body)
+    refuse_repeated_keys(body, json.loads(body))
