@@ -12,20 +12,21 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from serve.access import check_bearer
 from serve.config import Settings
-from serve.control import store
-from serve.control.http_bodies import body_chunks, json_response, read_json_object
+from serve.control import pushed_files, store
+from serve.control.http_bodies import body_chunks, json_response, read_body, read_json_object
 from serve.control.repository import MODEL_FILE
 from serve.control.updates import ActivationMode, Canary, Push, Updater
-from serve.dataplane.wire import positive_number
+from serve.dataplane.wire import decode_object, positive_number
 from serve.errors import Forbidden, InvalidInput
-from serve.versions import DESCRIPTION, parse_version, path_version
+from serve.versions import DESCRIPTION, MAX_VERSION, parse_version, path_version
 
+ROLLBACK_BODY_BYTES = 4096  # {"version": N} and room to spare
 DEFAULT_WAIT_S = 10.0  # an update waits this long for every worker to serve it
 MAX_WAIT_S = 300.0
 
@@ -77,9 +78,10 @@ class AdminEndpoints:
         return json_response(report.to_json())
 
     async def rollback(self, request: Request, model: str) -> Response:
-        """Re-activate the previous resident version at once; pull mode does not undo it
-        (query: wait_s)."""
-        report = await self.updater.rollback(model, _wait_s(request.query_params))
+        """Re-activate a resident version at once: the previous one, or with a JSON body
+        ``{"version": N}`` that older version; pull mode does not undo it (query: wait_s)."""
+        version = await _rollback_version(request)
+        report = await self.updater.rollback(model, _wait_s(request.query_params), version)
         return json_response(report.to_json())
 
     async def hold(self, request: Request, model: str) -> Response:
@@ -163,8 +165,8 @@ def _push_from_json(settings: Settings, model: str, version: int, raw: dict[str,
         first = exc.errors()[0]
         raise InvalidInput(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
     canary = Canary(**body.canary.model_dump()) if body.canary else None
-    named = _in_repository(settings, body.path)
-    staged = store.stage_copy(settings.model_repository, model, version, named)
+    root, limit = settings.model_repository, settings.max_model_bytes
+    staged = pushed_files.stage(root, model, version, body.path, limit)
     return Push(
         model,
         version,
@@ -178,14 +180,27 @@ def _push_from_json(settings: Settings, model: str, version: int, raw: dict[str,
     )
 
 
-def _in_repository(settings: Settings, relative: str) -> Path:
-    root = settings.model_repository.resolve()
-    path = (root / relative).resolve()
-    if not path.is_relative_to(root):
-        raise InvalidInput(f"path: {relative!r} is outside the model repository")
-    if not path.is_file():
-        raise InvalidInput(f"path: {relative!r} is not a file in the model repository {root}")
-    return path
+class RollbackBody(BaseModel):
+    """What a rollback may name: the resident version to go back to."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: StrictInt = Field(ge=1, le=MAX_VERSION)
+
+
+async def _rollback_version(request: Request) -> int | None:
+    """The version a rollback's body names; None without a body (the previous version)."""
+    raw = await read_body(request, ROLLBACK_BODY_BYTES)
+    if not raw.strip():
+        return None
+    try:
+        return RollbackBody.model_validate(decode_object(raw)).version
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InvalidInput(
+            f"{'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']}; a rollback takes "
+            'no body (the previous version) or {"version": N}, N a resident version older '
+            "than the active one"
+        ) from None
 
 
 def _wait_s(query: Any) -> float:

@@ -88,21 +88,6 @@ def staging(root: Path, model: str, version: int) -> Path:
         return Path(tempfile.mkdtemp(prefix=f".push-{version}-", dir=model_dir))
 
 
-def stage_copy(root: Path, model: str, version: int, source: Path) -> Path:
-    """A copy of ``source`` in a new staging directory; the staged model file's path. A
-    ``source`` named ``model.onnx`` is a version folder's: the files beside it come too (a
-    language model's tokenizer, chat template and configs, a version's features view)."""
-    folder = staging(root, model, version)
-    target = folder / MODEL_FILE
-    with writing_to(root):
-        shutil.copyfile(source, target)
-        if source.name == MODEL_FILE:
-            for beside in source.parent.iterdir():
-                if beside.is_file() and beside.name != MODEL_FILE:
-                    shutil.copyfile(beside, folder / beside.name)
-    return target
-
-
 def place(root: Path, model: str, version: int, staged: Path, sha256: str) -> Path:
     """Make a staged model file (checked and loaded by now) ``<model>/<version>``, durably:
     fsync the file and its folder, rename the folder into place, fsync the model's

@@ -213,20 +213,25 @@ class Updater:
         )
         return await self._spread(report, entry.generation, wait_s)
 
-    async def rollback(self, name: str, wait_s: float = 0.0) -> UpdateReport:
-        """Re-activate the previous resident version at once."""
+    async def rollback(
+        self, name: str, wait_s: float = 0.0, version: int | None = None
+    ) -> UpdateReport:
+        """Re-activate a resident version at once: ``version``, which must be older than the
+        active one, or by default the previously active one (undoing the last activation)."""
         entry = self._entry(name)
         async with self._lock(name):
-            target = entry.previous()
             current = entry.active
+            target = entry.previous() if version is None else _rollback_target(entry, version)
             if target is None or current is None:
                 raise Conflict(f"model {name!r}: no previous version is resident to roll back to")
+            model = entry.get(target)
+            sha = model.sha256 if model else ""
+            if target == current:
+                return UpdateReport(name, target, UpdateResult.UNCHANGED, current, current, sha)
             swap_s = await self._decide(
                 entry, target, ActivationMode.AT_BATCH_BOUNDARY, allow_older=True
             )
-            model = entry.get(target)
         self.metrics.updates.labels(name, UpdateResult.ROLLED_BACK.value).inc()
-        sha = model.sha256 if model else ""
         report = UpdateReport(
             name, target, UpdateResult.ROLLED_BACK, target, current, sha, 0.0, swap_s
         )
@@ -395,6 +400,27 @@ def _sha256_of(push: Push) -> str:
             "the upload is corrupt or the checksum is wrong"
         )
     return actual
+
+
+def _rollback_target(entry: ModelLifeCycle, version: int) -> int:
+    """The version a rollback names, if it can be served at once: resident (no load) and
+    not newer than the active one (the active one itself: nothing to do)."""
+    resident = [m.version for m in entry.resident()]
+    active = entry.active
+    if active is not None and version > active:
+        raise Conflict(
+            f"model {entry.name!r}: version {version} is newer than the active version "
+            f"{active}; a rollback goes back, so activate it instead "
+            f"(POST /v1/models/{entry.name}/versions/{version}/activate)"
+        )
+    if entry.get(version) is None:
+        raise Conflict(
+            f"model {entry.name!r}: version {version} is not resident, so it cannot be rolled "
+            f"back to at once; resident: {resident} (resident_versions says how many stay "
+            f"loaded); push it again with rollback=true (by path: {entry.name}/{version}/"
+            "model.onnx), which loads and activates it"
+        )
+    return version
 
 
 def _activating(

@@ -157,6 +157,44 @@ def test_rollback_is_immediate(server: Server, versions: list[Path]) -> None:
     assert report["swap_s"] < 0.05  # no load: the previous version is still warm
 
 
+def test_rollback_to_a_named_version(versions: list[Path], tmp_path: Path) -> None:
+    """{"version": N} rolls back to that resident version, not to the previous one; a body
+    naming anything else is refused, and says what a rollback takes."""
+    repo = first_version_only(versions, tmp_path)
+    env = {"RLSERVE_ADMIN_TOKEN": TOKEN, "RLSERVE_RESIDENT_VERSIONS": "3"}
+    server = Server.rlserve(repo, env=env, log=tmp_path / "log")
+    server.wait_ready()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    def rollback(body: object) -> httpx.Response:
+        with server.client() as client:
+            return client.post("/v1/models/swap/rollback", json=body, headers=auth)
+
+    try:
+        with PolicyClient(server.url, admin_token=TOKEN) as admin:
+            admin.push("swap", 2, versions[1])
+            admin.push("swap", 3, versions[2])
+            named = rollback({"version": 1})
+            served = admin.predict(OBS).model_version
+            again = rollback({"version": 1})
+            newer = rollback({"version": 3})
+            misspelt = rollback({"versoin": 1})
+            as_text = rollback({"version": "1"})
+            admin.push("swap", 4, versions[3])  # version 2 is unloaded (resident_versions 3)
+            unloaded = rollback({"version": 2})
+    finally:
+        server.stop()
+    assert named.status_code == 200, named.text
+    assert (named.json()["version"], named.json()["previous_version"]) == (1, 3)
+    assert served == 1
+    assert again.json()["result"] == "unchanged"
+    assert (newer.status_code, unloaded.status_code) == (409, 409)
+    assert "activate it instead" in newer.json()["error"]["message"]
+    assert "not resident" in unloaded.json()["error"]["message"]
+    assert misspelt.status_code == as_text.status_code == 422
+    assert '{"version": N}' in misspelt.json()["error"]["message"]
+
+
 def test_hold_serves_nothing_until_resume(server: Server) -> None:
     with PolicyClient(server.url, admin_token=TOKEN) as admin, server.client() as client:
         admin.hold("swap")
