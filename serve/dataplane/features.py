@@ -13,8 +13,14 @@ validating it, so the assembled observations are validated like any others:
    ``get_online_features`` call per view, ``serve.dataplane.feast_store``) and converts the
    answer to float rows (NaN where a feature is missing). Under load one round trip
    serves the requests of a batch; no request waits for a connection to open;
-3. a missing feature takes the view's default for it, or refuses the request (422, naming
-   the entity and the feature); a store that fails or does not answer within the view's
+3. what one entity's key holds is that request's alone: a key of another type (a string
+   where a hash should be), a value that is no number (stored text is read as JSON number
+   syntax, nothing looser: ``1_0``, `` 1``, ``0x10`` are refused) or a packed vector of
+   another length refuses the request that named the entity (422, naming it, its key and
+   what was found), and the round trip's other requests are served;
+4. a missing feature (or one stored as NaN or an infinity) takes the view's default for
+   it, or refuses the request (422, naming the entity and the feature); a store that fails
+   (its error quoted: connection refused, a timeout) or does not answer within the view's
    ``timeout_ms`` (or the request's deadline, if sooner) is a 503 with Retry-After:
    distinct from a 504, as the model was never asked.
 
@@ -26,10 +32,12 @@ views), each request's wait for its features, and each store's round trips.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import operator
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +49,7 @@ import numpy as np
 from serve.config import FeatureLayout, FeatureView
 from serve.dataplane import feast_store, redis_link
 from serve.dataplane.deadline import Deadline
-from serve.errors import InvalidInput, ServiceUnavailable
+from serve.errors import InvalidInput, ServiceUnavailable, one_line, quoted
 from serve.identifiers import identifier
 from serve.json_shown import json_shown
 from serve.metrics import Metrics
@@ -54,6 +62,15 @@ RETURN = "return_features"  # the answer carries the feature values used, for au
 WAIT_S = 5.0  # a request waits this long at most for its link's thread (a backstop)
 LINK_TIMEOUT_S = 1.0  # a store link's socket timeout, at least
 MAX_ENTITIES = 4096  # a request's entities, at most: checked before any is looked at
+
+# A stored feature's text: a JSON number, or NaN or an infinity as Python and numpy write
+# them (read as missing, as a NaN stored packed is). Nothing looser that ``float`` takes:
+# no underscores, whitespace, leading "+", ".5" or "1.".
+_NUMBER = re.compile(
+    rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+    rb"|[+-]?(?:[nN][aA][nN]|[iI][nN][fF](?:[iI][nN][iI][tT][yY])?)"
+)
+_NUMERIC = b"0123456789.eE+-,"  # the only bytes of JSON numbers joined by commas
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,19 +177,27 @@ class FeatureLookup:
         wait_s = min(view.timeout_ms / 1000, deadline.at - started)
         if wait_s <= 0:
             deadline.check("waiting to ask the feature store")
-        values = await self._link(view).ask(_Asked(rows, view), wait_s)
+        found = await self._link(view).ask(_Asked(rows, view), wait_s)
         self._metrics.child(self._metrics.feature_lookup_seconds, model).observe(
             time.monotonic() - started
         )
-        if values is None:
+        if found is None or isinstance(found, _Failed):
             self._metrics.child(self._metrics.feature_lookups, model, "error").inc()
+            what = (
+                f"did not answer within {_ms(wait_s)} (the view's timeout_ms, or the "
+                "request's deadline)"
+                if found is None
+                else f"failed: {found.reason}"
+            )
             raise ServiceUnavailable(
-                f"model {model!r}: the feature store {redis_link.shown(view.store)} did not "
-                f"answer within {wait_s * 1000:.3g} ms (the view's timeout_ms, or the "
-                "request's deadline); retry shortly, or send observations",
+                f"model {model!r}: the feature store {redis_link.shown(view.store)} {what}; "
+                "retry shortly, or send observations",
                 retry_after_s=1,
             )
         self._metrics.child(self._metrics.feature_lookups, model, "ok").inc()
+        if isinstance(found, InvalidInput):  # what this request's entities hold
+            raise found
+        values = found
         self._metrics.child(self._metrics.feature_rows, model).inc(len(rows.keys))
         if overrides is not None:
             values = overridden(view, values, overrides)
@@ -193,11 +218,10 @@ class FeatureLookup:
             default = view.defaults.get(feature)
             if default is None:
                 row = int(np.argmax(missing[:, column]))
-                key = "" if view.feast else f" (key {rows.keys[row]!r})"
                 raise InvalidInput(
-                    f"{FIELD}{'' if rows.single else f'[{row}]'}: the feature store holds no "
-                    f"{feature!r} for entity {json_shown(rows.ids[row])}{key}, and the view "
-                    "gives it no default; store it, or send the observation itself"
+                    f"{_where(rows, row)}: the feature store holds no {feature!r} "
+                    f"{_entity(view, rows, row)}, and the view gives it no default; store it, "
+                    "or send the observation itself"
                 )
             values[missing[:, column], column] = default
         return values
@@ -234,9 +258,21 @@ class _Asked:
     view: FeatureView
 
 
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """The store failed a request's round trip (or its command): what it said."""
+
+    reason: str
+
+
+# A request's answer from its link: its float rows [entities, features] (NaN where
+# missing), the refusal of what one of its entities holds (422), or the store's failure.
+_Found = np.ndarray | InvalidInput | _Failed
+
+
 class _Store(Protocol):
-    def round_trip(self, asked: list[_Asked]) -> list[np.ndarray]:
-        """Each request's float rows [entities, features], NaN where missing."""
+    def round_trip(self, asked: list[_Asked]) -> list[_Found]:
+        """Each request's answer, in order: one request's bad entity is its own."""
         ...
 
     def close(self) -> None: ...
@@ -247,32 +283,69 @@ class _PlainRedis:
     view, and one ``MGET`` of every entity of a ``float32`` view. (``HGETALL`` and a lookup
     by name here: an ``HMGET`` naming every feature took about five times as long for a
     376-feature observation. Its answer is taken as the flat list the parser gives, not as
-    redis-py's dict: the fields are picked in C, ``operator.itemgetter``.)"""
+    redis-py's dict: the fields are picked in C, ``operator.itemgetter``.)
+
+    The pipeline's commands answer each on its own (an error in place of its answer): a
+    key of another type (``WRONGTYPE``) is its request's refusal, and only then is the
+    store asked, in a second pipeline, what those keys hold (``TYPE``), for the message."""
 
     def __init__(self, url: str, timeout_s: float) -> None:
         self.client = redis_link.client(url, timeout_s)
         self.client.set_response_callback("HGETALL", _flat)
         self._pickers: dict[tuple[str, ...], _Picker] = {}
 
-    def round_trip(self, asked: list[_Asked]) -> list[np.ndarray]:
+    def round_trip(self, asked: list[_Asked]) -> list[_Found]:
         pipe = self.client.pipeline(transaction=False)
+        hashes: list[str | None] = []  # each command's hash key (None: an MGET)
         for one in asked:
             if one.view.layout is FeatureLayout.FLOAT32:
                 pipe.mget(one.rows.keys)
+                hashes.append(None)
             else:
                 for key in one.rows.keys:
                     pipe.hgetall(key)
-        answers = iter(pipe.execute())
-        found = []
+                hashes.extend(one.rows.keys)
+        answered = pipe.execute(raise_on_error=False)
+        wrong = [k for k, a in zip(hashes, answered, strict=True) if k is not None and _wrong(a)]
+        kinds = self._kinds(wrong)
+        answers = iter(answered)
+        found: list[_Found] = []
         for one in asked:
-            width = len(one.view.columns)
-            if one.view.layout is FeatureLayout.FLOAT32:
-                found.append(_packed(next(answers), width))
-                continue
-            picker = self._picker(one.view.columns)
-            values = [picker.values(next(answers)) for _ in one.rows.keys]
-            found.append(_floats(values, width))
+            count = 1 if one.view.layout is FeatureLayout.FLOAT32 else len(one.rows.keys)
+            found.append(self._found(one, [next(answers) for _ in range(count)], kinds))
         return found
+
+    def _found(self, one: _Asked, answers: list[Any], kinds: dict[str, str]) -> _Found:
+        """One request's rows, or what keeps them from being read."""
+        for row, answer in enumerate(answers):
+            if not isinstance(answer, Exception):
+                continue
+            if not _wrong(answer):  # an error the store gave for this command (ACLs)
+                return _failed(answer)
+            kind = kinds.get(one.rows.keys[row], "a value of another type")
+            return InvalidInput(
+                f"{_where(one.rows, row)}: the feature store holds {kind}, not a hash, "
+                f"{_entity(one.view, one.rows, row)}; the view's layout is hash (one field per "
+                "feature): store the entity's features with HSET, or read packed vectors with "
+                "layout: float32"
+            )
+        try:
+            if one.view.layout is FeatureLayout.FLOAT32:
+                return _packed(one, answers[0])
+            picker = self._picker(one.view.columns)
+            return _floats(one, [picker.values(answer) for answer in answers])
+        except InvalidInput as refused:
+            return refused
+
+    def _kinds(self, keys: list[str]) -> dict[str, str]:
+        """What each key of another type than a hash holds, as a message says it."""
+        if not keys:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.type(key)
+        kinds = pipe.execute(raise_on_error=False)
+        return {key: _kind(kind) for key, kind in zip(keys, kinds, strict=True)}
 
     def _picker(self, features: list[str]) -> _Picker:
         key = tuple(features)
@@ -310,8 +383,8 @@ class _Feast:
     def __init__(self, url: str) -> None:
         self.store = feast_store.opened(url)
 
-    def round_trip(self, asked: list[_Asked]) -> list[np.ndarray]:
-        found: list[np.ndarray] = [np.empty(0)] * len(asked)
+    def round_trip(self, asked: list[_Asked]) -> list[_Found]:
+        found: list[_Found] = [np.empty(0)] * len(asked)
         groups: dict[tuple[str, tuple[str, ...]], list[int]] = {}
         for index, one in enumerate(asked):
             groups.setdefault((one.view.entity, tuple(one.view.columns)), []).append(index)
@@ -321,17 +394,14 @@ class _Feast:
                 features=list(features), entity_rows=[{entity: i} for i in ids]
             ).to_dict()
             columns = [answer[feature.split(":", 1)[1]] for feature in features]
-            rows = np.array(
-                [
-                    [math.nan if c[r] is None else _number(c[r]) for c in columns]
-                    for r in range(len(ids))
-                ],
-                np.float32,
-            ).reshape(len(ids), len(features))
             start = 0
             for m in members:
                 count = len(asked[m].rows.ids)
-                found[m] = rows[start : start + count]
+                rows = [[c[r] for c in columns] for r in range(start, start + count)]
+                try:
+                    found[m] = _floats(asked[m], rows)
+                except InvalidInput as refused:
+                    found[m] = refused
                 start += count
         return found
 
@@ -339,7 +409,7 @@ class _Feast:
         pass
 
 
-_Queued = tuple[_Asked, "asyncio.Future[np.ndarray | None]", asyncio.AbstractEventLoop]
+_Queued = tuple[_Asked, "asyncio.Future[_Found | None]", asyncio.AbstractEventLoop]
 
 
 class _Link:
@@ -355,11 +425,11 @@ class _Link:
         )
         self._thread.start()
 
-    async def ask(self, asked: _Asked, wait_s: float) -> np.ndarray | None:
-        """Float rows [entities, features], NaN where missing; None: the store failed or
-        did not answer within ``wait_s``."""
+    async def ask(self, asked: _Asked, wait_s: float) -> _Found | None:
+        """The request's answer (its rows, its refusal or the store's failure); None: the
+        store did not answer within ``wait_s``."""
         loop = asyncio.get_running_loop()
-        answered: asyncio.Future[np.ndarray | None] = loop.create_future()
+        answered: asyncio.Future[_Found | None] = loop.create_future()
         self._asked.put((asked, answered, loop))
         try:
             return await asyncio.wait_for(answered, min(wait_s, WAIT_S))
@@ -372,18 +442,18 @@ class _Link:
             batch: list[_Queued] | None = redis_link.take(self._asked)
             if batch is None:
                 break
-            found: list[np.ndarray | None]
+            found: list[_Found]
             try:
                 if store is None:
                     store = self._opener()
                 self._round_trips.inc()
-                found = list(store.round_trip([asked for asked, _, _ in batch]))
+                found = store.round_trip([asked for asked, _, _ in batch])
             except Exception as exc:  # the store's client raises its own types, and OSError
                 log.warning("feature store %s: %r", redis_link.shown(self.url), exc)
                 if store is not None:
                     store.close()
                 store = None
-                found = [None] * len(batch)
+                found = [_failed(exc)] * len(batch)
             by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
             for (_, answered, loop), values in zip(batch, found, strict=True):
                 by_loop.setdefault(loop, []).append((answered, values))
@@ -397,13 +467,63 @@ class _Link:
         self._thread.join(redis_link.CONNECT_S + 1)
 
 
-def _packed(values: list[bytes | None], width: int) -> np.ndarray:
-    """``float32`` views' values: ``width`` little-endian float32 each, NaN rows where a key
-    is missing or holds another number of bytes."""
+def _where(rows: EntityRows, row: int) -> str:
+    """The request's field that named the entity of ``row``."""
+    return FIELD if rows.single else f"{FIELD}[{row}]"
+
+
+def _entity(view: FeatureView, rows: EntityRows, row: int) -> str:
+    """The entity of ``row`` for a message: its id, and its key (plain Redis)."""
+    key = "" if view.feast else f" (key {rows.keys[row]!r})"
+    return f"for entity {json_shown(rows.ids[row])}{key}"
+
+
+def _failed(exc: Exception) -> _Failed:
+    """The store's error as a message quotes it (``ConnectionError: ... refused.``)."""
+    return _Failed(f"{type(exc).__name__}: {one_line(exc)}")
+
+
+def _wrong(answer: Any) -> bool:
+    """The command's answer is Redis's error for a key of another type."""
+    return isinstance(answer, Exception) and str(answer).startswith("WRONGTYPE")
+
+
+_KINDS = {
+    "string": "a string",
+    "list": "a list",
+    "set": "a set",
+    "zset": "a sorted set",
+    "stream": "a stream",
+}
+
+
+def _kind(kind: Any) -> str:
+    """A ``TYPE`` answer as a message names it (``a string``)."""
+    if isinstance(kind, Exception):
+        return "a value of another type"
+    name = kind.decode(errors="replace") if isinstance(kind, bytes) else str(kind)
+    if name == "none":
+        return "a value of another type (deleted since)"
+    return _KINDS.get(name, f"a value of type {quoted(name)}")
+
+
+def _packed(one: _Asked, values: list[bytes | None]) -> np.ndarray:
+    """``float32`` views' values: the view's width of little-endian float32 each, NaN rows
+    where a key is missing (or holds no string: MGET answers nothing then); a value of
+    another length refuses the request."""
+    width = len(one.view.columns)
     rows = np.full((len(values), width), np.nan, np.float32)
     for row, value in enumerate(values):
-        if value is not None and len(value) == 4 * width:
-            rows[row] = np.frombuffer(value, "<f4")
+        if value is None:
+            continue
+        if len(value) != 4 * width:
+            raise InvalidInput(
+                f"{_where(one.rows, row)}: the feature store holds {len(value):,} bytes "
+                f"{_entity(one.view, one.rows, row)}, not the view's {width} float32 values "
+                f"({4 * width} bytes, little-endian: layout float32); store the entity's "
+                "packed vector"
+            )
+        rows[row] = np.frombuffer(value, "<f4")
     rows[~np.isfinite(rows)] = np.nan
     return rows
 
@@ -413,29 +533,71 @@ def _flat(answer: Any) -> Any:
     return answer
 
 
-def _floats(rows: list[list[Any]], width: int) -> np.ndarray:
-    """Stored values (bytes, or None where missing) as float32 rows, NaN where missing or
-    not a finite number (``float`` parses text faster than numpy's cast from bytes)."""
-    flat = [b"nan" if value is None else value for row in rows for value in row]
-    try:
-        numbers = list(map(float, flat))
-    except ValueError:  # a value that is no number: each on its own
-        numbers = [_number(value) for value in flat]
-    values = np.array(numbers, np.float32)
+def _floats(one: _Asked, rows: list[list[Any]]) -> np.ndarray:
+    """A request's stored values (text as bytes; None where missing; Feast's typed values)
+    as float32 rows [entities, features], NaN where missing or not finite; a value that is
+    no number refuses the request, naming the entity, the feature and the value."""
+    flat = [value for row in rows for value in row]
+    numbers = _json_numbers(flat)
+    if numbers is None:  # missing values, non-finite ones, typed ones, or no number
+        numbers = np.array([_checked(one, i, value) for i, value in enumerate(flat)], np.float64)
+    with np.errstate(over="ignore"):  # a finite number past float32's range: missing
+        values = numbers.astype(np.float32)
     values[~np.isfinite(values)] = np.nan
-    return values.reshape(len(rows), width)
+    return values.reshape(len(rows), len(one.view.columns))
+
+
+def _json_numbers(values: list[Any]) -> np.ndarray | None:
+    """The numbers of ``values`` when every one is the bytes of a JSON number (the usual
+    case: checked and parsed in C, as a JSON array of them), else None."""
+    try:
+        joined = b",".join(values)
+    except TypeError:  # a missing value (None), or one of Feast's typed values
+        return None
+    if joined.translate(None, _NUMERIC):  # a byte no JSON number has ("_", " ", "x")
+        return None
+    try:
+        numbers = np.array(json.loads(b"[" + joined + b"]"), np.float64)
+    except (ValueError, OverflowError):  # no JSON number ("+1", ".5"), or a huge integer
+        return None
+    return numbers if len(numbers) == len(values) else None  # a value held a comma
+
+
+def _checked(one: _Asked, index: int, value: Any) -> float:
+    """The ``index``-th value of a request's rows on its own, or its refusal."""
+    try:
+        return _number(value)
+    except (TypeError, ValueError, OverflowError):
+        row, column = divmod(index, len(one.view.columns))
+        text = value.decode(errors="replace") if isinstance(value, bytes) else value
+        shown = quoted(text) if isinstance(text, str) else quoted(repr(value))
+        raise InvalidInput(
+            f"{_where(one.rows, row)}: the feature store holds {one.view.columns[column]!r} "
+            f"= {shown} {_entity(one.view, one.rows, row)}, which is not a number; store it "
+            "as a JSON number (such as -0.25 or 1e-3)"
+        ) from None
 
 
 def _number(value: Any) -> float:
-    """A stored feature's value; NaN (missing) when it is not a finite number."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
+    """A stored feature's value: text in JSON number syntax (ValueError for anything
+    looser), or a typed number (Feast's); NaN where missing (None) or not finite."""
+    if value is None:
         return math.nan
+    if isinstance(value, str):
+        value = value.encode()
+    if isinstance(value, bytes) and _NUMBER.fullmatch(value) is None:
+        raise ValueError(f"not a JSON number: {value!r}")
+    number = float(value)
     return number if math.isfinite(number) else math.nan
 
 
-def _settle(settled: list[tuple[asyncio.Future[np.ndarray | None], np.ndarray | None]]) -> None:
+def _ms(seconds: float) -> str:
+    """A wait in milliseconds for a message: ``1,000 ms``, ``2.5 ms``, ``0.25 ms``."""
+    ms = seconds * 1000
+    return f"{ms:,.1f}".removesuffix(".0") + " ms" if ms >= 1 else f"{ms:.2g} ms"
+
+
+def _settle(settled: list[tuple[asyncio.Future[_Found | None], _Found | None]]) -> None:
     for answered, values in settled:
         if not answered.done():
             answered.set_result(values)

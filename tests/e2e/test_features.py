@@ -1,8 +1,10 @@
 """Online features against a real server and a real ``redis-server``: a request names
 entities, the server reads their features (plain Redis hashes, the documented layout) and
 answers as it answers the same observations sent inline; missing features take their
-defaults or are refused; a store that is down or slow is a 503, never a 504; a view that
-does not fit the policy's contract keeps the version from loading, saying why."""
+defaults or are refused; a key of another type or a value that is no number refuses only
+the request that named the entity; a store that is down or slow is a 503 saying which,
+never a 504; a view that does not fit the policy's contract keeps the version from
+loading, saying why."""
 
 from __future__ import annotations
 
@@ -193,7 +195,10 @@ def test_a_float32_layout_reads_packed_vectors(store: RedisServer, server: Serve
     assert by_entity.status_code == 200, by_entity.text
     np.testing.assert_allclose(by_entity.json()["values"], inline.json()["values"], rtol=1e-6)
     assert short.status_code == 422  # a value of the wrong length is no vector: refused
-    assert "holds no 'x' for entity 3" in short.json()["error"]["message"]
+    assert short.json()["error"]["message"].startswith(
+        "entities: the feature store holds 12 bytes for entity 3 (key 'packed:3'), not the "
+        "view's 4 float32 values (16 bytes"
+    )
 
 
 def test_a_feast_view_answers_by_entity_as_the_same_observations_inline(server: Server) -> None:
@@ -462,13 +467,81 @@ def test_store_down_or_slow_is_a_503_with_retry_after_and_it_recovers(
         assert inline.status_code == 200  # the store holds up nothing else
         store.stop()
         try:
-            down = predict(client, "carts", {"entities": "steady"})
-            assert down.status_code == 503, down.text
+            down = predict(client, "carts", {"entities": "steady"})  # its connection drops
+            refused = predict(client, "carts", {"entities": "steady"})  # connecting again
         finally:
             store.start()
+        for answer in (down, refused):
+            assert answer.status_code == 503, answer.text
+            assert answer.headers["retry-after"] == "1"
+            assert "failed: ConnectionError: " in answer.json()["error"]["message"]
+        assert "Connection refused" in refused.json()["error"]["message"]
         stored(store, "steady", dict.fromkeys(FEATURES, 0.0))
         back = predict(client, "carts", {"entities": "steady"})
         assert back.status_code == 200, back.text
+
+
+def test_a_wrong_typed_key_or_a_bad_value_fails_only_the_request_that_named_it(
+    store: RedisServer, server: Server
+) -> None:
+    """Issue 41: with ``SET cart:9 "x"``, while one client asked for entity 9, most other
+    clients' requests sharing its round trip were answered 503 ("did not answer within
+    1e+03 ms"). Now entity 9's requests are 422, saying what its key holds, and every
+    other request is served; a value stored as ``1_0`` (``float`` reads 10.0) is refused
+    too, even for a feature with a default."""
+    import redis
+
+    for index in range(16):
+        stored(store, f"ok{index}", dict.fromkeys(FEATURES, 0.01 * index))
+    stored(store, "under", dict.fromkeys(FEATURES, 0.0))
+    with redis.Redis.from_url(store.address(2)) as admin:
+        admin.hset("cart:under", "theta_dot", "1_0")  # float("1_0") is 10.0; JSON: no number
+        admin.delete("cart:9")
+        admin.set("cart:9", "x")
+    try:
+        with server.client() as client:
+            before = server.metric(client, "rlserve_feature_store_round_trips_total")
+
+            def asking(worker: int) -> list[tuple[str | int, int, str]]:
+                answers = []
+                with server.client() as own:
+                    for turn in range(24):
+                        entity: str | int = 9 if turn % 6 == worker % 6 else f"ok{worker}"
+                        answer = predict(own, "carts", {"entities": entity})
+                        message = answer.json().get("error", {}).get("message", "")
+                        answers.append((entity, answer.status_code, message))
+                return answers
+
+            with ThreadPoolExecutor(16) as pool:
+                answers = [one for some in pool.map(asking, range(16)) for one in some]
+            after = server.metric(client, "rlserve_feature_store_round_trips_total")
+            both = predict(client, "carts", {"entities": ["ok1", 9]})
+            under = predict(client, "carts", {"entities": "under"})
+    finally:
+        with redis.Redis.from_url(store.address(2)) as admin:
+            admin.delete("cart:9")
+    assert after - before < len(answers)  # requests shared round trips
+    served = [(entity, status, message) for entity, status, message in answers if entity != 9]
+    assert served, "no request for a good entity"
+    assert all(status == 200 for _, status, _ in served), served[:3]
+    refused = {(status, message) for entity, status, message in answers if entity == 9}
+    assert refused == {
+        (
+            422,
+            "entities: the feature store holds a string, not a hash, for entity 9 (key "
+            "'cart:9'); the view's layout is hash (one field per feature): store the entity's "
+            "features with HSET, or read packed vectors with layout: float32",
+        )
+    }
+    assert both.status_code == 422
+    assert both.json()["error"]["message"].startswith(
+        "entities[1]: the feature store holds a string"
+    )
+    assert under.status_code == 422, under.text
+    assert under.json()["error"]["message"].startswith(
+        "entities: the feature store holds 'theta_dot' = '1_0' for entity \"under\" (key "
+        "'cart:under'), which is not a number"
+    )
 
 
 def test_concurrent_requests_share_round_trips(store: RedisServer, server: Server) -> None:
