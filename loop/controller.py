@@ -28,7 +28,11 @@ Guarantees:
   or handled when something raises (a full offline buffer) are kept and handled first by
   the next :meth:`SyncController.next_batch`.
 - **Accounting balances** (:class:`Accounting`): every record taken from the buffer is
-  exactly one of consumed, dropped, routed, or a duplicate of one of those.
+  exactly one of consumed, dropped, routed, from the future, or a duplicate of one of those.
+- **No record from the future**: a record stamped with a version newer than the trainer's
+  (negative staleness: a server another trainer pushed to, or a forged stamp) is an error,
+  whatever the bound and fallback: logged, counted (``from_future``,
+  ``rl_experience_from_future_total``) and dropped, never returned.
 
 Admission control: workers cannot run further ahead of the trainer than the buffer holds.
 A buffer's ``max_pending`` (``loop.buffers.base.BufferOptions``) blocks producers once that
@@ -46,6 +50,7 @@ the caller); :meth:`set_version` may be called from any thread.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections import deque
@@ -60,6 +65,8 @@ from typing_extensions import TypeVar
 from loop.buffers.base import Consumer, Delivery, Producer
 from loop.experience import Completion, Deduplicator, Record, Step
 from serve.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 # Versions: Fibonacci, fine where staleness is small and coarse where it is large.
 STALENESS_BUCKETS = (0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610, 987)
@@ -113,12 +120,13 @@ class Accounting:
     """Counts since the controller was made.
 
     Every record taken from the buffer ends as exactly one of ``consumed`` (returned to the
-    trainer; ``kept_stale`` of them over the bound, under ``KEEP``), ``dropped`` or
-    ``routed_offline``; a redelivery of a record already taken is counted in
+    trainer; ``kept_stale`` of them over the bound, under ``KEEP``), ``dropped``,
+    ``routed_offline`` or ``from_future`` (stamped with a version newer than the trainer's); a redelivery of a record already taken is counted in
     ``duplicates`` and nowhere else. So, with the buffer's ``pending`` (records published
     and not committed, ``Producer.pending()``)::
 
-        published = consumed + dropped + routed_offline + undecided + (pending - held)
+        published = consumed + dropped + routed_offline + from_future + undecided
+                    + (pending - held)
 
     ``pending - held`` is what is still buffered, never taken by this controller. The
     balance is exact while this controller is its group's only consumer, except between
@@ -131,6 +139,7 @@ class Accounting:
     dropped: int = 0
     routed_offline: int = 0
     kept_stale: int = 0
+    from_future: int = 0  # stamped with a version newer than the trainer's: dropped
     committed: int = 0  # deliveries committed (duplicates included)
     held: int = 0  # deliveries taken from the current consumer and not committed yet
     undecided: int = 0  # new records taken and not yet returned or handled (after an error)
@@ -138,7 +147,9 @@ class Accounting:
     def balance(self, published: int, pending: int, extra: int = 0) -> int:
         """``published`` minus everything accounted for: 0 when the books balance."""
         buffered = pending - self.held
-        settled = self.consumed + self.dropped + self.routed_offline + self.undecided
+        settled = (
+            self.consumed + self.dropped + self.routed_offline + self.from_future + self.undecided
+        )
         return published - settled - buffered - extra
 
 
@@ -147,7 +158,7 @@ class LoopMetrics:
 
     ``rl_policy_version`` (gauge, the trainer's version), ``rl_experience_staleness``
     (histogram, versions, of every new record when the controller decides on it),
-    ``rl_experience_{consumed,dropped,routed,duplicates,kept_stale,undecodable}_total``
+    ``rl_experience_{consumed,dropped,routed,duplicates,kept_stale,undecodable,from_future}_total``
     (counters),
     ``rl_buffer_latency_seconds`` (histogram: from the server's answer, ``served_at``, to
     the controller taking the record), ``rl_buffer_pending`` (gauge, set by
@@ -171,6 +182,9 @@ class LoopMetrics:
         self.kept_stale = _counter("kept_stale", "Over-stale records returned, marked (keep)", r)
         self.undecodable = _counter(
             "undecodable", "Poison records the buffer skipped (not an experience record)", r
+        )
+        self.from_future = _counter(
+            "from_future", "Records stamped with a version newer than the trainer's: dropped", r
         )
         self.latency = Histogram(
             "rl_buffer_latency_seconds",
@@ -253,7 +267,16 @@ class SyncController(Generic[R]):
         self._ids = itertools.count()
         self._unflushed = False  # routed records the offline producer may not have stored
         self._counts = dict.fromkeys(
-            ("consumed", "duplicates", "dropped", "routed_offline", "kept_stale", "committed"), 0
+            (
+                "consumed",
+                "duplicates",
+                "dropped",
+                "routed_offline",
+                "kept_stale",
+                "from_future",
+                "committed",
+            ),
+            0,
         )
         if metrics is not None:
             metrics.policy_version.set(version)
@@ -398,10 +421,16 @@ class SyncController(Generic[R]):
     # -- deciding ----------------------------------------------------------------------
 
     def _admit(self, entries: list[_Entry]) -> list[_Entry]:
-        """The entries to return; over-stale ones are handled per the fallback."""
+        """The entries to return; over-stale ones are handled per the fallback, and ones
+        from the future dropped."""
+        version = self._version
+        if any(e.delivery.step.model_version > version for e in entries):
+            ahead = [e for e in entries if e.delivery.step.model_version > version]
+            self._from_future(ahead, version)
+            entries = [e for e in entries if e.delivery.step.model_version <= version]
         if self.max_staleness is None or self.fallback == Fallback.KEEP:
             return entries
-        version, k = self._version, self.max_staleness
+        k = self.max_staleness
         keep = [e for e in entries if version - e.delivery.step.model_version <= k]
         if len(keep) < len(entries):
             stale = [e for e in entries if version - e.delivery.step.model_version > k]
@@ -441,6 +470,25 @@ class SyncController(Generic[R]):
             for s in staleness:
                 self._metrics.staleness.observe(s)
         return batch
+
+    def _from_future(self, entries: list[_Entry], version: int) -> None:
+        """Records stamped with a version the trainer has not published: logged (once per
+        poll), counted and dropped."""
+        first = entries[0].delivery.step
+        log.error(
+            "record %s is stamped with version %d, newer than the trainer's %d (and %d more "
+            "such records in this poll): dropped; is another trainer pushing to the server, "
+            "or did this trainer start from an older checkpoint than the server serves?",
+            first.key,
+            first.model_version,
+            version,
+            len(entries) - 1,
+        )
+        self._counts["from_future"] += len(entries)
+        if self._metrics is not None:
+            self._metrics.from_future.inc(len(entries))
+        for entry in entries:
+            self._complete(entry)
 
     def _handle(self, stale: list[_Entry], version: int) -> None:
         """Drop or route over-stale records (all of them or, on an error, none)."""

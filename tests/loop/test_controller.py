@@ -74,7 +74,7 @@ def run_trainer(
     controller: SyncController,
     *,
     size: int = 16,
-    first_version: int = 12,
+    first_version: int = 20,  # spread()'s newest: no record is from the future
     offline: Consumer | None = None,
 ) -> tuple[list[Batch], list[tuple[int, list[Step]]]]:
     """Consume everything, publishing a new version after every batch. Returns the
@@ -234,7 +234,7 @@ def test_keep_returns_everything_marked_with_its_staleness(urls):
     controller = SyncController(
         open_consumer(url, "trainer", "t"), max_staleness=K, fallback=Fallback.KEEP
     )
-    batches, _ = run_trainer(controller)
+    batches, _ = run_trainer(controller, size=100)
     returned = [s for b in batches for s in b.steps]
     assert sorted(s.key for s in returned) == sorted(s.key for s in steps)
     marked = 0
@@ -565,14 +565,20 @@ def test_a_controller_returns_the_records_it_learns_from_and_refuses_another_kin
     group = [make_completion("g", i, size=4) for i in range(4)]
     open_producer(url).publish(group)
     controller = SyncController[Completion](
-        open_consumer(url, "grpo", "t"), max_staleness=K, fallback="drop", records=Completion
+        open_consumer(url, "grpo", "t"),
+        max_staleness=K,
+        fallback="drop",
+        records=Completion,
+        version=1,
     )
     batch = controller.next_batch(4, timeout_s=1)
     assert [c.key for c in batch.steps] == [c.key for c in group]
     controller.commit(batch)
     steps = new(urls)
     open_producer(steps).publish([make_completion("h", 0)])
-    ppo = SyncController(open_consumer(steps, "ppo", "t"), max_staleness=K, fallback="drop")
+    ppo = SyncController(
+        open_consumer(steps, "ppo", "t"), max_staleness=K, fallback="drop", version=1
+    )
     with pytest.raises(ConfigError, match=r"delivered a Completion record .* learns from Step"):
         ppo.next_batch(1, timeout_s=1)
 
@@ -598,3 +604,30 @@ def test_poison_records_are_counted_and_the_trainer_learns_through_them(tmp_path
     assert sorted(s.key for b in batches for s in b.steps) == sorted(s.key for s in steps)
     assert sample(registry, "rl_experience_undecodable_total") == len(steps) // 10
     assert controller.accounting().balance(producer.counts.published, producer.pending()) == 0
+
+
+@pytest.mark.parametrize("fallback", [Fallback.DROP, Fallback.KEEP])
+def test_records_from_the_future_are_counted_and_dropped(urls, fallback):
+    """Records stamped with versions the trainer has not published (10**6, 2**62 with the
+    trainer at 5) never reach it, whatever the bound; the books still balance."""
+    url = new(urls)
+    producer = open_producer(url)
+    good = [make_step("good", i, version=5 - i % 3) for i in range(6)]
+    forged = [make_step("forged", 0, version=10**6), make_step("forged", 1, version=2**62)]
+    producer.publish([*good[:3], *forged, *good[3:]])
+    registry = CollectorRegistry()
+    controller = SyncController(
+        open_consumer(url, "trainer", "t"),
+        max_staleness=None if fallback == Fallback.KEEP else K,
+        fallback=fallback,
+        metrics=LoopMetrics(registry),
+        version=5,
+    )
+    batch = controller.next_batch(16, timeout_s=0)
+    assert [s.key for s in batch.steps] == [s.key for s in good]
+    assert min(batch.staleness) >= 0
+    controller.commit(batch)
+    books = controller.accounting()
+    assert books.from_future == 2
+    assert sample(registry, "rl_experience_from_future_total") == 2
+    assert books.balance(producer.counts.published, producer.pending()) == 0
