@@ -121,8 +121,9 @@ class Accounting:
 
     Every record taken from the buffer ends as exactly one of ``consumed`` (returned to the
     trainer; ``kept_stale`` of them over the bound, under ``KEEP``), ``dropped``,
-    ``routed_offline`` or ``from_future`` (stamped with a version newer than the trainer's); a redelivery of a record already taken is counted in
-    ``duplicates`` and nowhere else. So, with the buffer's ``pending`` (records published
+    ``routed_offline`` or ``from_future`` (stamped with a version newer than the
+    trainer's); a redelivery of a record already taken is counted in ``duplicates`` and
+    nowhere else. So, with the buffer's ``pending`` (records published
     and not committed, ``Producer.pending()``)::
 
         published = consumed + dropped + routed_offline + from_future + undecided

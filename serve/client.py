@@ -201,6 +201,14 @@ def _hold_call(model: str, max_hold_s: float | None) -> _Call:
     return _Call("POST", f"/v1/models/{model}/hold", params=params)
 
 
+def _rollback_call(model: str, version: int | None) -> _Call:
+    path = f"/v1/models/{model}/rollback"
+    if version is None:
+        return _Call("POST", path, repeatable=False)
+    body, headers = _json({"version": version}), {"Content-Type": "application/json"}
+    return _Call("POST", path, body, headers, repeatable=False)
+
+
 def _json(body: Any) -> bytes:
     """JSON bytes; numpy arrays and scalars as their values (float32 in its shortest form)."""
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
@@ -391,8 +399,9 @@ class PolicyClient:
     ) -> dict[str, Any]:
         return dict(self._send(_activate_call(model, version, mode, rollback)))
 
-    def rollback(self, model: str) -> dict[str, Any]:
-        return dict(self._send(_Call("POST", f"/v1/models/{model}/rollback", repeatable=False)))
+    def rollback(self, model: str, *, version: int | None = None) -> dict[str, Any]:
+        """Back to the previous version, or to ``version`` (still loaded, older)."""
+        return dict(self._send(_rollback_call(model, version)))
 
     def hold(self, model: str, *, max_hold_s: float | None = None) -> dict[str, Any]:
         return dict(self._send(_hold_call(model, max_hold_s)))
@@ -475,9 +484,9 @@ class AsyncPolicyClient:
     ) -> dict[str, Any]:
         return dict(await self._send(_activate_call(model, version, mode, rollback)))
 
-    async def rollback(self, model: str) -> dict[str, Any]:
-        path = f"/v1/models/{model}/rollback"
-        return dict(await self._send(_Call("POST", path, repeatable=False)))
+    async def rollback(self, model: str, *, version: int | None = None) -> dict[str, Any]:
+        """Back to the previous version, or to ``version`` (still loaded, older)."""
+        return dict(await self._send(_rollback_call(model, version)))
 
     async def hold(self, model: str, *, max_hold_s: float | None = None) -> dict[str, Any]:
         return dict(await self._send(_hold_call(model, max_hold_s)))

@@ -64,7 +64,14 @@ _BOUNDS_HELP = (
 _SEQUENCES_HELP = "language models: sequences decoded together, at most"
 _HELD_SEQUENCES_HELP = (
     "recurrent policies: live sequences (episodes) whose state the server holds, at most; "
-    "a new one evicts the least recently used idle one"
+    "a new one evicts the least recently used idle one of its own sequence_owner (or any "
+    "idle past sequence_idle_timeout_s), never another owner's live one"
+)
+_SEQUENCES_PER_OWNER_HELP = (
+    "recurrent policies: held sequences of one sequence_owner key (those started without one "
+    "count as one owner), at most; a new one past it evicts that owner's least recently used "
+    "idle one (429 when each has a step in flight), never another owner's; unset: one owner "
+    "may fill max_held_sequences"
 )
 _SEQUENCE_IDLE_HELP = (
     "recurrent policies: a held sequence with no step for this long is evicted (its next "
@@ -263,6 +270,7 @@ class ModelSettings(BaseModel):
     observation_bounds: ObservationBounds = Field(ObservationBounds.ALLOW, description=_BOUNDS_HELP)
     # Recurrent policies whose memory the server holds (sequence_id; serve.dataplane.sequences).
     max_held_sequences: PositiveInt = Field(4096, description=_HELD_SEQUENCES_HELP)
+    max_sequences_per_owner: PositiveInt | None = Field(None, description=_SEQUENCES_PER_OWNER_HELP)
     sequence_idle_timeout_s: float = Field(60.0, gt=0, description=_SEQUENCE_IDLE_HELP)
     # Language models (continuous batching; max_queue_rows counts waiting requests there).
     generation_deadline_ms: float = Field(60000.0, gt=0, description=_GENERATION_DEADLINE_HELP)

@@ -18,7 +18,9 @@ instead, with the parameters Triton's sequence batcher reads:
 - ``sequence_id``: an id (``serve.identifiers``: a string of 1 to 128 characters, or an
   integer >= 0), one per observation (a list, distinct ids, for a batch);
 - ``sequence_start``, ``sequence_end``: booleans as ``episode_start`` takes them; the first
-  step of an episode starts its sequence, the last ends it.
+  step of an episode starts its sequence, the last ends it;
+- ``sequence_owner``: optional, a key of the client's own (a string of 1 to 128
+  characters): its sequences are held under it, stepped and ended only by calls giving it.
 
 ``state`` and ``episode_start`` are then left out: the held memory feeds them.
 """
@@ -33,7 +35,7 @@ import numpy as np
 
 from serve.dataplane.messages import SequenceStep
 from serve.errors import InvalidInput
-from serve.identifiers import identifier
+from serve.identifiers import MAX_CHARACTERS, identifier
 from serve.json_shown import json_shown
 
 STATE = "state"
@@ -41,7 +43,8 @@ EPISODE_START = "episode_start"
 SEQUENCE_ID = "sequence_id"
 SEQUENCE_START = "sequence_start"
 SEQUENCE_END = "sequence_end"
-SEQUENCE_PARAMETERS = (SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END)
+SEQUENCE_OWNER = "sequence_owner"
+SEQUENCE_PARAMETERS = (SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END, SEQUENCE_OWNER)
 
 
 @dataclass(frozen=True)
@@ -78,8 +81,8 @@ class MemoryInputs:
         """A step of sequences the server holds the memory of."""
         if SEQUENCE_ID not in parameters:
             raise InvalidInput(
-                f"{SEQUENCE_ID}: required with {SEQUENCE_START} or {SEQUENCE_END}: name the "
-                "sequence (the episode) this step belongs to"
+                f"{SEQUENCE_ID}: required with {SEQUENCE_START} or {SEQUENCE_END} (and "
+                f"{SEQUENCE_OWNER}): name the sequence (the episode) this step belongs to"
             )
         return SequenceStep(
             ids=_sequence_ids(parameters[SEQUENCE_ID], rows, single=single),
@@ -88,6 +91,7 @@ class MemoryInputs:
             state_input=self.state_input,
             start_input=self.start_input,
             state_size=self.size,
+            owner=_owner(parameters.get(SEQUENCE_OWNER)),
         )
 
     def feeds(self, memory: Memory) -> dict[str, np.ndarray]:
@@ -139,6 +143,18 @@ def _flags(name: str, value: Any, rows: int, *, single: bool) -> np.ndarray:
         every = "true or false" if single else f"true, false (every row) or {rows} booleans"
         raise InvalidInput(f"{name}: expected {every}, one per observation")
     return flags
+
+
+def _owner(value: Any) -> str | None:
+    """A ``sequence_owner`` key (None: the call gives none). Never echoed: it is a secret
+    of its client's."""
+    if value is None or (isinstance(value, str) and 0 < len(value) <= MAX_CHARACTERS):
+        return value
+    given = f"a string of {len(value)} characters" if isinstance(value, str) else "not a string"
+    raise InvalidInput(
+        f"{SEQUENCE_OWNER}: expected a key of the client's own, a string of 1 to "
+        f"{MAX_CHARACTERS} characters; got {given}"
+    )
 
 
 def _sequence_ids(value: Any, rows: int, *, single: bool) -> tuple[str | int, ...]:

@@ -66,7 +66,12 @@ class ModelLifeCycle:
         self._hold_ends: asyncio.TimerHandle | None = None
         self.generation = 0  # the repository's serving state applied here (serve.control.store)
         self.sequences = (  # recurrent policies' server-held memory, per model
-            SequenceTable(name, settings.max_held_sequences, settings.sequence_idle_timeout_s)
+            SequenceTable(
+                name,
+                settings.max_held_sequences,
+                settings.sequence_idle_timeout_s,
+                settings.max_sequences_per_owner,
+            )
             if kind is ModelKind.ROWS
             else None
         )

@@ -80,6 +80,7 @@ PARAMETERS = (
     "sequence_id",  # a recurrent policy's server-held sequences (serve.dataplane.sequences)
     "sequence_start",
     "sequence_end",
+    "sequence_owner",
 )
 FIELDS = (*INPUTS, *PARAMETERS)
 _NO_PARAMETERS: dict[str, Any] = {}

@@ -43,8 +43,8 @@ class Part:
 @dataclass(frozen=True, slots=True)
 class SequenceStep:
     """A step of sequences whose memory the server holds (``serve.dataplane.sequences``):
-    one sequence id per row, the rows that start or end their sequence, and the graph inputs
-    the held memory feeds."""
+    one sequence id per row, the rows that start or end their sequence, the graph inputs
+    the held memory feeds, and the owner key the step's sequences are held under."""
 
     ids: tuple[str | int, ...]
     starts: np.ndarray  # bool [rows]
@@ -52,6 +52,7 @@ class SequenceStep:
     state_input: str
     start_input: str
     state_size: int  # floats of memory per row
+    owner: str | None = None  # the call's sequence_owner; None: it gave none
 
 
 @dataclass(slots=True)

@@ -5,7 +5,8 @@ exported through the CLI, served by a real server.
   with their next observation, and rows of different clients batch together.
 - Server-held state: clients name their episode (``sequence_id``, ``sequence_start``,
   ``sequence_end``) and send observations only; each sequence keeps the version it
-  started with across live updates."""
+  started with across live updates; one given with a ``sequence_owner`` key is stepped and
+  ended only with that key, and one owner's new sequences never evict another's."""
 
 from __future__ import annotations
 
@@ -64,9 +65,12 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
         assert code == 0, err
         assert "parity PASSED" in out
     models = tmp / "models"
-    for copy in ("swapped", "short_lived"):  # the same policy, for tests that change it
+    for copy in ("swapped", "short_lived", "tenants"):  # the same policy, for tests that change it
         shutil.copytree(models / "recurrent", models / copy)
     (models / "short_lived" / "config.yaml").write_text("sequence_idle_timeout_s: 0.5\n")
+    (models / "tenants" / "config.yaml").write_text(
+        "max_held_sequences: 4\nmax_sequences_per_owner: 2\n"
+    )
     return model, models
 
 
@@ -495,6 +499,10 @@ def test_a_batch_steps_one_sequence_per_row(server: Server) -> None:
             "sequence_id: ids repeat within the request",
         ),
         (
+            {"observations": [0.0, 0.0], "sequence_id": "o", "sequence_owner": 7},
+            "sequence_owner: expected a key of the client's own, a string of 1 to 128",
+        ),
+        (
             {"observations": [0.0, 0.0], "sequence_start": True},
             "sequence_id: required with sequence_start or sequence_end",
         ),
@@ -628,3 +636,102 @@ def test_a_live_update_never_moves_a_running_sequence_to_another_version(
     assert all(len(set(versions)) == 1 for versions in finished), finished
     started_on = {versions[0] for versions in finished}
     assert {1, 3} <= started_on, started_on
+
+
+def test_a_sequence_with_an_owner_is_stepped_and_ended_by_its_owner_alone(
+    server: Server, grpc_port: int
+) -> None:
+    """Another client naming the same id, with no key or another, is told no such sequence
+    (as for an id never started) and starts its own; the owner's episode goes on as if
+    alone, over JSON and over tritonclient's parameters alike."""
+    observations = [np.array([0.03 * (t + 1), -0.02 * t], np.float32) for t in range(3)]
+    owner = {"sequence_owner": "owner-a-3f9c2e7d"}
+
+    def body(t: int, sequence_id: str, **extra: Any) -> dict[str, Any]:
+        return {
+            "observations": observations[t].tolist(),
+            "sequence_id": sequence_id,
+            "outputs": ["values"],
+            **extra,
+        }
+
+    grpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    with server.client() as http:
+        alone = [
+            http.post(PREDICT, json=body(t, "owned-ref", sequence_start=t == 0)).json()["values"]
+            for t in range(3)
+        ]
+        first = http.post(PREDICT, json=body(0, "owned", sequence_start=True, **owner))
+        assert first.status_code == 200, first.text
+        never = http.post(PREDICT, json=body(1, "owned-never-started"))
+        for other in ({}, {"sequence_owner": "owner-b-81d0aa45"}):
+            for extra in ({}, {"sequence_end": True}):
+                refused = http.post(PREDICT, json=body(1, "owned", **other, **extra))
+                assert refused.status_code == 422, refused.text
+                assert refused.json()["error"]["message"] == never.json()["error"][
+                    "message"
+                ].replace("owned-never-started", "owned")
+        tensor = triton_grpc.InferInput("obs", [1, 2], "FP32")
+        tensor.set_data_from_numpy(observations[2][None] * 10)
+        with pytest.raises(Exception, match="no such live sequence"):
+            grpc.infer("recurrent", [tensor], sequence_id="owned")
+        # another owner starting the same id holds a sequence of its own
+        other = body(0, "owned", sequence_start=True, sequence_owner="owner-b-81d0aa45")
+        other["observations"] = (observations[2] * 10).tolist()
+        assert http.post(PREDICT, json=other).status_code == 200
+        second = http.post(PREDICT, json=body(1, "owned", **owner))
+        assert second.status_code == 200, second.text
+    tensor.set_data_from_numpy(observations[2][None])
+    third = grpc.infer(
+        "recurrent",
+        [tensor],
+        outputs=[triton_grpc.InferRequestedOutput("values")],
+        sequence_id="owned",
+        sequence_end=True,
+        parameters=owner,
+    )
+    owned = [first.json()["values"], second.json()["values"], float(third.as_numpy("values")[0])]
+    np.testing.assert_allclose(owned, alone, atol=1e-6)
+
+
+def test_one_owners_new_sequences_evict_its_own_never_anothers(server: Server) -> None:
+    """Model tenants holds 4 sequences, 2 per owner: key-a's third evicts key-a's first,
+    not key-b's; once key-a, key-b and key-c hold all 4, key-d is answered 429. Each owner
+    is a client of its own (a 429 holds its connection back for Retry-After)."""
+    path = "/v1/models/tenants/predict"
+    clients = {owner: server.client() for owner in ("key-a-77f1", "key-b-5e0c", "key-c-9a3b")}
+
+    def step(sequence_id: str, owner: str, *, start: bool = False) -> Any:
+        body = {
+            "observations": [0.01, 0.02],
+            "sequence_id": sequence_id,
+            "sequence_start": start,
+            "sequence_owner": owner,
+        }
+        with contextlib.ExitStack() as fresh:
+            client = clients.get(owner) or fresh.enter_context(server.client())
+            return client.post(path, json=body)
+
+    try:
+        assert step("b1", "key-b-5e0c", start=True).status_code == 200
+        for sequence_id in ("a1", "a2", "a3"):
+            assert step(sequence_id, "key-a-77f1", start=True).status_code == 200
+        evicted = step("a1", "key-a-77f1")
+        assert evicted.status_code == 422
+        assert "max_sequences_per_owner (2)" in evicted.json()["error"]["message"]
+        assert step("b1", "key-b-5e0c").status_code == 200  # still live
+        assert step("c1", "key-c-9a3b", start=True).status_code == 200
+        full = step("d1", "key-d-02e4", start=True)
+        assert full.status_code == 429, full.text
+        assert "never another owner's live one" in full.json()["error"]["message"]
+        for sequence_id, owner in (
+            ("b1", "key-b-5e0c"),
+            ("a2", "key-a-77f1"),
+            ("c1", "key-c-9a3b"),
+        ):
+            assert step(sequence_id, owner).status_code == 200
+        described = clients["key-a-77f1"].get("/v1/models/tenants").json()["sequences"]
+    finally:
+        for client in clients.values():
+            client.close()
+    assert (described["held"], described["capacity"], described["per_owner"]) == (4, 4, 2)

@@ -45,7 +45,7 @@ _EXTRA_INPUTS = {
     TensorRole.EPISODE_START: "episode_start",
 }
 STATE = "state"  # a recurrent policy's output: the state to send with its next step
-SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
+SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "sequence_owner")
 # Request parameters rlserve reads; any other is refused, naming these. Triton's clients
 # send triton_enable_empty_final_response on every gRPC call: it only matters to decoupled
 # models (several responses per request), which a policy never is, so it is accepted as is.
@@ -57,6 +57,7 @@ PARAMETERS = (
     "sequence_id",  # Triton's sequence batcher's: a recurrent policy's server-held memory
     "sequence_start",
     "sequence_end",
+    "sequence_owner",  # rlserve's: the key a client's sequences are held under
     "timeout",
     "binary_data_output",
     "priority",

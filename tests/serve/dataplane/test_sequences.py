@@ -131,3 +131,66 @@ def test_rows_of_one_call_each_carry_their_own_state() -> None:
     answered(table, step(["a"]), 1, 1)
     held = table.begin(step(["b", "a"]), SIZE, now=2)
     assert held.state[:, 0].tolist() == [1.0, 2.0]
+
+
+def owned(
+    ids: list[str | int], owner: str | None, *, start: bool = False, end: bool = False
+) -> SequenceStep:
+    rows = len(ids)
+    return SequenceStep(
+        tuple(ids), np.full(rows, start), np.full(rows, end), "state", "episode_start", SIZE, owner
+    )
+
+
+def refusal(table: SequenceTable, taken: SequenceStep, now: float) -> str:
+    with pytest.raises(InvalidInput) as refused:
+        table.begin(taken, SIZE, now)
+    return refused.value.message
+
+
+def test_rule_7_only_the_owner_steps_or_ends_its_sequence_and_others_learn_nothing() -> None:
+    table = SequenceTable("m", 8, 60)
+    answered(table, owned(["s"], "key-a", start=True), 1, 0)
+    never_started = refusal(table, owned(["t"], "key-b"), 1)
+    for other in ("key-b", None):
+        assert refusal(table, owned(["s"], other), 1) == never_started.replace('"t"', '"s"')
+        refusal(table, owned(["s"], other, end=True), 1)  # nor ended by another
+    # another owner's start under the same id is its own sequence: "s" of key-a goes on
+    assert not answered(table, owned(["s"], "key-b", start=True), 1, 2).any()
+    assert table.begin(owned(["s"], "key-a"), SIZE, now=3).state.tolist() == [[1.0] * SIZE]
+    table.commit(owned(["s"], "key-a", end=True), np.zeros((1, SIZE)), 1, now=3)
+    assert refusal(table, owned(["s"], "key-a"), 4).startswith('sequence_id "s": no such')
+    assert answered(table, owned(["s"], "key-b"), 1, 4).tolist() == [[1.0] * SIZE]
+
+
+def test_rule_5_past_its_quota_an_owner_evicts_its_own_sequences_never_anothers() -> None:
+    table = SequenceTable("m", 8, 60, per_owner=2)
+    answered(table, owned(["b1"], "key-b", start=True), 1, 0)
+    for t, sequence in enumerate(["a1", "a2", "a3"], start=1):
+        answered(table, owned([sequence], "key-a", start=True), 1, t)
+    assert "its sequence_owner held max_sequences_per_owner (2)" in refusal(
+        table, owned(["a1"], "key-a"), 4
+    )
+    answered(table, owned(["b1"], "key-b"), 1, 4)  # still live
+    table.begin(owned(["a2", "a3"], "key-a"), SIZE, now=5)  # both in flight: none to evict
+    with pytest.raises(QueueFull, match=r"this sequence_owner holds 2 .*max_sequences_per_owner"):
+        table.begin(owned(["a4"], "key-a", start=True), SIZE, now=5)
+    with pytest.raises(InvalidInput, match=r"this call starts 3 sequences; .* at most 2"):
+        table.begin(owned(["x", "y", "z"], "key-c", start=True), SIZE, now=5)
+    answered(table, owned(["c1", "c2"], "key-c", start=True), 1, 6)  # room for key-c's own
+    assert table.describe()["per_owner"] == 2
+
+
+def test_rule_5_a_full_table_evicts_no_other_owners_live_sequence() -> None:
+    table = SequenceTable("m", 2, idle_timeout_s=10)
+    answered(table, owned(["a"], "key-a", start=True), 1, 0)
+    answered(table, owned(["b"], None, start=True), 1, 5)
+    for newcomer in ("key-c", None):
+        if newcomer is None:  # the ownerless evict their own least recently used: "b"
+            answered(table, owned(["c"], newcomer, start=True), 1, 6)
+            continue
+        with pytest.raises(QueueFull, match="never another owner's live one"):
+            table.begin(owned(["c"], newcomer, start=True), SIZE, now=6)
+    assert "table of 2 sequences was full" in refusal(table, owned(["b"], None), 7)
+    answered(table, owned(["c"], "key-c", start=True), 1, 11)  # "a" idle past 10 s: it goes
+    assert "idle for more than 10 s" in refusal(table, owned(["a"], "key-a"), 12)
