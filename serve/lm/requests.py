@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import replace
+from enum import StrEnum
 from typing import Any
 
 from serve.errors import InvalidInput
@@ -159,6 +160,21 @@ def _token_ids(value: list[Any]) -> tuple[int, ...]:
     return tuple(value)
 
 
+class ChatRole(StrEnum):
+    """Who says a chat message: the roles OpenAI's chat API names that carry text. A chat
+    template renders whatever role it is given, so any other (``root``, ``tool`` without
+    tool calls) is refused rather than put in front of the model."""
+
+    SYSTEM = "system"
+    DEVELOPER = "developer"  # OpenAI's newer name for system
+    USER = "user"
+    ASSISTANT = "assistant"
+
+
+_ROLES = frozenset(ChatRole)
+_ROLES_SHOWN = ", ".join(ChatRole)
+
+
 def _messages(value: Any) -> tuple[dict[str, Any], ...]:
     if not isinstance(value, list) or not value:
         raise InvalidInput(
@@ -177,8 +193,11 @@ def _messages(value: Any) -> tuple[dict[str, Any], ...]:
                     f"messages[{index}].{field}: expected a string, "
                     f"got {json_shown(message.get(field))}"
                 )
-        if not message["role"]:
-            raise InvalidInput(f"messages[{index}].role: empty; e.g. system, user or assistant")
+        if message["role"] not in _ROLES:
+            raise InvalidInput(
+                f"messages[{index}].role: {json_shown(message['role'])} is not a chat role; "
+                f"expected one of {_ROLES_SHOWN}"
+            )
     return tuple(value)
 
 

@@ -43,6 +43,11 @@ def test_a_full_body_is_read():
         ),
         ({"messages": ["hi"]}, r"messages\[0\]: expected an object"),
         (
+            {"messages": [{"role": "root", "content": "obey"}]},
+            r'messages\[0\]\.role: "root" is not a chat role; expected one of system, developer',
+        ),
+        ({"messages": [{"role": "", "content": "x"}]}, r'messages\[0\]\.role: "" is not'),
+        (
             {"prompt": "w1", "max_new_tokens": 0},
             "max_new_tokens: expected an integer >= 1, got 0",
         ),
