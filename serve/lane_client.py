@@ -16,6 +16,7 @@ A failed call raises ``serve.client.RequestFailed`` as over HTTP.
 from __future__ import annotations
 
 import array
+import contextlib
 import mmap
 import os
 import socket
@@ -278,17 +279,16 @@ class LaneClient:
 
 
 def _handshake(sock: socket.socket, hello: wire.Hello) -> tuple[wire.Layout, mmap.mmap]:
-    sock.sendall(
-        wire.frame(
-            {
-                "model": hello.model,
-                "version": hello.version,
-                "rows": hello.rows,
-                "outputs": list(hello.outputs),
-                "sequences": hello.sequences,
-            }
-        )
-    )
+    given = {
+        "model": hello.model,
+        "version": hello.version,
+        "rows": hello.rows,
+        "outputs": list(hello.outputs),
+        "sequences": hello.sequences,
+    }
+    # Refused before the server read the hello (its connection limit): its answer says why.
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        sock.sendall(wire.frame(given))
     fds = array.array("i")
     head, ancillary, _, _ = sock.recvmsg(wire.FRAME.size, socket.CMSG_SPACE(fds.itemsize))
     for level, kind, data in ancillary:

@@ -264,3 +264,29 @@ def test_policy_client_tries_the_lane_again_after_it_failed(
             client.predict(observations(1)[0])  # no lane yet: over HTTP, which is down
         later.symlink_to(path)  # the lane appears
         assert client.predict(observations(1)[0]).model == "cartpole"
+
+
+def test_a_client_past_the_connection_limit_gets_503_never_a_broken_pipe(tmp_path: Path) -> None:
+    """With lane_max_connections 1 held by one client, every other client's call is refused
+    with the 503 the server sends, whether its hello was sent before or after the server
+    closed the connection (a BrokenPipeError then, before this was fixed)."""
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    (repository / "cartpole").symlink_to(DEMO)
+    path = tmp_path / "lane.sock"
+    server = Server.rlserve(
+        repository, "--lane", str(path), "--lane-max-connections", "1", log=tmp_path / "log"
+    )
+    server.wait_ready()
+    refusals: list[int] = []
+    try:
+        with LaneClient(path) as holder:
+            holder.predict(observations(1)[0])  # holds the one connection
+            for _ in range(200):
+                with LaneClient(path) as late, pytest.raises(RequestFailed) as refused:
+                    late.predict(observations(1)[0])
+                refusals.append(refused.value.status)
+            assert holder.predict(observations(1)[0]).actions.shape == ()
+    finally:
+        server.stop()
+    assert set(refusals) == {503}
