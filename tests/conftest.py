@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import pytest
 
@@ -13,23 +15,67 @@ if TYPE_CHECKING:
     from examples.lm.tiny_policy import TinyPolicies
 
 FIXTURES_ENV = "RLSERVE_LM_FIXTURES"
+T = TypeVar("T")
+
+
+def built_once(
+    tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], T]
+) -> T:
+    """``build(folder)``'s result, made once per test run however many pytest-xdist workers
+    ask: the first to take ``name``'s lock builds in a folder every worker of the run sees
+    (the workers' temporary directories share a parent), the others wait on the lock and
+    then ``build`` in the same folder, which must reuse what is there (each builder below
+    finds its finished work by a file written last)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if _xdist_worker_env() else base
+    folder = shared / f"built-once-{name}"
+    folder.mkdir(exist_ok=True)
+    with open(shared / f"built-once-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return build(folder)
+
+
+def _xdist_worker_env() -> bool:
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
+@pytest.fixture(scope="session")
+def recurrent_ppo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """RecurrentPPO on CartPole with its velocities hidden (tests/export/export_policies.py),
+    trained once per test run: the zip the export and e2e recurrent tests share."""
+    from tests.export.export_policies import train_recurrent_ppo
+
+    def build(folder: Path) -> Path:
+        path = folder / "recurrent_ppo.zip"
+        if not path.is_file():
+            train_recurrent_ppo(folder / "training.zip")
+            os.replace(folder / "training.zip", path)  # whole, or not there
+        return path
+
+    return built_once(tmp_path_factory, "recurrent-ppo", build)
 
 
 @pytest.fixture(scope="session")
 def tiny_policies(tmp_path_factory: pytest.TempPathFactory) -> TinyPolicies:
     """Tiny Llama and Qwen2 policies from genuine TRL runs (examples/lm/tiny_policy.py).
 
-    Built once per test session, in about half a minute, under the session's temporary
-    directory. To reuse them between local runs, set ``RLSERVE_LM_FIXTURES=DIR``: they are
-    built in DIR only if DIR holds no complete build of the current recipe and library
-    versions (its tiny_policies.json says which), and reused otherwise. Tests must not write
+    Built once per test run (``built_once``: the pytest-xdist workers share them), in about
+    half a minute, under the run's temporary directory. To reuse them between local runs,
+    set ``RLSERVE_LM_FIXTURES=DIR``: they are built in DIR only if DIR holds no complete
+    build of the current recipe and library versions (its tiny_policies.json says which),
+    and reused otherwise. Tests must not write
     into these directories.
     """
     from examples.lm.tiny_policy import existing_policies, make_policies
 
     shared = os.environ.get(FIXTURES_ENV)
-    root = Path(shared) if shared else tmp_path_factory.mktemp("tiny_policies")
-    return existing_policies(root) or make_policies(root)
+    if shared:
+        return existing_policies(Path(shared)) or make_policies(Path(shared))
+
+    def build(root: Path) -> TinyPolicies:
+        return existing_policies(root) or make_policies(root)
+
+    return built_once(tmp_path_factory, "tiny-policies", build)
 
 
 # ---------------------------------------------------------------------- /dev/shm

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
+from sb3_contrib import RecurrentPPO
 from stable_baselines3 import PPO
 
 from serve import cli
@@ -32,7 +33,6 @@ from serve.lane_client import LaneClient
 from serve.prediction import RequestFailed
 from tests.e2e.server import Server, free_port
 from tests.export.export_envs import CartPoleNoVelocity
-from tests.export.export_policies import train_recurrent_ppo
 from tests.export.export_rollouts import SourceRecurrentActor, run_episode
 
 PREDICT = "/v1/models/recurrent/predict"
@@ -47,9 +47,12 @@ def rlserve(*args: str | Path) -> tuple[int, str, str]:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+def trained(
+    tmp_path_factory: pytest.TempPathFactory, recurrent_ppo: Path
+) -> tuple[Any, Path]:
     tmp = tmp_path_factory.mktemp("recurrent")
-    model = train_recurrent_ppo(tmp / "recurrent.zip")
+    shutil.copyfile(recurrent_ppo, tmp / "recurrent.zip")
+    model = RecurrentPPO.load(recurrent_ppo, device="cpu")
     feed_forward = PPO("MlpPolicy", CartPoleNoVelocity(), n_steps=64, seed=0, device="cpu")
     feed_forward.save(tmp / "feed_forward.zip")
     for name in ("recurrent", "feed_forward"):

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import torch
 from sb3_contrib import RecurrentPPO
 from stable_baselines3.common.env_util import make_vec_env
 
@@ -53,9 +54,19 @@ def export_with_library(trained: TrainedPolicy, repository: Path) -> ExportedPol
 RECURRENT_HIDDEN = 32  # the LSTMs' width: 4 x 32 floats of state per step
 
 
-def train_recurrent_ppo(path: Path) -> Any:
+def train_recurrent_ppo(path: Path) -> None:
     """RecurrentPPO (MlpLstmPolicy), a few thousand steps on CartPole with its velocities
-    hidden, saved at ``path``: the recurrent policy the export and e2e tests share."""
+    hidden, saved at ``path``: the recurrent policy the export and e2e tests share (trained
+    once per test run: the ``recurrent_ppo`` fixture of tests/conftest.py)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny network: more threads only contend with the others
+    try:
+        _learn_recurrent_ppo(path)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _learn_recurrent_ppo(path: Path) -> None:
     venv = make_vec_env(CartPoleNoVelocity, n_envs=4, seed=0)
     model = RecurrentPPO(
         "MlpLstmPolicy",
@@ -69,4 +80,3 @@ def train_recurrent_ppo(path: Path) -> Any:
     )
     model.learn(4096)
     model.save(path)
-    return model

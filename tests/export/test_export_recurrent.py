@@ -24,17 +24,16 @@ from serve.contract import Algorithm, TensorRole
 from serve.errors import ExportError
 from tests.export import cleanrl_agents
 from tests.export.export_envs import CartPoleNoVelocity, DictEnv, ImageEnv
-from tests.export.export_policies import RECURRENT_HIDDEN, train_recurrent_ppo
+from tests.export.export_policies import RECURRENT_HIDDEN
 from tests.export.export_rollouts import OnnxRecurrentActor, SourceRecurrentActor, run_episode
 
 HIDDEN = RECURRENT_HIDDEN
 
 
 @pytest.fixture(scope="module")
-def trained(models_dir: Path) -> tuple[Any, Path]:
-    """A few thousand steps on CartPole with its velocities hidden."""
-    path = models_dir / "recurrent_ppo.zip"
-    return train_recurrent_ppo(path), path
+def trained(recurrent_ppo: Path) -> tuple[Any, Path]:
+    """A few thousand steps on CartPole with its velocities hidden (trained once per run)."""
+    return RecurrentPPO.load(recurrent_ppo, device="cpu"), recurrent_ppo
 
 
 def export(path: Path, repository: Path, name: str, *, trust: bool = False) -> Any:
