@@ -515,8 +515,9 @@ if __name__ == "__main__":
     dedupe = Deduplicator()
     for episode_id, step, ended in saved.get("done", []):  # already trained into `agent`
         dedupe.fresh(Step(episode_id, step, np.zeros(0), np.zeros(0), 0, 0, 0, ended, False, 0, 0))
+    consumer = open_consumer(args.buffer, args.group, args.consumer or f"{args.group}-0", options)
     controller = SyncController(
-        open_consumer(args.buffer, args.group, args.consumer or f"{args.group}-0", options),
+        consumer,
         max_staleness=args.max_staleness,
         fallback=args.fallback,
         offline=open_producer(args.offline_buffer, options) if args.offline_buffer else None,
@@ -642,6 +643,7 @@ if __name__ == "__main__":
         staleness_max=staleness_max,
         log_prob_error_max=worst_error,
         accounting=dataclasses.asdict(controller.accounting()),
+        undecodable=consumer.counts.undecodable,  # poison records the buffer skipped
     )
     print(json.dumps(summary), flush=True)
     sys.exit(status)

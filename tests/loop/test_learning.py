@@ -26,6 +26,7 @@ trainer, so records are typically one version old: the loop really is asynchrono
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -47,6 +48,7 @@ from loop.buffers import open_consumer
 from loop.experience import Step
 from serve.client import PolicyClient
 from tests.e2e.server import RLSERVE, Server, free_port
+from tests.loop.buffers.poison import Poisoner
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINER = ROOT / "examples" / "ppo_trainer.py"
@@ -70,6 +72,7 @@ class Learned:
     active_version: int  # the server's, at the end
     wall_s: float  # from the trainer's start to its exit
     stderr: str
+    poisoned: int = 0  # poison records appended while the trainer ran
 
 
 def trainer(*flags: str) -> list[str]:
@@ -85,12 +88,14 @@ def learn(
     budget: int = BUDGET_ENV_STEPS,
     target: float = TARGET_RETURN,
     timeout_s: float = 240.0,
+    poison_every: int | None = None,
 ) -> Learned:
     """One decoupled learning run on CartPole-v1; every process is stopped on return.
 
     The roles get their settings from flags (the trainer's command line as documented),
     or with ``via_config`` all from one loop configuration (loop/config.py) that the
-    workers and the trainer read with ``--config``."""
+    workers and the trainer read with ``--config``. With ``poison_every``, a poison record
+    (bytes that are not a record) is appended after every that many records."""
     repository, checkpoint = tmp / "repository", tmp / "agent.pt"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RLSERVE_ADMIN_TOKEN": TOKEN}
     subprocess.run(
@@ -126,11 +131,14 @@ def learn(
                         str(checkpoint), "--batch-size", str(BATCH), "--max-staleness",
                         str(max_staleness), "--fallback", "drop"]  # fmt: skip
         started = time.monotonic()
-        run = subprocess.run(
-            trainer(*settings, "--seed", str(seed), "--target-return", str(target),
-                    "--max-env-steps", str(budget), "--log-json", str(log)),
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s,
-        )  # fmt: skip
+        with contextlib.ExitStack() as poisoning:
+            if poison_every is not None:
+                poisoner = poisoning.enter_context(Poisoner(buffer, poison_every))
+            run = subprocess.run(
+                trainer(*settings, "--seed", str(seed), "--target-return", str(target),
+                        "--max-env-steps", str(budget), "--log-json", str(log)),
+                cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s,
+            )  # fmt: skip
         wall_s = time.monotonic() - started
         (tmp / "trainer.err").write_text(run.stderr)  # its progress lines
         with PolicyClient(server.url) as client:
@@ -153,6 +161,7 @@ def learn(
         active_version=active,
         wall_s=wall_s,
         stderr=run.stderr,
+        poisoned=poisoner.injected if poison_every is not None else 0,
     )
 
 
@@ -323,6 +332,28 @@ def test_ppo_learns_cartpole_through_the_server_with_bounded_staleness(tmp_path:
     learned = learn(tmp_path, seed=1, target=SLIM_TARGET_RETURN)
     print("\n" + report(1, learned))
     check(learned, MAX_STALENESS, SLIM_TARGET_RETURN)
+
+
+def test_ppo_learns_through_a_stream_with_a_poison_record_in_every_hundred(
+    tmp_path: Path,
+) -> None:
+    """One record in every hundred is bytes that are not a record (issue 41): the trainer
+    skips each, counts it, and learns as it does on a clean stream; the books balance."""
+    learned = learn(tmp_path, seed=1, target=SLIM_TARGET_RETURN, poison_every=100)
+    print("\n" + report(1, learned) + f", {learned.poisoned} poison records")
+    check(learned, MAX_STALENESS, SLIM_TARGET_RETURN)
+    assert learned.poisoned >= learned.summary["env_steps"] // 101  # it ran all along
+    # the trainer skipped every poison record it read, and nothing else
+    assert 0 < learned.summary["undecodable"] <= learned.poisoned
+
+
+@pytest.mark.slow
+def test_ppo_reaches_the_target_through_a_poisoned_stream(tmp_path: Path) -> None:
+    """The full budget and target (475 within 200,000 steps), one poison record in 100."""
+    learned = learn(tmp_path, seed=2, poison_every=100)
+    print("\n" + report(2, learned) + f", {learned.poisoned} poison records")
+    check(learned, MAX_STALENESS)
+    assert 0 < learned.summary["undecodable"] <= learned.poisoned
 
 
 @pytest.mark.slow
