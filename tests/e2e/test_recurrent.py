@@ -47,9 +47,7 @@ def rlserve(*args: str | Path) -> tuple[int, str, str]:
 
 
 @pytest.fixture(scope="module")
-def trained(
-    tmp_path_factory: pytest.TempPathFactory, recurrent_ppo: Path
-) -> tuple[Any, Path]:
+def trained(tmp_path_factory: pytest.TempPathFactory, recurrent_ppo: Path) -> tuple[Any, Path]:
     tmp = tmp_path_factory.mktemp("recurrent")
     shutil.copyfile(recurrent_ppo, tmp / "recurrent.zip")
     model = RecurrentPPO.load(recurrent_ppo, device="cpu")
