@@ -50,6 +50,7 @@ serve: $(VENV)/.serve-installed
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-logo --no-cache
 
 typecheck: $(VENV)/.test-installed
 	$(BIN)/mypy

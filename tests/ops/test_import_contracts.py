@@ -1,0 +1,57 @@
+"""The import contracts of pyproject.toml ([tool.importlinter], run by `make lint`) hold,
+and each fails when one forbidden import is added: a copy of the packages with that import
+added to one module is checked with the same contracts."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.ops.conftest import REPO
+
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def lint_imports(root: Path, *contracts: str) -> subprocess.CompletedProcess[str]:
+    chosen = [arg for contract in contracts for arg in ("--contract", contract)]
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-logo", "--no-cache", *chosen],
+        cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_the_contracts_hold() -> None:
+    run = lint_imports(REPO)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "0 broken" in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "forbidden", "contract"),
+    [
+        ("serve/dataplane/wire.py", "serve.control.api", "dataplane-no-server-parts"),
+        ("serve/dataplane/wire.py", "serve.lm.text", "dataplane-no-kind"),
+        ("serve/control/watcher.py", "serve.actor_critic.heads", "control-no-kind"),
+        ("serve/process/logs.py", "loop.controller", "serve-no-export-loop"),
+        ("loop/group_names.py", "serve.dataplane.http", "export-loop-no-serve"),
+    ],
+)
+def test_one_forbidden_import_breaks_its_contract(
+    tmp_path: Path, module: str, forbidden: str, contract: str
+) -> None:
+    for package in ("serve", "export", "loop"):
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("*.pyc"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    assert lint_imports(tmp_path, contract).returncode == 0  # the copy holds, as the tree does
+    with (tmp_path / module).open("a") as source:
+        source.write(f"\nimport {forbidden}  # noqa\n")
+    run = lint_imports(tmp_path, contract)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "BROKEN" in run.stdout
+    assert f"{module.removesuffix('.py').replace('/', '.')} -> {forbidden}" in run.stdout
