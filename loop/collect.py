@@ -31,9 +31,13 @@ Guarantees:
 - **Each step keeps its own version**: ``model_version`` is the version that answered the
   request that chose its action (one version per answer: the server pins a request to the
   version active when it was admitted), even when an episode straddles a swap.
-- **Clean stop**: SIGTERM or SIGINT (or :meth:`RolloutWorker.stop`) ends the loop after the
-  current iteration's records are published, then the producer is flushed. A stop that
-  arrives while the server is down ends the loop at once: nothing was stepped.
+- **Prompt, counted stop**: SIGTERM or SIGINT (or :meth:`RolloutWorker.stop`) ends the loop
+  within ``STOP_WITHIN_S`` whatever the server or the buffer is doing: the current
+  iteration's records are published if the buffer takes them in time (a producer waits at
+  most ``PUBLISH_TRY_S`` for room before the worker's own retries, which a stop ends),
+  else counted in ``unaccepted`` and reported, never silently dropped; then the producer is
+  flushed. A stop that arrives while the server is down ends the loop at once: nothing
+  was stepped.
 
 When retries run out, :class:`GaveUp` is raised (the envs were not stepped when the server
 was the cause; the iteration's records were not stored when the buffer was).
@@ -41,6 +45,7 @@ was the cause; the iteration's records were not stored when the buffer was).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import secrets
@@ -60,7 +65,7 @@ import gymnasium
 import numpy as np
 
 from loop.buffers import open_producer
-from loop.buffers.base import BufferFull, BufferOptions, BufferUnavailable, Producer
+from loop.buffers.base import BufferFull, BufferOptions, BufferUnavailable, Overflow, Producer
 from loop.experience import Step
 from serve.client import PolicyClient, Prediction, RequestFailed
 from serve.errors import ConfigError, ServiceUnavailable, one_line
@@ -71,6 +76,8 @@ VECTORIZATIONS: tuple[Vectorization, ...] = ("auto", "sync", "async")
 OUTPUTS = ("actions", "log_probs", "values")
 TRANSIENT_STATUSES = frozenset({429, 502, 503, 504})  # worth retrying: the server said so
 FIRST_BACKOFF_S = 0.05
+STOP_WITHIN_S = 2.0  # a stop ends the loop within this, whatever the buffer does
+PUBLISH_TRY_S = 0.5  # one publish waits this long for room, at most (overflow: block)
 MAX_BACKOFF_S = 1.0  # a restarted server is back within a second or two: look often
 
 
@@ -91,6 +98,7 @@ class Counters:
     predict_retries: int = 0  # predict tries that failed and were tried again
     publish_retries: int = 0  # publishes refused by the buffer and tried again
     published: int = 0  # records the producer accepted
+    unaccepted: int = 0  # records a stop left unpublished (the buffer pushed back)
     return_sum: float = 0.0  # over all finished episodes
     recent_returns: deque[float] = field(default_factory=lambda: deque(maxlen=100))
     versions: dict[int, int] = field(default_factory=dict)  # env steps per model version
@@ -126,6 +134,7 @@ class Counters:
             "predict_retries": self.predict_retries,
             "publish_retries": self.publish_retries,
             "published": self.published,
+            "unaccepted": self.unaccepted,
             "mean_return": self.mean_return,
             "recent_mean_return": self.recent_mean_return,
             "versions": {str(v): n for v, n in sorted(self.versions.items())},
@@ -187,6 +196,35 @@ def transient(error: BaseException) -> bool:
     if isinstance(error, RequestFailed):
         return error.status in TRANSIENT_STATUSES
     return isinstance(error, OSError)  # the client's connection errors are OSErrors
+
+
+def _stoppable(options: BufferOptions | None) -> BufferOptions:
+    """The producer's options with one publish waiting at most PUBLISH_TRY_S for room, so a
+    stop is seen between tries (the worker retries for retry_for_s itself); under
+    ``overflow: drop`` the wait is the user's: it decides when records are dropped."""
+    given = options or BufferOptions()
+    if given.overflow is Overflow.DROP:
+        return given
+    return dataclasses.replace(given, publish_timeout_s=min(given.publish_timeout_s, PUBLISH_TRY_S))
+
+
+class _Progress:
+    """Calls ``report`` with the counters when ``every_s`` has passed since the last call."""
+
+    def __init__(
+        self,
+        counters: Counters,
+        report: Callable[[Counters], None] | None,
+        every_s: float,
+        started: float,
+    ) -> None:
+        self.counters, self.report, self.every_s, self.last = counters, report, every_s, started
+
+    def due(self) -> None:
+        now = time.monotonic()
+        if self.report is not None and now - self.last >= self.every_s:
+            self.report(self.counters)
+            self.last = now
 
 
 class Backoff:
@@ -277,9 +315,10 @@ class RolloutWorker:
         self.run_id = secrets.token_hex(4)  # new for every worker: episode ids never repeat
         self.counters = Counters()
         self._stop = threading.Event()
+        self._progress = _Progress(self.counters, None, 0.0, time.monotonic())
 
         with ExitStack() as opened:  # closed again if anything below fails
-            self.producer: Producer = open_producer(buffer, buffer_options)
+            self.producer: Producer = open_producer(buffer, _stoppable(buffer_options))
             opened.callback(self.producer.close)
             self.envs = make_envs(env_id, num_envs, vectorization)
             opened.callback(self.envs.close)
@@ -320,8 +359,10 @@ class RolloutWorker:
         """Iterate until ``max_steps`` env steps were made (whole iterations: up to
         ``num_envs - 1`` more), ``until(counters)`` is true, or a stop (:meth:`stop`,
         SIGTERM, SIGINT when run in the main thread); then flush the producer. ``report``
-        is called every ``report_every_s`` seconds. A stopped worker stays stopped."""
-        started = last_report = time.monotonic()
+        is called every ``report_every_s`` seconds, also while the buffer pushes back. A
+        stopped worker stays stopped."""
+        started = time.monotonic()
+        self._progress = _Progress(self.counters, report, report_every_s, started)
         elapsed_before = self.counters.elapsed_s
         try:
             with self._stop_on_signals():
@@ -332,14 +373,11 @@ class RolloutWorker:
                         break
                     if not self.step():
                         break
-                    now = time.monotonic()
-                    self.counters.elapsed_s = elapsed_before + now - started
-                    if report is not None and now - last_report >= report_every_s:
-                        report(self.counters)
-                        last_report = now
+                    self.counters.elapsed_s = elapsed_before + time.monotonic() - started
+                    self._progress.due()
         finally:
             self.counters.elapsed_s = elapsed_before + time.monotonic() - started
-        self.producer.flush()
+        self.producer.flush(timeout_s=STOP_WITHIN_S / 2 if self._stop.is_set() else 10.0)
         return self.counters
 
     def step(self) -> bool:
@@ -455,21 +493,25 @@ class RolloutWorker:
         self._resetting[env] = self._next_step_reset
 
     def _publish(self, records: Sequence[Step]) -> None:
-        """Publish ``records``, the same ones again while the buffer pushes back. A stop
-        does not abandon them: they are tried for the whole ``retry_for_s``."""
+        """Publish ``records``, the same ones again while the buffer pushes back, for
+        ``retry_for_s``; a stop ends the retries, and what was not accepted is counted."""
         started = time.perf_counter()
         try:
-            publish_retried(
+            accepted = publish_retried(
                 self.producer, records, self.retry_for_s, retried=self._publish_refused,
                 lost="they are lost and their episodes end without a last step: make the "
-                "trainer keep up, or allow more with --retry-for-s",
+                "trainer keep up, or allow more with --retry-for-s", stop=self._stop,
             )  # fmt: skip
-            self.counters.published += len(records)
+            if accepted:
+                self.counters.published += len(records)
+            else:
+                self.counters.unaccepted += len(records)
         finally:
             self.counters.publish_s += time.perf_counter() - started
 
     def _publish_refused(self) -> None:
         self.counters.publish_retries += 1
+        self._progress.due()  # a trainer gone or behind: say so while waiting
 
     def _refused(self, error: BaseException) -> ConfigError:
         where = f"model {self.model!r}" if self.model else "the server's default model"

@@ -43,8 +43,10 @@ _DESCRIPTION = (
     "log-probs and values), steps the envs, and publishes one experience record per env, "
     "stamped with the version that answered. A server restart or swap and a full or "
     "unreachable buffer are retried for --retry-for-s without losing or duplicating steps. "
-    "Several workers may feed one buffer. SIGTERM or SIGINT stops after the current "
-    "iteration. (`rlserve rollout` is something else: blue-green releases on Kubernetes.)"
+    "Several workers may feed one buffer. SIGTERM or SIGINT stops the worker within 2 s, "
+    "whatever the buffer is doing: records it did not take are counted (unaccepted in the "
+    "summary), and a requested stop exits 0. (`rlserve rollout` is something else: "
+    "blue-green releases on Kubernetes.)"
 )
 _EXAMPLE = (
     "examples:\n"
@@ -288,13 +290,28 @@ def _report(counters: Counters) -> None:
 def _line(c: Counters) -> str:
     recent = c.recent_mean_return
     mean = "-" if recent is None else f"{recent:.1f}"
-    versions = ",".join(map(str, sorted(c.versions))) or "-"
+    versions = versions_shown(sorted(c.versions))
     return (
         f"{c.env_steps:,} steps ({c.steps_per_s:,.0f}/s), {c.episodes:,} episodes, "
         f"mean return {mean} (last {len(c.recent_returns)}), versions {versions}, "
         f"{c.requests:,} requests, {c.predict_retries} predict and {c.publish_retries} "
-        "publish retries"
+        "publish retries" + (f", {c.unaccepted:,} records unaccepted" if c.unaccepted else "")
     )
+
+
+def versions_shown(versions: list[int], runs: int = 3) -> str:
+    """Sorted versions as runs (``1-16``, ``3,5-9``), the last ``runs`` of them: a line that
+    stays short however many versions a long run has seen."""
+    if not versions:
+        return "-"
+    spans: list[tuple[int, int]] = []
+    for version in versions:
+        if spans and version == spans[-1][1] + 1:
+            spans[-1] = (spans[-1][0], version)
+        else:
+            spans.append((version, version))
+    shown = [str(a) if a == b else f"{a}-{b}" for a, b in spans[-runs:]]
+    return ("...," if len(spans) > runs else "") + ",".join(shown)
 
 
 def _progress(message: str) -> None:

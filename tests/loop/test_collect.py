@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -27,7 +28,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from loop.buffers import local_log, open_consumer
 from loop.buffers.base import BufferOptions, RecordTooLarge
 from loop.collect import Counters, GaveUp, RolloutWorker
-from loop.commands import CollectArgs
+from loop.commands import CollectArgs, versions_shown
 from loop.experience import Deduplicator, Step, decode
 from serve.distributions import Categorical
 from serve.errors import ConfigError
@@ -400,3 +401,45 @@ def test_a_seed_makes_a_run_reproducible(server: Server) -> None:
     np.testing.assert_array_equal(
         np.stack([s.observation for s in first]), np.stack([s.observation for s in second])
     )
+
+
+def test_sigterm_stops_collect_within_2_s_against_a_full_buffer(
+    server: Server, tmp_path: Path
+) -> None:
+    """The trainer has gone (nothing consumes) and the buffer is full: SIGTERM ends
+    `rlserve collect` within 2 s with exit 0, and the records it could not publish are
+    counted in the summary, none silently dropped (issue 44: it took 55 s and exited 2)."""
+    config = tmp_path / "loop.yaml"
+    config.write_text("data_buffer: {max_pending: 64}\n")
+    worker = collect_cli(
+        server.url, (tmp_path / "experience").as_uri(), "--config", str(config),
+        "--num-envs", "8", "--seed", "3", "--retry-for-s", "60", "--progress-every-s", "0.2",
+    )  # fmt: skip
+    assert worker.stderr is not None
+    for line in worker.stderr:  # progress lines: wait until the buffer pushes back
+        if re.search(r"[1-9]\d* publish retries", line):
+            break
+    stopped = time.monotonic()
+    worker.send_signal(signal.SIGTERM)
+    out, err = worker.communicate(timeout=30)
+    took = time.monotonic() - stopped
+    assert worker.returncode == 0, err
+    assert took < 2.0, f"stopped {took:.2f} s after SIGTERM"
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["unaccepted"] > 0
+    assert summary["published"] == 64
+    assert summary["published"] + summary["unaccepted"] == summary["env_steps"]
+    assert "records unaccepted" in err
+
+
+@pytest.mark.parametrize(
+    ("versions", "shown"),
+    [
+        ([], "-"),
+        ([1], "1"),
+        (list(range(1, 17)), "1-16"),
+        ([1, 2, 4, 6, 7, 9], "...,4,6-7,9"),
+    ],
+)
+def test_progress_shows_versions_as_a_few_runs(versions: list[int], shown: str) -> None:
+    assert versions_shown(versions) == shown
