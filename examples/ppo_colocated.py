@@ -17,13 +17,13 @@ update's log line says which, with the seconds spent in inference and training t
     # 0. a fresh policy as version 1 and the trainer's checkpoint (the decoupled trainer's step)
     python examples/ppo_trainer.py --init-repository models --model cartpole \\
         --checkpoint runs/cartpole/agent.pt --seed 1
-    export RLSERVE_ADMIN_TOKEN=$(openssl rand -hex 16)   # this process's and its server's
     # 1. everything else, one command: the server (a child, on a free port; its output in
     #    runs/cartpole/server.log), the rollout workers and the trainer, taking turns
     python examples/ppo_trainer.py --config rl_config.yaml --serve-repository models \\
         --model cartpole --checkpoint runs/cartpole/agent.pt
 
-    # or, with the server started separately on the same node:
+    # or, with the server started separately on the same node (the runner needs its token):
+    export RLSERVE_ADMIN_TOKEN=$(openssl rand -hex 16)
     rlserve serve --model-repository models --port 8000 &
     python examples/ppo_colocated.py --config rl_config.yaml --server http://127.0.0.1:8000 \\
         --model cartpole --checkpoint runs/cartpole/agent.pt
@@ -48,6 +48,7 @@ import dataclasses
 import enum
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -284,8 +285,14 @@ def train(  # noqa: C901 (CleanRL style: the training loop reads top to bottom, 
     token = os.environ.get(args.admin_token_env)
     if not token and config is not None and config.admin_token is not None:
         token = config.admin_token.get_secret_value()
+    if not token and args.serve_repository is not None:
+        token = secrets.token_hex(16)  # the server is this run's child: a token of its own
     if not token:
-        sys.exit(f"${args.admin_token_env} is not set: the runner holds, pushes and resumes")
+        sys.exit(f"{Path(sys.argv[0]).name}: ${args.admin_token_env} is not set: the runner "
+                 "holds, pushes and resumes versions on the server at --server, so it needs "
+                 f"that server's admin token: export {args.admin_token_env}=<the token it was "
+                 "started with> (or give --serve-repository DIR: the runner then starts its "
+                 "own server, with a token it makes)")  # fmt: skip
     scratch = Path(tempfile.mkdtemp(prefix="ppo-colocated-"))  # 0700: the lane's too
     lane = lane_of(args, config, scratch)
     learner = PPOLearner(agent, args, checkpoint, scratch)

@@ -101,12 +101,13 @@ def learn(
         str(target), "--max-env-steps", str(budget), "--log-json", str(log),
         "--metrics-port", str(free_port()),  # not the reference's 9400: other tests run too
     ]  # fmt: skip
-    if child_server:
+    if child_server:  # as documented: no token to set, the runner makes its server's
+        without_token = {k: v for k, v in env.items() if k != "RLSERVE_ADMIN_TOKEN"}
         server_log = tmp / "server.log"
         started = time.monotonic()
         run = subprocess.run(
             [*command, "--serve-repository", str(repository), "--serve-log", str(server_log)],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s,
+            cwd=ROOT, env=without_token, capture_output=True, text=True, timeout=timeout_s,
         )  # fmt: skip
         wall_s = time.monotonic() - started
         state = repository / MODEL / STATE_FILE
