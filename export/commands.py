@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+import time
 from dataclasses import dataclass
 
 from export.arguments import CommonArgs, LmArgs, Sb3Args, TorchArgs
@@ -17,8 +18,9 @@ from serve.cli.arguments import from_namespace
 
 NAME = "export"
 HELP = (
-    "export a trained PPO/A2C policy, or a DPO/GRPO language model, to ONNX with an embedded "
-    "policy contract"
+    "export a trained policy (Stable-Baselines3 PPO, A2C, SAC, TD3, DDPG, DQN; sb3-contrib "
+    "QR-DQN, TQC, MaskablePPO, RecurrentPPO; a CleanRL-style torch module) or a DPO/GRPO "
+    "language model to ONNX with an embedded policy contract, after proving parity"
 )
 EXTRA = "export"
 
@@ -53,7 +55,8 @@ _LM = "lm"
 _SOURCES: dict[str, _Source] = {
     "sb3": _Source(
         Sb3Args,
-        "a Stable-Baselines3 PPO or A2C checkpoint (.zip)",
+        "a Stable-Baselines3 or sb3-contrib checkpoint (.zip): PPO, A2C, SAC, TD3, DDPG, DQN, "
+        "QR-DQN, TQC, MaskablePPO or RecurrentPPO",
         _ACTOR_CRITIC_DESCRIPTION,
         "rlserve export sb3 ppo_pendulum.zip --vecnormalize vecnormalize.pkl \\\n"
         "    --name pendulum --model-repository models",
@@ -98,13 +101,15 @@ def run(namespace: argparse.Namespace) -> int:
     args = from_namespace(_SOURCES[namespace.source].args, namespace)
     assert isinstance(args, CommonArgs)
     destination = writer.destination(args.model_repository, args.name, args.version)
-    _progress(f"loading {namespace.source} policy")
+    progress = _Stages()
+    progress(f"loading {namespace.source} policy")
     source = args.load_source()
-    outcome = pipeline.export_policy(source, args.parity_settings(), destination, _progress)
+    outcome = pipeline.export_policy(source, args.parity_settings(), destination, progress)
     print(outcome.report.table())
     if outcome.path is None:
-        _progress("parity failed: nothing was written")
+        progress("parity failed: nothing was written")
         return 1
+    progress.done()
     print(f"wrote {outcome.path}")
     return 0
 
@@ -115,22 +120,37 @@ def _run_language_model(args: LmArgs) -> int:
 
     destination = writer.destination(args.model_repository, args.name, args.version)
     settings = args.parity_settings()
-    _progress(f"loading {args.checkpoint}")
+    progress = _Stages()
+    progress(f"loading {args.checkpoint}")
     source = args.load_source()
     merged = f" + adapter {source.checkpoint.adapter.path}" if source.checkpoint.adapter else ""
     algorithm = source.algorithm.value if source.algorithm is not None else "none"
-    _progress(
+    progress(
         f"loaded {source.provenance.architecture} from {source.checkpoint.model.path}{merged}; "
         f"algorithm {algorithm} ({source.algorithm_evidence})"
     )
-    outcome = pipeline.export_language_model(source, settings, destination, _progress, args.graph)
+    outcome = pipeline.export_language_model(source, settings, destination, progress, args.graph)
     print(outcome.report.table())
     if outcome.path is None:
-        _progress("parity failed: nothing was written")
+        progress("parity failed: nothing was written")
         return 1
+    progress.done()
     print(f"wrote {outcome.path}")
     return 0
 
 
-def _progress(message: str) -> None:
-    print(f"rlserve export: {message}", file=sys.stderr, flush=True)
+class _Stages:
+    """Progress on stderr, one line per stage, each saying how long the stage before it
+    took (``[+2.1 s]``), and a last line with the whole export's time."""
+
+    def __init__(self) -> None:
+        self.started = self.last = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        now = time.monotonic()
+        took = "" if now == self.started else f"[+{now - self.last:.1f} s] "
+        print(f"rlserve export: {took}{message}", file=sys.stderr, flush=True)
+        self.last = now
+
+    def done(self) -> None:
+        self(f"done in {time.monotonic() - self.started:.1f} s")

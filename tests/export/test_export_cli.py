@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +40,9 @@ def test_export_sb3_then_inspect_then_verify(cartpole_ppo: TrainedPolicy, tmp_pa
     assert "parity PASSED" in done.stdout
     assert "log_prob" in done.stdout
     assert done.stdout.strip().endswith(f"wrote {model}")
-    assert "rlserve export: checking parity on 256 observations" in done.stderr
+    # every stage says how long the one before it took, and the last the whole export's
+    assert re.search(r"rlserve export: \[\+[0-9.]+ s\] checking parity on 256", done.stderr)
+    assert re.search(r"rlserve export: \[\+[0-9.]+ s\] done in [0-9.]+ s\n", done.stderr)
     inspected = rlserve("inspect", model)
     assert inspected.returncode == 0, inspected.stderr
     assert "algorithm       ppo (actor_critic)" in inspected.stdout
@@ -171,6 +174,22 @@ def test_an_onnx_file_without_a_contract_exits_2_for_inspect_and_verify(tmp_path
         assert done.returncode == 2
         assert "has no policy contract" in _error_line(done.stderr)
         assert "rlserve export" in _error_line(done.stderr)
+
+
+SHOWN = {"maskable_ppo": "MaskablePPO", "recurrent_ppo": "RecurrentPPO", "qrdqn": "QR-DQN"}
+
+
+def test_export_help_names_every_algorithm_it_exports() -> None:
+    """`rlserve --help` and `rlserve export --help` name every family the sb3 source takes."""
+    from export.sb3.checkpoint import PolicyFamily
+
+    for args in (("--help",), ("export", "--help")):
+        done = rlserve(*args)
+        shown = " ".join(done.stdout.split())  # argparse wraps lines
+        for family in PolicyFamily:
+            for algorithm in family.algorithms:
+                name = SHOWN.get(algorithm.value, algorithm.value.upper())
+                assert name in shown, (args, name)
 
 
 def test_export_help_explains_every_option() -> None:

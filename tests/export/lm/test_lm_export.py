@@ -211,7 +211,7 @@ def test_qwen2_exports_through_the_cli(qwen2_cli_export: CliRun) -> None:
     model = qwen2_cli_export.version_dir / "model.onnx"
     assert "parity PASSED" in done.stdout
     assert done.stdout.strip().endswith(f"wrote {qwen2_cli_export.version_dir}")
-    assert "rlserve export: loaded Qwen2ForCausalLM" in done.stderr
+    assert "] loaded Qwen2ForCausalLM" in done.stderr
     assert "algorithm grpo (training_args.bin holds a GRPOConfig)" in done.stderr
     assert "Loading weights" not in done.stderr  # no progress bars from transformers
     contract = pipeline.read_contract(model)

@@ -89,7 +89,7 @@ def test_parity_failure_exits_1_and_writes_nothing(lm_models: TinyModels, tmp_pa
     assert done.returncode == 1, done.stderr
     assert "parity FAILED" in done.stdout
     assert "FAIL" in done.stdout
-    assert "rlserve export: parity failed: nothing was written" in done.stderr
+    assert "s] parity failed: nothing was written" in done.stderr
     assert "wrote" not in done.stdout
     assert not (repository / "strict").exists()
 
