@@ -19,14 +19,14 @@ update's log line says which, with the seconds spent in inference and training t
         --checkpoint runs/cartpole/agent.pt --seed 1
     # 1. everything else, one command: the server (a child, on a free port; its output in
     #    runs/cartpole/server.log), the rollout workers and the trainer, taking turns
-    python examples/ppo_trainer.py --config rl_config.yaml --serve-repository models \\
+    python examples/ppo_trainer.py --config configs/rl_config.yaml --serve-repository models \\
         --model cartpole --checkpoint runs/cartpole/agent.pt
 
     # or, with the server started separately on the same node (the runner needs its token):
     export RLSERVE_ADMIN_TOKEN=$(openssl rand -hex 16)
     rlserve serve --model-repository models --port 8000 &
-    python examples/ppo_colocated.py --config rl_config.yaml --server http://127.0.0.1:8000 \\
-        --model cartpole --checkpoint runs/cartpole/agent.pt
+    python examples/ppo_colocated.py --config configs/rl_config.yaml \\
+        --server http://127.0.0.1:8000 --model cartpole --checkpoint runs/cartpole/agent.pt
 
 ``python examples/ppo_trainer.py --config FILE`` with ``cluster_mode: co-located`` in FILE
 runs this script with the same arguments. From the loop configuration it takes

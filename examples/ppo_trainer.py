@@ -432,7 +432,14 @@ def progress(message: str) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="co-located: with a --config whose cluster_mode is co-located (such as "
+        "configs/rl_config.yaml) this program runs examples/ppo_colocated.py with the same "
+        "arguments, which also takes --serve-repository, --serve-port, --serve-log, "
+        "--predictions, --workers, --num-envs, --inference-interval, --training-interval "
+        "and --max-hold-s (python examples/ppo_colocated.py --help)",
+    )
     add_arguments(parser, Args)
     # Known flags only at first: the co-located runner has its own (--serve-repository, ...).
     args = from_namespace(Args, parser.parse_known_args()[0])

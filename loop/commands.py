@@ -54,7 +54,7 @@ _EXAMPLE = (
     "      --buffer file:///tmp/experience --num-envs 8 --seed 0 --steps 100000\n"
     "  rlserve collect --env CartPole-v1 --server http://rlserve:8000 --model cartpole \\\n"
     "      --buffer 'redis://redis:6379/0?stream=rl_experience' --num-envs 64\n"
-    "  rlserve collect --config decoupled_config.yaml --config sync_policy.yaml"
+    "  rlserve collect --config configs/decoupled_config.yaml --config configs/sync_policy.yaml"
 )
 
 

@@ -16,7 +16,7 @@ from tests.e2e.conftest import DEMO
 from tests.e2e.server import RLSERVE, Server
 from tests.load.gunicorn_server import ready_workers, stop_gunicorn, worker_pids
 
-REFERENCE = Path(__file__).resolve().parents[1] / "serve" / "reference" / "service_config.yaml"
+REFERENCE = Path(__file__).resolve().parents[2] / "configs" / "service_config.yaml"
 OBSERVATION = {"observations": [0.01, -0.02, 0.03, 0.04]}
 
 

@@ -29,7 +29,7 @@ from tests.loop.buffers.contract import make_step
 ROOT = Path(__file__).resolve().parents[2]
 # The reference shapes (README.md there): outside the repository, so copied here verbatim.
 SHARED_REFERENCE = ROOT.parent / "shared" / "reference"
-REFERENCE = Path(__file__).with_name("reference")
+REFERENCE = ROOT / "configs"  # the deployment guides' files, as written
 RL_CONFIG = REFERENCE / "rl_config.yaml"
 DECOUPLED = REFERENCE / "decoupled_config.yaml"
 SYNC_POLICY = REFERENCE / "sync_policy.yaml"

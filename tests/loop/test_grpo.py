@@ -123,7 +123,7 @@ def test_decoupled_grpo_learns_the_toy_task(tiny_policies: Any, tmp_path: Path) 
     assert summary["log_prob_error_max"] <= 1e-4
 
 
-REFERENCE = ROOT / "tests" / "loop" / "reference"
+REFERENCE = ROOT / "configs"
 
 
 def test_both_layouts_take_the_reference_configuration_as_written(

@@ -56,7 +56,7 @@ from tests.e2e.server import Server
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINER = ROOT / "examples" / "ppo_trainer.py"
-REFERENCE = ROOT / "tests" / "loop" / "reference" / "rl_config.yaml"
+REFERENCE = ROOT / "configs" / "rl_config.yaml"
 TOKEN = "colocated-test-token"
 MODEL = "cartpole"
 BUDGET_ENV_STEPS = 150_000

@@ -1,5 +1,5 @@
 """The config file: settings by name, and the service guide's ``service:``/``model:``
-sections (tests/serve/reference/service_config.yaml is the guide's file, verbatim)."""
+sections (configs/service_config.yaml is the guide's file, verbatim)."""
 
 from pathlib import Path
 
@@ -10,7 +10,8 @@ from serve.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_REFERENCE = ROOT.parent / "shared" / "reference"
-REFERENCE = Path(__file__).with_name("reference")
+REFERENCE = Path(__file__).with_name("reference")  # the guide's answer shapes (health.json)
+CONFIGS = ROOT / "configs"  # the deployment guides' files, as written
 
 
 @pytest.fixture(autouse=True)
@@ -19,15 +20,17 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(config.ENV_PREFIX + name, raising=False)
 
 
-@pytest.mark.parametrize("name", ["service_config.yaml", "health.json"])
-def test_the_copies_of_the_reference_files_are_verbatim(name: str) -> None:
+@pytest.mark.parametrize(
+    "copy", [CONFIGS / "service_config.yaml", REFERENCE / "health.json"], ids=lambda p: p.name
+)
+def test_the_copies_of_the_reference_files_are_verbatim(copy: Path) -> None:
     if not SHARED_REFERENCE.is_dir():
         pytest.skip(f"{SHARED_REFERENCE} (the shared reference shapes) is not on this machine")
-    assert (REFERENCE / name).read_bytes() == (SHARED_REFERENCE / name).read_bytes()
+    assert copy.read_bytes() == (SHARED_REFERENCE / copy.name).read_bytes()
 
 
 def test_the_service_guides_file_loads_unchanged() -> None:
-    settings = config.load(config_file=REFERENCE / "service_config.yaml")
+    settings = config.load(config_file=CONFIGS / "service_config.yaml")
     assert settings.port == 8080
     assert settings.workers == 4
     assert settings.model_file == Path("/models/ppo.onnx")
@@ -45,7 +48,7 @@ def test_flags_and_env_outrank_the_sections(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RLSERVE_WORKERS", "3")
-    settings = config.load(config_file=REFERENCE / "service_config.yaml", port=9000)
+    settings = config.load(config_file=CONFIGS / "service_config.yaml", port=9000)
     assert (settings.port, settings.workers) == (9000, 3)
 
 
