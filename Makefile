@@ -5,12 +5,16 @@
 #   make check   lint, type checks and the unit tests (tests/serve: the request path without
 #                a server)
 #
-# torch comes from the export extra; TORCH pins the CPU wheel we test with (an unpinned
-# torch pulls a multi-GB CUDA build). Override it for your platform, e.g. TORCH=torch==2.5.1.
+# torch comes from the export extra; TORCH pins the version we test with. On this project's
+# machines a local CPU wheel answers that pin; elsewhere PyPI's torch==2.13.0 is the CUDA
+# build (several GB): for the CPU build there, pass its index, e.g.
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
 
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
+TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
@@ -23,26 +27,46 @@ TEST_WORKERS ?= 2
 
 UNIT_TESTS ?= tests/serve
 
-.PHONY: serve test check lint typecheck unit bench bench-gpu demo clean chaos proto
+.PHONY: serve test check lint typecheck unit bench bench-gpu demo loadtest clean chaos proto
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # The serving install: onnxruntime and the web stack, no torch.
 $(VENV)/.serve-installed: pyproject.toml | $(BIN)/python
+	@echo "make: installing the serving side into $(VENV) (a minute or two the first time)"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
 	touch $@
+
+# The demo's training (examples/train_cartpole.py): torch and Stable-Baselines3, nothing else.
+$(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
+	@echo "make: installing torch and the exporter into $(VENV) (a few minutes the first time)"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(TORCH_FROM) "$(TORCH)"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[export]"
+	touch $@ $(VENV)/.serve-installed
+
+# Load tests (loadtests/, docs/loadtests.md): locust beside the serving install.
+$(VENV)/.load-installed: pyproject.toml | $(BIN)/python
+	@echo "make: installing the serving side and locust into $(VENV)"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[load]"
+	touch $@ $(VENV)/.serve-installed
 
 # Everything: the export extra (torch pinned first), load tests and test tools, and, when
 # missing, redis-server (Debian package; the Redis buffer's tests start their own) and
 # promtool (Debian's prometheus package, without its recommended exporters, for the tests of
 # k8s/monitoring and k8s/rl/dashboards; on a systemd host the service it starts is stopped).
+# Without root, a missing tool stops here with the command that installs it.
 $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
-	command -v redis-server >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
-	command -v promtool >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus && { systemctl disable --now prometheus 2>/dev/null || true; }; }
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
+	@echo "make: installing everything the tests need into $(VENV) (several minutes the first time)"
+	command -v redis-server >/dev/null || $(APT_INSTALL) redis-server
+	command -v promtool >/dev/null || { $(APT_INSTALL) prometheus && { systemctl disable --now prometheus 2>/dev/null || true; }; }
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(TORCH_FROM) "$(TORCH)"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[export,loop,cache,load,test]"
-	touch $@ $(VENV)/.serve-installed
+	touch $@ $(VENV)/.serve-installed $(VENV)/.demo-installed $(VENV)/.load-installed
+
+# apt-get as root (without recommended packages); anyone else is told what to install (the
+# package names are Debian's).
+APT_INSTALL = sh -c 'if [ "$$(id -u)" != 0 ]; then echo "make: the tests need $$*, which is not installed; as root: apt-get install $$* (or your system'"'"'s package), then run make again" >&2; exit 1; fi; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$$@"' apt-install
 
 serve: $(VENV)/.serve-installed
 	$(BIN)/rlserve serve --model-repository $(DEMO_REPOSITORY) --host $(HOST) --port $(PORT) --grpc-port $(GRPC_PORT)
@@ -82,8 +106,12 @@ chaos: $(VENV)/.test-installed
 proto: $(VENV)/.test-installed
 	$(BIN)/python -m serve.dataplane.oip.proto.generate
 
-demo: $(VENV)/.test-installed
+demo: $(VENV)/.demo-installed
 	$(BIN)/python examples/train_cartpole.py
+
+# The locust gates against a server you started (docs/loadtests.md); HOST and PORT as above.
+loadtest: $(VENV)/.load-installed
+	$(BIN)/locust -f loadtests/ --host http://$(HOST):$(PORT) --headless -u 8 -t 30s
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
