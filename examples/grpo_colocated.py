@@ -45,6 +45,7 @@ from loop.controller import Fallback, SyncController
 from loop.experience import Completion
 from loop.grpo import prompts, rewards
 from loop.grpo.worker import PromptWorker, Sampling
+from loop.run_outcome import RunOutcome
 from serve.client import PolicyClient
 
 
@@ -130,9 +131,13 @@ def main(argv: list[str] | None = None) -> int:
         log = args.log_json.open("a") if args.log_json else None
         started = time.monotonic()
         measured: list[dict[str, Any]] = []
+        outcome = RunOutcome(
+            args.model, f"mean reward (last {args.window} cycles)", repository, server.url
+        )
         for _ in range(args.max_cycles):
             cycle = runner.cycle(learner)
             recent.append(learner.last["mean_reward"])
+            outcome.published(cycle.version, sum(recent) / len(recent))
             assert cycle.training.update is not None
             update = cycle.training.update.to_json()
             summary = {
@@ -175,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         if log is not None:
             log.close()
+        for line in outcome.lines(summary.get("version", version)):
+            progress(line)
     print(json.dumps(summary), flush=True)
     return status
 

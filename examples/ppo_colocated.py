@@ -71,6 +71,7 @@ from loop.child_server import ChildServer, ChildServerFailed
 from loop.collect import RolloutWorker
 from loop.colocated import ColocatedRunner, Cycle, ServerCheck, no_check
 from loop.controller import Batch, Fallback, LoopMetrics, SyncController
+from loop.run_outcome import RunOutcome
 from serve.cli.arguments import add_arguments, arg, from_namespace
 from serve.client import PolicyClient
 from serve.errors import ConfigError
@@ -360,6 +361,9 @@ def train(  # noqa: C901 (CleanRL style: the training loop reads top to bottom, 
                  f"{args.inference_interval:g} s / {args.training_interval:g} s")  # fmt: skip
         started = last_progress = time.monotonic()
         env_steps, training_s, inference_s, worst_error = 0, 0.0, 0.0, 0.0
+        outcome = RunOutcome(
+            args.model, "mean return (last 100 episodes)", args.serve_repository, server_url
+        )
         while True:
             cycle: Cycle = runner.cycle(learner)
             env_steps += cycle.inference.records
@@ -370,6 +374,7 @@ def train(  # noqa: C901 (CleanRL style: the training loop reads top to bottom, 
             metrics.busy(min(1.0, busy))
             worst_error = max(worst_error, learner.last.get("log_prob_error") or 0.0)
             mean_return = learner.trajectories.mean_return
+            outcome.published(cycle.version, mean_return)
             summary = {
                 "version": cycle.version,
                 "env_steps": env_steps,
@@ -409,6 +414,8 @@ def train(  # noqa: C901 (CleanRL style: the training loop reads top to bottom, 
             cycles=len(runner.phases) // 2,
             accounting=dataclasses.asdict(controller.accounting()),
         )
+        for line in outcome.lines(cycle.version):
+            progress(line)
     shutil.rmtree(scratch, ignore_errors=True)
     print(json.dumps(summary), flush=True)
     return status

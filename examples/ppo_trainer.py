@@ -89,6 +89,7 @@ from loop.buffers import open_consumer, open_producer
 from loop.controller import Fallback, LoopMetrics, SyncController
 from loop.experience import Deduplicator, Step
 from loop.group_names import group_name_problem
+from loop.run_outcome import RunOutcome
 from serve.cli.arguments import add_arguments, arg, from_namespace
 from serve.client import PolicyClient
 from serve.errors import ConfigError
@@ -542,6 +543,7 @@ if __name__ == "__main__":
     busy_s, staleness_max, worst_error, status = 0.0, 0, 0.0, 1
     summary: dict[str, Any] = {}
     progress(f"version {version} of {args.model} at {args.server}; experience from {args.buffer}")
+    outcome = RunOutcome(args.model, "mean return (last 100 episodes)", None, args.server)
 
     # 3. The loop: take a batch, learn, export, publish, commit.
     while True:
@@ -586,6 +588,7 @@ if __name__ == "__main__":
         shutil.rmtree(path.parent)
         version += 1
         published[version] = copy.deepcopy(agent)
+        outcome.published(version, trajectories.mean_return)
         published.pop(version - CHECKED_VERSIONS, None)
         controller.set_version(version)
         controller.commit(batch)
@@ -645,6 +648,8 @@ if __name__ == "__main__":
             break
 
     shutil.rmtree(scratch, ignore_errors=True)
+    for line in outcome.lines(version):
+        progress(line)
     summary.update(
         reached=status == 0,
         staleness_max=staleness_max,

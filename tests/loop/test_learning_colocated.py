@@ -219,6 +219,12 @@ def test_colocated_ppo_learns_cartpole_with_zero_staleness(tmp_path: Path) -> No
     learned = learn(tmp_path, seed=1, target=SLIM_TARGET_RETURN)  # the slimmer form
     check(learned, SLIM_TARGET_RETURN)
     check_child_stopped(learned)
+    # the run ends saying where its last version is and how to serve it
+    last = learned.summary["version"]
+    served = tmp_path / "repository" / MODEL / str(last) / "model.onnx"
+    assert f"last version {last} of {MODEL}: mean return" in learned.stderr
+    assert f".venv/bin/rlserve serve {served}" in learned.stderr
+    assert served.is_file()
 
 
 @pytest.mark.slow
