@@ -53,6 +53,7 @@ from loop.controller import Fallback, SyncController
 from loop.experience import Completion
 from loop.grpo import prompts, rewards
 from loop.grpo.worker import PromptWorker, Sampling
+from loop.run_outcome import RunOutcome
 from serve.client import PolicyClient
 
 
@@ -225,6 +226,10 @@ def train(
     waited = 0.0
     status, summary = 1, {}
     size = args.batch_groups * args.group_size
+    outcome = RunOutcome(
+        args.model, f"mean reward (last {args.window} versions)", args.serve_repository,
+        str(args.server),
+    )  # fmt: skip
     while version - 1 < args.max_versions:
         waiting = time.monotonic()
         batch = controller.next_batch(size, timeout_s=30.0)  # short: the workers fell behind
@@ -244,6 +249,7 @@ def train(
         controller.commit(batch)
         if learner.last["mean_reward"] is not None:
             recent.append(learner.last["mean_reward"])
+        outcome.published(version, sum(recent) / len(recent) if recent else None)
         summary = {
             "version": version,
             **learner.last,
@@ -293,6 +299,8 @@ def train(
         update_share=round(sum(c["update_latency_s"] for c in measured) / wall, 3),
         wall_s=round(wall, 2),
     )  # fmt: skip
+    for line in outcome.lines(version):
+        progress(line)
     return status, summary
 
 
