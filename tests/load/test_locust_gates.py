@@ -46,7 +46,9 @@ def test_429_queue_full_answers_are_failures_for_the_failure_gate(tmp_path: Path
         server.wait_ready()
         with PolicyClient(server.url, admin_token=TOKEN) as admin:
             admin.hold("cartpole", max_hold_s=60)
-        run = run_locust(server.url, tmp_path, "--batch-rows", "3", "VectorEnvUser", seconds=2)
+        # 5 s, not 2: with both cores busy (make test under load) locust once stopped before
+        # its users had sent anything, and the gate then said "no predict request was made"
+        run = run_locust(server.url, tmp_path, "--batch-rows", "3", "VectorEnvUser", seconds=5)
         with PolicyClient(server.url, admin_token=TOKEN) as admin:
             admin.resume("cartpole")  # the queued request runs: the stop need not wait for it
     finally:
