@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grpo_task
-from grpo_trainer import Hyper, config_defaults, progress, start
+from grpo_trainer import Hyper, config_defaults, grpo_scalars, progress, start
 
 from loop.buffers import memory, open_consumer
 from loop.child_server import ChildServer
@@ -46,6 +46,7 @@ from loop.experience import Completion
 from loop.grpo import prompts, rewards
 from loop.grpo.worker import PromptWorker, Sampling
 from loop.run_outcome import RunOutcome
+from loop.scalars import ROOT, Scalars, logdir_of
 from serve.client import PolicyClient
 
 
@@ -87,6 +88,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--inference-interval", type=float, default=0.01, help="seconds")
     parser.add_argument("--training-interval", type=float, default=0.05, help="seconds")
     parser.add_argument("--log-json", type=Path, help="one line per cycle")
+    parser.add_argument(
+        "--logdir",
+        help="TensorBoard event files here: tensorboard --logdir runs (default: "
+        "runs/<model>-grpo-<date>-<time>; none: no event files)",
+    )
     parser.add_argument(
         "--config", nargs="+", default=[], metavar="FILE",
         help="the loop's configuration (rl_config.yaml): task_schedule, gpu_allocation and "
@@ -151,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         outcome = RunOutcome(
             args.model, f"mean reward (last {args.window} cycles)", repository, server.url
         )
+        scalars = stack.enter_context(Scalars(logdir_of(args.logdir, f"{args.model}-grpo")))
+        if scalars.logdir is not None:
+            progress(f"TensorBoard event files in {scalars.logdir}: tensorboard --logdir {ROOT}")
         for _ in range(args.max_cycles):
             cycle = runner.cycle(learner)
             recent.append(learner.last["mean_reward"])
@@ -179,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             if log is not None:
                 log.write(json.dumps(summary) + "\n")
                 log.flush()
+            scalars.add(cycle.version, grpo_scalars(summary))
             progress(
                 f"version {cycle.version}: mean reward {summary['mean_reward']:.2f} (last "
                 f"{len(recent)}: {summary['window_reward']:.2f}), log-prob error "

@@ -44,7 +44,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grpo_task
 from grpo_colocated import TOY_PROMPTS
-from grpo_trainer import GRPOLearner, Hyper, config_defaults, progress, start
+from grpo_trainer import GRPOLearner, Hyper, config_defaults, grpo_scalars, progress, start
 
 from loop.buffers import memory, open_consumer, open_producer
 from loop.buffers.base import BufferOptions, Producer
@@ -54,6 +54,7 @@ from loop.experience import Completion
 from loop.grpo import prompts, rewards
 from loop.grpo.worker import PromptWorker, Sampling
 from loop.run_outcome import RunOutcome
+from loop.scalars import ROOT, Scalars, logdir_of
 from serve.client import PolicyClient
 
 
@@ -85,6 +86,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--log-json", type=Path, help="one line per version")
+    parser.add_argument(
+        "--logdir",
+        help="TensorBoard event files here: tensorboard --logdir runs (default: "
+        "runs/<model>-grpo-<date>-<time>; none: no event files)",
+    )
     parser.add_argument("--offline-buffer", help="where --fallback offline sends stale groups")
     parser.add_argument(
         "--config", nargs="+", default=[], metavar="FILE",
@@ -230,6 +236,9 @@ def train(
         args.model, f"mean reward (last {args.window} versions)", args.serve_repository,
         str(args.server),
     )  # fmt: skip
+    scalars = Scalars(logdir_of(args.logdir, f"{args.model}-grpo"))
+    if scalars.logdir is not None:
+        progress(f"TensorBoard event files in {scalars.logdir}: tensorboard --logdir {ROOT}")
     while version - 1 < args.max_versions:
         waiting = time.monotonic()
         batch = controller.next_batch(size, timeout_s=30.0)  # short: the workers fell behind
@@ -267,6 +276,7 @@ def train(
         if log is not None:
             log.write(json.dumps(summary) + "\n")
             log.flush()
+        scalars.add(version, grpo_scalars(summary))
         error = learner.last["log_prob_error"]
         progress(
             f"version {version}: mean reward {learner.last['mean_reward']:.2f} (last "
@@ -279,6 +289,7 @@ def train(
             break
     if log is not None:
         log.close()
+    scalars.close()
     wall = time.monotonic() - started
     summary.update(
         reached=status == 0,

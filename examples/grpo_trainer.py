@@ -371,5 +371,26 @@ def _quiet(message: str) -> None:
     """The exporter's progress lines: not shown (a run prints its own)."""
 
 
+def grpo_scalars(version: dict[str, Any]) -> dict[str, float | None]:
+    """One version's TensorBoard scalars, from its --log-json line (both GRPO layouts)."""
+    wall = version.get("wall_s") or 0.0
+    tokens = version.get("sampled_tokens")
+    return {
+        "reward/mean": version.get("mean_reward"),
+        "reward/window": version.get("window_reward"),
+        "rl/policy_version": version.get("version"),
+        "rl/staleness_max": version.get("staleness_max"),
+        "rl/log_prob_error": version.get("log_prob_error"),
+        "losses/loss": version.get("loss"),
+        "losses/clipped_fraction": version.get("clipped_fraction"),
+        "update/latency_s": version.get("update_latency_s"),
+        "update/learn_s": version.get("learn_s"),
+        "update/export_s": version.get("export_s"),
+        "update/push_s": version.get("update_push_s", version.get("push_s")),
+        "charts/sampled_tokens_per_s": tokens / wall if tokens and wall else None,
+        "charts/completions": version.get("completions"),
+    }
+
+
 def progress(message: str) -> None:
     print(f"grpo: {message}", file=sys.stderr, flush=True)

@@ -72,6 +72,7 @@ from loop.collect import RolloutWorker
 from loop.colocated import ColocatedRunner, Cycle, ServerCheck, no_check
 from loop.controller import Batch, Fallback, LoopMetrics, SyncController
 from loop.run_outcome import RunOutcome
+from loop.scalars import ROOT, Scalars, logdir_of
 from serve.cli.arguments import add_arguments, arg, from_namespace
 from serve.client import PolicyClient
 from serve.errors import ConfigError
@@ -364,6 +365,9 @@ def train(  # noqa: C901 (CleanRL style: the training loop reads top to bottom, 
         outcome = RunOutcome(
             args.model, "mean return (last 100 episodes)", args.serve_repository, server_url
         )
+        scalars = stack.enter_context(Scalars(logdir_of(args.logdir, f"{args.model}-ppo")))
+        if scalars.logdir is not None:
+            progress(f"TensorBoard event files in {scalars.logdir}: tensorboard --logdir {ROOT}")
         while True:
             cycle: Cycle = runner.cycle(learner)
             env_steps += cycle.inference.records
@@ -391,6 +395,11 @@ def train(  # noqa: C901 (CleanRL style: the training loop reads top to bottom, 
             if log is not None:
                 log.write(json.dumps(summary) + "\n")
                 log.flush()
+            scalars.add(env_steps, {
+                **ppo_trainer.ppo_scalars(summary),
+                "update/inference_turn_s": cycle.inference.seconds,
+                "update/training_turn_s": cycle.training.seconds,
+            })  # fmt: skip
             returns = learner.trajectories.returns
             reached = len(returns) == 100 and (mean_return or 0) >= args.target_return
             if now - last_progress >= args.progress_every_s or reached:

@@ -90,6 +90,7 @@ from loop.controller import Fallback, LoopMetrics, SyncController
 from loop.experience import Deduplicator, Step
 from loop.group_names import group_name_problem
 from loop.run_outcome import RunOutcome
+from loop.scalars import ROOT, Scalars, logdir_of
 from serve.cli.arguments import add_arguments, arg, from_namespace
 from serve.client import PolicyClient
 from serve.errors import ConfigError
@@ -125,6 +126,13 @@ class Args:
     consumer: str | None = field(default=None, metadata=arg("this consumer's name: GROUP-0"))
     metrics_port: int | None = field(default=None, metadata=arg("serve /metrics on this port"))
     log_json: Path | None = field(default=None, metadata=arg("one JSON line per update"))
+    logdir: str | None = field(
+        default=None,
+        metadata=arg(
+            "TensorBoard event files here: tensorboard --logdir runs (default: "
+            "runs/<model>-ppo-<date>-<time>; none: no event files)"
+        ),
+    )
     log_keys: bool = field(default=False, metadata=arg("--log-json lists the steps trained on"))
     progress_every_s: float = field(default=5.0, metadata=arg("seconds between progress lines"))
     idle_timeout_s: float = field(default=60.0, metadata=arg("give up without experience"))
@@ -361,6 +369,28 @@ def ppo_update(
     }
 
 
+def ppo_scalars(update: dict[str, Any]) -> dict[str, float | None]:
+    """One update's TensorBoard scalars, from its --log-json line (both PPO layouts)."""
+    wall = update.get("wall_s") or 0.0
+    return {
+        "charts/mean_return": update.get("mean_return"),  # the last 100 episodes'
+        "charts/episodes": update.get("episodes"),
+        "charts/env_steps_per_s": update["env_steps"] / wall if wall else None,
+        "rl/policy_version": update.get("version"),
+        "rl/staleness_max": update.get("trained_staleness_max"),
+        "rl/dropped": update.get("dropped"),
+        "rl/log_prob_error": update.get("log_prob_error"),
+        "update/ppo_s": update.get("ppo_s"),
+        "update/export_s": update.get("export_s"),
+        "update/publish_s": update.get("publish_s"),
+        "update/busy_ratio": update.get("busy_ratio"),
+        **{f"losses/{k}": update.get(k) for k in LOSSES},
+    }
+
+
+LOSSES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
+
+
 def log_prob_error(published: dict[int, Agent], rollout: Rollout) -> float | None:
     """For the records chosen by a version the trainer still holds (``published``: version
     -> its weights), the largest difference between the log-prob the server recorded and
@@ -538,6 +568,9 @@ if __name__ == "__main__":
     # recorded log-prob is the importance weighting that `keep` is for.
     bound = None if args.fallback == Fallback.KEEP else args.max_staleness
     log: TextIO | None = args.log_json.open("a") if args.log_json else None
+    scalars = Scalars(logdir_of(args.logdir, f"{args.model}-ppo"))
+    if scalars.logdir is not None:
+        progress(f"TensorBoard event files in {scalars.logdir}: tensorboard --logdir {ROOT}")
     scratch = Path(tempfile.mkdtemp(prefix="ppo-trainer-"))
     started = last_progress = last_data = time.monotonic()
     busy_s, staleness_max, worst_error, status = 0.0, 0, 0.0, 1
@@ -629,6 +662,7 @@ if __name__ == "__main__":
         if log is not None:
             log.write(json.dumps(summary) + "\n")
             log.flush()
+        scalars.add(env_steps, ppo_scalars(summary))
         reached = len(trajectories.returns) == 100 and (mean_return or 0) >= args.target_return
         if now - last_progress >= args.progress_every_s or reached:
             last_progress = now
@@ -648,6 +682,7 @@ if __name__ == "__main__":
             break
 
     shutil.rmtree(scratch, ignore_errors=True)
+    scalars.close()
     for line in outcome.lines(version):
         progress(line)
     summary.update(

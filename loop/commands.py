@@ -176,6 +176,15 @@ class CollectArgs:
             metavar="PORT",
         ),
     )
+    logdir: str | None = field(
+        default=None,
+        metadata=arg(
+            "TensorBoard event files here, one point per progress line: tensorboard "
+            "--logdir runs (default: runs/collect-<worker id>-<date>-<time>; none: no event "
+            "files)",
+            metavar="DIR",
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -245,6 +254,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(namespace: argparse.Namespace) -> int:
     from loop.collect import RolloutWorker
+    from loop.scalars import Scalars, logdir_of
 
     args = from_namespace(CollectArgs, namespace)
     given = resolve(args)
@@ -271,9 +281,18 @@ def run(namespace: argparse.Namespace) -> int:
 
             port = serve_metrics(worker.counters, worker.worker_id, args.metrics_port)
             _progress(f"metrics on :{port}/metrics")
+        scalars = Scalars(logdir_of(args.logdir, f"collect-{worker.worker_id}"))
+        if scalars.logdir is not None:
+            _progress(f"TensorBoard event files in {scalars.logdir}")
+
+        def report(counters: Counters) -> None:
+            _report(counters)
+            scalars.add(counters.env_steps, worker_scalars(counters))
+
         try:
-            worker.run(max_steps=args.steps, report=_report, report_every_s=args.progress_every_s)
+            worker.run(max_steps=args.steps, report=report, report_every_s=args.progress_every_s)
         finally:
+            scalars.close()
             summary = {
                 "worker": f"{worker.worker_id}-{worker.run_id}",
                 **worker.counters.summary(),
@@ -285,6 +304,19 @@ def run(namespace: argparse.Namespace) -> int:
 
 def _report(counters: Counters) -> None:
     _progress(_line(counters))
+
+
+def worker_scalars(c: Counters) -> dict[str, float | None]:
+    """A progress line's numbers as TensorBoard scalars."""
+    return {
+        "charts/mean_return": c.recent_mean_return,  # the last 100 episodes'
+        "charts/episodes": c.episodes,
+        "charts/env_steps_per_s": c.steps_per_s,
+        "rl/policy_version": max(c.versions, default=None),
+        "rl/predict_retries": c.predict_retries,
+        "rl/publish_retries": c.publish_retries,
+        "rl/unaccepted": c.unaccepted,
+    }
 
 
 def _line(c: Counters) -> str:

@@ -203,7 +203,7 @@ def collect(server_url: str, buffer: Path, *flags: str) -> dict[str, object]:
     done = subprocess.run(
         [sys.executable, "-m", "serve.cli", "collect", "--env", "CartPole-v1",
          "--server", server_url, "--buffer", buffer.as_uri(), "--num-envs", "4",
-         "--steps", "256", "--retry-for-s", "5", *flags],
+         "--steps", "256", "--retry-for-s", "5", "--logdir", "none", *flags],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]

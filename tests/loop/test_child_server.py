@@ -254,7 +254,7 @@ def run_colocated(tmp: Path, policy: tuple[Path, Path], *flags: str) -> subproce
     return subprocess.Popen(
         [sys.executable, str(TRAINER), "--config", str(REFERENCE), "--model", MODEL,
          "--serve-repository", str(repository), "--serve-log", str(tmp / "server.log"),
-         "--max-env-steps", "10000000", *own_metrics_port(), *flags],
+         "--max-env-steps", "10000000", "--logdir", "none", *own_metrics_port(), *flags],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "RLSERVE_ADMIN_TOKEN": TOKEN},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

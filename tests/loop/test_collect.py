@@ -215,7 +215,7 @@ def test_the_trained_policy_balances_with_sampled_actions(collected: Collected) 
 def collect_cli(server_url: str, buffer_url: str, *flags: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [*RLSERVE, "collect", "--env", "CartPole-v1", "--server", server_url,
-         "--buffer", buffer_url, *flags],
+         "--buffer", buffer_url, "--logdir", "none", *flags],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 

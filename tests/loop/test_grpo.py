@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from tests.loop.event_files import scalars
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "grpo_colocated.py"
 
@@ -34,7 +36,8 @@ def run_script(
     log = tmp / "log.jsonl"
     done = subprocess.run(
         [sys.executable, str(script), "--policy", str(tiny_policies.llama_base),
-         "--serve-repository", str(tmp / "models"), "--log-json", str(log), *flags],
+         "--serve-repository", str(tmp / "models"), "--log-json", str(log),
+         "--logdir", str(tmp / "runs"), *flags],
         capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
@@ -58,6 +61,10 @@ def test_grpo_cycles_through_the_server_with_staleness_0_and_matching_log_probs(
     assert accounting["dropped"] == accounting["duplicates"] == 0
     versions = sorted(int(p.name) for p in (tmp_path / "models" / "assistant").glob("[0-9]*"))
     assert versions == [1, 2, 3, 4]  # each pushed by path, tokenizer and all
+    # one TensorBoard point per version, read back with TensorBoard's own reader
+    rewards = scalars(tmp_path / "runs", "reward/mean")
+    assert [step for step, _ in rewards] == [2, 3, 4]
+    assert [v for _, v in rewards] == pytest.approx([c["mean_reward"] for c in cycles])
 
 
 def test_a_lora_adapter_trains_and_each_version_is_it_merged(

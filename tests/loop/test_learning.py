@@ -49,6 +49,7 @@ from loop.experience import Step
 from serve.client import PolicyClient
 from tests.e2e.server import RLSERVE, Server, free_port
 from tests.loop.buffers.poison import Poisoner
+from tests.loop.event_files import rises, scalars
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINER = ROOT / "examples" / "ppo_trainer.py"
@@ -76,7 +77,8 @@ class Learned:
 
 
 def trainer(*flags: str) -> list[str]:
-    return [sys.executable, str(TRAINER), "--model", MODEL, *flags]
+    quiet = () if "--logdir" in flags else ("--logdir", "none")  # not runs/ in the checkout
+    return [sys.executable, str(TRAINER), "--model", MODEL, *quiet, *flags]
 
 
 def learn(
@@ -124,6 +126,7 @@ def learn(
             if not via_config:
                 flags += ["--env", "CartPole-v1", "--server", server.url, "--model", MODEL,
                           "--buffer", buffer, "--num-envs", str(ENVS_PER_WORKER)]  # fmt: skip
+            flags += ["--logdir", str(tmp / "runs" / f"worker-{w}"), "--progress-every-s", "1"]
             workers.append(collect(["--config", str(config), *flags], tmp / f"worker-{w}"))
         settings = ["--config", str(config)]
         if not via_config:
@@ -136,7 +139,8 @@ def learn(
                 poisoner = poisoning.enter_context(Poisoner(buffer, poison_every))
             run = subprocess.run(
                 trainer(*settings, "--seed", str(seed), "--target-return", str(target),
-                        "--max-env-steps", str(budget), "--log-json", str(log)),
+                        "--max-env-steps", str(budget), "--log-json", str(log),
+                        "--logdir", str(tmp / "runs" / "trainer")),
                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s,
             )  # fmt: skip
         wall_s = time.monotonic() - started
@@ -167,7 +171,8 @@ def learn(
 
 def collect(flags: list[str], out: Path) -> subprocess.Popen[bytes]:
     """``rlserve collect``; its stdout (the summary) and stderr go to files."""
-    command = [*RLSERVE, "collect", *flags]
+    quiet = [] if "--logdir" in flags else ["--logdir", "none"]  # not runs/ in the checkout
+    command = [*RLSERVE, "collect", *quiet, *flags]
     with out.with_suffix(".out").open("wb") as stdout, out.with_suffix(".err").open("wb") as err:
         return subprocess.Popen(command, cwd=ROOT, stdout=stdout, stderr=err)
 
@@ -332,6 +337,12 @@ def test_ppo_learns_cartpole_through_the_server_with_bounded_staleness(tmp_path:
     learned = learn(tmp_path, seed=1, target=SLIM_TARGET_RETURN)
     print("\n" + report(1, learned))
     check(learned, MAX_STALENESS, SLIM_TARGET_RETURN)
+    # TensorBoard's reader loads the trainer's and the workers' event files
+    returns = scalars(tmp_path / "runs" / "trainer", "charts/mean_return")
+    assert rises(returns), returns
+    assert max(v for _, v in scalars(tmp_path / "runs" / "trainer", "rl/staleness_max")) <= 2
+    for w in range(WORKERS):
+        assert scalars(tmp_path / "runs" / f"worker-{w}", "charts/env_steps_per_s")
 
 
 def test_ppo_learns_through_a_stream_with_a_poison_record_in_every_hundred(

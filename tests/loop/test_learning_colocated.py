@@ -53,6 +53,7 @@ from loop.child_server import free_port
 from serve.client import PolicyClient
 from serve.control.store import STATE_FILE
 from tests.e2e.server import Server
+from tests.loop.event_files import rises, scalars
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINER = ROOT / "examples" / "ppo_trainer.py"
@@ -100,6 +101,7 @@ def learn(
         "--checkpoint", str(checkpoint), "--seed", str(seed), "--target-return",
         str(target), "--max-env-steps", str(budget), "--log-json", str(log),
         "--metrics-port", str(free_port()),  # not the reference's 9400: other tests run too
+        "--logdir", str(tmp / "runs"),
     ]  # fmt: skip
     if child_server:  # as documented: no token to set, the runner makes its server's
         without_token = {k: v for k, v in env.items() if k != "RLSERVE_ADMIN_TOKEN"}
@@ -225,6 +227,10 @@ def test_colocated_ppo_learns_cartpole_with_zero_staleness(tmp_path: Path) -> No
     assert f"last version {last} of {MODEL}: mean return" in learned.stderr
     assert f".venv/bin/rlserve serve {served}" in learned.stderr
     assert served.is_file()
+    # TensorBoard's reader loads the run's event files, and the return rises
+    returns = scalars(tmp_path / "runs", "charts/mean_return")
+    assert rises(returns), returns
+    assert scalars(tmp_path / "runs", "rl/policy_version")[-1][1] == last
 
 
 @pytest.mark.slow
