@@ -134,10 +134,12 @@ def run_worker(args: argparse.Namespace) -> int:
                 pass
         except KeyboardInterrupt:
             pass
-        worker.producer.flush()
-        print(
-            json.dumps({"groups": worker.counters.groups, "published": worker.counters.published})
-        )
+        worker.producer.flush(timeout_s=1.0)
+        counters = worker.counters
+        if counters.unaccepted:
+            progress(f"stopped with {counters.unaccepted} completions the buffer did not take")
+        print(json.dumps({"groups": counters.groups, "published": counters.published,
+                          "unaccepted": counters.unaccepted}))  # fmt: skip
     return 0
 
 

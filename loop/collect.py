@@ -198,7 +198,7 @@ def transient(error: BaseException) -> bool:
     return isinstance(error, OSError)  # the client's connection errors are OSErrors
 
 
-def _stoppable(options: BufferOptions | None) -> BufferOptions:
+def stoppable(options: BufferOptions | None) -> BufferOptions:
     """The producer's options with one publish waiting at most PUBLISH_TRY_S for room, so a
     stop is seen between tries (the worker retries for retry_for_s itself); under
     ``overflow: drop`` the wait is the user's: it decides when records are dropped."""
@@ -318,7 +318,7 @@ class RolloutWorker:
         self._progress = _Progress(self.counters, None, 0.0, time.monotonic())
 
         with ExitStack() as opened:  # closed again if anything below fails
-            self.producer: Producer = open_producer(buffer, _stoppable(buffer_options))
+            self.producer: Producer = open_producer(buffer, stoppable(buffer_options))
             opened.callback(self.producer.close)
             self.envs = make_envs(env_id, num_envs, vectorization)
             opened.callback(self.envs.close)

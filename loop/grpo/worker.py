@@ -37,7 +37,7 @@ import numpy as np
 
 from loop.buffers import open_producer
 from loop.buffers.base import BufferOptions, Producer
-from loop.collect import TRANSIENT_STATUSES, Backoff, GaveUp, publish_retried
+from loop.collect import TRANSIENT_STATUSES, Backoff, GaveUp, publish_retried, stoppable
 from loop.experience import Completion
 from loop.grpo.prompts import PromptRow, Prompts
 from loop.grpo.rewards import Reward
@@ -50,6 +50,7 @@ class PromptCounters:
 
     groups: int = 0  # groups sampled and published
     published: int = 0  # completions the producer accepted
+    unaccepted: int = 0  # completions a stop left unpublished (the buffer pushed back)
     tokens: int = 0  # completion tokens sampled
     retries: int = 0  # generate calls or publishes that failed and were tried again
     reward_sum: float = 0.0
@@ -109,7 +110,7 @@ class PromptWorker:
         self.counters = PromptCounters()
         self._seeds = None if seed is None else np.random.default_rng(seed)
         self._stop = threading.Event()
-        self.producer: Producer = open_producer(buffer, buffer_options)
+        self.producer: Producer = open_producer(buffer, stoppable(buffer_options))
         self._http = httpx.Client(base_url=server, timeout=request_timeout_s)
         self._pool = ThreadPoolExecutor(self.sampling.groups, thread_name_prefix=worker_id)
 
@@ -232,6 +233,8 @@ class PromptWorker:
             )  # fmt: skip
             if published:
                 self.counters.published += len(records)
+            else:
+                self.counters.unaccepted += len(records)
         finally:
             self.counters.publish_s += time.perf_counter() - started
 

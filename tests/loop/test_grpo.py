@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from loop.buffers import open_producer
+from tests.e2e.server import Server
+from tests.loop.buffers.contract import wait_for
 from tests.loop.event_files import scalars
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,6 +123,49 @@ def test_decoupled_grpo_samples_while_it_trains_with_bounded_staleness(
     accounting = summary["accounting"]
     assert accounting["committed"] == accounting["consumed"] + accounting["dropped"]
     assert accounting["duplicates"] == 0
+
+
+def test_a_prompt_worker_stops_within_2_s_of_sigterm_against_a_full_buffer(
+    tiny_policies: Any, tmp_path: Path
+) -> None:
+    """A worker process (--role worker) whose buffer is full and has no trainer: SIGTERM
+    ends it within 2 s, exit 0, its summary counting what it published and what the buffer
+    did not take (issue 44: workers that stop when told)."""
+    run(
+        tiny_policies,
+        tmp_path,
+        "--max-cycles",
+        "1",
+        "--groups",
+        "2",
+        "--group-size",
+        "2",
+        timeout_s=300,
+    )  # fmt: skip  (a served repository: versions 1 and 2)
+    server = Server.rlserve(tmp_path / "models", log=tmp_path / "server.log")
+    buffer = (tmp_path / "experience").as_uri()
+    try:
+        server.wait_ready()
+        worker = subprocess.Popen(
+            [sys.executable, str(DECOUPLED), "--role", "worker", "--server", server.url,
+             "--buffer", buffer, "--batch-groups", "1", "--groups", "1", "--group-size", "2"],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        producer = open_producer(buffer)
+        wait_for(lambda: producer.pending() >= 2, 60, "the worker to fill its buffer")
+        producer.close()
+        stopped = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        out, err = worker.communicate(timeout=30)
+        took = time.monotonic() - stopped
+    finally:
+        server.stop()
+    assert worker.returncode == 0, err[-3000:]
+    assert took < 2.0, f"stopped {took:.2f} s after SIGTERM"
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["published"] == 2
+    assert summary["unaccepted"] in (0, 2)  # 2 when the signal came while it waited for room
 
 
 @pytest.mark.slow
