@@ -131,17 +131,9 @@ def test_a_prompt_worker_stops_within_2_s_of_sigterm_against_a_full_buffer(
     """A worker process (--role worker) whose buffer is full and has no trainer: SIGTERM
     ends it within 2 s, exit 0, its summary counting what it published and what the buffer
     did not take (issue 44: workers that stop when told)."""
-    run(
-        tiny_policies,
-        tmp_path,
-        "--max-cycles",
-        "1",
-        "--groups",
-        "2",
-        "--group-size",
-        "2",
-        timeout_s=300,
-    )  # fmt: skip  (a served repository: versions 1 and 2)
+    # a served repository: versions 1 and 2
+    run(tiny_policies, tmp_path, "--max-cycles", "1", "--groups", "2", "--group-size", "2",
+        timeout_s=300)  # fmt: skip
     server = Server.rlserve(tmp_path / "models", log=tmp_path / "server.log")
     buffer = (tmp_path / "experience").as_uri()
     try:
