@@ -27,7 +27,7 @@ TEST_WORKERS ?= 2
 
 UNIT_TESTS ?= tests/serve
 
-.PHONY: serve test check lint typecheck unit bench bench-gpu demo loadtest clean chaos proto
+.PHONY: serve test check lint typecheck unit bench bench-gpu demo loadtest clean chaos proto hooks
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -112,6 +112,11 @@ demo: $(VENV)/.demo-installed
 # The locust gates against a server you started (docs/loadtests.md); HOST and PORT as above.
 loadtest: $(VENV)/.load-installed
 	$(BIN)/locust -f loadtests/ --host http://$(HOST):$(PORT) --headless -u 8 -t 30s
+
+# The commit-msg hook of .githooks (a subject of at most 72 characters, a blank line, the
+# body): git runs it on every commit in this clone once installed.
+hooks:
+	git config core.hooksPath .githooks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
