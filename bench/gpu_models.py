@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from serve.contract import METADATA_KEY, PolicyContract
+from kernel.contract import METADATA_KEY, PolicyContract
 
 OPSET = 18
 IR_VERSION = 10  # read by every onnxruntime from 1.20 on

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from serve import contract
-from serve.spaces import sample
+from kernel import contract
+from kernel.spaces import sample
 
 
 def rows_per_second(model: Path, batch: int, seconds: float = 2.0) -> float:

@@ -334,8 +334,8 @@ def config_defaults(files: Sequence[str], parser: Any) -> Any:
     ``gpu_allocation``; decoupled, the server (``inference_cluster``), the buffer
     (``data_buffer``) and ``sync_policy`` (``offline``: the ``<topic>_offline`` stream);
     both, the ``trainer:`` section by flag name. The configuration, or None without one."""
+    from kernel.errors import ConfigError
     from loop import config as loop_config
-    from serve.errors import ConfigError
 
     if not files:
         return None

@@ -65,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ppo_trainer
 from ppo_trainer import Agent, Trajectories, export, log_prob_error, ppo_update
 
+from kernel.errors import ConfigError
 from loop import config as loop_config
 from loop.buffers import open_consumer
 from loop.child_server import ChildServer, ChildServerFailed
@@ -75,7 +76,6 @@ from loop.run_outcome import RunOutcome
 from loop.scalars import ROOT, Scalars, logdir_of
 from serve.cli.arguments import add_arguments, arg, from_namespace
 from serve.client import PolicyClient
-from serve.errors import ConfigError
 
 
 class Predictions(enum.Enum):

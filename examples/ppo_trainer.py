@@ -84,6 +84,7 @@ from export import writer
 from export.actor_critic.pipeline import ParitySettings, export_policy
 from export.modules.source import TorchOptions, load_source
 from export.reweight import Reweighable
+from kernel.errors import ConfigError
 from loop import config as loop_config
 from loop.buffers import open_consumer, open_producer
 from loop.controller import Fallback, LoopMetrics, SyncController
@@ -93,7 +94,6 @@ from loop.run_outcome import RunOutcome
 from loop.scalars import ROOT, Scalars, logdir_of
 from serve.cli.arguments import add_arguments, arg, from_namespace
 from serve.client import PolicyClient
-from serve.errors import ConfigError
 
 
 @dataclass

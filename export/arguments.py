@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from export.lm.graph_kind import GraphKind
 from export.sb3.layout import ImageLayout
+from kernel.contract import Algorithm
 from serve.cli.arguments import arg
-from serve.contract import Algorithm
 
 if TYPE_CHECKING:
     from export.actor_critic.pipeline import ParitySettings

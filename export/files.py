@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from serve.errors import ExportError
+from kernel.errors import ExportError
 
 _CHUNK = 1 << 20
 

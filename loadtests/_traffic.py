@@ -1,7 +1,7 @@
 """What the users send: predict bodies drawn from the served model's policy contract.
 
 The contract comes once per process from ``GET /v1/models/{model}`` (the active version's);
-observations are drawn from its observation space with ``serve.spaces.sample``. A pool of
+observations are drawn from its observation space with ``kernel.spaces.sample``. A pool of
 bodies is serialised once per process and batch size, before the first request, so that
 the load generator spends its CPU on sending rather than on building JSON.
 """
@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 from pydantic import TypeAdapter
 
-from serve.spaces import Dict, Leaf, Space, leaves, sample
+from kernel.spaces import Dict, Leaf, Space, leaves, sample
 
 POOL_SIZE = 256
 

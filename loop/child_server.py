@@ -54,7 +54,7 @@ from typing import IO, Any
 
 import httpx
 
-from serve.errors import ConfigError, ServiceUnavailable
+from kernel.errors import ConfigError, ServiceUnavailable
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 TAIL_LINES = 20

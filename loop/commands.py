@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
 
+from kernel.errors import ConfigError
 from serve.cli.arguments import add_arguments as add_dataclass_arguments
 from serve.cli.arguments import arg, from_namespace
-from serve.errors import ConfigError
 
 if TYPE_CHECKING:
     from loop.buffers.base import BufferOptions

@@ -55,8 +55,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from kernel.errors import ConfigError, one_line
 from loop.group_names import group_name_problem
-from serve.errors import ConfigError, one_line
 
 if TYPE_CHECKING:
     from loop.buffers.base import BufferOptions, Consumer, Producer

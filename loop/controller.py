@@ -62,9 +62,9 @@ from typing import Generic, cast
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from typing_extensions import TypeVar
 
+from kernel.errors import ConfigError
 from loop.buffers.base import Consumer, Delivery, Producer
 from loop.experience import Completion, Deduplicator, Record, Step
-from serve.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

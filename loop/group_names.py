@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from serve.errors import ConfigError
+from kernel.errors import ConfigError
 
 MAX_GROUP_CHARACTERS = 200
 _GROUP_NAME = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_GROUP_CHARACTERS}}}")

@@ -20,7 +20,7 @@ from pydantic import SecretStr
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serve.errors import Forbidden, Unauthorized
+from kernel.errors import Forbidden, Unauthorized
 
 log = logging.getLogger("rlserve.access")
 

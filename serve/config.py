@@ -47,9 +47,9 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from kernel.errors import ConfigError
+from kernel.spaces import ObservationBounds
 from serve.config_file import ConfigFileSource
-from serve.errors import ConfigError
-from serve.spaces import ObservationBounds
 
 ENV_PREFIX = "RLSERVE_"
 ADMIN_TOKEN_MIN_CHARS = 16  # a bearer token short enough to guess is refused at start

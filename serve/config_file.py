@@ -25,7 +25,7 @@ import yaml
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from serve.errors import ConfigError
+from kernel.errors import ConfigError
 
 SECTIONS: dict[str, dict[str, str]] = {
     "service": {"host": "host", "port": "port", "workers": "workers"},

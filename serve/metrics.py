@@ -40,9 +40,9 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from kernel.errors import InvalidInput, RLServeError
 from serve.dataplane.record import BatchRecord
 from serve.dataplane.scheduler import Load
-from serve.errors import InvalidInput, RLServeError
 from serve.gpu import gpu_collector
 from serve.lm.scheduling.generation_record import StepRecord
 

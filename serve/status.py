@@ -1,4 +1,4 @@
-"""Error codes on the wire: the one place where an :class:`~serve.errors.ErrorCode` becomes a
+"""Error codes on the wire: the one place where an :class:`~kernel.errors.ErrorCode` becomes a
 protocol's status.
 
 Every frontend (the predict data plane, the FastAPI control plane, the Open Inference
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from grpc import StatusCode
 
-from serve.errors import ErrorCode, RLServeError
+from kernel.errors import ErrorCode, RLServeError
 
 HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.MALFORMED_REQUEST: 400,

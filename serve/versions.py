@@ -7,7 +7,7 @@ version: a request naming it gets 404 or 422, a directory so named is skipped (a
 
 from __future__ import annotations
 
-from serve.errors import NotFound, quoted
+from kernel.errors import NotFound, quoted
 
 MAX_VERSION = 2**63 - 1  # what a signed 64-bit integer holds (JSON readers, Prometheus)
 DESCRIPTION = f"an integer from 1 to {MAX_VERSION}, written with ASCII digits only"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from serve.contract import DistributionSpec
-from serve.distributions import DistributionKind
-from serve.errors import ExportError
-from serve.spaces import Box, Dict, Discrete, Leaf, MultiDiscrete
+from kernel.contract import DistributionSpec
+from kernel.distributions import DistributionKind
+from kernel.errors import ExportError
+from kernel.spaces import Box, Dict, Discrete, Leaf, MultiDiscrete
 
 _SUPPORTED = "Box, Discrete, MultiDiscrete or MultiBinary"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx
 
-from serve.contract import METADATA_KEY, PolicyContract
+from kernel.contract import METADATA_KEY, PolicyContract
 
 
 def with_contract(model_bytes: bytes, contract: PolicyContract) -> bytes:

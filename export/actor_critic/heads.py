@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from serve.spaces import Box, Discrete, Leaf, MultiDiscrete
+from kernel.spaces import Box, Discrete, Leaf, MultiDiscrete
 
 
 class ArgMax(nn.Module):

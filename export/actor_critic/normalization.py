@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serve.errors import ExportError
-from serve.spaces import Dict, Leaf, leaf_shape, leaves
+from kernel.errors import ExportError
+from kernel.spaces import Dict, Leaf, leaf_shape, leaves
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import numpy as np
 
 from export.actor_critic.source import Observations
 from export.files import require_file
-from serve.errors import ExportError, InvalidInput
-from serve.spaces import Dict, Discrete, Leaf, MultiDiscrete, leaves, parse_observations, sample
+from kernel.errors import ExportError, InvalidInput
+from kernel.spaces import Dict, Discrete, Leaf, MultiDiscrete, leaves, parse_observations, sample
 
 _EXPECTED = "a .npy array of raw observations, or an .npz with one array per Dict key"
 

@@ -5,7 +5,7 @@ float values must satisfy ``|onnx - source| <= tolerance * (1 + |source|)`` elem
 an absolute tolerance near zero that grows with the value's magnitude (float32 carries about
 7 significant digits, so a value of 100 cannot be pinned to 1e-5 absolutely).
 
-The ``log_prob`` row (for a policy with a distribution) holds :mod:`serve.distributions`,
+The ``log_prob`` row (for a policy with a distribution) holds :mod:`kernel.distributions`,
 run on onnxruntime's distribution parameters, to the source's own log-probabilities of
 actions sampled from the source's distribution.
 """
@@ -19,8 +19,8 @@ import numpy as np
 from export.actor_critic.source import Observations, PolicySource, SampledLogProb
 from export.actor_critic.tensors import graph_feeds
 from export.runner import Runner
-from serve.contract import TensorRole, TensorSpec
-from serve.distributions import build
+from kernel.contract import TensorRole, TensorSpec
+from kernel.distributions import build
 
 LOG_PROB = "log_prob"
 

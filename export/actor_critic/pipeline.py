@@ -24,10 +24,10 @@ from export.actor_critic.tensors import input_specs, parameter_width
 from export.onnx_export import to_onnx
 from export.reweight import Reweighable
 from export.runner import Runner, runner
-from serve import contract
-from serve.contract import GoldenVector
-from serve.errors import ExportError
-from serve.spaces import leaves, sample
+from kernel import contract
+from kernel.contract import GoldenVector
+from kernel.errors import ExportError
+from kernel.spaces import leaves, sample
 
 Progress = Callable[[str], None]
 _EXAMPLE_BATCH = 2  # torch.export specialises batches of 0 and 1

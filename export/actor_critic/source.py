@@ -15,8 +15,7 @@ import numpy as np
 from torch import nn
 
 from export.actor_critic.tensors import output_specs
-from serve.actor_critic.memory import Memory
-from serve.contract import (
+from kernel.contract import (
     Algorithm,
     DistributionSpec,
     Preprocessing,
@@ -24,7 +23,8 @@ from serve.contract import (
     StateLayout,
     TensorSpec,
 )
-from serve.spaces import Dict, Leaf
+from kernel.spaces import Dict, Leaf
+from serve.actor_critic.memory import Memory
 
 # Raw environment observations, one array per leaf key (None: a space that is not a Dict).
 Observations = dict[str | None, np.ndarray]

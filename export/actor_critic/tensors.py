@@ -1,7 +1,7 @@
 """The exported graph's interface: tensor names, dtypes, shapes and roles.
 
 Inputs are ``obs`` (or ``obs.<key>`` per key of a Dict space) in the dtype
-:func:`serve.spaces.input_dtype` gives, then a masked policy's ``action_mask``, then a
+:func:`kernel.spaces.input_dtype` gives, then a masked policy's ``action_mask``, then a
 recurrent policy's ``state`` and ``episode_start``; outputs are ``action``, the distribution's
 parameters (``logits``, or ``mean`` and ``log_std``; a Q-network's ``q_values``), ``value``
 and a recurrent policy's ``next_state``, each with a leading batch axis.
@@ -14,10 +14,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from serve.actor_critic.memory import Memory
-from serve.contract import StateLayout, TensorRole, TensorSpec
-from serve.distributions import DistributionKind
-from serve.spaces import (
+from kernel.contract import StateLayout, TensorRole, TensorSpec
+from kernel.distributions import DistributionKind
+from kernel.spaces import (
     Box,
     Dict,
     Discrete,
@@ -28,6 +27,7 @@ from serve.spaces import (
     leaf_shape,
     leaves,
 )
+from serve.actor_critic.memory import Memory
 
 BATCH = "batch"
 MASK_INPUT = "action_mask"

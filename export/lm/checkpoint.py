@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from export.lm import confinement
-from serve.errors import ExportError
+from kernel.errors import ExportError
 from serve.lm.contract import SIDE_FILES
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")

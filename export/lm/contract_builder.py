@@ -11,8 +11,8 @@ from export.lm.eos import eos_token_ids
 from export.lm.golden import Prompt, PromptKind, Reference
 from export.lm.graph import CacheShape
 from export.lm.source import CausalLM
+from kernel.contract import Exporter
 from serve import __version__
-from serve.contract import Exporter
 from serve.lm.contract import (
     SCHEMA,
     CacheLayout,

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from export.lm.checkpoint import SideFile
-from serve.errors import ExportError
+from kernel.errors import ExportError
 from serve.lm.contract import GenerationDefaults
 
 FILE = "generation_config.json"

@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from export.lm import vocabulary
-from serve.errors import ExportError
+from kernel.errors import ExportError
 from serve.lm.contract import PromptEncoding
 
 _TEXTS = (

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from export.onnx_export import quiet
-from serve.errors import ExportError, one_line
+from kernel.errors import ExportError, one_line
 from serve.lm.contract import DecoderTensors
 
 OPSET = 18

@@ -21,8 +21,8 @@ from export.lm import contract_builder, golden, gqa, graph, parity, vocabulary
 from export.lm.graph_kind import GraphKind
 from export.lm.source import CausalLM, quiet_transformers
 from export.runner import runner
-from serve.contract import METADATA_KEY
-from serve.errors import ContractError, ExportError
+from kernel.contract import METADATA_KEY
+from kernel.errors import ContractError, ExportError
 from serve.lm import greedy
 from serve.lm.contract import (
     TOKENIZER_FILE,

@@ -17,8 +17,8 @@ from typing import Any
 
 from export.lm import checkpoint, generation, training
 from export.lm.checkpoint import Checkpoint, SideFile
-from serve.contract import Algorithm
-from serve.errors import ExportError, one_line
+from kernel.contract import Algorithm
+from kernel.errors import ExportError, one_line
 from serve.lm.contract import Adapter, LanguageModelSource
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")

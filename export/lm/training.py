@@ -14,7 +14,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from serve.contract import Algorithm
+from kernel.contract import Algorithm
 
 MODEL_CARD = "README.md"
 TRAINING_ARGS = "training_args.bin"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serve.errors import ExportError
+from kernel.errors import ExportError
 from serve.lm.contract import PromptEncoding
 
 _PROBE = "Hello world"

@@ -17,7 +17,7 @@ import numpy as np
 
 from export.actor_critic.normalization import LeafStats, NormStats
 from export.files import require_file
-from serve.errors import ExportError
+from kernel.errors import ExportError
 
 DEFAULT_EPSILON = 1e-8
 _EXPECTED = "an .npz with arrays mean and var (and optionally clip, epsilon)"

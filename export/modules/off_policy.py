@@ -28,10 +28,10 @@ from export.actor_critic.heads import Rescale
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.source import Observations, SampledLogProb
 from export.actor_critic.tensors import parameter_width
+from kernel.contract import Algorithm
+from kernel.errors import ExportError
+from kernel.spaces import Box, Discrete, Leaf, sample
 from serve.actor_critic.memory import Memory
-from serve.contract import Algorithm
-from serve.errors import ExportError
-from serve.spaces import Box, Discrete, Leaf, sample
 
 OFF_POLICY = (Algorithm.SAC, Algorithm.TD3, Algorithm.DDPG, Algorithm.DQN)
 _PROBE_BATCH = 2

@@ -16,9 +16,9 @@ from export.actor_critic.action_spaces import distribution_for
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.tensors import parameter_width
 from export.modules import distributions
-from serve.distributions import DistributionKind
-from serve.errors import ExportError
-from serve.spaces import Leaf, sample
+from kernel.distributions import DistributionKind
+from kernel.errors import ExportError
+from kernel.spaces import Leaf, sample
 
 _PROBE_BATCH = 2
 

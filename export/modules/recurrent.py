@@ -29,11 +29,11 @@ from export.actor_critic.normalization import NormStats
 from export.actor_critic.source import Observations, SampledLogProb
 from export.modules import distributions
 from export.modules.reference import answered, module_input, sampled
+from kernel.contract import StateLayout, StateSegment
+from kernel.distributions import DistributionKind
+from kernel.errors import ExportError
+from kernel.spaces import Leaf
 from serve.actor_critic.memory import Memory
-from serve.contract import StateLayout, StateSegment
-from serve.distributions import DistributionKind
-from serve.errors import ExportError
-from serve.spaces import Leaf
 
 
 def the_lstm(module: nn.Module, attr: str) -> nn.LSTM:

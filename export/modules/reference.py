@@ -18,9 +18,9 @@ from torch import Tensor, nn
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.source import Observations, SampledLogProb
 from export.modules import distributions
+from kernel.distributions import DistributionKind
+from kernel.spaces import Box, Leaf
 from serve.actor_critic.memory import Memory
-from serve.distributions import DistributionKind
-from serve.spaces import Box, Leaf
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,10 @@ from export.modules import (
     target,
 )
 from export.modules.reference import TorchReference
-from serve.contract import Algorithm, DistributionSpec, Normalization, Preprocessing, Source
-from serve.distributions import DistributionKind
-from serve.errors import ExportError
-from serve.spaces import Box, Dict, Leaf
+from kernel.contract import Algorithm, DistributionSpec, Normalization, Preprocessing, Source
+from kernel.distributions import DistributionKind
+from kernel.errors import ExportError
+from kernel.spaces import Box, Dict, Leaf
 
 DEFAULT_METHOD = "get_dist_and_value"
 

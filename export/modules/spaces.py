@@ -1,6 +1,6 @@
 """Observation and action spaces for a torch module: from a gymnasium id, or given as JSON.
 
-The JSON form is the policy contract's (see :mod:`serve.spaces`), e.g.
+The JSON form is the policy contract's (see :mod:`kernel.spaces`), e.g.
 ``{"type": "Box", "shape": [4], "low": -1, "high": 1}`` or ``{"type": "Discrete", "n": 2}``.
 """
 
@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from serve.errors import ExportError, InvalidInput
-from serve.spaces import Dict, Leaf, Space, from_gymnasium
+from kernel.errors import ExportError, InvalidInput
+from kernel.spaces import Dict, Leaf, Space, from_gymnasium
 
 
 @dataclass(frozen=True)

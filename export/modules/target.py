@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from export.files import require_file
-from serve.errors import ExportError
+from kernel.errors import ExportError
 
 _FORM = "MODULE_OR_FILE:ATTR, e.g. 'agents.cartpole:Agent' or 'agent.py:make_agent'"
 

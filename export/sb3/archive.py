@@ -23,7 +23,7 @@ import zipfile
 from pathlib import Path
 from typing import IO, Any
 
-from serve.errors import ExportError, one_line
+from kernel.errors import ExportError, one_line
 
 SETTINGS_ENTRY = "data"
 MAX_ENTRIES = 64

@@ -23,8 +23,8 @@ from typing import IO, Any
 
 from export.files import require_file
 from export.sb3 import archive, pickles
-from serve.contract import Algorithm
-from serve.errors import ExportError, one_line
+from kernel.contract import Algorithm
+from kernel.errors import ExportError, one_line
 
 _EXPORTABLE = (
     "rlserve exports Stable-Baselines3's PPO, A2C, SAC, TD3, DDPG and DQN policies and "

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from serve.contract import ImageScaling
-from serve.errors import ExportError, InvalidInput
-from serve.spaces import Box, Dict, Leaf, from_gymnasium
+from kernel.contract import ImageScaling
+from kernel.errors import ExportError, InvalidInput
+from kernel.spaces import Box, Dict, Leaf, from_gymnasium
 
 
 class ImageLayout(StrEnum):

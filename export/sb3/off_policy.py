@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from export.actor_critic.heads import Rescale
 from export.sb3.graph import sb3_observation
-from serve.spaces import Box
+from kernel.spaces import Box
 
 
 class CriticValue(StrEnum):

@@ -37,8 +37,8 @@ from export.actor_critic.lstm import (
 from export.actor_critic.source import Observations, SampledLogProb
 from export.sb3.graph import sb3_observation
 from export.sb3.reference import policy_input
+from kernel.contract import StateLayout, StateSegment
 from serve.actor_critic.memory import Memory
-from serve.contract import StateLayout, StateSegment
 
 
 def state_layout(policy: Any) -> StateLayout:

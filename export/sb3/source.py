@@ -36,7 +36,7 @@ from export.sb3.off_policy import CriticValue, DqnCore, QrDqnCore, SacCore, Td3C
 from export.sb3.off_policy_reference import OffPolicyReference, SacSampler
 from export.sb3.recurrent import RecurrentCore, RecurrentReference, state_layout
 from export.sb3.reference import Sb3Reference
-from serve.contract import (
+from kernel.contract import (
     Algorithm,
     DistributionSpec,
     Normalization,
@@ -44,9 +44,9 @@ from serve.contract import (
     Source,
     StateLayout,
 )
-from serve.distributions import DistributionKind
-from serve.errors import ExportError, InvalidInput
-from serve.spaces import Box, Discrete, Leaf, MultiDiscrete, from_gymnasium, leaves
+from kernel.distributions import DistributionKind
+from kernel.errors import ExportError, InvalidInput
+from kernel.spaces import Box, Discrete, Leaf, MultiDiscrete, from_gymnasium, leaves
 
 
 @dataclass(frozen=True)

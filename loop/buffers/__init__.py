@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from kernel.errors import ConfigError
 from loop.buffers.base import BufferOptions, Consumer, Producer
-from serve.errors import ConfigError
 
 SCHEMES = ("memory", "file", "redis", "kafka")
 

@@ -25,7 +25,7 @@ contract tests in ``tests/loop/buffers/contract.py`` check against real servers)
   Kafka: with the next commit, which is cumulative), so the records around it are
   delivered and it never comes again once they are committed.
 - **One rule for group names** (``loop.group_names``): ``file://`` and Kafka take the same
-  ones as the loop config, and refuse others (:class:`~serve.errors.ConfigError`) before
+  ones as the loop config, and refuse others (:class:`~kernel.errors.ConfigError`) before
   any server is asked.
 """
 
@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
+from kernel.errors import ConfigError, PayloadTooLarge, QueueFull, ServiceUnavailable
 from loop.experience import Record, decode
-from serve.errors import ConfigError, PayloadTooLarge, QueueFull, ServiceUnavailable
 
 MAX_RECORD_BYTES = 64 << 20  # one encoded record, decompressed, at most
 

@@ -88,6 +88,7 @@ import confluent_kafka
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
+from kernel.errors import ConfigError
 from loop.buffers.base import (
     BufferOptions,
     BufferUnavailable,
@@ -100,7 +101,6 @@ from loop.buffers.base import (
 )
 from loop.experience import Record, encode
 from loop.group_names import check_group_name, group_name_problem
-from serve.errors import ConfigError
 
 log = logging.getLogger("rlserve.buffers.kafka")
 

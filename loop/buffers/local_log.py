@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
+from kernel.errors import ConfigError
 from loop.buffers.base import (
     BufferOptions,
     BufferUnavailable,
@@ -68,7 +69,6 @@ from loop.buffers.base import (
 )
 from loop.experience import Record, encode
 from loop.group_names import check_group_name
-from serve.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

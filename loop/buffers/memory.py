@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from kernel.errors import ConfigError
 from loop.buffers.base import (
     BufferOptions,
     ConsumerCounts,
@@ -32,7 +33,6 @@ from loop.buffers.base import (
     overflow,
 )
 from loop.experience import Record
-from serve.errors import ConfigError
 
 _registry: dict[str, _Buffer] = {}
 _registry_lock = threading.Lock()

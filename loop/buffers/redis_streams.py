@@ -68,6 +68,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from kernel.errors import ConfigError
 from loop.buffers.base import (
     BufferFull,
     BufferOptions,
@@ -79,7 +80,6 @@ from loop.buffers.base import (
     RecordReader,
 )
 from loop.experience import Record, encode
-from serve.errors import ConfigError
 
 log = logging.getLogger("rlserve.buffers.redis")
 

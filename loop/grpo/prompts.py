@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serve.errors import ConfigError
+from kernel.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ import string
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from serve.errors import ConfigError
+from kernel.errors import ConfigError
 
 SENTENCE = r"[A-Z][^\n]*[.!?]"  # format_check's default: one sentence on one line
 

@@ -35,13 +35,13 @@ from typing import Any
 import httpx
 import numpy as np
 
+from kernel.errors import ConfigError
 from loop.buffers import open_producer
 from loop.buffers.base import BufferOptions, Producer
 from loop.collect import TRANSIENT_STATUSES, Backoff, GaveUp, publish_retried, stoppable
 from loop.experience import Completion
 from loop.grpo.prompts import PromptRow, Prompts
 from loop.grpo.rewards import Reward
-from serve.errors import ConfigError
 
 
 @dataclass

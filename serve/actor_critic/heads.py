@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serve import distributions
-from serve.contract import PolicyContract, TensorRole
+from kernel import distributions
+from kernel.contract import PolicyContract, TensorRole
+from kernel.distributions import DistributionKind
+from kernel.spaces import Box, leaf_shape
 from serve.dataplane.messages import Prepared
-from serve.distributions import DistributionKind
-from serve.spaces import Box, leaf_shape
 from serve.types import OutputKind, Outputs, PredictOptions
 
 PARAMETER_ROLES = (TensorRole.LOGITS, TensorRole.MEAN, TensorRole.LOG_STD)

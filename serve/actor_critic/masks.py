@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from serve.errors import InvalidInput
-from serve.spaces import Dict, Discrete, Leaf, MultiDiscrete
+from kernel.errors import InvalidInput
+from kernel.spaces import Dict, Discrete, Leaf, MultiDiscrete
 
 FIELD = "action_masks"
 

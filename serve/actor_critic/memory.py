@@ -15,7 +15,7 @@ as the source does.
 Or the server holds it (``serve.dataplane.sequences``): the request names its sequences
 instead, with the parameters Triton's sequence batcher reads:
 
-- ``sequence_id``: an id (``serve.identifiers``: a string of 1 to 128 characters, or an
+- ``sequence_id``: an id (``kernel.identifiers``: a string of 1 to 128 characters, or an
   integer >= 0), one per observation (a list, distinct ids, for a batch);
 - ``sequence_start``, ``sequence_end``: booleans as ``episode_start`` takes them; the first
   step of an episode starts its sequence, the last ends it;
@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
+from kernel.errors import InvalidInput
+from kernel.identifiers import MAX_CHARACTERS, identifier
+from kernel.json_shown import json_shown
 from serve.dataplane.messages import SequenceStep
-from serve.errors import InvalidInput
-from serve.identifiers import MAX_CHARACTERS, identifier
-from serve.json_shown import json_shown
 
 STATE = "state"
 EPISODE_START = "episode_start"

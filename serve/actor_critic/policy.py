@@ -26,19 +26,19 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from kernel.contract import PolicyContract, TensorRole
+from kernel.errors import InvalidInput, one_line
+from kernel.spaces import ObservationBounds, parse_observations
 from serve.actor_critic import masks, memory
 from serve.actor_critic.heads import PolicyHeads, action_outputs, needs_distribution
 from serve.actor_critic.masks import ActionMasks
 from serve.actor_critic.memory import MemoryInputs
 from serve.actor_critic.validation import ObservationValidator, predict_options
-from serve.contract import PolicyContract, TensorRole
 from serve.dataplane.batching import bucket, buckets_for
 from serve.dataplane.graph_cut import cut_to
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceRequest, Prepared, SequenceStep
 from serve.dataplane.runtime import CPU, Execution, Session, create_session
-from serve.errors import InvalidInput, one_line
-from serve.spaces import ObservationBounds, parse_observations
 from serve.types import Answer, OutputKind, Outputs, PredictOptions
 
 if TYPE_CHECKING:

@@ -9,12 +9,12 @@ or arrays) into the graph's feeds with as few conversions as the common cases al
 - uint8 images: the nesting is checked level by level and each innermost list becomes
   bytes in C (``bytes`` refuses anything but integers 0..255).
 
-Whatever a fast path does not accept goes to ``serve.spaces.parse_observations``, the
+Whatever a fast path does not accept goes to ``kernel.spaces.parse_observations``, the
 general path, which accepts the same requests and names exactly what is wrong with the
 others. A fast path never accepts a request the general path would refuse, and gives the
 same arrays (and count of rows outside the bounds) for those it accepts.
 
-Bounds are a model's ``observation_bounds`` policy (``serve.spaces.ObservationBounds``). An
+Bounds are a model's ``observation_bounds`` policy (``kernel.spaces.ObservationBounds``). An
 in-bounds request pays one comparison against the bounds, as before bounds were a policy;
 only a request that fails it pays for telling a non-finite value from one outside the
 bounds, counting its rows and clipping them (``clip``); ``reject`` leaves it to the
@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from serve.contract import PolicyContract, TensorRole
-from serve.errors import InvalidInput
-from serve.json_shown import json_shown
-from serve.spaces import Box, Dict, ObservationBatch, ObservationBounds, parse_observations
+from kernel.contract import PolicyContract, TensorRole
+from kernel.errors import InvalidInput
+from kernel.json_shown import json_shown
+from kernel.spaces import Box, Dict, ObservationBatch, ObservationBounds, parse_observations
 from serve.types import OutputKind, PredictOptions
 
 FastPath = Callable[[Any], ObservationBatch | None]

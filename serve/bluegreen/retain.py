@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kernel.errors import Conflict, MalformedRequest, NotFound
 from serve.bluegreen.kubectl import Kubectl
 from serve.bluegreen.names import MODEL_VERSION, VERSION_POLICY_ENV
-from serve.errors import Conflict, MalformedRequest, NotFound
 from serve.versions import parse_version
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
+from kernel.errors import CheckFailed, Conflict, RLServeError
 from serve.bluegreen import verify as verification
 from serve.bluegreen.kubectl import Count, Kubectl
 from serve.bluegreen.names import (
@@ -30,7 +31,6 @@ from serve.bluegreen.names import (
     VERSION_POLICY_ENV,
     annotation,
 )
-from serve.errors import CheckFailed, Conflict, RLServeError
 
 
 class Color(StrEnum):

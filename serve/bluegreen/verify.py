@@ -13,11 +13,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve import contract
+from kernel import contract
+from kernel.contract import PolicyContract, TensorRole
+from kernel.errors import MalformedRequest, NotFound
 from serve.bluegreen.kubectl import Kubectl
 from serve.bluegreen.names import MODEL_VERSION, annotation
-from serve.contract import PolicyContract, TensorRole
-from serve.errors import MalformedRequest, NotFound
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ import importlib
 import sys
 from types import ModuleType
 
+from kernel.errors import RLServeError
 from serve import __version__
-from serve.errors import RLServeError
 
 # Resolved by name so that the serving side never imports the exporter's code.
 _SUBCOMMANDS = (

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from serve import contract
+from kernel import contract
 from serve.cli.arguments import add_arguments as add_dataclass_arguments
 from serve.cli.arguments import arg, from_namespace
 from serve.lm import contract as lm_contract

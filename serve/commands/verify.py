@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from serve import contract
+from kernel import contract
+from kernel.errors import ModelLoadError
 from serve.cli.arguments import add_arguments as add_dataclass_arguments
 from serve.cli.arguments import arg, from_namespace
 from serve.commands import inspect
-from serve.errors import ModelLoadError
 from serve.lm import contract as lm_contract
 from serve.lm import greedy
 

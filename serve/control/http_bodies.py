@@ -16,8 +16,8 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kernel.errors import RLServeError
 from serve.dataplane.wire import JSON_OPTIONS, decode_object, too_large
-from serve.errors import RLServeError
 from serve.status import http_headers, http_status
 
 _JSON = "application/json"

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kernel.errors import NotFound, RLServeError, ServiceUnavailable, quoted
 from serve.config import FeatureView, Settings, load_model_overrides
 from serve.control import repository, store
 from serve.control.lifecycle import ModelLifeCycle, ReadyState
@@ -29,7 +30,6 @@ from serve.dataplane.record import RecordSink
 from serve.dataplane.result_cache import CacheSettings
 from serve.dataplane.routing import Route
 from serve.dataplane.scheduler import Scheduler
-from serve.errors import NotFound, RLServeError, ServiceUnavailable, quoted
 from serve.lm.scheduling.scheduler import ContinuousBatchScheduler
 from serve.metrics import Metrics
 from serve.versions import DESCRIPTION

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernel.errors import InvalidInput, PayloadTooLarge, listed, quoted
 from serve.control import store
 from serve.control.repository import MODEL_FILE
-from serve.errors import InvalidInput, PayloadTooLarge, listed, quoted
 
 PATH_BYTES = 4096  # PATH_MAX: the longest path Linux opens
 NAME_BYTES = 255  # NAME_MAX: the longest name of one file or folder

@@ -27,7 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from serve import contract
+from kernel import contract
+from kernel.contract import PolicyContract
+from kernel.errors import ConfigError, ContractError, ModelLoadError
+from kernel.spaces import Box, Dict, Leaf, Space
 from serve.actor_critic.policy import ActorCriticPolicy, action_session
 from serve.config import (
     FeatureView,
@@ -36,15 +39,12 @@ from serve.config import (
     VersionPolicy,
     load_version_view,
 )
-from serve.contract import PolicyContract
 from serve.dataplane.batching import buckets_for
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.model import ServedModel
 from serve.dataplane.runtime import Session, create_session
-from serve.errors import ConfigError, ContractError, ModelLoadError
 from serve.lm import contract as lm_contract
 from serve.lm.model import LanguageModel
-from serve.spaces import Box, Dict, Leaf, Space
 from serve.versions import parse_version
 
 log = logging.getLogger("rlserve.repository")

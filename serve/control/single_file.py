@@ -24,9 +24,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernel.errors import ConfigError
 from serve.config import Settings
 from serve.control.repository import MODEL_FILE
-from serve.errors import ConfigError
 from serve.versions import parse_version
 
 log = logging.getLogger("rlserve.repository")

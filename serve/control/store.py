@@ -35,8 +35,8 @@ from typing import Any
 
 import orjson
 
+from kernel.errors import Conflict, ServiceUnavailable
 from serve.control.repository import MODEL_FILE, file_sha256, versions_of
-from serve.errors import Conflict, ServiceUnavailable
 
 STATE_FILE = ".serving.json"
 LOCK_FILE = ".serving.lock"

@@ -20,11 +20,11 @@ import asyncio
 import logging
 import time
 
+from kernel.errors import RLServeError
 from serve.control import store
 from serve.control.manager import ModelRepositoryManager
 from serve.control.updates import Updater
 from serve.control.workers import WorkerRegistry
-from serve.errors import RLServeError
 
 log = logging.getLogger("rlserve.sync")
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from kernel.errors import Conflict, InvalidInput, ModelLoadError, NotFound, RLServeError, one_line
 from serve.config import Settings
 from serve.control import repository, store
 from serve.control.lifecycle import ModelLifeCycle
@@ -42,7 +43,6 @@ from serve.control.workers import Propagation, WorkerRegistry
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceRequest
 from serve.dataplane.model import RowModel, ServedModel, as_rows
-from serve.errors import Conflict, InvalidInput, ModelLoadError, NotFound, RLServeError, one_line
 from serve.metrics import Metrics
 
 log = logging.getLogger("rlserve.updates")

@@ -23,10 +23,10 @@ import asyncio
 import logging
 from pathlib import Path
 
+from kernel.errors import ModelLoadError, RLServeError
 from serve.control import repository
 from serve.control.manager import ModelRepositoryManager
 from serve.control.updates import Push, Updater
-from serve.errors import ModelLoadError, RLServeError
 from serve.versions import DESCRIPTION
 
 log = logging.getLogger("rlserve.watcher")

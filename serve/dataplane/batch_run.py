@@ -17,11 +17,11 @@ from itertools import accumulate
 
 import numpy as np
 
+from kernel.errors import RLServeError, one_line
 from serve.dataplane.messages import InferenceResponse, Prepared
 from serve.dataplane.model import ServedModel, as_rows
 from serve.dataplane.record import BatchRecord, RecordSink
 from serve.dataplane.row_queue import Ticket
-from serve.errors import RLServeError, one_line
 from serve.types import Outputs
 
 log = logging.getLogger("rlserve.scheduler")

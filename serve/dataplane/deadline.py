@@ -8,7 +8,7 @@ event loop its answer spends where the server cannot see it (unread, then its ha
 scheduled; its answer written: :data:`LAG_TURNS`), so that an overloaded loop does not
 answer late what it accepted in time.
 
-A passed deadline is answered :class:`~serve.errors.DeadlineExceeded` (504,
+A passed deadline is answered :class:`~kernel.errors.DeadlineExceeded` (504,
 DEADLINE_EXCEEDED) whenever it is found, before admission too: never as a full queue.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from serve.errors import DeadlineExceeded
+from kernel.errors import DeadlineExceeded
 
 # Turns of the event loop a request spends unseen: unread (up to one), its handler
 # scheduled (one), its answer written (one). Negligible unless the loop is overloaded.

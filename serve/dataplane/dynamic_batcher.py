@@ -64,6 +64,13 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from kernel.errors import (
+    DeadlineExceeded,
+    InvalidInput,
+    QueueFull,
+    RLServeError,
+    ServiceUnavailable,
+)
 from serve.config import ModelSettings
 from serve.dataplane import split
 from serve.dataplane.batch_run import Execution, deliver, execute, lost, settle
@@ -86,13 +93,6 @@ from serve.dataplane.model import ServedModel, VersionSource
 from serve.dataplane.record import RecordSink
 from serve.dataplane.row_queue import RowQueue, Ticket
 from serve.dataplane.scheduler import NOT_RUN, Load
-from serve.errors import (
-    DeadlineExceeded,
-    InvalidInput,
-    QueueFull,
-    RLServeError,
-    ServiceUnavailable,
-)
 
 # Inline batches run back to back, without a turn of the event loop in between, for this
 # long while rows wait: under a backlog each turn of the loop serves several batches, so

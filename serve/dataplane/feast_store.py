@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kernel.errors import ContractError
 from serve.config import FEAST_SCHEME, FeatureView
-from serve.errors import ContractError
 
 _stores: dict[str, Any] = {}  # repository path -> feast.FeatureStore
 _lock = threading.Lock()

@@ -4,7 +4,7 @@ store (a model's ``features`` view, ``serve.config.FeatureView``).
 The predict frontend asks :meth:`FeatureLookup.observations` between decoding a body and
 validating it, so the assembled observations are validated like any others:
 
-1. the entity ids are checked (``serve.identifiers``: strings of 1 to 128 characters, or
+1. the entity ids are checked (``kernel.identifiers``: strings of 1 to 128 characters, or
    integers >= 0; one id, or a list of them for a batch);
 2. the store is asked off the event loop. Each store URL has one link: a thread with one
    client that asks for every request's rows queued since its last round trip at once
@@ -46,12 +46,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from kernel.errors import InvalidInput, ServiceUnavailable, one_line, quoted
+from kernel.identifiers import identifier
+from kernel.json_shown import json_shown
 from serve.config import FeatureLayout, FeatureView
 from serve.dataplane import feast_store, redis_link
 from serve.dataplane.deadline import Deadline
-from serve.errors import InvalidInput, ServiceUnavailable, one_line, quoted
-from serve.identifiers import identifier
-from serve.json_shown import json_shown
 from serve.metrics import Metrics
 
 log = logging.getLogger("rlserve.features")

@@ -31,6 +31,13 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from kernel.errors import (
+    DeadlineExceeded,
+    ErrorCode,
+    InvalidInput,
+    QueueFull,
+    RLServeError,
+)
 from serve.access import log_exchange
 from serve.dataplane import features
 from serve.dataplane.deadline import Deadline, budget_ms
@@ -56,13 +63,6 @@ from serve.dataplane.routing import Route, Router
 from serve.dataplane.row_calls import PreparedOn, RowCalls
 from serve.dataplane.scheduler import Scheduler
 from serve.dataplane.wire import JSON_OPTIONS, timeout_header_ms
-from serve.errors import (
-    DeadlineExceeded,
-    ErrorCode,
-    InvalidInput,
-    QueueFull,
-    RLServeError,
-)
 from serve.versions import path_version
 
 log = logging.getLogger("rlserve.predict")

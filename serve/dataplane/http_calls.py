@@ -28,9 +28,9 @@ from typing import Any
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
+from kernel.errors import MethodNotAllowed, RLServeError, internal_error, quoted
 from serve.access import given_request_id, log_exchange, new_request_id
 from serve.dataplane.wire import too_large
-from serve.errors import MethodNotAllowed, RLServeError, internal_error, quoted
 from serve.metrics import Metrics
 from serve.status import http_headers, http_status
 

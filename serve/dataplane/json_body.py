@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 import simdjson
 
+from kernel.errors import InvalidInput, quoted
 from serve.dataplane.json_keys import repeated_keys
 from serve.dataplane.wire import decode_object
-from serve.errors import InvalidInput, quoted
 
 # The fields that hold numbers only: a JSON boolean in them is refused.
 _NUMERIC = ("observations", "actions")

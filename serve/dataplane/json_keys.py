@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from serve.errors import MalformedRequest
+from kernel.errors import MalformedRequest
 
 _SCALARS = frozenset({int, float, str, bool, type(None)})
 _CONTAINERS = frozenset({dict, list})  # what JSON decodes to: exact types

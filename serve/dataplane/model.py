@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import numpy as np
 
-from serve.contract import PolicyContract
+from kernel.contract import PolicyContract
+from kernel.errors import InvalidInput
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceRequest, Prepared
 from serve.dataplane.runtime import ProviderReport
-from serve.errors import InvalidInput
 from serve.types import Answer, Outputs
 
 if TYPE_CHECKING:

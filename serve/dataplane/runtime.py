@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from kernel.errors import ModelLoadError, one_line
 from serve.config import Settings
-from serve.errors import ModelLoadError, one_line
 
 log = logging.getLogger("rlserve.runtime")
 

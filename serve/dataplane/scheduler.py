@@ -14,8 +14,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kernel.errors import InvalidInput
 from serve.dataplane.messages import InferenceResponse, Prepared
-from serve.errors import InvalidInput
 
 # Why a request whose deadline passed before it ran is answered 504, whichever scheduler.
 NOT_RUN = "deadline passed while queued; the request was not run"

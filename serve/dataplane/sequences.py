@@ -48,9 +48,9 @@ from enum import Enum
 
 import numpy as np
 
+from kernel.errors import Conflict, InvalidInput, QueueFull
+from kernel.json_shown import json_shown
 from serve.dataplane.messages import SequenceStep
-from serve.errors import Conflict, InvalidInput, QueueFull
-from serve.json_shown import json_shown
 
 SequenceId = str | int
 Owner = str | None  # a sequence_owner key; None: the sequences started without one

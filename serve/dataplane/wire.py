@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
+from kernel.errors import MalformedRequest, PayloadTooLarge
 from serve.dataplane.json_keys import refuse_repeated_keys
-from serve.errors import MalformedRequest, PayloadTooLarge
 
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 

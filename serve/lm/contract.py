@@ -1,7 +1,7 @@
 """The contract of a language-model policy (kind ``causal-lm``).
 
 It lives where an actor-critic's does: JSON in the ONNX file's ``metadata_props`` under
-``rlserve.policy`` (:data:`serve.contract.METADATA_KEY`), same schema name, told apart by
+``rlserve.policy`` (:data:`kernel.contract.METADATA_KEY`), same schema name, told apart by
 ``kind``. The exporter (``export/lm``) writes it; the server reads it, loads the tokenizer
 files beside ``model.onnx`` and re-runs the golden prompts before serving the version.
 
@@ -42,8 +42,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from serve.contract import SCHEMA, Algorithm, Exporter, _json_object
-from serve.errors import ContractError
+from kernel.contract import SCHEMA, Algorithm, Exporter, _json_object
+from kernel.errors import ContractError
 
 __all__ = [
     "KIND",

@@ -25,10 +25,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from serve.contract import METADATA_KEY
+from kernel.contract import METADATA_KEY
+from kernel.errors import ContractError, InvalidInput, ModelLoadError, quoted
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.runtime import ProviderReport, Session
-from serve.errors import ContractError, InvalidInput, ModelLoadError, quoted
 from serve.lm import contract as lm_contract
 from serve.lm import greedy
 from serve.lm.contract import LanguageModelContract

@@ -13,8 +13,8 @@ from dataclasses import replace
 from enum import StrEnum
 from typing import Any
 
-from serve.errors import InvalidInput
-from serve.json_shown import json_shown
+from kernel.errors import InvalidInput
+from kernel.json_shown import json_shown
 from serve.lm.messages import GenerationSpec, ScoreSpec
 
 __all__ = [

@@ -27,7 +27,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
-from serve.errors import InvalidInput, ModelLoadError, one_line
+from kernel.errors import InvalidInput, ModelLoadError, one_line
 from serve.lm.contract import LanguageModelContract, PromptEncoding
 
 __all__ = ["ChatMessage", "Detokenizer", "StopStrings", "TextCodec"]

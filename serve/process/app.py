@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from kernel.errors import MalformedRequest, MethodNotAllowed, NotFound, RLServeError, internal_error
 from serve import __version__, config
 from serve.access import AccessMiddleware
 from serve.control import single_file
@@ -58,7 +59,6 @@ from serve.dataplane.oip.rpc import GrpcServer
 from serve.dataplane.oip.shared_memory import SharedMemory
 from serve.dataplane.record import RecordSink
 from serve.dataplane.row_calls import RowCalls
-from serve.errors import MalformedRequest, MethodNotAllowed, NotFound, RLServeError, internal_error
 from serve.lm.frontends import http as lm_http
 from serve.lm.frontends import openai_answers, openai_http
 from serve.lm.frontends.calls import LanguageModelCalls

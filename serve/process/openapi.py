@@ -3,7 +3,7 @@
 The predict routes (actor-critic policies), the generate and score routes of language
 models, and the OpenAI-compatible completion routes are answered by lean frontends
 outside FastAPI (``serve.process.app``); their requests are described here. Validation
-happens against each model's policy contract (``serve.spaces``, ``serve.lm``), which knows
+happens against each model's policy contract (``kernel.spaces``, ``serve.lm``), which knows
 shapes, bounds and context lengths that a static schema cannot.
 """
 

@@ -49,9 +49,9 @@ from typing import Any
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from kernel.errors import RequestTimeout
 from serve.dataplane.http import EarlyRefusal
 from serve.dataplane.http_calls import ARRIVAL, Arrival, arrival_of
-from serve.errors import RequestTimeout
 
 log = logging.getLogger("rlserve.protocol")
 

@@ -18,7 +18,8 @@ import tritonclient.grpc as triton_grpc
 from gymnasium import spaces
 from sb3_contrib import MaskablePPO
 
-from serve import cli, contract
+from kernel import contract
+from serve import cli
 from serve.client import PolicyClient, RequestFailed
 from serve.lane_client import LaneClient
 from tests.e2e.server import Server, free_port

@@ -18,7 +18,8 @@ import torch
 from sb3_contrib import QRDQN, TQC
 from stable_baselines3 import DDPG, DQN, SAC, TD3
 
-from serve import cli, contract
+from kernel import contract
+from serve import cli
 from serve.lane_client import LaneClient
 from tests.e2e.server import Server
 from tests.export import cleanrl_agents

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from serve.distributions import DiagGaussian
-from serve.spaces import Dict, input_dtype, sample
+from kernel.distributions import DiagGaussian
+from kernel.spaces import Dict, input_dtype, sample
 from tests.e2e.server import Server
 
 CARTPOLE_OBS = [0.01, -0.02, 0.03, 0.04]

@@ -15,8 +15,8 @@ from stable_baselines3.common.env_util import make_vec_env
 from export import writer
 from export.actor_critic.pipeline import ParitySettings, export_policy
 from export.sb3.source import Sb3Options, load_source
-from serve import contract
-from serve.contract import PolicyContract
+from kernel import contract
+from kernel.contract import PolicyContract
 from tests.export.export_envs import CartPoleNoVelocity
 
 

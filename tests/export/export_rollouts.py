@@ -12,7 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from serve import contract
+from kernel import contract
 
 Act = Callable[[Any], Any]
 

@@ -1,4 +1,4 @@
-"""log_prob from serve.distributions on the exported parameters equals SB3's evaluate_actions."""
+"""log_prob from kernel.distributions on the exported parameters equals SB3's evaluate_actions."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from stable_baselines3 import A2C, PPO
 
-from serve.distributions import DistributionKind, build
-from serve.spaces import leaves, sample
+from kernel.distributions import DistributionKind, build
+from kernel.spaces import leaves, sample
 from tests.export.export_policies import ExportedPolicy, TrainedPolicy
 
 KINDS = {

@@ -14,9 +14,9 @@ from export.actor_critic.action_spaces import checked
 from export.actor_critic.pipeline import ParitySettings, export_policy
 from export.sb3.layout import ImageLayout
 from export.sb3.source import Sb3Options, load_source
-from serve import contract
-from serve.errors import ExportError
-from serve.spaces import Discrete, MultiDiscrete
+from kernel import contract
+from kernel.errors import ExportError
+from kernel.spaces import Discrete, MultiDiscrete
 from tests.export.export_policies import TrainedPolicy
 
 
@@ -82,7 +82,7 @@ def test_vecnormalize_and_no_normalize_together_are_refused(
 
 
 def test_the_algorithm_can_be_forced(cartpole_ppo: TrainedPolicy) -> None:
-    from serve.contract import Algorithm
+    from kernel.contract import Algorithm
 
     assert load_source(Sb3Options(cartpole_ppo.checkpoint)).algorithm is Algorithm.PPO
     forced = load_source(Sb3Options(cartpole_ppo.checkpoint, algorithm=Algorithm.A2C))

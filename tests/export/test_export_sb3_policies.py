@@ -14,8 +14,8 @@ from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 import serve
-from serve import contract
-from serve.spaces import from_gymnasium
+from kernel import contract
+from kernel.spaces import from_gymnasium
 from tests.export.export_policies import ExportedPolicy, TrainedPolicy
 from tests.export.export_rollouts import OnnxActor, assert_same_episode, run_episode, sb3_actor
 

@@ -19,7 +19,7 @@ from export import writer
 from export.actor_critic.pipeline import ParitySettings, export_policy
 from export.sb3 import archive
 from export.sb3.source import Sb3Options, load_source
-from serve.errors import ExportError
+from kernel.errors import ExportError
 from tests.export.export_policies import TrainedPolicy
 from tests.export.test_export_cli import rlserve
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from export import writer
-from serve.errors import ExportError
+from kernel.errors import ExportError
 
 
 def _accept(_: Path) -> None:

@@ -24,8 +24,8 @@ import httpx
 import pytest
 import torch
 
+from kernel.errors import ConfigError
 from loop.child_server import ChildServer, ChildServerFailed, ChildState, free_port
-from serve.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_REPOSITORY = ROOT / "examples" / "model_repository"

@@ -25,13 +25,13 @@ import pytest
 import zstandard
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from kernel.distributions import Categorical
+from kernel.errors import ConfigError
 from loop.buffers import local_log, open_consumer
 from loop.buffers.base import BufferOptions, RecordTooLarge
 from loop.collect import Counters, GaveUp, RolloutWorker
 from loop.commands import CollectArgs, versions_shown
 from loop.experience import Deduplicator, Step, decode
-from serve.distributions import Categorical
-from serve.errors import ConfigError
 from tests.e2e.server import RLSERVE, Server, free_port
 from tests.loop.buffers.contract import stepped, wait_for
 from tests.loop.buffers.kafka_broker import running_broker

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kernel.errors import ConfigError
 from loop.buffers import open_consumer, open_producer
 from loop.colocated import FAILURE_WAIT_S, ColocatedRunner, HoldLost, StalenessViolation
 from loop.controller import Batch, Fallback, SyncController
 from loop.experience import Step
-from serve.errors import ConfigError
 
 MODEL = "cartpole"
 

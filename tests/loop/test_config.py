@@ -17,13 +17,13 @@ from uuid import uuid4
 
 import pytest
 
+from kernel.errors import ConfigError
 from loop import config as loop_config
 from loop.buffers import memory, open_consumer, open_producer
 from loop.buffers.base import BufferOptions, Overflow
 from loop.commands import CollectArgs, resolve
 from loop.config import LoopConfig, load, parse_duration, parse_gpus
 from loop.controller import Fallback
-from serve.errors import ConfigError
 from tests.loop.buffers.contract import make_step
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,6 +14,7 @@ from uuid import uuid4
 import pytest
 from prometheus_client import CollectorRegistry
 
+from kernel.errors import ConfigError
 from loop.buffers import memory, open_consumer, open_producer
 from loop.buffers.base import (
     BufferFull,
@@ -25,7 +26,6 @@ from loop.buffers.base import (
 )
 from loop.controller import Accounting, Batch, Fallback, LoopMetrics, SyncController
 from loop.experience import Completion, Record, Step
-from serve.errors import ConfigError
 from tests.loop.buffers.contract import make_completion, make_step, stepped
 from tests.loop.buffers.test_local_log import append_frame
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from kernel.errors import ConfigError
 from loop.grpo import prompts, rewards
-from serve.errors import ConfigError
 
 
 def test_exact_match_compares_normalised_text() -> None:

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from kernel.errors import RLServeError
 from serve.commands import rollout
-from serve.errors import RLServeError
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"

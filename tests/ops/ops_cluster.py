@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serve.contract import PolicyContract
+from kernel.contract import PolicyContract
 
 MODEL = "cartpole"
 GOLDEN_OBSERVATIONS = [[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]]

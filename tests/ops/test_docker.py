@@ -185,7 +185,7 @@ def test_every_pip_install_of_the_image_takes_the_constraints_file(name):
 def test_the_cpu_image_installs_the_serving_stack_without_torch(tmp_path):
     venv = replay(stages(DOCKER / "Dockerfile")["build"], tmp_path)
     probe = (
-        "import serve, onnxruntime, fastapi, uvicorn, gunicorn, redis, importlib.util as u; "
+        "import serve.status, onnxruntime, fastapi, uvicorn, gunicorn, redis, importlib.util as u; "
         "print(u.find_spec('torch'), onnxruntime.__version__)"
     )
     done = subprocess.run([venv / "bin" / "python", "-c", probe], capture_output=True, text=True)

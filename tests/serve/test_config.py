@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from kernel.errors import ConfigError
 from serve import config
-from serve.errors import ConfigError
 
 
 def test_defaults_apply_when_nothing_is_given(monkeypatch: pytest.MonkeyPatch) -> None:

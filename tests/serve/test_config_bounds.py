@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from kernel.errors import ConfigError
+from kernel.spaces import ObservationBounds
 from serve import config
-from serve.errors import ConfigError
-from serve.spaces import ObservationBounds
 
 
 def test_values_outside_the_bounds_are_allowed_by_default(monkeypatch: pytest.MonkeyPatch) -> None:

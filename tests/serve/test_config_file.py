@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from kernel.errors import ConfigError
 from serve import config
-from serve.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_REFERENCE = ROOT.parent / "shared" / "reference"

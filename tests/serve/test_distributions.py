@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.distributions import Bernoulli, Categorical, Normal
 
-from serve.distributions import DistributionKind, build
+from kernel.distributions import DistributionKind, build
 
 RNG = np.random.default_rng(0)
 

@@ -1,12 +1,12 @@
-"""Messages that quote what a client sent (serve.errors): names and lists cut with their
+"""Messages that quote what a client sent (kernel.errors): names and lists cut with their
 counts, every message capped, so no error answer grows with the request (values are
-serve.json_shown's)."""
+kernel.json_shown's)."""
 
 from __future__ import annotations
 
 import pytest
 
-from serve.errors import (
+from kernel.errors import (
     LISTED_ITEMS,
     MESSAGE_CHARACTERS,
     NAME_CHARACTERS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve.json_shown import json_shown
+from kernel.json_shown import json_shown
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from serve.errors import InvalidInput
-from serve.spaces import (
+from kernel.errors import InvalidInput
+from kernel.spaces import (
     Box,
     Dict,
     Discrete,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from grpc import StatusCode
 
-from serve import errors
-from serve.errors import ErrorCode, RLServeError
+from kernel import errors
+from kernel.errors import ErrorCode, RLServeError
 from serve.status import (
     GRPC_STATUS,
     HTTP_STATUS,

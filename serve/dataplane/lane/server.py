@@ -35,12 +35,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from serve.dataplane.lane import wire
-from serve.dataplane.oip.infer import Inference, call_budget_ms
-from serve.dataplane.oip.signature import InferCall, RequestedOutput, Signature
-from serve.dataplane.oip.tensors import DTYPES
-from serve.dataplane.routing import Route
-from serve.errors import (
+from kernel.errors import (
     ConfigError,
     InvalidInput,
     MalformedRequest,
@@ -49,6 +44,11 @@ from serve.errors import (
     internal_error,
     listed,
 )
+from serve.dataplane.lane import wire
+from serve.dataplane.oip.infer import Inference, call_budget_ms
+from serve.dataplane.oip.signature import InferCall, RequestedOutput, Signature
+from serve.dataplane.oip.tensors import DTYPES
+from serve.dataplane.routing import Route
 from serve.status import http_headers, http_status
 
 log = logging.getLogger("rlserve.lane")

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from kernel.errors import RLServeError
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.routing import Router
-from serve.errors import RLServeError
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository"]
 SYSTEM_SHARED_MEMORY = "system_shared_memory"  # listed only while allow_client_shm is on

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kernel.errors import InvalidInput, NotFound, RLServeError, quoted
+from kernel.json_shown import json_shown
 from serve.dataplane import features
 from serve.dataplane.deadline import Deadline, budget_ms
 from serve.dataplane.features import FeatureLookup
@@ -27,8 +29,6 @@ from serve.dataplane.oip.shared_memory import SharedMemory
 from serve.dataplane.oip.signature import InferCall, OutputTensor, Signature
 from serve.dataplane.routing import Route, Router
 from serve.dataplane.row_calls import RowCalls
-from serve.errors import InvalidInput, NotFound, RLServeError, quoted
-from serve.json_shown import json_shown
 from serve.metrics import Metrics
 from serve.status import http_status
 from serve.versions import path_version

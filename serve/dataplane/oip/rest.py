@@ -42,6 +42,16 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from kernel.errors import (
+    InvalidInput,
+    MalformedRequest,
+    NotFound,
+    RLServeError,
+    ServiceUnavailable,
+    listed,
+    quoted,
+)
+from kernel.json_shown import json_shown
 from serve import __version__
 from serve.dataplane.deadline import budget_ms
 from serve.dataplane.http_calls import (
@@ -62,16 +72,6 @@ from serve.dataplane.oip.shared_memory import PlacedInput
 from serve.dataplane.oip.signature import InferCall, RequestedOutput, config_dims
 from serve.dataplane.routing import Route
 from serve.dataplane.wire import timeout_header_ms
-from serve.errors import (
-    InvalidInput,
-    MalformedRequest,
-    NotFound,
-    RLServeError,
-    ServiceUnavailable,
-    listed,
-    quoted,
-)
-from serve.json_shown import json_shown
 from serve.status import http_status
 
 log = logging.getLogger("rlserve.oip")

@@ -46,6 +46,8 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from kernel.errors import ConfigError, InvalidInput, RLServeError, internal_error, listed, quoted
+from kernel.json_shown import json_shown
 from serve import __version__
 from serve.dataplane.oip import shared_memory, tensors
 from serve.dataplane.oip.catalog import PLATFORM, Catalog, extensions, repository_index
@@ -56,8 +58,6 @@ from serve.dataplane.oip.proto import model_config_pb2 as config_pb
 from serve.dataplane.oip.shared_memory import PlacedInput
 from serve.dataplane.oip.signature import InferCall, RequestedOutput, config_dims
 from serve.dataplane.routing import Route
-from serve.errors import ConfigError, InvalidInput, RLServeError, internal_error, listed, quoted
-from serve.json_shown import json_shown
 from serve.status import grpc_status, grpc_trailers
 
 log = logging.getLogger("rlserve.grpc")

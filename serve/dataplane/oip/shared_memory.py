@@ -51,10 +51,10 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from kernel.errors import Conflict, InvalidInput, NotFound, Unsupported, quoted
+from kernel.json_shown import json_shown
 from serve.access import check_bearer
 from serve.dataplane.oip import tensors
-from serve.errors import Conflict, InvalidInput, NotFound, Unsupported, quoted
-from serve.json_shown import json_shown
 
 DIRECTORY = Path("/dev/shm")  # where Linux keeps POSIX shared-memory objects
 REGION = "shared_memory_region"

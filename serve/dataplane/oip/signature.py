@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from serve.contract import PolicyContract, TensorRole
+from kernel.contract import PolicyContract, TensorRole
+from kernel.errors import InvalidInput, listed, quoted
 from serve.dataplane.messages import InferenceRequest
 from serve.dataplane.oip.shared_memory import PlacedInput, Placement
 from serve.dataplane.oip.tensors import DTYPES, datatype_of
-from serve.errors import InvalidInput, listed, quoted
 from serve.types import Answer, OutputKind
 
 ACTIONS = "actions"

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from serve.errors import NAME_CHARACTERS, InvalidInput, MalformedRequest, quoted
+from kernel.errors import NAME_CHARACTERS, InvalidInput, MalformedRequest, quoted
 
 # Datatype -> little-endian numpy dtype. BF16 has no place in a policy's tensors; it is
 # refused by name. BYTES (variable-length strings) carries ids, not observations: a model

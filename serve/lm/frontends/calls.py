@@ -23,6 +23,7 @@ from typing import Any, TypeVar, cast
 import orjson
 from starlette.types import Message, Receive
 
+from kernel.errors import InvalidInput, NotFound, RLServeError, quoted
 from serve.dataplane.deadline import Deadline, LoopTurn, budget_ms
 from serve.dataplane.http_calls import (
     INLINE_BODY_BYTES,
@@ -36,7 +37,6 @@ from serve.dataplane.http_calls import (
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.routing import Route, Router
 from serve.dataplane.wire import decode_object, timeout_header_ms
-from serve.errors import InvalidInput, NotFound, RLServeError, quoted
 from serve.lm.messages import Generation, TokenEvent
 from serve.lm.model import LanguageModel
 from serve.lm.scheduling.generation_stream import GenerationStream

@@ -48,10 +48,10 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from kernel.errors import InvalidInput, RLServeError
+from kernel.json_shown import json_shown
 from serve.dataplane.http_calls import Disconnected, Exchange, allow, plain_error, stamp
 from serve.dataplane.kinds import ModelKind
-from serve.errors import InvalidInput, RLServeError
-from serve.json_shown import json_shown
 from serve.lm.frontends.calls import (
     SSE_HEADERS,
     Admitted,

@@ -25,8 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernel.errors import ErrorCode, RLServeError
 from serve.dataplane.http_calls import ErrorAnswer
-from serve.errors import ErrorCode, RLServeError
 from serve.lm.frontends.openai_requests import Endpoint
 from serve.lm.messages import GenerationResult, TokenEvent
 from serve.lm.sampling import Alternatives

@@ -29,8 +29,8 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from kernel.errors import InvalidInput, RLServeError, quoted
 from serve.dataplane.http_calls import Disconnected, Exchange, allow, stamp
-from serve.errors import InvalidInput, RLServeError, quoted
 from serve.lm.frontends.calls import (
     SSE_HEADERS,
     Admitted,

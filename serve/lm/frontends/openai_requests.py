@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from serve.errors import InvalidInput
-from serve.json_shown import json_shown
+from kernel.errors import InvalidInput
+from kernel.json_shown import json_shown
 from serve.lm.requests import MAX_CHOICES, choice_seed
 
 __all__ = ["MAX_PROMPTS", "Endpoint", "OpenAICall", "Options", "parse"]

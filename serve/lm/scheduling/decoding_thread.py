@@ -36,9 +36,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import cast
 
+from kernel.errors import InvalidInput, RLServeError, ServiceUnavailable, one_line
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.model import ServedModel, VersionSource
-from serve.errors import InvalidInput, RLServeError, ServiceUnavailable, one_line
 from serve.lm.batch import DecodeBatch
 from serve.lm.messages import Generation, GenerationResult, ScoreResult, Scoring
 from serve.lm.model import LanguageModel

@@ -18,7 +18,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
-from serve.errors import RLServeError
+from kernel.errors import RLServeError
 from serve.lm.messages import GenerationResult, TokenEvent
 
 __all__ = ["GenerationStream"]

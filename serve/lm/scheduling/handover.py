@@ -23,7 +23,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from serve.errors import RLServeError
+from kernel.errors import RLServeError
 from serve.lm.messages import Generation, GenerationResult, ScoreResult, Scoring, TokenEvent
 from serve.lm.scheduling.generation_record import StepRecord
 from serve.lm.scheduling.state import Control, SchedulerState, transition

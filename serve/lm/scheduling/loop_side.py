@@ -20,8 +20,8 @@ import math
 import time
 from dataclasses import dataclass
 
+from kernel.errors import DeadlineExceeded, QueueFull, RLServeError, ServiceUnavailable
 from serve.dataplane.scheduler import NOT_RUN
-from serve.errors import DeadlineExceeded, QueueFull, RLServeError, ServiceUnavailable
 from serve.lm.messages import Generation, GenerationResult, ScoreResult, Scoring, TokenEvent
 from serve.lm.scheduling.generation_record import GenerationSink, StepRecord
 from serve.lm.scheduling.generation_stream import GenerationStream

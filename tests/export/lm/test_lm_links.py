@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from export.lm import source
-from serve.errors import ExportError
+from kernel.errors import ExportError
 from tests.export.lm.conftest import LinkedExport, rlserve
 from tests.export.lm.tiny_models import TinyModels, orphan_adapter
 

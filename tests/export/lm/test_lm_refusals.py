@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 
 from export.lm import golden, parity, pipeline, source, vocabulary
-from serve.errors import ExportError
+from kernel.errors import ExportError
 from serve.lm import greedy
 from tests.export.lm.conftest import corrupted, rlserve
 from tests.export.lm.tiny_models import TinyModels, orphan_adapter

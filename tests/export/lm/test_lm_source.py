@@ -10,8 +10,8 @@ import pytest
 
 from export import writer
 from export.lm import eos, generation, source, training
-from serve.contract import Algorithm
-from serve.errors import ExportError
+from kernel.contract import Algorithm
+from kernel.errors import ExportError
 from tests.export.lm.tiny_models import TinyModels
 
 if TYPE_CHECKING:

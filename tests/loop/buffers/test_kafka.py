@@ -23,6 +23,7 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from kernel.errors import ConfigError
 from loop.buffers import open_consumer, open_producer
 from loop.buffers.base import BufferOptions, BufferUnavailable, Delivery, RecordTooLarge
 from loop.buffers.kafka import (
@@ -33,7 +34,6 @@ from loop.buffers.kafka import (
     parse_url,
 )
 from loop.experience import Deduplicator
-from serve.errors import ConfigError
 from tests.e2e.server import free_port
 from tests.loop.buffers.contract import (
     Backend,

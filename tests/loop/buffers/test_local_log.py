@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import zstandard
 
+from kernel.errors import ConfigError
 from loop.buffers import open_consumer, open_producer
 from loop.buffers.base import BufferOptions, BufferUnavailable, Producer
 from loop.buffers.local_log import HEADER, ZSTD, frame, frames
 from loop.experience import encode
-from serve.errors import ConfigError
 from tests.loop.buffers.contract import (
     Backend,
     BufferContract,

@@ -8,9 +8,9 @@ from uuid import uuid4
 
 import pytest
 
+from kernel.errors import ConfigError
 from loop.buffers import memory, open_consumer, open_producer
 from loop.buffers.base import BufferFull, BufferOptions
-from serve.errors import ConfigError
 from tests.loop.buffers.contract import Backend, BufferContract, episode, keys, stepped
 
 

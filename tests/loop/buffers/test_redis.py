@@ -14,6 +14,7 @@ import pytest
 import redis
 import zstandard
 
+from kernel.errors import ConfigError
 from loop.buffers import open_consumer, open_producer
 from loop.buffers.base import BufferOptions, BufferUnavailable
 from loop.buffers.redis_streams import (
@@ -23,7 +24,6 @@ from loop.buffers.redis_streams import (
     RedisProducer,
     parse_url,
 )
-from serve.errors import ConfigError
 from tests.e2e.server import free_port
 from tests.loop.buffers.contract import (
     Backend,

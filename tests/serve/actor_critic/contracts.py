@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serve.contract import PolicyContract
+from kernel.contract import PolicyContract
 
 
 def contract(observation_space: dict[str, Any], action_space: dict[str, Any]) -> PolicyContract:

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kernel.errors import InvalidInput
+from kernel.spaces import Box, Dict, ObservationBounds, parse_observations
 from serve.actor_critic.validation import ObservationValidator
-from serve.errors import InvalidInput
-from serve.spaces import Box, Dict, ObservationBounds, parse_observations
 from tests.serve.actor_critic.contracts import contract
 from tests.serve.actor_critic.test_validation import (
     BOUNDED,

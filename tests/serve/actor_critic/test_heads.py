@@ -1,6 +1,6 @@
 """Policy heads over a whole batch: sampled actions, log-probabilities, given actions.
 
-The reference is ``serve.distributions`` applied to one request's rows alone, as the
+The reference is ``kernel.distributions`` applied to one request's rows alone, as the
 server computed answers before heads were vectorised: a batch must not change them."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kernel.distributions import Categorical, DiagGaussian, MultiCategorical
 from serve.actor_critic.heads import PolicyHeads
 from serve.actor_critic.validation import DEFAULT_OPTIONS, predict_options
 from serve.dataplane.messages import Prepared
-from serve.distributions import Categorical, DiagGaussian, MultiCategorical
 from serve.types import Outputs
 from tests.serve.actor_critic.contracts import contract
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kernel.errors import InvalidInput
+from kernel.spaces import Discrete, MultiDiscrete
 from serve.actor_critic.masks import ActionMasks
-from serve.errors import InvalidInput
-from serve.spaces import Discrete, MultiDiscrete
 
 
 def test_a_single_mask_and_a_batch_of_them_become_bool_rows() -> None:

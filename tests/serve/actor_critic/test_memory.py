@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kernel.errors import InvalidInput
 from serve.actor_critic.memory import MemoryInputs
-from serve.errors import InvalidInput
 
 SIZE = 4
 

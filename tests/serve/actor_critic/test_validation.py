@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kernel.errors import InvalidInput
+from kernel.spaces import ObservationBatch, ObservationBounds, parse_observations
 from serve.actor_critic.validation import DEFAULT_OPTIONS, ObservationValidator, predict_options
-from serve.errors import InvalidInput
-from serve.spaces import ObservationBatch, ObservationBounds, parse_observations
 from serve.types import OutputKind
 from tests.serve.actor_critic.contracts import contract
 

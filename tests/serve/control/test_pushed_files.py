@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from kernel.errors import InvalidInput, PayloadTooLarge
 from serve.control import pushed_files
-from serve.errors import InvalidInput, PayloadTooLarge
 
 LIMIT = 1024
 

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from kernel.errors import ConfigError
 from serve import config
 from serve.control import repository, single_file
-from serve.errors import ConfigError
 
 DEMO_VERSION = Path(__file__).resolve().parents[3] / "examples/model_repository/cartpole/1"
 

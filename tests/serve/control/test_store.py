@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from kernel.errors import Conflict
 from serve.control import store
 from serve.control.store import ServingState
-from serve.errors import Conflict
 
 
 def sha(data: bytes) -> str:

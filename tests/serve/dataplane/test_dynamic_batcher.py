@@ -11,19 +11,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from serve.control.lifecycle import ModelLifeCycle
-from serve.dataplane import dynamic_batcher
-from serve.dataplane.dynamic_batcher import DynamicBatchScheduler, Life, Phase
-from serve.dataplane.messages import InferenceResponse
-from serve.dataplane.model import as_rows
-from serve.dataplane.scheduler import Load
-from serve.errors import (
+from kernel.errors import (
     DeadlineExceeded,
     InvalidInput,
     QueueFull,
     RLServeError,
     ServiceUnavailable,
 )
+from serve.control.lifecycle import ModelLifeCycle
+from serve.dataplane import dynamic_batcher
+from serve.dataplane.dynamic_batcher import DynamicBatchScheduler, Life, Phase
+from serve.dataplane.messages import InferenceResponse
+from serve.dataplane.model import as_rows
+from serve.dataplane.scheduler import Load
 from tests.serve.dataplane.fakes import (
     EchoModel,
     Records,

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 import redis
 
+from kernel.contract import PolicyContract
+from kernel.errors import ContractError, InvalidInput, ServiceUnavailable
+from kernel.spaces import Box, Dict, Discrete
 from serve.config import FeatureView
-from serve.contract import PolicyContract
 from serve.control.repository import check_view
 from serve.dataplane import features
 from serve.dataplane.deadline import Deadline
-from serve.errors import ContractError, InvalidInput, ServiceUnavailable
 from serve.metrics import Metrics
-from serve.spaces import Box, Dict, Discrete
 from tests.e2e.server import free_port
 from tests.redis_server import RedisServer, running_redis
 

@@ -9,9 +9,9 @@ import numpy as np
 import orjson
 import pytest
 
+from kernel.errors import InvalidInput, MalformedRequest
 from serve.dataplane.http import PARAMETERS
 from serve.dataplane.json_body import MAX_DEPTH, PredictBodyDecoder
-from serve.errors import InvalidInput, MalformedRequest
 
 
 @pytest.fixture

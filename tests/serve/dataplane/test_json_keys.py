@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from kernel.errors import MalformedRequest
 from serve.dataplane.json_keys import refuse_repeated_keys
-from serve.errors import MalformedRequest
 
 
 @pytest.mark.parametrize(

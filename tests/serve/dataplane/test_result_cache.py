@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import redis
 
+from kernel.errors import ConfigError
 from serve import config
 from serve.control import repository
 from serve.dataplane.json_body import PredictBodyDecoder
@@ -27,7 +28,6 @@ from serve.dataplane.result_cache import (
     ResultCache,
     cache_key,
 )
-from serve.errors import ConfigError
 from serve.metrics import Metrics
 from tests.e2e.server import free_port
 from tests.redis_server import RedisServer, running_redis

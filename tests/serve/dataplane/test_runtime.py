@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from bench import gpu_models
+from kernel.errors import ConfigError
 from serve import config
 from serve.commands import serve as serve_command
 from serve.dataplane import runtime
 from serve.dataplane.runtime import CPU, CUDA, TENSORRT, Execution
-from serve.errors import ConfigError
 
 CARTPOLE = Path(__file__).parents[3] / "examples" / "model_repository" / "cartpole" / "1"
 

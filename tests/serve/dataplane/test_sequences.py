@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kernel.errors import Conflict, InvalidInput, QueueFull
 from serve.dataplane.messages import SequenceStep
 from serve.dataplane.sequences import SequenceTable
-from serve.errors import Conflict, InvalidInput, QueueFull
 
 SIZE = 3
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve.errors import InvalidInput
+from kernel.errors import InvalidInput
 from serve.lm.requests import choice_seed, generation_spec, generation_specs, score_spec
 from tests.serve.lm import fakes
 

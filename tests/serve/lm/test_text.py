@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from serve.errors import InvalidInput, ModelLoadError
+from kernel.errors import InvalidInput, ModelLoadError
 from serve.lm.text import Detokenizer, StopStrings, TextCodec
 from tests.serve.lm import fakes
 

@@ -12,6 +12,7 @@ import orjson
 import pytest
 import tritonclient.http as triton
 
+from kernel.errors import InvalidInput, MalformedRequest
 from serve.dataplane.http_calls import Call
 from serve.dataplane.messages import InferenceResponse
 from serve.dataplane.oip.infer import InferAnswer
@@ -19,7 +20,6 @@ from serve.dataplane.oip.rest import V2Path, decode_infer, encode_infer, match
 from serve.dataplane.oip.shared_memory import Placement
 from serve.dataplane.oip.signature import InferCall, OutputTensor, RequestedOutput
 from serve.dataplane.oip.tensors import DTYPES
-from serve.errors import InvalidInput, MalformedRequest
 
 DEFAULT_MS = 1000.0
 SHA = "ab" * 32

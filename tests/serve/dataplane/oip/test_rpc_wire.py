@@ -12,6 +12,7 @@ import pytest
 from tritonclient.grpc import InferResult
 from tritonclient.grpc import service_pb2 as triton_pb
 
+from kernel.errors import InvalidInput, MalformedRequest
 from serve.dataplane.messages import InferenceResponse
 from serve.dataplane.oip.infer import InferAnswer
 from serve.dataplane.oip.proto import inference_pb2 as pb
@@ -24,7 +25,6 @@ from serve.dataplane.oip.rpc import (
 from serve.dataplane.oip.shared_memory import Placement
 from serve.dataplane.oip.signature import InferCall, OutputTensor, RequestedOutput
 from serve.dataplane.oip.tensors import DTYPES
-from serve.errors import InvalidInput, MalformedRequest
 
 SHA = "cd" * 32
 OBS: np.ndarray = np.arange(8, dtype=np.float32).reshape(2, 4) / 7

@@ -11,6 +11,14 @@ import numpy as np
 import pytest
 from pydantic import SecretStr
 
+from kernel.errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    Unauthorized,
+    Unsupported,
+)
 from serve.dataplane.oip.shared_memory import (
     DIRECTORY,
     PlacedInput,
@@ -18,14 +26,6 @@ from serve.dataplane.oip.shared_memory import (
     SharedMemory,
     placement,
     shm_name,
-)
-from serve.errors import (
-    Conflict,
-    Forbidden,
-    InvalidInput,
-    NotFound,
-    Unauthorized,
-    Unsupported,
 )
 
 Make = Callable[[int], str]

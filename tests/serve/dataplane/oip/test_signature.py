@@ -14,10 +14,13 @@ import onnxruntime as ort
 import pytest
 
 from export.actor_critic.tensors import input_specs, output_specs
-from serve import config, contract
+from kernel import contract
+from kernel.contract import PolicyContract
+from kernel.errors import InvalidInput
+from kernel.spaces import Dict, ObservationBounds
+from serve import config
 from serve.actor_critic.validation import ObservationValidator
 from serve.config import ModelSettings
-from serve.contract import PolicyContract
 from serve.control.repository import load_file
 from serve.dataplane.messages import InferenceRequest
 from serve.dataplane.model import RowModel, as_rows
@@ -28,8 +31,6 @@ from serve.dataplane.oip.signature import (
     Signature,
     TensorMetadata,
 )
-from serve.errors import InvalidInput
-from serve.spaces import Dict, ObservationBounds
 from serve.types import Answer
 from tests.serve.actor_critic.contracts import contract as hand_written
 from tests.serve.inprocess import REPOSITORY

@@ -11,9 +11,9 @@ import numpy as np
 import orjson
 import pytest
 
+from kernel.errors import InvalidInput, MalformedRequest
 from serve.dataplane.oip import tensors
 from serve.dataplane.oip.tensors import DTYPES, MAX_DIMS, MAX_ELEMENTS
-from serve.errors import InvalidInput, MalformedRequest
 
 INTEGERS = [name for name, dtype in DTYPES.items() if dtype.kind in "iu"]
 FLOATS = [name for name, dtype in DTYPES.items() if dtype.kind == "f"]

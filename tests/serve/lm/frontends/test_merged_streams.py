@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from serve.errors import DeadlineExceeded
+from kernel.errors import DeadlineExceeded
 from serve.lm.frontends.merged_streams import Finished, Tokens, Turn, merged
 from serve.lm.messages import FinishReason, GenerationResult, TokenEvent
 from serve.lm.scheduling.generation_stream import GenerationStream

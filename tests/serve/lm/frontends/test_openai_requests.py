@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from serve.errors import InvalidInput, NotFound, QueueFull
+from kernel.errors import InvalidInput, NotFound, QueueFull
 from serve.lm.frontends.openai_answers import error
 from serve.lm.frontends.openai_http import match
 from serve.lm.frontends.openai_requests import MAX_PROMPTS, Endpoint, OpenAICall, parse

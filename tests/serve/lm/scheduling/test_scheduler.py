@@ -11,19 +11,19 @@ from typing import Any, cast
 
 import pytest
 
-from serve.config import ModelSettings
-from serve.control.lifecycle import ModelLifeCycle
-from serve.dataplane.kinds import ModelKind
-from serve.dataplane.model import ServedModel
-from serve.dataplane.routing import Route
-from serve.dataplane.scheduler import Scheduler
-from serve.errors import (
+from kernel.errors import (
     DeadlineExceeded,
     InvalidInput,
     QueueFull,
     RLServeError,
     ServiceUnavailable,
 )
+from serve.config import ModelSettings
+from serve.control.lifecycle import ModelLifeCycle
+from serve.dataplane.kinds import ModelKind
+from serve.dataplane.model import ServedModel
+from serve.dataplane.routing import Route
+from serve.dataplane.scheduler import Scheduler
 from serve.lm.messages import FinishReason, GenerationSpec, ScoreSpec
 from serve.lm.model import LanguageModel
 from serve.lm.scheduling.generation_record import StepRecord

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from serve.errors import InvalidInput
-from serve.json_shown import json_shown
+from kernel.errors import InvalidInput
+from kernel.json_shown import json_shown
 
 MAX_CHARACTERS = 128
 
