@@ -19,7 +19,7 @@ from export.actor_critic.observations import count
 from export.actor_critic.source import Observations, PolicySource, SampledLogProb
 from export.actor_critic.tensors import NEXT_STATE_OUTPUT, graph_feeds
 from export.runner import Runner
-from serve.actor_critic.memory import Memory
+from kernel.memory import Memory
 
 LANES = 8
 RESTART = 0.1

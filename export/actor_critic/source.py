@@ -23,8 +23,8 @@ from kernel.contract import (
     StateLayout,
     TensorSpec,
 )
+from kernel.memory import Memory
 from kernel.spaces import Dict, Leaf
-from serve.actor_critic.memory import Memory
 
 # Raw environment observations, one array per leaf key (None: a space that is not a Dict).
 Observations = dict[str | None, np.ndarray]

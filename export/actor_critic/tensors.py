@@ -16,6 +16,7 @@ import numpy as np
 
 from kernel.contract import StateLayout, TensorRole, TensorSpec
 from kernel.distributions import DistributionKind
+from kernel.memory import Memory
 from kernel.spaces import (
     Box,
     Dict,
@@ -27,7 +28,6 @@ from kernel.spaces import (
     leaf_shape,
     leaves,
 )
-from serve.actor_critic.memory import Memory
 
 BATCH = "batch"
 MASK_INPUT = "action_mask"

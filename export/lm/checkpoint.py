@@ -18,7 +18,7 @@ from typing import Any
 
 from export.lm import confinement
 from kernel.errors import ExportError
-from serve.lm.contract import SIDE_FILES
+from kernel.lm.contract import SIDE_FILES
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 MERGEABLE_ADAPTERS = ("LORA",)

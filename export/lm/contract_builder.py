@@ -12,14 +12,14 @@ from export.lm.golden import Prompt, PromptKind, Reference
 from export.lm.graph import CacheShape
 from export.lm.source import CausalLM
 from kernel.contract import Exporter
-from serve import __version__
-from serve.lm.contract import (
+from kernel.lm.contract import (
     SCHEMA,
     CacheLayout,
     DecoderTensors,
     GoldenPrompt,
     LanguageModelContract,
 )
+from serve import __version__
 
 
 def draft(

@@ -1,6 +1,6 @@
 """Generation defaults (what a request gets when it does not say), from generation_config.json.
 
-Only the keys the file sets override :class:`serve.lm.contract.GenerationDefaults`; the file
+Only the keys the file sets override :class:`kernel.lm.contract.GenerationDefaults`; the file
 itself is copied beside the model as it was.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from export.lm.checkpoint import SideFile
 from kernel.errors import ExportError
-from serve.lm.contract import GenerationDefaults
+from kernel.lm.contract import GenerationDefaults
 
 FILE = "generation_config.json"
 _KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "do_sample")

@@ -15,7 +15,7 @@ from typing import Any
 
 from export.lm import vocabulary
 from kernel.errors import ExportError
-from serve.lm.contract import PromptEncoding
+from kernel.lm.contract import PromptEncoding
 
 _TEXTS = (
     "The",

@@ -3,7 +3,7 @@
 onnxruntime's ``GroupQueryAttention`` runs a layer's attention, rotary embedding and cache
 update in one node (the ``torch.onnx`` graph of ``export/lm/graph.py`` spells them out in
 about 150 small nodes, and on a small model their overhead is most of a decoding step). Its
-cache layout is ``sequence_lengths`` (``serve.lm.contract.CacheLayout``): a row's tokens are
+cache layout is ``sequence_lengths`` (``kernel.lm.contract.CacheLayout``): a row's tokens are
 its first ``sum(attention_mask)`` columns, positions come from that count (no
 ``position_ids`` input), and a step writes each row's new key and value at its own length.
 So rows of any lengths still decode in one call.
@@ -26,13 +26,13 @@ from typing import Any
 import numpy as np
 
 from kernel.errors import ExportError
-from serve.lm.contract import DecoderTensors
+from kernel.lm.contract import DecoderTensors
 
 # Architectures the builder is asked for, by the name the model's config gives.
 FAMILIES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 TENSORS = DecoderTensors(position_ids=None)
 BUILD_TIMEOUT_S = 1800.0
-# The builder's names for the dynamic sizes -> the contract's (serve.lm.contract).
+# The builder's names for the dynamic sizes -> the contract's (kernel.lm.contract).
 _DIMS = {
     "batch_size": "batch",
     "sequence_length": "sequence",

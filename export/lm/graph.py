@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from export.onnx_export import quiet
 from kernel.errors import ExportError, one_line
-from serve.lm.contract import DecoderTensors
+from kernel.lm.contract import DecoderTensors
 
 OPSET = 18
 _EXAMPLE = {"batch": 2, "sequence": 3, "past": 4}  # sizes 0 and 1 would be specialised

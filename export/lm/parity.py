@@ -1,6 +1,6 @@
 """The parity gate: onnxruntime must decode what transformers decodes, or nothing is written.
 
-For every prompt: greedy decoding on onnxruntime (:mod:`serve.lm.greedy`, the decoder the
+For every prompt: greedy decoding on onnxruntime (:mod:`kernel.lm.greedy`, the decoder the
 server re-runs at load) must give exactly the tokens ``transformers.generate`` gave; the
 log-probs of those tokens, and of a given completion scored in one pass, must agree within
 ``atol`` (absolute, natural log); and the ``tokenizers`` library alone, reading the
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from export.lm.golden import Prompt, PromptKind, Reference
-from serve.lm import greedy
-from serve.lm.contract import CacheLayout, LanguageModelContract
-from serve.lm.greedy import Runner, empty_cache, forward
-from serve.lm.sampling import log_softmax
+from kernel.lm import greedy
+from kernel.lm.contract import CacheLayout, LanguageModelContract
+from kernel.lm.greedy import Runner, empty_cache, forward
+from kernel.lm.sampling import log_softmax
 
 _BATCH_ROWS = 3
 

@@ -23,8 +23,8 @@ from export.lm.source import CausalLM, quiet_transformers
 from export.runner import runner
 from kernel.contract import METADATA_KEY
 from kernel.errors import ContractError, ExportError
-from serve.lm import greedy
-from serve.lm.contract import (
+from kernel.lm import greedy
+from kernel.lm.contract import (
     TOKENIZER_FILE,
     CacheLayout,
     DecoderTensors,

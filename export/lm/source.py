@@ -19,7 +19,7 @@ from export.lm import checkpoint, generation, training
 from export.lm.checkpoint import Checkpoint, SideFile
 from kernel.contract import Algorithm
 from kernel.errors import ExportError, one_line
-from serve.lm.contract import Adapter, LanguageModelSource
+from kernel.lm.contract import Adapter, LanguageModelSource
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from kernel.errors import ExportError
-from serve.lm.contract import PromptEncoding
+from kernel.lm.contract import PromptEncoding
 
 _PROBE = "Hello world"
 _SPECIAL = ("bos_token", "eos_token", "pad_token", "unk_token")

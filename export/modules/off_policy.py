@@ -30,8 +30,8 @@ from export.actor_critic.source import Observations, SampledLogProb
 from export.actor_critic.tensors import parameter_width
 from kernel.contract import Algorithm
 from kernel.errors import ExportError
+from kernel.memory import Memory
 from kernel.spaces import Box, Discrete, Leaf, sample
-from serve.actor_critic.memory import Memory
 
 OFF_POLICY = (Algorithm.SAC, Algorithm.TD3, Algorithm.DDPG, Algorithm.DQN)
 _PROBE_BATCH = 2

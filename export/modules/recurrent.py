@@ -32,8 +32,8 @@ from export.modules.reference import answered, module_input, sampled
 from kernel.contract import StateLayout, StateSegment
 from kernel.distributions import DistributionKind
 from kernel.errors import ExportError
+from kernel.memory import Memory
 from kernel.spaces import Leaf
-from serve.actor_critic.memory import Memory
 
 
 def the_lstm(module: nn.Module, attr: str) -> nn.LSTM:

@@ -19,8 +19,8 @@ from export.actor_critic.normalization import NormStats
 from export.actor_critic.source import Observations, SampledLogProb
 from export.modules import distributions
 from kernel.distributions import DistributionKind
+from kernel.memory import Memory
 from kernel.spaces import Box, Leaf
-from serve.actor_critic.memory import Memory
 
 
 @dataclass(frozen=True)

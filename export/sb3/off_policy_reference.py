@@ -20,7 +20,7 @@ import torch
 from export.actor_critic.source import Observations, SampledLogProb
 from export.sb3.checkpoint import PolicyFamily
 from export.sb3.reference import policy_input
-from serve.actor_critic.memory import Memory
+from kernel.memory import Memory
 
 
 @dataclass(frozen=True)

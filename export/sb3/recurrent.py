@@ -38,7 +38,7 @@ from export.actor_critic.source import Observations, SampledLogProb
 from export.sb3.graph import sb3_observation
 from export.sb3.reference import policy_input
 from kernel.contract import StateLayout, StateSegment
-from serve.actor_critic.memory import Memory
+from kernel.memory import Memory
 
 
 def state_layout(policy: Any) -> StateLayout:

@@ -16,7 +16,7 @@ import torch
 
 from export.actor_critic.graph import ILLEGAL_LOGIT
 from export.actor_critic.source import Observations, SampledLogProb
-from serve.actor_critic.memory import Memory
+from kernel.memory import Memory
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ instead, with the parameters Triton's sequence batcher reads:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,6 +35,7 @@ import numpy as np
 from kernel.errors import InvalidInput
 from kernel.identifiers import MAX_CHARACTERS, identifier
 from kernel.json_shown import json_shown
+from kernel.memory import Memory
 from serve.dataplane.messages import SequenceStep
 
 STATE = "state"
@@ -45,18 +45,6 @@ SEQUENCE_START = "sequence_start"
 SEQUENCE_END = "sequence_end"
 SEQUENCE_OWNER = "sequence_owner"
 SEQUENCE_PARAMETERS = (SEQUENCE_ID, SEQUENCE_START, SEQUENCE_END, SEQUENCE_OWNER)
-
-
-@dataclass(frozen=True)
-class Memory:
-    """A recurrent policy's memory as its graph takes it, beside each observation: the
-    state, and whether the observation starts an episode (the state is then zeroed)."""
-
-    state: np.ndarray  # float32 [rows, size]
-    episode_start: np.ndarray  # bool [rows]
-
-    def rows(self, index: np.ndarray | slice) -> Memory:
-        return Memory(self.state[index], self.episode_start[index])
 
 
 class MemoryInputs:

@@ -1,7 +1,7 @@
 """``rlserve verify MODEL.onnx``: re-run the contract's golden checks with onnxruntime alone.
 
 An actor-critic's golden vectors are fed through the graph; a language model's golden
-prompts are decoded greedily (``serve.lm.greedy``, numpy) and must give the recorded tokens
+prompts are decoded greedily (``kernel.lm.greedy``, numpy) and must give the recorded tokens
 and log-probs, and its tokenizer beside ``model.onnx`` must load, as the server checks when
 it loads the version. Neither needs torch or transformers.
 """
@@ -16,11 +16,11 @@ import numpy as np
 
 from kernel import contract
 from kernel.errors import ModelLoadError
+from kernel.lm import contract as lm_contract
+from kernel.lm import greedy
 from serve.cli.arguments import add_arguments as add_dataclass_arguments
 from serve.cli.arguments import arg, from_namespace
 from serve.commands import inspect
-from serve.lm import contract as lm_contract
-from serve.lm import greedy
 
 NAME = "verify"
 HELP = "prove a model file intact: re-run its golden vectors (or prompts) with onnxruntime alone"

@@ -30,6 +30,7 @@ from typing import cast
 from kernel import contract
 from kernel.contract import PolicyContract
 from kernel.errors import ConfigError, ContractError, ModelLoadError
+from kernel.lm import contract as lm_contract
 from kernel.spaces import Box, Dict, Leaf, Space
 from serve.actor_critic.policy import ActorCriticPolicy, action_session
 from serve.config import (
@@ -43,7 +44,6 @@ from serve.dataplane.batching import buckets_for
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.model import ServedModel
 from serve.dataplane.runtime import Session, create_session
-from serve.lm import contract as lm_contract
 from serve.lm.model import LanguageModel
 from serve.versions import parse_version
 

@@ -18,10 +18,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from serve.lm.cache import KVCache
-from serve.lm.decoder import Decoder
-from serve.lm.messages import PromptLogProbs, TokenEvent
-from serve.lm.sampling import (
+from kernel.lm.sampling import (
     Alternatives,
     Position,
     Sampler,
@@ -31,6 +28,9 @@ from serve.lm.sampling import (
     log_softmax,
     top_alternatives,
 )
+from serve.lm.cache import KVCache
+from serve.lm.decoder import Decoder
+from serve.lm.messages import PromptLogProbs, TokenEvent
 from serve.lm.sequence import DecodingSequence
 
 __all__ = ["DecodeBatch"]

@@ -14,7 +14,7 @@ A batch holds its cache in a :class:`BatchCache`: rows join (each a prefill's ow
 The rest of this module is :class:`KVCache`, plain numpy arrays.
 
 Each layer's keys and values are ``[rows, kv_heads, columns, head_dim]``. Where a row's
-``lengths[row]`` real tokens sit is the graph's :class:`~serve.lm.contract.CacheLayout`:
+``lengths[row]`` real tokens sit is the graph's :class:`~kernel.lm.contract.CacheLayout`:
 
 - ``left_padded``: a row's real tokens are its *last* ``lengths[row]`` columns, and the
   columns before them are zeros that the attention mask hides. Every row's next token goes
@@ -43,7 +43,7 @@ from typing import Protocol
 
 import numpy as np
 
-from serve.lm.contract import CacheLayout
+from kernel.lm.contract import CacheLayout
 
 __all__ = ["BatchCache", "CopiedCache", "KVCache", "merge"]
 

@@ -3,7 +3,7 @@
 :class:`Decoder` is what the continuous-batching scheduler needs: prefill one prompt, a
 batch's cache that steps its rows by one token, run whole rows for scoring.
 :class:`GraphDecoder` implements it over the contract's graph interface
-(``serve.lm.contract``) with any ``feeds -> outputs`` callable (an onnxruntime session's
+(``kernel.lm.contract``) with any ``feeds -> outputs`` callable (an onnxruntime session's
 ``run``), and a binder where the session can run over arrays in place (the CPU); tests
 implement it without a graph.
 
@@ -20,10 +20,10 @@ from typing import Protocol
 
 import numpy as np
 
+from kernel.lm.contract import CacheLayout, LanguageModelContract
+from kernel.lm.greedy import Runner
 from serve.dataplane.runtime import Binder
 from serve.lm.cache import BatchCache, CopiedCache, KVCache
-from serve.lm.contract import CacheLayout, LanguageModelContract
-from serve.lm.greedy import Runner
 from serve.lm.slots import SlotCache
 
 __all__ = ["CacheStorage", "Decoder", "GraphDecoder"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from serve.lm.sampling import Alternatives, SamplingParams
+from kernel.lm.sampling import Alternatives, SamplingParams
 
 __all__ = [
     "CompletionScore",

@@ -3,7 +3,7 @@
 Built by :meth:`LanguageModel.load` from a version directory (``model.onnx`` and the
 tokenizer beside it) once its session exists: the contract is read from the session's
 metadata, the tokenizer loaded, and the golden prompts decoded greedily
-(``serve.lm.greedy.check_golden``); any failure is a ModelLoadError.
+(``kernel.lm.greedy.check_golden``); any failure is a ModelLoadError.
 
 A version checks and tokenizes the calls routed to it (:meth:`LanguageModel.
 prepare_generation`, :meth:`LanguageModel.prepare_scoring`): the prompt must leave room for
@@ -27,14 +27,14 @@ import numpy as np
 
 from kernel.contract import METADATA_KEY
 from kernel.errors import ContractError, InvalidInput, ModelLoadError, quoted
+from kernel.lm import contract as lm_contract
+from kernel.lm import greedy
+from kernel.lm.contract import LanguageModelContract
+from kernel.lm.sampling import SamplingParams
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.runtime import ProviderReport, Session
-from serve.lm import contract as lm_contract
-from serve.lm import greedy
-from serve.lm.contract import LanguageModelContract
 from serve.lm.decoder import Decoder, GraphDecoder
 from serve.lm.messages import Generation, GenerationSpec, ScoreSpec, Scoring
-from serve.lm.sampling import SamplingParams
 from serve.lm.sequence import DecodingSequence
 from serve.lm.text import TextCodec
 

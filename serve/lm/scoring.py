@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernel.lm.sampling import chosen_log_probs, log_softmax, top_alternatives
 from serve.lm.decoder import Decoder
 from serve.lm.messages import CompletionScore, Scoring
-from serve.lm.sampling import chosen_log_probs, log_softmax, top_alternatives
 
 __all__ = ["score"]
 

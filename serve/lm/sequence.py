@@ -11,8 +11,8 @@ once, at the end, and the events carry none.
 
 from __future__ import annotations
 
+from kernel.lm.sampling import Alternatives, Sampler
 from serve.lm.messages import FinishReason, Generation, PromptLogProbs, TokenEvent
-from serve.lm.sampling import Alternatives, Sampler
 from serve.lm.text import Detokenizer, StopStrings, TextCodec
 
 __all__ = ["DecodingSequence"]

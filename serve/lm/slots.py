@@ -35,9 +35,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from kernel.lm.contract import LanguageModelContract
 from serve.dataplane.runtime import Binder
 from serve.lm.cache import KVCache
-from serve.lm.contract import LanguageModelContract
 
 __all__ = ["SlotCache"]
 

@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 from kernel.errors import InvalidInput, ModelLoadError, one_line
-from serve.lm.contract import LanguageModelContract, PromptEncoding
+from kernel.lm.contract import LanguageModelContract, PromptEncoding
 
 __all__ = ["ChatMessage", "Detokenizer", "StopStrings", "TextCodec"]
 

@@ -50,6 +50,7 @@ from starlette.types import Receive, Scope, Send
 
 from kernel.errors import InvalidInput, RLServeError
 from kernel.json_shown import json_shown
+from kernel.lm.sampling import Alternatives
 from serve.dataplane.http_calls import Disconnected, Exchange, allow, plain_error, stamp
 from serve.dataplane.kinds import ModelKind
 from serve.lm.frontends.calls import (
@@ -70,7 +71,6 @@ from serve.lm.messages import (
     TokenEvent,
 )
 from serve.lm.requests import generation_specs, score_spec
-from serve.lm.sampling import Alternatives
 from serve.lm.scheduling.generation_stream import GenerationStream
 from serve.lm.text import TextCodec
 from serve.status import http_status

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernel.errors import ErrorCode, RLServeError
+from kernel.lm.sampling import Alternatives
 from serve.dataplane.http_calls import ErrorAnswer
 from serve.lm.frontends.openai_requests import Endpoint
 from serve.lm.messages import GenerationResult, TokenEvent
-from serve.lm.sampling import Alternatives
 from serve.lm.text import Detokenizer, TextCodec
 from serve.status import http_status
 

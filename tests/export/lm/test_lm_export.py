@@ -15,8 +15,8 @@ import pytest
 
 from export.lm import contract_builder, golden, pipeline, source
 from export.lm.golden import PromptKind
-from serve.lm import greedy
-from serve.lm.contract import CacheLayout, DecoderTensors, LanguageModelContract, PromptEncoding
+from kernel.lm import greedy
+from kernel.lm.contract import CacheLayout, DecoderTensors, LanguageModelContract, PromptEncoding
 from tests.export.lm.conftest import CliRun
 from tests.export.lm.tiny_models import TinyModels
 

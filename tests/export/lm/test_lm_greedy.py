@@ -1,4 +1,4 @@
-"""serve.lm.greedy on a written model: EOS and context stops, the KV cache against one pass,
+"""kernel.lm.greedy on a written model: EOS and context stops, the KV cache against one pass,
 and golden checks that fail when the model or the record is wrong."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import onnxruntime as ort
 import pytest
 
 from export.lm import pipeline
-from serve.lm import greedy
-from serve.lm.contract import GoldenPrompt, LanguageModelContract
+from kernel.lm import greedy
+from kernel.lm.contract import GoldenPrompt, LanguageModelContract
 
 
 @pytest.fixture(scope="module")

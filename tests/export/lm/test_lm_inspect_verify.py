@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from serve.lm import contract as lm_contract
+from kernel.lm import contract as lm_contract
 from tests.export.lm.conftest import LinkedExport, corrupted, rlserve
 
 # `rlserve verify` in an interpreter where importing torch or transformers fails.

@@ -11,7 +11,7 @@ import pytest
 
 from export.lm import golden, parity, pipeline, source, vocabulary
 from kernel.errors import ExportError
-from serve.lm import greedy
+from kernel.lm import greedy
 from tests.export.lm.conftest import corrupted, rlserve
 from tests.export.lm.tiny_models import TinyModels, orphan_adapter
 

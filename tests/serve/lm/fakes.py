@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
+from kernel.lm.contract import CacheLayout, LanguageModelContract
 from serve.dataplane.runtime import ProviderReport
 from serve.lm.cache import BatchCache, CopiedCache, KVCache
-from serve.lm.contract import CacheLayout, LanguageModelContract
 from serve.lm.model import LanguageModel
 from serve.lm.text import TextCodec
 

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import numpy as np
 
+from kernel.lm.sampling import log_softmax, top_alternatives
 from serve.lm.batch import DecodeBatch
 from serve.lm.messages import Generation
-from serve.lm.sampling import log_softmax, top_alternatives
 from serve.lm.sequence import DecodingSequence
 from tests.serve.lm import fakes
 from tests.serve.lm.test_sequence import generation

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kernel.lm.contract import CacheLayout
 from serve.lm.batch import DecodeBatch
 from serve.lm.cache import KVCache, merge
-from serve.lm.contract import CacheLayout
 from serve.lm.messages import FinishReason
 from tests.serve.lm import fakes
 from tests.serve.lm.test_sequence import generation

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serve.lm.sampling import (
+from kernel.lm.sampling import (
     Position,
     Sampler,
     SamplingParams,

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import pytest
 
+from kernel.lm.sampling import SamplingParams
 from serve.lm.messages import FinishReason, Generation, GenerationSpec
 from serve.lm.model import LanguageModel
-from serve.lm.sampling import SamplingParams
 from tests.serve.lm import fakes
 
 

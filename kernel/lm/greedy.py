@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from serve.lm.contract import GoldenPrompt, LanguageModelContract
-from serve.lm.sampling import log_softmax
+from kernel.lm.contract import GoldenPrompt, LanguageModelContract
+from kernel.lm.sampling import log_softmax
 
 __all__ = ["Runner", "check_golden", "empty_cache", "greedy", "score"]
 
