@@ -13,7 +13,7 @@ import tritonclient.grpc as triton_grpc
 from serve.client import PolicyClient
 from tests.e2e.server import free_port
 from tests.load.conftest import DEMO_REPOSITORY
-from tests.load.gunicorn_server import start_gunicorn, stop_gunicorn, worker_pids
+from tests.load.gunicorn_server import WORKERS, start_gunicorn, stop_gunicorn, worker_pids
 
 TOKEN = "gunicorn-grpc-token"
 
@@ -35,8 +35,11 @@ def test_every_worker_serves_grpc_and_follows_updates(tmp_path: Path) -> None:
     server = start_gunicorn(repo, tmp_path, RLSERVE_GRPC_PORT=str(port), RLSERVE_ADMIN_TOKEN=TOKEN)
     url = f"127.0.0.1:{port}"
     try:
-        listening = server.output().count("gRPC listening on")
-        assert listening == len(worker_pids(server))
+        # each worker logs it once its gRPC server is up, which may come after its "ready"
+        server.wait_until(
+            lambda _: server.output().count("gRPC listening on") == WORKERS, 30, "gRPC in both"
+        )
+        assert len(worker_pids(server)) == WORKERS
         assert versions_over_new_connections(url, 10) == {"1"}
         with PolicyClient(server.url, admin_token=TOKEN) as admin:
             pushed = admin.push("cartpole", 2, DEMO_REPOSITORY / "cartpole" / "1" / "model.onnx")
