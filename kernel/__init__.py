@@ -9,3 +9,5 @@ and its codes (``errors``), and how client input is quoted in messages (``json_s
 It imports nothing else of ours (an import contract of pyproject.toml says so), and
 nothing heavy: numpy and pydantic.
 """
+
+__version__ = "0.1.0"  # the distribution's (rlserve): written into every contract

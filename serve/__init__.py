@@ -1,6 +1,8 @@
-"""rlserve's serving side: policy contracts, the model repository and the policy server.
+"""rlserve's serving side: the model repository and the policy server.
 
 Nothing under ``serve`` imports torch or the exporter.
 """
 
-__version__ = "0.1.0"
+from kernel import __version__  # the distribution's version, declared once
+
+__all__ = ["__version__"]

@@ -11,10 +11,10 @@ from export.actor_critic.observations import request_form
 from export.actor_critic.source import Observations, PolicySource
 from export.actor_critic.tensors import graph_feeds, input_specs
 from export.runner import Runner
+from kernel import __version__
 from kernel.contract import SCHEMA, Exporter, GoldenVector, PolicyContract
 from kernel.memory import Memory
 from kernel.spaces import parse_observations
-from serve import __version__
 
 GOLDEN_COUNT = 4
 GOLDEN_ATOL = 1e-4

@@ -11,6 +11,7 @@ from export.lm.eos import eos_token_ids
 from export.lm.golden import Prompt, PromptKind, Reference
 from export.lm.graph import CacheShape
 from export.lm.source import CausalLM
+from kernel import __version__
 from kernel.contract import Exporter
 from kernel.lm.contract import (
     SCHEMA,
@@ -19,7 +20,6 @@ from kernel.lm.contract import (
     GoldenPrompt,
     LanguageModelContract,
 )
-from serve import __version__
 
 
 def draft(
