@@ -32,7 +32,7 @@ contract tests in ``tests/loop/buffers/contract.py`` check against real servers)
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -117,20 +117,21 @@ class RecordReader:
     """A consumer's one way from a buffer's bytes to a record: zstd-decompressed within
     ``max_record_bytes`` (a frame that says it is larger is refused before anything is
     decompressed), then decoded. Bytes that are not a record give None, once logged with
-    their position (``where``) and counted in ``counts.undecodable``: the consumer skips
-    them and delivers the rest."""
+    their position (``where()``, asked only then) and counted in ``counts.undecodable``:
+    the consumer skips them and delivers the rest."""
 
     def __init__(self, options: BufferOptions, counts: ConsumerCounts, log: logging.Logger):
         self.limit = options.max_record_bytes
         self.counts = counts
         self.log = log
         self._zstd: Any = None
+        self._decompressor: Any = None  # made at the first compressed record, then reused
 
-    def read(self, data: bytes, *, compressed: bool, where: str) -> Record | None:
+    def read(self, data: bytes, *, compressed: bool, where: Callable[[], str]) -> Record | None:
         try:
             return decode(self._decompressed(data) if compressed else self._bounded(data))
         except (ValueError, TypeError) as error:  # msgpack's errors are ValueErrors
-            self.skipped(where, str(error))
+            self.skipped(where(), str(error))
             return None
 
     def skipped(self, where: str, why: str, *, records: int = 1) -> None:
@@ -154,6 +155,7 @@ class RecordReader:
             import zstandard
 
             self._zstd = zstandard
+            self._decompressor = zstandard.ZstdDecompressor()
         try:
             declared = self._zstd.frame_content_size(data)  # -1: the frame does not say
             if declared > self.limit:
@@ -162,7 +164,7 @@ class RecordReader:
                 )
             # Bounded where the frame does not declare its size; where it does, zstd
             # checks the frame against it.
-            out = self._zstd.ZstdDecompressor().decompress(data, max_output_size=self.limit)
+            out = self._decompressor.decompress(data, max_output_size=self.limit)
         except self._zstd.ZstdError as error:
             raise ValueError(f"not a zstd frame within max_record_bytes: {error}") from None
         return bytes(out)

@@ -705,6 +705,10 @@ class KafkaConsumer:
         for partition, offset in highest.items():  # and the poison records right after
             while (partition, offset) in self._skipped_after:
                 offset = highest[partition] = self._skipped_after.pop((partition, offset))
+        # Poison records these positions passed: nothing is left to carry them.
+        self._skipped_after = {
+            (p, o): after for (p, o), after in self._skipped_after.items() if o > highest.get(p, -1)
+        }
         self._commit_highest(highest, deliveries)
 
     def _commit_highest(self, highest: dict[int, int], deliveries: Sequence[Delivery]) -> None:
@@ -770,12 +774,12 @@ class KafkaConsumer:
         return good
 
     def _delivery(self, message: Any) -> Delivery | None:
-        where = (
-            f"kafka topic {message.topic()} partition {message.partition()} offset "
-            f"{message.offset()}"
-        )
-        step = self._reader.read(message.value() or b"", compressed=False, where=where)
         partition, offset = message.partition(), message.offset()
+        step = self._reader.read(
+            message.value() or b"",
+            compressed=False,
+            where=lambda: f"kafka topic {message.topic()} partition {partition} offset {offset}",
+        )
         before = self._read_to.get(partition)
         self._read_to[partition] = offset
         if step is None:

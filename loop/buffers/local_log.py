@@ -43,6 +43,7 @@ Guarantees (``loop.buffers.base``):
 from __future__ import annotations
 
 import fcntl
+import functools
 import itertools
 import logging
 import os
@@ -396,6 +397,8 @@ class LogConsumer:
         while top.seq in self._skipped_after:  # and the skipped records right after it
             top = self._skipped_after.pop(top.seq)
         self._write_committed(top)
+        # Skipped records this cumulative commit passed: nothing is left to carry them.
+        self._skipped_after = {k: v for k, v in self._skipped_after.items() if k > top.seq}
         done = []
         while self._outstanding and self._outstanding[0].position.seq <= top.seq:
             done.append(self._outstanding.popleft().step)
@@ -481,10 +484,10 @@ class LogConsumer:
                     "expected; the log was changed by hand, delete the group's offset file "
                     "to start again from the oldest record"
                 )
-            where = f"{self._log.segment(at.segment)} record {f.seq}"
+            where = functools.partial(self._where, at.segment, f.seq)
             before, at = at, Position(at.seq + max(1, f.lost), at.segment, self._at.offset + f.end)
             if f.lost:
-                self._reader.skipped(where, "damaged: its CRC does not match", records=f.lost)
+                self._reader.skipped(where(), "damaged: its CRC does not match", records=f.lost)
                 self._skip(before, at)
                 continue
             record = self._reader.read(f.payload, compressed=bool(f.flags & ZSTD), where=where)
@@ -494,6 +497,9 @@ class LogConsumer:
                 out.append(Delivery(record, at))
         self._at = at
         return out
+
+    def _where(self, segment: int, seq: int) -> str:
+        return f"{self._log.segment(segment)} record {seq}"
 
     def _open_segment(self) -> bool:
         """Open the segment holding the next record; False while the log is empty."""

@@ -549,13 +549,15 @@ class RedisConsumer:
         return out
 
     def _record(self, entry_id: bytes, fields: Mapping[bytes, bytes]) -> Record | None:
-        where = f"redis stream {self._stream.key!r} entry {entry_id.decode()}"
+        def where() -> str:
+            return f"redis stream {self._stream.key!r} entry {entry_id.decode()}"
+
         if FIELD_PLAIN in fields:
             return self._reader.read(fields[FIELD_PLAIN], compressed=False, where=where)
         if FIELD_ZSTD in fields:
             return self._reader.read(fields[FIELD_ZSTD], compressed=True, where=where)
         self._reader.skipped(
-            where, f"fields {sorted(fields)}; expected {FIELD_PLAIN!r} or {FIELD_ZSTD!r}"
+            where(), f"fields {sorted(fields)}; expected {FIELD_PLAIN!r} or {FIELD_ZSTD!r}"
         )
         return None
 

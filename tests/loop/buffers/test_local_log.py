@@ -346,3 +346,20 @@ def test_a_producer_killed_while_appending_leaves_a_readable_log(log_dir):
     assert all(steps == list(range(len(steps))) for steps in seen.values())
     assert [d.position.seq for d in got] == list(range(1, len(got) + 1))
     assert 3 < len(got) < 50_003  # killed mid-stream
+
+
+def test_skipped_records_a_commit_passed_are_not_kept(log_dir):
+    """Poison records in the middle of what a commit covers are passed by it (commits are
+    cumulative): the consumer keeps nothing of them, however many it met."""
+    url = url_of(log_dir)
+    producer = open_producer(url)
+    for n in range(20):
+        producer.publish(episode(f"e{n}", 2))
+        append_frame(log_dir, b"\xc1")
+    producer.publish(episode("last", 1))
+    consumer = open_consumer(url, "g", "c")
+    got = drain(consumer, 41, 2.0)
+    assert consumer.counts.undecodable == 20
+    consumer.commit(got)
+    assert consumer._skipped_after == {}
+    assert producer.pending() == 0
