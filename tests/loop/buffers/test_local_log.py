@@ -17,7 +17,7 @@ import zstandard
 from kernel.errors import ConfigError
 from loop.buffers import open_consumer, open_producer
 from loop.buffers.base import BufferOptions, BufferUnavailable, Producer
-from loop.buffers.local_log import HEADER, ZSTD, frame, frames
+from loop.buffers.local_log import HEADER, ZSTD, LogConsumer, frame, frames
 from loop.experience import encode
 from tests.loop.buffers.contract import (
     Backend,
@@ -361,5 +361,6 @@ def test_skipped_records_a_commit_passed_are_not_kept(log_dir):
     got = drain(consumer, 41, 2.0)
     assert consumer.counts.undecodable == 20
     consumer.commit(got)
+    assert isinstance(consumer, LogConsumer)
     assert consumer._skipped_after == {}
     assert producer.pending() == 0
