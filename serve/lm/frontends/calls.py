@@ -47,8 +47,8 @@ __all__ = [
     "Admitted",
     "CancelOnDisconnect",
     "LanguageModelCalls",
+    "answer_tokens",
     "bound_answer",
-    "generations_product",
     "json_answer",
     "next_events",
 ]
@@ -170,7 +170,7 @@ class LanguageModelCalls:
         they join the same batches and a version swap pins them alike); when one is refused,
         none stays queued. A call whose answer would carry more token entries than the
         model's ``max_answer_tokens`` is refused before any is queued."""
-        bound_answer(admitted, *generations_product(generations))
+        bound_answer(admitted, answer_tokens(generations), lambda: _product(generations))
         admitted.deadline.check("validating it")
         streams: list[GenerationStream] = []
         try:
@@ -185,29 +185,33 @@ class LanguageModelCalls:
         return streams
 
 
-def bound_answer(admitted: Admitted, tokens: int, product: str) -> None:
+def bound_answer(admitted: Admitted, tokens: int, product: Callable[[], str]) -> None:
     """Refuse a call whose answer could carry more than the model's ``max_answer_tokens``
-    token entries, naming the ``product`` that makes ``tokens``: an answer can grow far
-    faster than the request that asks for it."""
+    token entries, naming the ``product()`` that makes ``tokens`` (said only then): an
+    answer can grow far faster than the request that asks for it."""
     bound = admitted.scheduler.max_answer_tokens
     if tokens > bound:
         raise InvalidInput(
-            f"this call's answer could carry {tokens} token entries ({product}); model "
+            f"this call's answer could carry {tokens} token entries ({product()}); model "
             f"{quoted(admitted.model)} answers at most {bound} (its max_answer_tokens "
             "setting): ask for fewer choices (n), tokens (max_tokens, max_new_tokens, echo) "
             "or alternatives (top_logprobs)"
         )
 
 
-def generations_product(generations: Sequence[Generation]) -> tuple[int, str]:
-    """The token entries a call's generations can answer, and the product that makes them."""
-    tokens = [generation.answer_tokens for generation in generations]
+def answer_tokens(generations: Sequence[Generation]) -> int:
+    """The token entries a call's generations can answer, at most."""
+    return sum(generation.answer_tokens for generation in generations)
+
+
+def _product(generations: Sequence[Generation]) -> str:
+    """What makes a call's answer_tokens, for the refusal."""
     width = 1 + generations[0].spec.top_logprobs  # every generation of a call asks alike
-    product = (
-        f"{len(generations)} generation(s) of up to {max(tokens) // width} tokens (new, and "
-        f"echoed prompt) times 1 + {width - 1} top_logprobs"
+    longest = max(generation.answer_tokens for generation in generations) // width
+    return (
+        f"{len(generations)} generation(s) of up to {longest} tokens (new, and echoed "
+        f"prompt) times 1 + {width - 1} top_logprobs"
     )
-    return sum(tokens), product
 
 
 async def json_answer(
@@ -217,15 +221,12 @@ async def json_answer(
     when small, on a worker thread otherwise (the loop keeps serving meanwhile; the thread
     gives the interpreter back every switch interval), so no answer holds the loop in
     proportion to its size."""
-    if tokens <= INLINE_ANSWER_TOKENS:
-        body = orjson.dumps(build())
-    else:
-        body = await asyncio.to_thread(_encoded, build)
+
+    def encoded() -> bytes:
+        return orjson.dumps(build())
+
+    body = encoded() if tokens <= INLINE_ANSWER_TOKENS else await asyncio.to_thread(encoded)
     await exchange.answer(200, body, [*headers, JSON_HEADER])
-
-
-def _encoded(build: Callable[[], Any]) -> bytes:
-    return orjson.dumps(build())
 
 
 def generation_parts(route: Route, action: str) -> tuple[ContinuousBatchScheduler, LanguageModel]:

@@ -58,8 +58,8 @@ from serve.lm.frontends.calls import (
     Admitted,
     CancelOnDisconnect,
     LanguageModelCalls,
+    answer_tokens,
     bound_answer,
-    generations_product,
     json_answer,
     next_events,
 )
@@ -226,9 +226,11 @@ class LanguageModelFrontend:
                 raise
         first = results[0]
         codec = self.calls.codec(admitted, first.version)
-        tokens, _ = generations_product(generations)
         await json_answer(
-            exchange, tokens, lambda: _group(results, codec), stamp(first.version, first.sha256)
+            exchange,
+            answer_tokens(generations),
+            lambda: _group(results, codec),
+            stamp(first.version, first.sha256),
         )
 
     async def _stream_group(
@@ -278,11 +280,14 @@ class LanguageModelFrontend:
         spec = score_spec(payload, call.request_id, call.received_at, admitted.deadline.at)
         scoring = await self.calls.prepare(exchange, admitted.version.prepare_scoring, spec)
         completions = scoring.completion_ids
-        product = (
-            f"{len(completions)} completion(s) of {sum(map(len, completions))} tokens in all "
-            f"times 1 + {spec.top_logprobs} top_logprobs"
+        bound_answer(
+            admitted,
+            scoring.answer_tokens,
+            lambda: (
+                f"{len(completions)} completion(s) of {sum(map(len, completions))} tokens "
+                f"in all times 1 + {spec.top_logprobs} top_logprobs"
+            ),
         )
-        bound_answer(admitted, scoring.answer_tokens, product)
         admitted.deadline.check("validating it")
         result = await admitted.scheduler.submit_scoring(scoring, admitted.pinned)
         codec = self.calls.codec(admitted, result.version)

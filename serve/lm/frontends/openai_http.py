@@ -36,7 +36,7 @@ from serve.lm.frontends.calls import (
     Admitted,
     CancelOnDisconnect,
     LanguageModelCalls,
-    generations_product,
+    answer_tokens,
     json_answer,
 )
 from serve.lm.frontends.merged_streams import merged
@@ -123,9 +123,11 @@ class OpenAIFrontend:
         first = results[0]
         if answer.logprobs or answer.echo:
             answer.codec = self.calls.codec(admitted, first.version)
-        tokens, _ = generations_product(generations)
         await json_answer(
-            exchange, tokens, lambda: answer.body(results), stamp(first.version, first.sha256)
+            exchange,
+            answer_tokens(generations),
+            lambda: answer.body(results),
+            stamp(first.version, first.sha256),
         )
 
     async def _stream(
