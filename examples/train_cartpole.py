@@ -91,7 +91,9 @@ if mean_return < args.min_return:
 args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
 model.save(args.checkpoint)
 with tempfile.TemporaryDirectory() as scratch:
-    argv = ["export", "sb3", str(args.checkpoint), "--name", "cartpole"]
+    # The checkpoint this script just saved: its pickled settings (the learning-rate
+    # schedule is a function) are ours, so the exporter may unpickle them.
+    argv = ["export", "sb3", str(args.checkpoint), "--name", "cartpole", "--trust-checkpoint"]
     status = cli.main([*argv, "--model-repository", scratch, "--version", "1"])
     if status != 0:
         sys.exit(status)
