@@ -178,7 +178,7 @@ from bench.actor import OVER_HTTP, ActorResult, Client
 from bench.results import ActorRun, Conditions, LoadRun, RawRun, Results
 from bench.scenarios import Scenario
 from bench.servers import Server, Setup
-from serve.cli.arguments import add_arguments, arg, from_namespace
+from cli.arguments import add_arguments, arg, from_namespace
 
 ROOT = Path(__file__).resolve().parents[1]
 

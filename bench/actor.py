@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from serve.cli.arguments import add_arguments, arg, from_namespace
+from cli.arguments import add_arguments, arg, from_namespace
 
 Policy = Callable[[np.ndarray], int]
 

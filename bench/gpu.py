@@ -60,8 +60,8 @@ from bench import gpu_client, gpu_models, gpu_report
 from bench.gpu_client import GpuSamples, LoadResult
 from bench.gpu_models import GpuBenchModel
 from bench.servers import Server
+from cli.arguments import add_arguments, arg, from_namespace
 from serve import config
-from serve.cli.arguments import add_arguments, arg, from_namespace
 from serve.dataplane import runtime
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -317,7 +317,7 @@ def gpu_device() -> Device | None:
 
 
 def _server(repository: Path, workdir: Path, label: str, env: dict[str, str]) -> Server:
-    command = [sys.executable, "-m", "serve.cli", "serve", "--model-repository", str(repository)]
+    command = [sys.executable, "-m", "cli", "serve", "--model-repository", str(repository)]
     settings = {"RLSERVE_MAX_BATCH_SIZE": str(MAX_BATCH_SIZE), **env}
     return Server(command, settings, workdir / f"gpu-{label}.log", core=None)
 

@@ -113,7 +113,7 @@ def _serve(model: Path, workdir: Path, lane: Path) -> servers.Server:
     _say("lane: cartpole: starting rlserve serve --lane")
     repository = servers.only_model(model, workdir)
     command = [
-        sys.executable, "-m", "serve.cli", "serve", "--model-repository", str(repository),
+        sys.executable, "-m", "cli", "serve", "--model-repository", str(repository),
         "--lane", str(lane),
     ]  # fmt: skip
     server = servers.Server(command, {}, workdir / "lane.log", cpu.SERVER_CORE)

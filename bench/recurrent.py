@@ -121,7 +121,7 @@ def _export(folder: Path) -> Path:
     steps = [
         [sys.executable, "-c", build],
         [
-            sys.executable, "-m", "serve.cli", "export", "sb3", str(folder / "policy.zip"),
+            sys.executable, "-m", "cli", "export", "sb3", str(folder / "policy.zip"),
             "--name", MODEL, "--model-repository", str(folder / "models"),
         ],
     ]  # fmt: skip
@@ -134,7 +134,7 @@ def _export(folder: Path) -> Path:
 
 def _serve(repository: Path, workdir: Path) -> servers.Server:
     command = [
-        sys.executable, "-m", "serve.cli", "serve", "--model-repository", str(repository),
+        sys.executable, "-m", "cli", "serve", "--model-repository", str(repository),
         "--max-batch-size", str(SEQUENCES),
     ]  # fmt: skip
     server = servers.Server(command, {}, workdir / "recurrent.log", cpu.SERVER_CORE)

@@ -65,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ppo_trainer
 from ppo_trainer import Agent, Trajectories, export, log_prob_error, ppo_update
 
+from cli.arguments import add_arguments, arg, from_namespace
 from kernel.errors import ConfigError
 from loop import config as loop_config
 from loop.buffers import open_consumer
@@ -74,7 +75,6 @@ from loop.colocated import ColocatedRunner, Cycle, ServerCheck, no_check
 from loop.controller import Batch, Fallback, LoopMetrics, SyncController
 from loop.run_outcome import RunOutcome
 from loop.scalars import ROOT, Scalars, logdir_of
-from serve.cli.arguments import add_arguments, arg, from_namespace
 from serve.client import PolicyClient
 
 

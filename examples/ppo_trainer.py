@@ -80,6 +80,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Categorical
 
+from cli.arguments import add_arguments, arg, from_namespace
 from export import writer
 from export.actor_critic.pipeline import ParitySettings, export_policy
 from export.modules.source import TorchOptions, load_source
@@ -92,7 +93,6 @@ from loop.experience import Deduplicator, Step
 from loop.group_names import group_name_problem
 from loop.run_outcome import RunOutcome
 from loop.scalars import ROOT, Scalars, logdir_of
-from serve.cli.arguments import add_arguments, arg, from_namespace
 from serve.client import PolicyClient
 
 

@@ -24,8 +24,8 @@ import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
 
-from serve import cli
-from serve.cli.arguments import add_arguments, arg, from_namespace
+import cli
+from cli.arguments import add_arguments, arg, from_namespace
 
 HERE = Path(__file__).resolve().parent
 

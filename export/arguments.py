@@ -1,4 +1,4 @@
-"""The ``rlserve export`` arguments, declared once (see :mod:`serve.cli.arguments`).
+"""The ``rlserve export`` arguments, declared once (see :mod:`cli.arguments`).
 
 Light on purpose: the CLI parses these on every ``rlserve`` call, so torch and the sources
 are imported only when ``load_source`` runs.
@@ -11,10 +11,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cli.arguments import arg
 from export.lm.graph_kind import GraphKind
 from export.sb3.layout import ImageLayout
 from kernel.contract import Algorithm
-from serve.cli.arguments import arg
 
 if TYPE_CHECKING:
     from export.actor_critic.pipeline import ParitySettings

@@ -12,9 +12,9 @@ import textwrap
 import time
 from dataclasses import dataclass
 
+from cli.arguments import add_arguments as add_dataclass_arguments
+from cli.arguments import from_namespace
 from export.arguments import CommonArgs, LmArgs, Sb3Args, TorchArgs
-from serve.cli.arguments import add_arguments as add_dataclass_arguments
-from serve.cli.arguments import from_namespace
 
 NAME = "export"
 HELP = (

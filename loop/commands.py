@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
 
+from cli.arguments import add_arguments as add_dataclass_arguments
+from cli.arguments import arg, from_namespace
 from kernel.errors import ConfigError
-from serve.cli.arguments import add_arguments as add_dataclass_arguments
-from serve.cli.arguments import arg, from_namespace
 
 if TYPE_CHECKING:
     from loop.buffers.base import BufferOptions

@@ -1,4 +1,4 @@
-"""``python -m serve.cli``: the ``rlserve`` command without its console script."""
+"""``python -m serve.cli``: the old spelling of ``python -m cli`` (moved; see ``serve.cli``)."""
 
 import sys
 

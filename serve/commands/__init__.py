@@ -1,1 +1,1 @@
-"""Subcommands of the ``rlserve`` command (see ``serve.cli``)."""
+"""Subcommands of the ``rlserve`` command (see ``cli``)."""

@@ -8,10 +8,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cli.arguments import add_arguments as add_dataclass_arguments
+from cli.arguments import arg, from_namespace
 from kernel import contract
 from kernel.lm import contract as lm_contract
-from serve.cli.arguments import add_arguments as add_dataclass_arguments
-from serve.cli.arguments import arg, from_namespace
 
 NAME = "inspect"
 HELP = "print the policy contract embedded in an exported model (actor-critic or language model)"

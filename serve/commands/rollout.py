@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from cli.arguments import add_arguments as add_dataclass_arguments
+from cli.arguments import arg, from_namespace
 from kernel.errors import CheckFailed
 from serve.bluegreen import retain, status, switch
 from serve.bluegreen.kubectl import Kubectl, Names
 from serve.bluegreen.switch import Color, PromoteOptions
 from serve.bluegreen.verify import VerifyOptions, verify
-from serve.cli.arguments import add_arguments as add_dataclass_arguments
-from serve.cli.arguments import arg, from_namespace
 
 NAME = "rollout"
 HELP = "blue-green releases on Kubernetes: status, deploy, verify, promote, rollback, retire"

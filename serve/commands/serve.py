@@ -14,7 +14,7 @@ import argparse
 import logging
 from typing import TYPE_CHECKING, Any
 
-from serve.cli import settings_arguments
+from cli import settings_arguments
 
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo

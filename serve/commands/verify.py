@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
+from cli.arguments import add_arguments as add_dataclass_arguments
+from cli.arguments import arg, from_namespace
 from kernel import contract
 from kernel.errors import ModelLoadError
 from kernel.lm import contract as lm_contract
 from kernel.lm import greedy
-from serve.cli.arguments import add_arguments as add_dataclass_arguments
-from serve.cli.arguments import arg, from_namespace
 from serve.commands import inspect
 
 NAME = "verify"

@@ -80,7 +80,7 @@ def help_text(program: tuple[str, ...]) -> str:
     for end in range(len(program), 0, -1):
         head = program[:end]
         command = (
-            [sys.executable, "-m", "serve.cli", *head[1:]]
+            [sys.executable, "-m", "cli", *head[1:]]
             if head[0] == "rlserve"
             else [sys.executable, head[0]]
         )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-RLSERVE = [sys.executable, "-m", "serve.cli"]
+RLSERVE = [sys.executable, "-m", "cli"]
 
 
 def free_port() -> int:

@@ -201,7 +201,7 @@ def test_the_lane_goes_with_its_server(tmp_path: Path) -> None:
 def collect(server_url: str, buffer: Path, *flags: str) -> dict[str, object]:
     """``rlserve collect`` for 256 steps of 4 CartPole envs; its JSON summary."""
     done = subprocess.run(
-        [sys.executable, "-m", "serve.cli", "collect", "--env", "CartPole-v1",
+        [sys.executable, "-m", "cli", "collect", "--env", "CartPole-v1",
          "--server", server_url, "--buffer", buffer.as_uri(), "--num-envs", "4",
          "--steps", "256", "--retry-for-s", "5", "--logdir", "none", *flags],
         cwd=ROOT, capture_output=True, text=True, timeout=120,

@@ -375,7 +375,7 @@ def test_collect_help_explains_every_flag_and_loads_nothing_heavy() -> None:
         assert "--" + f.name.replace("_", "-") in help_text
     assert "rlserve rollout" in help_text
     probe = (
-        "import sys; from serve.cli import build_parser; "
+        "import sys; from cli import build_parser; "
         "print('collect   rollout worker' in build_parser().format_help()); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('gymnasium', 'msgpack', 'redis', 'confluent_kafka', 'zstandard')))"

@@ -87,7 +87,7 @@ def kubectl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeKubectl:
 
 
 def run_rollout(*argv: str) -> int:
-    """`rlserve rollout ARGV...` as serve.cli runs it: RLServeError -> one line, exit 2."""
+    """`rlserve rollout ARGV...` as cli runs it: RLServeError -> one line, exit 2."""
     parser = argparse.ArgumentParser(prog="rlserve rollout")
     rollout.add_arguments(parser)
     namespace = parser.parse_args(list(argv))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from serve import cli
+import cli
 from tests.ops.conftest import FakeKubectl, run_rollout
 from tests.ops.ops_cluster import cluster
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, Field, SecretStr
 
+from cli import settings_arguments
 from serve import config
-from serve.cli import settings_arguments
 from serve.commands import serve as serve_command
 from serve.process import production
 
@@ -93,7 +93,7 @@ def test_every_setting_has_a_flag_but_those_said_not_to() -> None:
 
 def test_help_lists_every_flag_with_its_description() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "serve.cli", "serve", "--help"],
+        [sys.executable, "-m", "cli", "serve", "--help"],
         capture_output=True,
         text=True,
         check=True,

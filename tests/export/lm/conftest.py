@@ -138,10 +138,10 @@ class CliRun:
 
 
 def rlserve(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    """``python -m serve.cli ...`` with one torch thread (tiny models; a busy machine)."""
+    """``python -m cli ...`` with one torch thread (tiny models; a busy machine)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     return subprocess.run(
-        [sys.executable, "-m", "serve.cli", *map(str, args)],
+        [sys.executable, "-m", "cli", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=300,

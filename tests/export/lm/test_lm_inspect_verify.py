@@ -14,7 +14,7 @@ from tests.export.lm.conftest import LinkedExport, corrupted, rlserve
 # `rlserve verify` in an interpreter where importing torch or transformers fails.
 _WITHOUT_TORCH = (
     "import sys; sys.modules.update(torch=None, transformers=None, peft=None); "
-    "from serve.cli import main; raise SystemExit(main(sys.argv[1:]))"
+    "from cli import main; raise SystemExit(main(sys.argv[1:]))"
 )
 
 
