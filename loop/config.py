@@ -35,7 +35,6 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -55,7 +54,9 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from kernel.errors import ConfigError, one_line
+from cli.config_file import merged
+from cli.config_file import read as read_yaml
+from kernel.errors import ConfigError
 from loop.group_names import group_name_problem
 
 if TYPE_CHECKING:
@@ -413,6 +414,8 @@ class LoopConfig(BaseSettings):
             init_settings,
             env_settings,
             InitSettingsSource(settings_cls, init_kwargs=fallback),
+            # Not cli.config_file.MappingSource: this source matches top-level names as
+            # keyword arguments are (case-insensitively), as the loop's files always have.
             InitSettingsSource(settings_cls, init_kwargs=read_files(files)),
         )
 
@@ -655,21 +658,13 @@ def _config_files_from(init_settings: PydanticBaseSettingsSource) -> list[Path]:
 
 def read_files(files: Sequence[Path]) -> dict[str, Any]:
     """The files' settings merged in order, section by section (a later file wins)."""
-    merged: dict[str, Any] = {}
-    for path in files:
-        merged = _merge(merged, _read_one(path))
-    return merged
+    return merged(_read_one(path) for path in files)
 
 
 def _read_one(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"config_file: {path} does not exist; give the path of a YAML file")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({one_line(exc)})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of settings, got {type(raw).__name__}")
+    """One file's settings (``cli.config_file`` reads it and refuses a file that is
+    missing, not YAML or not a mapping), refusing what only a loop file may not hold."""
+    raw = read_yaml(path)
     for name in _FILE_ONLY:
         if name in raw:
             raise ConfigError(
@@ -680,16 +675,6 @@ def _read_one(path: Path) -> dict[str, Any]:
     if "config_file" in raw:
         raise ConfigError(f"{path}: config_file may not name more files; list them all in load")
     return raw
-
-
-def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in top.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
 
 
 # ---------------------------------------------------------------------- loading

@@ -14,6 +14,9 @@ the guide's key               rlserve's setting
 
 A file may mix both forms, but may not set one setting twice. Relative paths are taken
 from the working directory, as every path setting is.
+
+Reading the file, and refusing one that is missing, not YAML or not a mapping, is
+``cli.config_file``'s, as for the loop's files; what is here is the server's alone.
 """
 
 from __future__ import annotations
@@ -21,10 +24,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+from pydantic_settings import BaseSettings
 
+from cli import config_file
 from kernel.errors import ConfigError
 
 SECTIONS: dict[str, dict[str, str]] = {
@@ -34,16 +36,8 @@ SECTIONS: dict[str, dict[str, str]] = {
 
 
 def read(path: Path) -> dict[str, Any]:
-    """The file's settings by rlserve's names."""
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config_file: {path} is not valid YAML ({exc})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(
-            f"config_file: {path} must hold a mapping of settings, not {type(raw).__name__}"
-        )
-    return flatten(raw, path)
+    """The file's settings by rlserve's names (reading it is ``cli.config_file``'s)."""
+    return flatten(config_file.read(path), path)
 
 
 def flatten(raw: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -73,15 +67,10 @@ def flatten(raw: dict[str, Any], path: Path) -> dict[str, Any]:
     return settings
 
 
-class ConfigFileSource(PydanticBaseSettingsSource):
-    """The config file as a pydantic-settings source (below flags and env)."""
+class ConfigFileSource(config_file.MappingSource):
+    """The config file as a pydantic-settings source (below flags and env), its sections
+    flattened before pydantic sees them, so that a guide's key is checked as the setting
+    it stands for."""
 
     def __init__(self, settings_cls: type[BaseSettings], path: Path) -> None:
-        super().__init__(settings_cls)
-        self._values = read(path)
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return self._values.get(field_name), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(self._values)
+        super().__init__(settings_cls, read(path))

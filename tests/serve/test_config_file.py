@@ -62,8 +62,8 @@ def test_flags_and_env_outrank_the_sections(
         ("model: {batch_size: 8}\nmax_batch_size: 16\n", "max_batch_size is set twice, as "
          "model.batch_size and as max_batch_size; keep one"),
         ("service: 8080\n", "service must be a mapping with any of"),
-        ("- port\n", "must hold a mapping of settings, not list"),
-        ("service: {port: [1\n", "is not valid YAML"),
+        ("- port\n", r"c\.yaml: expected a mapping of settings, got list"),
+        ("service: {port: [1\n", r"c\.yaml: not valid YAML \(.*line 1"),
         ("model: {batch_size: 0}\n", r"max_batch_size: Input should be greater than 0 \(got 0\)"),
     ],
 )  # fmt: skip
