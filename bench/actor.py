@@ -4,7 +4,7 @@
 
 For every step the actor POSTs the observation to ``/predict`` and steps the env with the
 returned action, resetting when an episode ends: the loop of an RL actor that keeps its
-policy on a server. ``policy`` uses the project's client (``serve.client.PolicyClient``);
+policy on a server. ``policy`` uses the project's client (``client.PolicyClient``);
 ``http`` the standard library's ``http.client`` on a keep-alive connection, so what each
 client costs per step shows;
 ``lane`` the server's local lane (``--lane PATH``: arrays in shared memory, no HTTP).
@@ -117,14 +117,14 @@ class _Stepper:
 def _policy(client: Client, url: str, lane: str | None) -> tuple[Callable[[], None], Policy]:
     """A close function and a policy that asks the server at ``url`` for each action."""
     if client is Client.LANE:
-        from serve.lane_client import LaneClient
+        from client import LaneClient
 
         if lane is None:
             raise SystemExit("--client lane: give the server's lane socket as --lane PATH")
         lane_client = LaneClient(lane)
         return lane_client.close, lambda obs: int(lane_client.predict(obs).actions)
     if client is Client.POLICY:
-        from serve.client import PolicyClient
+        from client import PolicyClient
 
         policy_client = PolicyClient(url)
         return policy_client.close, lambda obs: int(policy_client.predict(obs).actions)

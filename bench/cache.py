@@ -177,7 +177,7 @@ def _serve(model: Path, workdir: Path, cache: str | None, body: bytes) -> server
     env = {}
     if cache is not None:
         env = {"RLSERVE_RESULT_CACHE": cache, "RLSERVE_RESULT_CACHE_TTL_S": str(TTL_S)}
-    command = [sys.executable, "-m", "serve.cli", "serve", "--model-repository", str(repository)]
+    command = [sys.executable, "-m", "cli", "serve", "--model-repository", str(repository)]
     log = workdir / f"cache-{model.name}-{'on' if cache else 'off'}.log"
     server = servers.Server(command, env, log, cpu.SERVER_CORE)
     server.wait_until(lambda c: c.get("/ready").status_code == 200, "ready", 120)

@@ -163,7 +163,7 @@ def _serve(model: Path, workdir: Path, store: Broker) -> servers.Server:
             f"  key_prefix: '{prefix}'\n  layout: {layout}\n  features: [{listed}]\n"
             f"  timeout_ms: {TIMEOUT_MS}\n"
         )
-    command = [sys.executable, "-m", "serve.cli", "serve", "--model-repository", str(repository)]
+    command = [sys.executable, "-m", "cli", "serve", "--model-repository", str(repository)]
     server = servers.Server(command, {}, workdir / "features.log", cpu.SERVER_CORE)
     server.wait_until(lambda c: c.get("/ready").status_code == 200, "ready", 120)
     return server

@@ -186,7 +186,7 @@ def export(source: Path, repository: Path) -> Path:
     """``rlserve export lm`` of ``source`` into ``repository``: the model's folder."""
     _say(f"lm: rlserve export lm {source.name} (parity gate)")
     command = [
-        sys.executable, "-m", "serve.cli", "export", "lm", str(source),
+        sys.executable, "-m", "cli", "export", "lm", str(source),
         "--name", POLICY, "--model-repository", str(repository),
     ]  # fmt: skip
     _checked(command, SETUP_TIMEOUT_S)

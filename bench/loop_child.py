@@ -42,11 +42,11 @@ import numpy as np
 import orjson
 
 from bench.children import percentile_ms
+from client import Prediction
 from loop.buffers import open_consumer, open_producer
 from loop.buffers.base import Consumer, Producer
 from loop.collect import RolloutWorker
 from loop.experience import Step
-from serve.client import Prediction
 
 ENV_ID = "CartPole-v1"
 POLL_RECORDS = 4096

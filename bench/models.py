@@ -70,7 +70,7 @@ def _export(root: Path, model: BenchModel) -> None:
     agent = PPO(model.policy, _SpacesOnly(model), policy_kwargs=policy_kwargs, seed=0, device="cpu")
     agent.save(checkpoint)
     subprocess.run(
-        [sys.executable, "-m", "serve.cli", "export", "sb3", str(checkpoint), "--name", model.name,
+        [sys.executable, "-m", "cli", "export", "sb3", str(checkpoint), "--name", model.name,
          "--model-repository", str(root), "--parity-samples", "32", *model.export_flags],
         check=True, capture_output=True,
     )  # fmt: skip

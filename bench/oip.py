@@ -258,7 +258,7 @@ def _rlserve(
             shutil.copytree(repository / model.name, folder / model.name)
     grpc_port = servers._free_port()
     command = [
-        sys.executable, "-m", "serve.cli", "serve", "--model-repository", str(folder),
+        sys.executable, "-m", "cli", "serve", "--model-repository", str(folder),
         "--grpc-port", str(grpc_port), "--allow-client-shm",
         "--shm-max-regions", str(SHM_REGIONS),
     ]  # fmt: skip

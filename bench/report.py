@@ -275,7 +275,7 @@ def _actor_section(results: Results) -> str:
         "",
         "One Python process on core 1 steps one CartPole-v1 env with actions from rlserve "
         "serve (core 0, cartpole model), one request per step, resetting when an episode "
-        "ends (`bench/actor.py`). *policy* is the project's client (`serve.client."
+        "ends (`bench/actor.py`). *policy* is the project's client (`client.policy."
         "PolicyClient`, its own HTTP/1.1 connection parsed by httptools); *http* the "
         "standard library's `http.client` on a keep-alive connection, encoding with orjson: "
         "the difference is what each client costs the actor per step.",
@@ -980,7 +980,7 @@ _READING = """## Reading the numbers
   Python server here can spend; *plain FastAPI* parses the body and runs onnxruntime
   inline on its event loop, one request per run, with no validation, batching, deadlines
   or metrics (`bench/baseline.py`); *rlserve serve* is the development server (one
-  process); *rlserve gunicorn* is the production configuration (`serve/gunicorn.conf.py`),
+  process); *rlserve gunicorn* is the production configuration (`serve/process/gunicorn_conf.py`),
   with one worker pinned like the others, and with several workers free to use every
   core. Access logs are off everywhere. The floor and plain FastAPI run in every
   deterministic scenario, in the same run and under the same wrk load as rlserve; each

@@ -3,8 +3,8 @@
 - *floor*: ``bench/floor.py``, a bare ASGI app (read the body, answer a fixed small JSON
   body) under uvicorn with the options ``rlserve serve`` uses: the cost of HTTP alone;
 - *plain FastAPI*: ``bench/baseline.py`` under uvicorn, onnxruntime inline per request;
-- *rlserve serve*: the development server, one process (``python -m serve.cli serve``);
-- *rlserve gunicorn*: the production configuration (``serve/gunicorn.conf.py``).
+- *rlserve serve*: the development server, one process (``python -m cli serve``);
+- *rlserve gunicorn*: the production configuration (``serve/process/gunicorn_conf.py``).
 
 rlserve is given a repository holding only the model under test, so ``POST /predict``
 reaches it. Access logs are off and the log level is ``warning`` in every server.
@@ -31,7 +31,7 @@ import psutil
 from bench import cpu
 
 ROOT = Path(__file__).resolve().parents[1]
-_RLSERVE = [sys.executable, "-m", "serve.cli"]
+_RLSERVE = [sys.executable, "-m", "cli"]
 _QUIET = {
     "RLSERVE_ACCESS_LOG": "false",
     "RLSERVE_LOG_LEVEL": "warning",

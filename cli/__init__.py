@@ -27,7 +27,7 @@ _SUBCOMMANDS = (
     "export.commands",
     "serve.commands.inspect",
     "serve.commands.verify",
-    "serve.commands.rollout",
+    "ops.commands.rollout",
     "loop.commands",
 )
 

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grpo_task
 from grpo_trainer import Hyper, config_defaults, grpo_scalars, progress, start
 
+from client import PolicyClient
 from loop.buffers import memory, open_consumer
 from loop.child_server import ChildServer
 from loop.colocated import ColocatedRunner
@@ -47,7 +48,6 @@ from loop.grpo import prompts, rewards
 from loop.grpo.worker import PromptWorker, Sampling
 from loop.run_outcome import RunOutcome
 from loop.scalars import ROOT, Scalars, logdir_of
-from serve.client import PolicyClient
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

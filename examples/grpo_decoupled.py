@@ -46,6 +46,7 @@ import grpo_task
 from grpo_colocated import TOY_PROMPTS
 from grpo_trainer import GRPOLearner, Hyper, config_defaults, grpo_scalars, progress, start
 
+from client import PolicyClient
 from loop.buffers import memory, open_consumer, open_producer
 from loop.buffers.base import BufferOptions, Producer
 from loop.child_server import ChildServer
@@ -55,7 +56,6 @@ from loop.grpo import prompts, rewards
 from loop.grpo.worker import PromptWorker, Sampling
 from loop.run_outcome import RunOutcome
 from loop.scalars import ROOT, Scalars, logdir_of
-from serve.client import PolicyClient
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -66,6 +66,7 @@ import ppo_trainer
 from ppo_trainer import Agent, Trajectories, export, log_prob_error, ppo_update
 
 from cli.arguments import add_arguments, arg, from_namespace
+from client import PolicyClient
 from kernel.errors import ConfigError
 from loop import config as loop_config
 from loop.buffers import open_consumer
@@ -75,7 +76,6 @@ from loop.colocated import ColocatedRunner, Cycle, ServerCheck, no_check
 from loop.controller import Batch, Fallback, LoopMetrics, SyncController
 from loop.run_outcome import RunOutcome
 from loop.scalars import ROOT, Scalars, logdir_of
-from serve.client import PolicyClient
 
 
 class Predictions(enum.Enum):

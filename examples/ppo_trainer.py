@@ -81,6 +81,7 @@ from torch import Tensor, nn
 from torch.distributions import Categorical
 
 from cli.arguments import add_arguments, arg, from_namespace
+from client import PolicyClient
 from export import writer
 from export.actor_critic.pipeline import ParitySettings, export_policy
 from export.modules.source import TorchOptions, load_source
@@ -93,7 +94,6 @@ from loop.experience import Deduplicator, Step
 from loop.group_names import group_name_problem
 from loop.run_outcome import RunOutcome
 from loop.scalars import ROOT, Scalars, logdir_of
-from serve.client import PolicyClient
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from kernel.errors import ExportError
+from export.errors import ExportError
 
 _CHUNK = 1 << 20
 

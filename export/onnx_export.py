@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from kernel.errors import ExportError
+from export.errors import ExportError
 
 OPSET = 18
 _CHATTY_LOGGERS = ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernel.errors import ExportError
+from export.errors import ExportError
 
 MODEL_FILE = "model.onnx"
 MAX_NAME_CHARACTERS = 128  # a directory name (255 bytes at most), a URL path segment, a label

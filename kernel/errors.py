@@ -44,11 +44,13 @@ class ErrorCode(StrEnum):
     CONTRACT_INVALID = "contract_invalid"
     UNAVAILABLE = "unavailable"  # not ready, loading, draining or stopped
     DEADLINE_EXCEEDED = "deadline_exceeded"
-    EXPORT_FAILED = "export_failed"
     CONFIG_INVALID = "config_invalid"
+    INTERNAL = "internal_error"
+    # The tools' codes: raised by `rlserve export` (export.errors) and `rlserve rollout`
+    # (ops.errors), never answered by a server; listed here so that a code names one thing.
+    EXPORT_FAILED = "export_failed"
     CHECK_FAILED = "check_failed"  # a release check (rollout verify) did not pass
     KUBECTL_FAILED = "kubectl_failed"
-    INTERNAL = "internal_error"
 
 
 class RLServeError(Exception):
@@ -150,26 +152,10 @@ class DeadlineExceeded(RLServeError):
     code = ErrorCode.DEADLINE_EXCEEDED
 
 
-class ExportError(RLServeError):
-    """An export cannot proceed: a missing or corrupt checkpoint, an unsupported space."""
-
-    code = ErrorCode.EXPORT_FAILED
-
-
 class ConfigError(RLServeError):
     """A setting, a config file or the model repository's layout is wrong."""
 
     code = ErrorCode.CONFIG_INVALID
-
-
-class CheckFailed(RLServeError):
-    """A color is not fit to take traffic: nothing was switched (the CLI exits 1)."""
-
-    code = ErrorCode.CHECK_FAILED
-
-
-class KubectlError(RLServeError):
-    code = ErrorCode.KUBECTL_FAILED
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:

@@ -9,7 +9,7 @@ mode"): the runner (``examples/ppo_colocated.py --serve-repository DIR``) starts
         ...
         server.check()  # raises ChildServerFailed if the child exited meanwhile
 
-Starting: ``python -m serve.cli serve --model-repository DIR --host 127.0.0.1 --port P
+Starting: ``python -m cli serve --model-repository DIR --host 127.0.0.1 --port P
 --drain-delay-s 0`` (nothing load-balances a child: no endpoint has to drop it before it
 stops), with the admin token as ``RLSERVE_ADMIN_TOKEN`` and, when the role has GPUs,
 ``CUDA_VISIBLE_DEVICES``; every other server setting comes from the inherited
@@ -155,7 +155,7 @@ class ChildServer:
 
     def command(self) -> list[str]:
         return [
-            sys.executable, "-m", "serve.cli", "serve",
+            sys.executable, "-m", "cli", "serve",
             "--model-repository", str(self.repository),
             "--host", self.host, "--port", str(self.port), "--drain-delay-s", "0",
             *(["--lane", str(self.lane)] if self.lane is not None else []),

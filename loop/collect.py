@@ -64,11 +64,11 @@ from typing import Any, Literal
 import gymnasium
 import numpy as np
 
+from client import PolicyClient, Prediction, RequestFailed
 from kernel.errors import ConfigError, ServiceUnavailable, one_line
 from loop.buffers import open_producer
 from loop.buffers.base import BufferFull, BufferOptions, BufferUnavailable, Overflow, Producer
 from loop.experience import Step
-from serve.client import PolicyClient, Prediction, RequestFailed
 
 Vectorization = Literal["auto", "sync", "async"]
 VECTORIZATIONS: tuple[Vectorization, ...] = ("auto", "sync", "async")

@@ -60,10 +60,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from client import PolicyClient
 from kernel.errors import ConfigError
 from loop.buffers.base import Producer
 from loop.controller import Batch, SyncController
-from serve.client import PolicyClient
 
 PhaseKind = Literal["inference", "training"]
 

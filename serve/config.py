@@ -324,7 +324,7 @@ class Settings(BaseSettings, ModelSettings):
     workers: PositiveInt = Field(
         2,
         description="gunicorn worker processes; `rlserve serve` runs one process unless "
-        "workers is given, and more than 1 runs gunicorn (serve/gunicorn.conf.py, these "
+        "workers is given, and more than 1 runs gunicorn (serve/process/gunicorn_conf.py, these "
         "settings passed on)",
     )
     max_body_bytes: PositiveInt = Field(

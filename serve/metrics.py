@@ -1,6 +1,6 @@
 """Prometheus metrics, correct under several gunicorn workers.
 
-With ``PROMETHEUS_MULTIPROC_DIR`` set (``serve/gunicorn.conf.py`` sets it before any worker
+With ``PROMETHEUS_MULTIPROC_DIR`` set (``serve/process/gunicorn_conf.py`` sets it before any worker
 starts), every worker writes its values to files there and ``/metrics`` sums all workers;
 gauges say how (``livesum``: the pod's total over live workers). Without it, the metrics
 live in this process's registry.
@@ -41,9 +41,9 @@ from prometheus_client import (
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from kernel.errors import InvalidInput, RLServeError
+from ops.gpu import gpu_collector
 from serve.dataplane.record import BatchRecord
 from serve.dataplane.scheduler import Load
-from serve.gpu import gpu_collector
 from serve.lm.scheduling.generation_record import StepRecord
 
 if TYPE_CHECKING:

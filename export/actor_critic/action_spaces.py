@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from export.errors import ExportError
 from kernel.contract import DistributionSpec
 from kernel.distributions import DistributionKind
-from kernel.errors import ExportError
 from kernel.spaces import Box, Dict, Discrete, Leaf, MultiDiscrete
 
 _SUPPORTED = "Box, Discrete, MultiDiscrete or MultiBinary"

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from export.errors import ExportError
 from kernel.contract import StateLayout
-from kernel.errors import ExportError
 
 
 def check_steppable(lstm: nn.LSTM, what: str) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernel.errors import ExportError
+from export.errors import ExportError
 from kernel.spaces import Dict, Leaf, leaf_shape, leaves
 
 

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from export.actor_critic.source import Observations
+from export.errors import ExportError
 from export.files import require_file
-from kernel.errors import ExportError, InvalidInput
+from kernel.errors import InvalidInput
 from kernel.spaces import Dict, Discrete, Leaf, MultiDiscrete, leaves, parse_observations, sample
 
 _EXPECTED = "a .npy array of raw observations, or an .npz with one array per Dict key"

@@ -21,12 +21,12 @@ from export.actor_critic.parity import ParityReport, compare
 from export.actor_critic.parity import report as parity_report
 from export.actor_critic.source import Observations, PolicySource
 from export.actor_critic.tensors import input_specs, parameter_width
+from export.errors import ExportError
 from export.onnx_export import to_onnx
 from export.reweight import Reweighable
 from export.runner import Runner, runner
 from kernel import contract
 from kernel.contract import GoldenVector
-from kernel.errors import ExportError
 from kernel.spaces import leaves, sample
 
 Progress = Callable[[str], None]

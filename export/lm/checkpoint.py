@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from export.errors import ExportError
 from export.lm import confinement
-from kernel.errors import ExportError
 from kernel.lm.contract import SIDE_FILES
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")

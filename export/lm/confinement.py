@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kernel.errors import ExportError
+from export.errors import ExportError
 
 MAX_DEPTH = 3
 MAX_ENTRIES = 100_000

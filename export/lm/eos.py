@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kernel.errors import ExportError
+from export.errors import ExportError
 
 
 def eos_token_ids(

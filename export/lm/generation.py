@@ -10,8 +10,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from export.errors import ExportError
 from export.lm.checkpoint import SideFile
-from kernel.errors import ExportError
 from kernel.lm.contract import GenerationDefaults
 
 FILE = "generation_config.json"

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
+from export.errors import ExportError
 from export.lm import vocabulary
-from kernel.errors import ExportError
 from kernel.lm.contract import PromptEncoding
 
 _TEXTS = (

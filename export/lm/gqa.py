@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from kernel.errors import ExportError
+from export.errors import ExportError
 from kernel.lm.contract import DecoderTensors
 
 # Architectures the builder is asked for, by the name the model's config gives.

@@ -18,8 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from export.errors import ExportError
 from export.onnx_export import quiet
-from kernel.errors import ExportError, one_line
+from kernel.errors import one_line
 from kernel.lm.contract import DecoderTensors
 
 OPSET = 18

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from export import writer
+from export.errors import ExportError
 from export.lm import contract_builder, golden, gqa, graph, parity, vocabulary
 from export.lm.graph_kind import GraphKind
 from export.lm.source import CausalLM, quiet_transformers
 from export.runner import runner
 from kernel.contract import METADATA_KEY
-from kernel.errors import ContractError, ExportError
+from kernel.errors import ContractError
 from kernel.lm import greedy
 from kernel.lm.contract import (
     TOKENIZER_FILE,

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from export.errors import ExportError
 from export.lm import checkpoint, generation, training
 from export.lm.checkpoint import Checkpoint, SideFile
 from kernel.contract import Algorithm
-from kernel.errors import ExportError, one_line
+from kernel.errors import one_line
 from kernel.lm.contract import Adapter, LanguageModelSource
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")

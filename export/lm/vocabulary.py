@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernel.errors import ExportError
+from export.errors import ExportError
 from kernel.lm.contract import PromptEncoding
 
 _PROBE = "Hello world"

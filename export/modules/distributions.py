@@ -15,8 +15,8 @@ import torch
 from torch import Tensor
 from torch.distributions import Bernoulli, Categorical, Distribution, Independent, Normal
 
+from export.errors import ExportError
 from kernel.distributions import DistributionKind
-from kernel.errors import ExportError
 
 _SUPPORTED = (
     "Categorical, a list of Categorical, Bernoulli, Normal, or Independent of Bernoulli/Normal"

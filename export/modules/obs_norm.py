@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from export.actor_critic.normalization import LeafStats, NormStats
+from export.errors import ExportError
 from export.files import require_file
-from kernel.errors import ExportError
 
 DEFAULT_EPSILON = 1e-8
 _EXPECTED = "an .npz with arrays mean and var (and optionally clip, epsilon)"

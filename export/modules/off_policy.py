@@ -28,8 +28,8 @@ from export.actor_critic.heads import Rescale
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.source import Observations, SampledLogProb
 from export.actor_critic.tensors import parameter_width
+from export.errors import ExportError
 from kernel.contract import Algorithm
-from kernel.errors import ExportError
 from kernel.memory import Memory
 from kernel.spaces import Box, Discrete, Leaf, sample
 

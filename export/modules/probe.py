@@ -15,9 +15,9 @@ from torch import Tensor, nn
 from export.actor_critic.action_spaces import distribution_for
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.tensors import parameter_width
+from export.errors import ExportError
 from export.modules import distributions
 from kernel.distributions import DistributionKind
-from kernel.errors import ExportError
 from kernel.spaces import Leaf, sample
 
 _PROBE_BATCH = 2

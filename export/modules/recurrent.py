@@ -27,11 +27,11 @@ from export.actor_critic.graph import Parameters
 from export.actor_critic.lstm import SteppedLSTM, as_lstm_takes, check_steppable, state_rows
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.source import Observations, SampledLogProb
+from export.errors import ExportError
 from export.modules import distributions
 from export.modules.reference import answered, module_input, sampled
 from kernel.contract import StateLayout, StateSegment
 from kernel.distributions import DistributionKind
-from kernel.errors import ExportError
 from kernel.memory import Memory
 from kernel.spaces import Leaf
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -20,8 +21,10 @@ from export.actor_critic.graph import ActorGraph, Parameters, PolicyGraph, Recur
 from export.actor_critic.heads import deterministic_action
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.preprocess import observation_pipelines
+from export.actor_critic.recurrent_core import RecurrentCore
 from export.actor_critic.source import PolicySource
 from export.actor_critic.tensors import output_specs
+from export.errors import ExportError
 from export.files import sha256_of
 from export.modules import (
     distributions,
@@ -35,7 +38,6 @@ from export.modules import (
 from export.modules.reference import TorchReference
 from kernel.contract import Algorithm, DistributionSpec, Normalization, Preprocessing, Source
 from kernel.distributions import DistributionKind
-from kernel.errors import ExportError
 from kernel.spaces import Box, Dict, Leaf
 
 DEFAULT_METHOD = "get_dist_and_value"
@@ -167,9 +169,8 @@ def _recurrent(
         layout=layout,
         output_names=[spec.name for spec in output_specs(action_space, kind, state=layout)],
     )
-    core = recurrent.TorchRecurrentCore(
-        recurrent.stepped(module, attr), options.method_name, kind, layout
-    )
+    step = partial(recurrent.method_step, method=options.method_name, kind=kind)
+    core = RecurrentCore(recurrent.stepped(module, attr), step, layout, network_name="module")
     pipelines = observation_pipelines([None], norm, chw_keys=set())
     return PolicySource(
         graph=RecurrentPolicyGraph(pipelines, core, deterministic_action(action_space)),

@@ -11,7 +11,8 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from kernel.errors import ExportError, InvalidInput
+from export.errors import ExportError
+from kernel.errors import InvalidInput
 from kernel.spaces import Dict, Leaf, Space, from_gymnasium
 
 

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from export.errors import ExportError
 from export.files import require_file
-from kernel.errors import ExportError
 
 _FORM = "MODULE_OR_FILE:ATTR, e.g. 'agents.cartpole:Agent' or 'agent.py:make_agent'"
 

@@ -23,7 +23,8 @@ import zipfile
 from pathlib import Path
 from typing import IO, Any
 
-from kernel.errors import ExportError, one_line
+from export.errors import ExportError
+from kernel.errors import one_line
 
 SETTINGS_ENTRY = "data"
 MAX_ENTRIES = 64

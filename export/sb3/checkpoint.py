@@ -21,10 +21,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any
 
+from export.errors import ExportError
 from export.files import require_file
 from export.sb3 import archive, pickles
 from kernel.contract import Algorithm
-from kernel.errors import ExportError, one_line
+from kernel.errors import one_line
 
 _EXPORTABLE = (
     "rlserve exports Stable-Baselines3's PPO, A2C, SAC, TD3, DDPG and DQN policies and "

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from export.errors import ExportError
 from kernel.contract import ImageScaling
-from kernel.errors import ExportError, InvalidInput
+from kernel.errors import InvalidInput
 from kernel.spaces import Box, Dict, Leaf, from_gymnasium
 
 

@@ -19,7 +19,7 @@ import io
 import pickle
 from typing import Any
 
-from kernel.errors import ExportError
+from export.errors import ExportError
 
 _NUMPY_CORE = ("numpy.core", "numpy._core")  # numpy 1 and numpy 2 spell it differently
 

@@ -9,6 +9,7 @@ TD3, DDPG, DQN) an ``ActorGraph`` (:mod:`export.sb3.off_policy`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,8 +26,10 @@ from export.actor_critic.graph import (
 from export.actor_critic.heads import deterministic_action
 from export.actor_critic.normalization import NormStats
 from export.actor_critic.preprocess import observation_pipelines
+from export.actor_critic.recurrent_core import RecurrentCore
 from export.actor_critic.source import PolicySource, Reference, Sampler
 from export.actor_critic.tensors import output_specs
+from export.errors import ExportError
 from export.files import sha256_of
 from export.sb3 import checkpoint, vecnormalize
 from export.sb3.checkpoint import PolicyFamily
@@ -34,7 +37,7 @@ from export.sb3.graph import Sb3Core
 from export.sb3.layout import ImageLayout, ObservationLayout, observation_layout
 from export.sb3.off_policy import CriticValue, DqnCore, QrDqnCore, SacCore, Td3Core
 from export.sb3.off_policy_reference import OffPolicyReference, SacSampler
-from export.sb3.recurrent import RecurrentCore, RecurrentReference, state_layout
+from export.sb3.recurrent import RecurrentReference, policy_step, state_layout
 from export.sb3.reference import Sb3Reference
 from kernel.contract import (
     Algorithm,
@@ -45,7 +48,7 @@ from kernel.contract import (
     StateLayout,
 )
 from kernel.distributions import DistributionKind
-from kernel.errors import ExportError, InvalidInput
+from kernel.errors import InvalidInput
 from kernel.spaces import Box, Discrete, Leaf, MultiDiscrete, from_gymnasium, leaves
 
 
@@ -150,9 +153,10 @@ def _recurrent(
         memory = state_layout(policy)
     except ExportError as exc:
         raise ExportError(f"{loaded.path}: {exc.message}") from None
+    step = partial(policy_step, keys=keys, gaussian=gaussian)
     graph = RecurrentPolicyGraph(
         observation_pipelines(keys, norm, layout.chw_keys),
-        RecurrentCore(policy, keys, memory, gaussian=gaussian),
+        RecurrentCore(policy, step, memory, network_name="policy"),
         deterministic_action(action_space),
     )
     distribution = distribution_for(action_space)

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from export.actor_critic.normalization import LeafStats, NormStats
+from export.errors import ExportError
 from export.files import require_file
 from export.sb3 import pickles
-from kernel.errors import ExportError
 
 _EXPECTED = "the .pkl written by VecNormalize.save()"
 MAX_BYTES = 256 << 20  # statistics of an 84x84x4 image space take about 0.5 MB

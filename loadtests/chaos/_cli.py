@@ -74,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
     start = p.add_argument_group("starting the server (--start-server)")
     start.add_argument(
         "--start-server", action="store_true",
-        help="start gunicorn (rlserve's serve/gunicorn.conf.py) on a copy of "
+        help="start gunicorn (rlserve's serve/process/gunicorn_conf.py) on a copy of "
         "--model-repository, with a fresh admin token, RLSERVE_DRAIN_DELAY_S=0.5 and "
         "RLSERVE_MAX_QUEUE_ROWS=256 (so that the burst overflows the queue), and stop it "
         "at the end",

@@ -1,6 +1,6 @@
 """``rlserve serve``: the development server (uvicorn, one process).
 
-Production runs gunicorn with ``serve/gunicorn.conf.py``; both read the same settings
+Production runs gunicorn with ``serve/process/gunicorn_conf.py``; both read the same settings
 (see ``serve.config`` for the precedence: flags > RLSERVE_* env > config file > defaults).
 
 The flags are generated from ``serve.config.Settings``: every setting is a ``--kebab-case``

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel.errors import NotFound, RLServeError, ServiceUnavailable, quoted
+from kernel.versions import DESCRIPTION
 from serve.config import FeatureView, Settings, load_model_overrides
 from serve.control import repository, store
 from serve.control.lifecycle import ModelLifeCycle, ReadyState
@@ -32,7 +33,6 @@ from serve.dataplane.routing import Route
 from serve.dataplane.scheduler import Scheduler
 from serve.lm.scheduling.scheduler import ContinuousBatchScheduler
 from serve.metrics import Metrics
-from serve.versions import DESCRIPTION
 
 log = logging.getLogger("rlserve.manager")
 

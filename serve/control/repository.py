@@ -32,6 +32,7 @@ from kernel.contract import PolicyContract
 from kernel.errors import ConfigError, ContractError, ModelLoadError
 from kernel.lm import contract as lm_contract
 from kernel.spaces import Box, Dict, Leaf, Space
+from kernel.versions import parse_version
 from serve.actor_critic.policy import ActorCriticPolicy, action_session
 from serve.config import (
     FeatureView,
@@ -45,7 +46,6 @@ from serve.dataplane.kinds import ModelKind
 from serve.dataplane.model import ServedModel
 from serve.dataplane.runtime import Session, create_session
 from serve.lm.model import LanguageModel
-from serve.versions import parse_version
 
 log = logging.getLogger("rlserve.repository")
 

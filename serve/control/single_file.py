@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kernel.errors import ConfigError
+from kernel.versions import parse_version
 from serve.config import Settings
 from serve.control.repository import MODEL_FILE
-from serve.versions import parse_version
 
 log = logging.getLogger("rlserve.repository")
 

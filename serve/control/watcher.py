@@ -24,10 +24,10 @@ import logging
 from pathlib import Path
 
 from kernel.errors import ModelLoadError, RLServeError
+from kernel.versions import DESCRIPTION
 from serve.control import repository
 from serve.control.manager import ModelRepositoryManager
 from serve.control.updates import Push, Updater
-from serve.versions import DESCRIPTION
 
 log = logging.getLogger("rlserve.watcher")
 

@@ -38,6 +38,7 @@ from kernel.errors import (
     QueueFull,
     RLServeError,
 )
+from kernel.versions import path_version
 from serve.access import log_exchange
 from serve.dataplane import features
 from serve.dataplane.deadline import Deadline, budget_ms
@@ -63,7 +64,6 @@ from serve.dataplane.routing import Route, Router
 from serve.dataplane.row_calls import PreparedOn, RowCalls
 from serve.dataplane.scheduler import Scheduler
 from serve.dataplane.wire import JSON_OPTIONS, timeout_header_ms
-from serve.versions import path_version
 
 log = logging.getLogger("rlserve.predict")
 

@@ -9,10 +9,10 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.responses import Response
 
+from ops.gpu import gpu_utilization
 from serve.config import Settings
 from serve.control.http_bodies import json_response
 from serve.control.manager import ModelRepositoryManager
-from serve.gpu import gpu_utilization
 from serve.metrics import Metrics
 from serve.process.phases import ServerPhases
 from serve.process.state import not_ready
@@ -87,7 +87,7 @@ class OperationsEndpoints:
 
 def _the_version(versions: dict[str, int | None]) -> str | None:
     """The guide's ``model_version``: the one model's active version, written as every
-    version is (``serve.versions``), or None when there are several models or it has none."""
+    version is (``kernel.versions``), or None when there are several models or it has none."""
     if len(versions) != 1:
         return None
     (active,) = versions.values()

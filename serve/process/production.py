@@ -1,6 +1,6 @@
 """``rlserve serve`` with more than one worker: gunicorn in this process's place.
 
-The production server is ``gunicorn --config serve/gunicorn.conf.py``, which takes every
+The production server is ``gunicorn --config serve/process/gunicorn_conf.py``, which takes every
 setting from ``RLSERVE_*`` and the config file. So the flags given to ``rlserve serve`` are
 handed on as ``RLSERVE_<NAME>`` variables (they outrank the environment and the file there
 too, as they do here) and gunicorn replaces this process: signals reach its arbiter directly
@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 from serve.config import ENV_PREFIX
 
-GUNICORN_CONFIG = Path(__file__).resolve().parent.parent / "gunicorn.conf.py"
+GUNICORN_CONFIG = Path(__file__).resolve().with_name("gunicorn_conf.py")
 
 log = logging.getLogger("rlserve")
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from serve import cli
+import cli
 from tests.e2e.server import Server
 from tests.export.export_envs import DictEnv
 

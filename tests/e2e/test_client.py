@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from serve.client import PolicyClient, RequestFailed
+from client import PolicyClient, RequestFailed
 from tests.e2e.server import Server
 
 OBS = np.array([0.01, -0.02, 0.03, 0.04], dtype=np.float32)

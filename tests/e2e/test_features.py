@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 import pytest
 
-from serve.client import PolicyClient, RequestFailed
+from client import PolicyClient, RequestFailed
 from tests.e2e.conftest import DEMO, export_untrained
 from tests.e2e.server import Server, free_port
 from tests.export.export_envs import VectorsEnv

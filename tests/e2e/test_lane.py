@@ -21,9 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serve.client import PolicyClient, RequestFailed
-from serve.dataplane.lane import wire
-from serve.lane_client import LaneClient, LaneUnavailable
+from client import LaneClient, LaneUnavailable, PolicyClient, RequestFailed
+from kernel import lane_wire as wire
 from tests.e2e.conftest import DEMO, ROOT
 from tests.e2e.server import Server
 
@@ -116,7 +115,7 @@ def test_a_killed_client_costs_the_server_nothing(lane_server: tuple[Server, Pat
     server, path = lane_server
     script = (
         "import numpy as np, sys\n"
-        "from serve.lane_client import LaneClient\n"
+        "from client.lane import LaneClient\n"
         "lane = LaneClient(sys.argv[1])\n"
         "print(lane.predict(np.zeros(4, np.float32)).model, flush=True)\n"
         "while True: lane.predict(np.zeros(4, np.float32))\n"
@@ -256,7 +255,7 @@ def test_policy_client_tries_the_lane_again_after_it_failed(
     lane_server: tuple[Server, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, path = lane_server
-    monkeypatch.setattr("serve.client.LANE_RETRY_S", 0.0)
+    monkeypatch.setattr("client.policy.LANE_RETRY_S", 0.0)
     later = tmp_path / "later.sock"
     # Nothing listens on port 9: a prediction that succeeds came through the lane.
     with PolicyClient("http://127.0.0.1:9", lane=later) as client:

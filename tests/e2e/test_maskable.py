@@ -18,10 +18,9 @@ import tritonclient.grpc as triton_grpc
 from gymnasium import spaces
 from sb3_contrib import MaskablePPO
 
+import cli
+from client import LaneClient, PolicyClient, RequestFailed
 from kernel import contract
-from serve import cli
-from serve.client import PolicyClient, RequestFailed
-from serve.lane_client import LaneClient
 from tests.e2e.server import Server, free_port
 
 ACTIONS = 5

@@ -18,9 +18,9 @@ import torch
 from sb3_contrib import QRDQN, TQC
 from stable_baselines3 import DDPG, DQN, SAC, TD3
 
+import cli
+from client import LaneClient
 from kernel import contract
-from serve import cli
-from serve.lane_client import LaneClient
 from tests.e2e.server import Server
 from tests.export import cleanrl_agents
 

@@ -28,8 +28,8 @@ import tritonclient.http as triton_http
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from client import PolicyClient
 from kernel.distributions import Categorical
-from serve.client import PolicyClient
 from tests.e2e.conftest import LM_MODEL, Exported, lm_repository, only
 from tests.e2e.server import Server, free_port
 

@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from serve.client import PolicyClient
+from client import PolicyClient
 from tests.e2e.conftest import only
 from tests.e2e.server import Server
 

@@ -27,10 +27,9 @@ import tritonclient.http as triton_http
 from sb3_contrib import RecurrentPPO
 from stable_baselines3 import PPO
 
-from serve import cli
-from serve.client import Memory, PolicyClient
-from serve.lane_client import LaneClient
-from serve.prediction import RequestFailed
+import cli
+from client import LaneClient, RequestFailed
+from client.policy import Memory, PolicyClient
 from tests.e2e.server import Server, free_port
 from tests.export.export_envs import CartPoleNoVelocity
 from tests.export.export_rollouts import SourceRecurrentActor, run_episode

@@ -19,7 +19,7 @@ import orjson
 import pytest
 import redis
 
-from serve.client import PolicyClient
+from client import PolicyClient
 from serve.dataplane.result_cache import RETRY_AFTER_S
 from tests.e2e.conftest import DEMO
 from tests.e2e.server import Server

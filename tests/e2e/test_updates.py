@@ -16,8 +16,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from client import PolicyClient, RequestFailed
 from kernel.distributions import Categorical
-from serve.client import PolicyClient, RequestFailed
 from tests.e2e.conftest import export_untrained
 from tests.e2e.server import Server
 

@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from serve import cli
+import cli
 from tests.export import cleanrl_agents
 from tests.export.export_policies import TrainedPolicy
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
+import cli
 from export import writer
 from export.actor_critic.pipeline import ParitySettings, export_policy
 from export.sb3.source import Sb3Options, load_source
-from serve import cli
 from tests.export.export_policies import TrainedPolicy
 
 

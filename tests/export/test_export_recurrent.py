@@ -14,15 +14,15 @@ import pytest
 import torch
 from sb3_contrib import RecurrentPPO
 
+import cli
 from export import writer
 from export.actor_critic.pipeline import ParitySettings, export_policy
+from export.errors import ExportError
 from export.modules.source import TorchOptions
 from export.modules.source import load_source as load_torch_source
 from export.sb3.source import Sb3Options, load_source
 from kernel import contract
 from kernel.contract import Algorithm, TensorRole
-from kernel.errors import ExportError
-from serve import cli
 from tests.export import cleanrl_agents
 from tests.export.export_envs import CartPoleNoVelocity, DictEnv, ImageEnv
 from tests.export.export_policies import RECURRENT_HIDDEN

@@ -12,10 +12,10 @@ from stable_baselines3 import PPO, SAC
 from export import writer
 from export.actor_critic.action_spaces import checked
 from export.actor_critic.pipeline import ParitySettings, export_policy
+from export.errors import ExportError
 from export.sb3.layout import ImageLayout
 from export.sb3.source import Sb3Options, load_source
 from kernel import contract
-from kernel.errors import ExportError
 from kernel.spaces import Discrete, MultiDiscrete
 from tests.export.export_policies import TrainedPolicy
 

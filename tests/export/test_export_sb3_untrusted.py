@@ -17,9 +17,9 @@ import pytest
 
 from export import writer
 from export.actor_critic.pipeline import ParitySettings, export_policy
+from export.errors import ExportError
 from export.sb3 import archive
 from export.sb3.source import Sb3Options, load_source
-from kernel.errors import ExportError
 from tests.export.export_policies import TrainedPolicy
 from tests.export.test_export_cli import rlserve
 

@@ -13,10 +13,10 @@ import torch
 
 from export import writer
 from export.actor_critic.pipeline import ExportOutcome, ParitySettings, export_policy
+from export.errors import ExportError
 from export.modules.source import TorchOptions, load_source
 from kernel import contract
 from kernel.contract import PolicyContract
-from kernel.errors import ExportError
 from tests.export import cleanrl_agents
 from tests.export.export_rollouts import OnnxActor, assert_same_episode, run_episode
 

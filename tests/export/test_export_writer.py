@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from export import writer
-from kernel.errors import ExportError
+from export.errors import ExportError
 
 
 def _accept(_: Path) -> None:

@@ -18,7 +18,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from tests.e2e.server import Server
 from tests.load.locust_runs import REPO
 
-GUNICORN = [sys.executable, "-m", "gunicorn", "--config", str(REPO / "serve" / "gunicorn.conf.py")]
+GUNICORN_CONFIG = REPO / "serve" / "process" / "gunicorn_conf.py"
+GUNICORN = [sys.executable, "-m", "gunicorn", "--config", str(GUNICORN_CONFIG)]
 WORKERS = 2
 
 

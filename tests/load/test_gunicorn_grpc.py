@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as triton_grpc
 
-from serve.client import PolicyClient
+from client import PolicyClient
 from tests.e2e.server import free_port
 from tests.load.conftest import DEMO_REPOSITORY
 from tests.load.gunicorn_server import WORKERS, start_gunicorn, stop_gunicorn, worker_pids

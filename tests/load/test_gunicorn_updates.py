@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from serve.client import PolicyClient
+from client import PolicyClient
 from tests.load.conftest import DEMO_REPOSITORY
 from tests.load.fresh_connections import OBSERVATION, PREDICT
 from tests.load.gunicorn_server import WORKERS, start_gunicorn, stop_gunicorn, worker_pids

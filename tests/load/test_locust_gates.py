@@ -6,7 +6,7 @@ import re
 import shutil
 from pathlib import Path
 
-from serve.client import PolicyClient
+from client import PolicyClient
 from tests.e2e.server import Server
 from tests.load.conftest import DEMO_REPOSITORY
 from tests.load.locust_runs import run_locust

@@ -247,7 +247,7 @@ def test_a_worker_survives_a_server_restart_and_a_swap_losing_and_repeating_noth
         # an episode instead.
         wait_for(lambda: 0 <= newest_step(buffer_dir) < 300, 20, "the envs early in episodes")
 
-        from serve.client import PolicyClient
+        from client import PolicyClient
 
         with PolicyClient(server.url, admin_token=TOKEN) as admin:
             pushing = time.time()

@@ -40,8 +40,8 @@ from typing import Any
 import redis
 import torch
 
+from client import PolicyClient
 from loop.buffers import open_consumer
-from serve.client import PolicyClient
 from tests.e2e.server import Server, free_port
 from tests.loop.test_learning import (
     BATCH,

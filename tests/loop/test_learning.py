@@ -44,9 +44,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from client import PolicyClient
 from loop.buffers import open_consumer
 from loop.experience import Step
-from serve.client import PolicyClient
 from tests.e2e.server import RLSERVE, Server, free_port
 from tests.loop.buffers.poison import Poisoner
 from tests.loop.event_files import rises, scalars

@@ -49,8 +49,8 @@ from typing import Any
 
 import pytest
 
+from client import PolicyClient
 from loop.child_server import free_port
-from serve.client import PolicyClient
 from serve.control.store import STATE_FILE
 from tests.e2e.server import Server
 from tests.loop.event_files import rises, scalars

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from kernel.errors import RLServeError
-from serve.commands import rollout
+from ops.commands import rollout
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"

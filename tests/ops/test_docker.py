@@ -80,7 +80,7 @@ def test_the_image_runs_gunicorn_as_a_numeric_non_root_user(name):
     assert json.loads(steps["ENTRYPOINT"]) == [
         "gunicorn",
         "--config",
-        "/app/serve/gunicorn.conf.py",
+        "/app/serve/process/gunicorn_conf.py",
     ]
     assert "HEALTHCHECK" in steps
     assert "/health" in steps["HEALTHCHECK"]

@@ -46,6 +46,8 @@ def test_the_contracts_hold() -> None:
 BREAKING = [  # (module, an import it may not make, the contract that forbids it)
     ("kernel/spaces.py", "serve.status", "kernel-imports-nothing"),
     ("cli/arguments.py", "export.commands", "cli-imports-kernel-only"),
+    ("client/prediction.py", "serve.status", "client-imports-kernel-only"),
+    ("ops/bluegreen/names.py", "serve.config", "ops-no-serve"),
     ("serve/dataplane/wire.py", "serve.control.api", "dataplane-no-server-parts"),
     ("serve/dataplane/wire.py", "serve.lm.text", "dataplane-no-kind"),
     ("serve/control/watcher.py", "serve.actor_critic.heads", "control-no-kind"),

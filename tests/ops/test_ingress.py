@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
+from ops.bluegreen.names import Names
 from serve import config as server_config
-from serve.bluegreen.names import Names
 from tests.ops.conftest import OVERLAYS, REPO, FakeKubectl, render, run_rollout
 from tests.ops.ops_cluster import cluster
 from tests.ops.ops_manifests import Doc, config, env, matches, named, of_kind, pod_labels, server

@@ -165,7 +165,7 @@ def server_environment(overlay: str, tmp_path: Path) -> dict[str, str]:
 def test_the_config_map_and_the_env_load_into_the_servers_settings(overlay, tmp_path, monkeypatch):
     variables = server_environment(overlay, tmp_path)
     fields = set(server_config.Settings.model_fields)
-    # `workers` is read by serve/gunicorn.conf.py; the serving branch adds it to Settings.
+    # `workers` is read by serve/process/gunicorn_conf.py; the serving branch adds it to Settings.
     unknown = {n for n in variables if n.removeprefix("RLSERVE_").lower() not in fields}
     assert unknown <= {"RLSERVE_WORKERS"}
     for name, value in variables.items():
@@ -179,9 +179,9 @@ def test_the_config_map_and_the_env_load_into_the_servers_settings(overlay, tmp_
 
 @overlays
 def test_gunicorn_binds_the_port_the_probes_use(overlay, tmp_path):
-    conf = REPO / "serve" / "gunicorn.conf.py"
+    conf = REPO / "serve" / "process" / "gunicorn_conf.py"
     if not conf.exists():
-        pytest.skip("serve/gunicorn.conf.py arrives with the serving branch")
+        pytest.skip("serve/process/gunicorn_conf.py arrives with the serving branch")
     variables = server_environment(overlay, tmp_path)
     variables["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path / "metrics")
     show_bind = "import runpy, sys; print(runpy.run_path(sys.argv[1])['bind'])"
@@ -207,7 +207,7 @@ def test_the_grace_period_outlasts_prestop_drain_in_flight_work_and_a_deadline(o
         assert pre_stop[0] == "sleep"
         grace = pod_spec(deployment)["terminationGracePeriodSeconds"]
         assert grace > int(pre_stop[1]) + drain + graceful + deadline
-        # gunicorn's own graceful_timeout (serve/gunicorn.conf.py) must end first.
+        # gunicorn's own graceful_timeout (serve/process/gunicorn_conf.py) must end first.
         assert grace > int(pre_stop[1]) + drain + graceful + 5
 
 

@@ -1,7 +1,7 @@
 """k8s/monitoring: the policy servers' Grafana dashboard and their alerts (a PrometheusRule).
 
 The dashboard is well formed Grafana JSON; every metric the dashboard and the rules read is
-one the server exports (serve.metrics.Metrics, serve.gpu's NVML collector) with the labels
+one the server exports (serve.metrics.Metrics, ops.gpu's NVML collector) with the labels
 they select and group on, or one of the external metrics listed here with their source;
 every expression parses with promtool, the rule group passes ``promtool check rules``, and
 ``promtool test rules`` runs alerts-test.yaml: the alerts fire, and stay quiet, as intended.
@@ -25,7 +25,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from serve.gpu import NvmlCollector
+from ops.gpu import NvmlCollector
 from serve.metrics import Metrics
 from serve.status import HTTP_STATUS
 from tests.e2e.server import Server

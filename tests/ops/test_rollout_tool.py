@@ -230,7 +230,7 @@ def test_the_kubectl_binary_is_an_option(kubectl, tmp_path, capsys):
 
 
 def test_rollout_is_a_subcommand_of_rlserve():
-    assert "serve.commands.rollout" in cli._SUBCOMMANDS
+    assert "ops.commands.rollout" in cli._SUBCOMMANDS
 
 
 def test_status_shows_the_live_color_and_each_colors_version_and_readiness(kubectl, capsys):

@@ -1,4 +1,4 @@
-"""The client's HTTP/1.1 connection (serve.client_connection) against a standard-library
+"""The client's HTTP/1.1 connection (client.connection) against a standard-library
 HTTP server: framing by length, by chunks and by close; keep-alive; the server closing."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from serve.client_connection import Connection, ConnectionClosed, UnreadableAnswer
+from client.connection import Connection, ConnectionClosed, UnreadableAnswer
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import re
 import sys
+import warnings
 
 import pytest
 
@@ -18,11 +19,20 @@ MOVED = {  # the old path -> the new one
     "serve.distributions": "kernel.distributions",
     "serve.cli": "cli",
     "serve.cli.arguments": "cli.arguments",
+    "serve.client": "client.policy",
+    "serve.lane_client": "client.lane",
+    "serve.prediction": "client.prediction",
+    "serve.client_connection": "client.connection",
 }
 
 
 @pytest.mark.parametrize(("old_name", "new_name"), MOVED.items())
 def test_the_old_path_warns_and_gives_the_same_objects(old_name: str, new_name: str) -> None:
+    parent = old_name.rpartition(".")[0]
+    if parent != "serve":  # the moved parent package warns too, on its own: import it first
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            importlib.import_module(parent)
     sys.modules.pop(old_name, None)
     with pytest.warns(
         DeprecationWarning, match=rf"{re.escape(old_name)} moved to {re.escape(new_name)}\b"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve.versions import MAX_VERSION, parse_version
+from kernel.versions import MAX_VERSION, parse_version
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 Each connection is one :class:`Lane`: a hello names the model, the most rows a call carries
 and the outputs wanted; the server answers with the slot's layout and the slot itself (an
 anonymous memfd, passed over the socket), then serves one call per doorbell byte
-(``serve.dataplane.lane.wire``). A call takes the same steps as an Open Inference Protocol
+(``kernel.lane_wire``). A call takes the same steps as an Open Inference Protocol
 call (``serve.dataplane.oip.infer.Inference``: deadline, admission, preparation,
 submission), so its rows join the same batches as HTTP and gRPC rows, and count in the
 same metrics and records.
@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from kernel import lane_wire as wire
 from kernel.errors import (
     ConfigError,
     InvalidInput,
@@ -44,7 +45,6 @@ from kernel.errors import (
     internal_error,
     listed,
 )
-from serve.dataplane.lane import wire
 from serve.dataplane.oip.infer import Inference, call_budget_ms
 from serve.dataplane.oip.signature import InferCall, RequestedOutput, Signature
 from serve.dataplane.oip.tensors import DTYPES

@@ -18,6 +18,7 @@ from typing import Any
 
 from kernel.errors import InvalidInput, NotFound, RLServeError, quoted
 from kernel.json_shown import json_shown
+from kernel.versions import path_version
 from serve.dataplane import features
 from serve.dataplane.deadline import Deadline, budget_ms
 from serve.dataplane.features import FeatureLookup
@@ -31,7 +32,6 @@ from serve.dataplane.routing import Route, Router
 from serve.dataplane.row_calls import RowCalls
 from serve.metrics import Metrics
 from serve.status import http_status
-from serve.versions import path_version
 
 
 @dataclass(frozen=True, slots=True)

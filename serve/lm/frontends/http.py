@@ -51,6 +51,7 @@ from starlette.types import Receive, Scope, Send
 from kernel.errors import InvalidInput, RLServeError
 from kernel.json_shown import json_shown
 from kernel.lm.sampling import Alternatives
+from kernel.versions import path_version
 from serve.dataplane.http_calls import Disconnected, Exchange, allow, plain_error, stamp
 from serve.dataplane.kinds import ModelKind
 from serve.lm.frontends.calls import (
@@ -74,7 +75,6 @@ from serve.lm.requests import generation_specs, score_spec
 from serve.lm.scheduling.generation_stream import GenerationStream
 from serve.lm.text import TextCodec
 from serve.status import http_status
-from serve.versions import path_version
 
 
 class Action(StrEnum):

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from export.errors import ExportError
 from export.lm import source
-from kernel.errors import ExportError
 from tests.export.lm.conftest import LinkedExport, rlserve
 from tests.export.lm.tiny_models import TinyModels, orphan_adapter
 

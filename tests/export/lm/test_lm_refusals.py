@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import onnxruntime as ort
 import pytest
 
+from export.errors import ExportError
 from export.lm import golden, parity, pipeline, source, vocabulary
-from kernel.errors import ExportError
 from kernel.lm import greedy
 from tests.export.lm.conftest import corrupted, rlserve
 from tests.export.lm.tiny_models import TinyModels, orphan_adapter

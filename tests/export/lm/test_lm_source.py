@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from export import writer
+from export.errors import ExportError
 from export.lm import eos, generation, source, training
 from kernel.contract import Algorithm
-from kernel.errors import ExportError
 from tests.export.lm.tiny_models import TinyModels
 
 if TYPE_CHECKING:

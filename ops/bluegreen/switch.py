@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
-from kernel.errors import CheckFailed, Conflict, RLServeError
-from serve.bluegreen import verify as verification
-from serve.bluegreen.kubectl import Count, Kubectl
-from serve.bluegreen.names import (
+from kernel.errors import Conflict, RLServeError
+from ops.bluegreen import verify as verification
+from ops.bluegreen.kubectl import Count, Kubectl
+from ops.bluegreen.names import (
     ACTIVE_COLOR,
     CONTAINER,
     MODEL_VERSION,
@@ -31,6 +31,7 @@ from serve.bluegreen.names import (
     VERSION_POLICY_ENV,
     annotation,
 )
+from ops.errors import CheckFailed
 
 
 class Color(StrEnum):

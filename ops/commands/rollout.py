@@ -16,11 +16,11 @@ from pathlib import Path
 
 from cli.arguments import add_arguments as add_dataclass_arguments
 from cli.arguments import arg, from_namespace
-from kernel.errors import CheckFailed
-from serve.bluegreen import retain, status, switch
-from serve.bluegreen.kubectl import Kubectl, Names
-from serve.bluegreen.switch import Color, PromoteOptions
-from serve.bluegreen.verify import VerifyOptions, verify
+from ops.bluegreen import retain, status, switch
+from ops.bluegreen.kubectl import Kubectl, Names
+from ops.bluegreen.switch import Color, PromoteOptions
+from ops.bluegreen.verify import VerifyOptions, verify
+from ops.errors import CheckFailed
 
 NAME = "rollout"
 HELP = "blue-green releases on Kubernetes: status, deploy, verify, promote, rollback, retire"

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from serve.bluegreen.kubectl import Kubectl
-from serve.bluegreen.names import ACTIVE_COLOR, MODEL_VERSION, ROLLBACK_UNTIL
-from serve.bluegreen.switch import Color
+from ops.bluegreen.kubectl import Kubectl
+from ops.bluegreen.names import ACTIVE_COLOR, MODEL_VERSION, ROLLBACK_UNTIL
+from ops.bluegreen.switch import Color
 
 
 class Role(StrEnum):

@@ -16,8 +16,8 @@ from typing import Any
 from kernel import contract
 from kernel.contract import PolicyContract, TensorRole
 from kernel.errors import MalformedRequest, NotFound
-from serve.bluegreen.kubectl import Kubectl
-from serve.bluegreen.names import MODEL_VERSION, annotation
+from ops.bluegreen.kubectl import Kubectl
+from ops.bluegreen.names import MODEL_VERSION, annotation
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from kernel.errors import Conflict, MalformedRequest, NotFound
-from serve.bluegreen.kubectl import Kubectl
-from serve.bluegreen.names import MODEL_VERSION, VERSION_POLICY_ENV
-from serve.versions import parse_version
+from kernel.versions import parse_version
+from ops.bluegreen.kubectl import Kubectl
+from ops.bluegreen.names import MODEL_VERSION, VERSION_POLICY_ENV
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from kernel.errors import KubectlError, RLServeError
-from serve.bluegreen.names import Names
+from kernel.errors import RLServeError
+from ops.bluegreen.names import Names
+from ops.errors import KubectlError
 
 # A number read from the cluster: an int, or in a dry run the shell variable standing for it.
 Count = int | str
