@@ -6,10 +6,11 @@ The module's method is called as CleanRL's ``get_action_and_value`` calls ``get_
 
 with states ``[layers, B, hidden]`` as its ``nn.LSTM`` (the attribute ``ATTR``) takes them,
 and ``done`` the float episode starts (CleanRL's ``next_done``: 1.0 resets the row's state).
-The graph runs the module's own method on a shallow copy of the module whose ``ATTR`` is a
-:class:`~export.actor_critic.lstm.SteppedLSTM` over the same weights (torch.export cannot
-trace ``nn.LSTM``); the reference runs the module itself, ``nn.LSTM`` and all. The memory
-is the LSTM's ``h`` then ``c``, each ``[layers, hidden]`` per row.
+The graph runs the module's own method (:func:`method_step`, in the shared
+:class:`~export.actor_critic.recurrent_core.RecurrentCore`) on a shallow copy of the module
+whose ``ATTR`` is a :class:`~export.actor_critic.lstm.SteppedLSTM` over the same weights
+(torch.export cannot trace ``nn.LSTM``); the reference runs the module itself, ``nn.LSTM``
+and all. The memory is the LSTM's ``h`` then ``c``, each ``[layers, hidden]`` per row.
 """
 
 from __future__ import annotations
@@ -71,27 +72,26 @@ def _pair(state: Tensor, layout: StateLayout) -> tuple[Tensor, Tensor]:
     return h, c
 
 
-class TorchRecurrentCore(nn.Module):
-    """The stepped module's method: parameters, value [B] and the next state [B, size]."""
-
-    def __init__(
-        self, module: nn.Module, method: str, kind: DistributionKind, layout: StateLayout
-    ) -> None:
-        super().__init__()
-        self.module = module
-        self.method = method
-        self.kind = kind
-        self.layout = layout
-
-    def forward(
-        self, inputs: list[Tensor], state: Tensor, episode_start: Tensor
-    ) -> tuple[Parameters, Tensor, Tensor]:
-        with distributions.no_argument_validation():
-            distribution, value, (h, c) = getattr(self.module, self.method)(
-                inputs[0].float(), _pair(state, self.layout), episode_start.float()
-            )
-            parameters = distributions.parameters(distribution, self.kind)
-        return parameters, value.reshape(value.shape[0]), state_rows([h, c])
+def method_step(
+    module: nn.Module,
+    inputs: list[Tensor],
+    held: list[Tensor],
+    episode_start: Tensor,
+    *,
+    method: str,
+    kind: DistributionKind,
+) -> tuple[Parameters, Tensor, list[Tensor]]:
+    """The stepped module's method as a
+    :data:`~export.actor_critic.recurrent_core.RecurrentStep`. The method takes and returns
+    the states as its ``nn.LSTM`` does, [layers, B, hidden], and zeroes the rows that start
+    an episode itself (``done`` is a float, as CleanRL's ``next_done``)."""
+    taken = tuple(s.transpose(0, 1).contiguous() for s in held)
+    with distributions.no_argument_validation():
+        distribution, value, (h, c) = getattr(module, method)(
+            inputs[0].float(), taken, episode_start.float()
+        )
+        parameters = distributions.parameters(distribution, kind)
+    return parameters, value.reshape(value.shape[0]), [h.transpose(0, 1), c.transpose(0, 1)]
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """sb3-contrib's RecurrentPPO (MlpLstm, CnnLstm, MultiInputLstm policies): one step of the
 policy, with its LSTM memory as explicit inputs and outputs.
 
-The graph's core (:class:`RecurrentCore`) runs one time step of the policy's own modules, as
+The graph's core is the shared :class:`~export.actor_critic.recurrent_core.RecurrentCore`
+over :func:`policy_step`, one time step of the policy's own modules, as
 ``RecurrentActorCriticPolicy.forward`` runs them for a sequence of length 1: features, the
 actor's LSTM (and the critic's, when it has its own), the MLP extractor, ``action_net`` and
 ``value_net``. The LSTM step is written out over the module's own weights
@@ -24,16 +25,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from export.actor_critic.graph import Parameters
-from export.actor_critic.lstm import (
-    as_lstm_takes,
-    check_steppable,
-    lstm_step,
-    segments,
-    state_rows,
-)
+from export.actor_critic.lstm import as_lstm_takes, check_steppable, lstm_step, state_rows
 from export.actor_critic.source import Observations, SampledLogProb
 from export.sb3.graph import sb3_observation
 from export.sb3.reference import policy_input
@@ -56,39 +51,47 @@ def state_layout(policy: Any) -> StateLayout:
     return StateLayout(segments=laid_out)
 
 
-class RecurrentCore(nn.Module):
-    def __init__(
-        self, policy: Any, keys: list[str | None], layout: StateLayout, *, gaussian: bool
-    ) -> None:
-        super().__init__()
-        self.policy = policy
-        self.keys = keys
-        self.layout = layout
-        self.gaussian = gaussian
+def policy_step(
+    policy: Any,
+    inputs: list[Tensor],
+    held: list[Tensor],
+    episode_start: Tensor,
+    *,
+    keys: list[str | None],
+    gaussian: bool,
+) -> tuple[Parameters, Tensor, list[Tensor]]:
+    """The policy's :data:`~export.actor_critic.recurrent_core.RecurrentStep`: parameters,
+    value [B] and the next memory, each segment [B, layers, hidden]."""
+    features = policy.extract_features(sb3_observation(keys, inputs))
+    pi_features, vf_features = (features, features) if policy.share_features_extractor else features
+    latent_pi, latent_vf, following = _latents(
+        policy, pi_features, vf_features, _zeroed_at_starts(held, episode_start)
+    )
+    first = policy.action_net(policy.mlp_extractor.forward_actor(latent_pi))
+    value = policy.value_net(policy.mlp_extractor.forward_critic(latent_vf)).squeeze(-1)
+    parameters = (first, policy.log_std.expand_as(first)) if gaussian else (first,)
+    return parameters, value, following
 
-    def forward(
-        self, inputs: list[Tensor], state: Tensor, episode_start: Tensor
-    ) -> tuple[Parameters, Tensor, Tensor]:
-        policy = self.policy
-        features = policy.extract_features(sb3_observation(self.keys, inputs))
-        pi_features, vf_features = (
-            (features, features) if policy.share_features_extractor else features
-        )
-        keep = (~episode_start).to(state.dtype).unsqueeze(-1)
-        held = [s * keep.unsqueeze(-1) for s in segments(state, self.layout)]
-        latent_pi, *following = lstm_step(policy.lstm_actor, pi_features, *held[:2])
-        if policy.lstm_critic is not None:
-            latent_vf, *critic = lstm_step(policy.lstm_critic, vf_features, *held[2:])
-            following += critic
-        elif policy.shared_lstm:
-            latent_vf = latent_pi
-        else:
-            latent_vf = policy.critic(vf_features)
-        first = policy.action_net(policy.mlp_extractor.forward_actor(latent_pi))
-        value = policy.value_net(policy.mlp_extractor.forward_critic(latent_vf)).squeeze(-1)
-        next_state = torch.cat([s.reshape(s.shape[0], -1) for s in following], dim=1)
-        parameters = (first, policy.log_std.expand_as(first)) if self.gaussian else (first,)
-        return parameters, value, next_state
+
+def _zeroed_at_starts(held: list[Tensor], episode_start: Tensor) -> list[Tensor]:
+    """The memory with the rows that start an episode zeroed. The source's
+    ``_process_sequence`` zeroes them inside its LSTM call; the step runs the LSTMs bare."""
+    keep = (~episode_start).to(held[0].dtype).unsqueeze(-1)
+    return [s * keep.unsqueeze(-1) for s in held]
+
+
+def _latents(
+    policy: Any, pi_features: Tensor, vf_features: Tensor, held: list[Tensor]
+) -> tuple[Tensor, Tensor, list[Tensor]]:
+    """The actor's and the critic's latents, and both LSTMs' next h and c. The critic has
+    its own LSTM, shares the actor's, or has none (a linear layer in its place)."""
+    latent_pi, *following = lstm_step(policy.lstm_actor, pi_features, *held[:2])
+    if policy.lstm_critic is not None:
+        latent_vf, *critic = lstm_step(policy.lstm_critic, vf_features, *held[2:])
+        return latent_pi, latent_vf, following + critic
+    if policy.shared_lstm:
+        return latent_pi, latent_pi, following
+    return latent_pi, policy.critic(vf_features), following
 
 
 @dataclass(frozen=True)
