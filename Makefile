@@ -25,7 +25,7 @@ PYTEST_ARGS ?=
 # worker (--dist loadfile: a file's fixtures are built once); 0 runs it in this process.
 TEST_WORKERS ?= 2
 
-UNIT_TESTS ?= tests/serve
+UNIT_TESTS ?= tests/kernel tests/cli tests/client tests/serve
 
 .PHONY: serve test check lint typecheck unit bench bench-gpu demo loadtest clean chaos proto hooks
 
@@ -101,10 +101,10 @@ bench-gpu:
 chaos: $(VENV)/.test-installed
 	$(BIN)/python -m loadtests.chaos --start-server --model-repository $(DEMO_REPOSITORY) --duration 60
 
-# Regenerate the gRPC modules of serve/dataplane/oip/proto from its .proto files (grpcio-tools
+# Regenerate the gRPC modules of serve/frontends/oip/proto from its .proto files (grpcio-tools
 # and mypy-protobuf from the test extra); the generated files are checked in.
 proto: $(VENV)/.test-installed
-	$(BIN)/python -m serve.dataplane.oip.proto.generate
+	$(BIN)/python -m serve.frontends.oip.proto.generate
 
 demo: $(VENV)/.demo-installed
 	$(BIN)/python examples/train_cartpole.py

@@ -14,7 +14,7 @@ needs no torch: the mlp and cnn benchmark policies are built by ``bench/gpu_mode
    before CUDA when this onnxruntime offers it, skipped with the server's reason when it
    does not load): one ``rlserve serve`` with both models, ``max_batch_size`` 64; the
    provider each version runs on, from ``rlserve_model_info``.
-   **Memory limit**: in this process, ``serve.dataplane.runtime`` builds the mlp's session
+   **Memory limit**: in this process, ``serve.execution.runtime`` builds the mlp's session
    on the same providers with ``gpu_memory_limit_bytes`` (256 MiB): the CUDA provider must
    report ``gpu_mem_limit`` at that figure and ``kSameAsRequested`` (also after TensorRT's
    fallback to CUDA, where TensorRT does not load).
@@ -62,7 +62,7 @@ from bench.gpu_models import GpuBenchModel
 from bench.servers import Server
 from cli.arguments import add_arguments, arg, from_namespace
 from serve import config
-from serve.dataplane import runtime
+from serve.execution import runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA = "CUDAExecutionProvider"

@@ -54,7 +54,7 @@ def render(results: GpuResults) -> str:
         "",
         "### The memory limit reaches the CUDA arena",
         "",
-        "A session built by `serve.dataplane.runtime` with `gpu_memory_limit_bytes`, in the "
+        "A session built by `serve.execution.runtime` with `gpu_memory_limit_bytes`, in the "
         "benchmark's process: the options the CUDA provider reports.",
         "",
         "| requested | active | gpu_mem_limit | arena_extend_strategy | result |",

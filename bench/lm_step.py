@@ -29,7 +29,7 @@ import numpy as np
 
 from bench import lm
 from serve import config
-from serve.dataplane.runtime import CPU, Execution, Session, create_session
+from serve.execution.runtime import CPU, Execution, Session, create_session
 from serve.lm.batch import DecodeBatch
 from serve.lm.decoder import GraphDecoder
 from serve.lm.messages import GenerationSpec

@@ -28,9 +28,9 @@ import numpy as np
 
 from serve import config
 from serve.actor_critic.validation import DEFAULT_OPTIONS
+from serve.batching.dynamic_batcher import DynamicBatchScheduler
 from serve.control import repository
 from serve.control.lifecycle import ModelLifeCycle
-from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceRequest, Prepared
 from serve.dataplane.model import RowModel, ServedModel, as_rows

@@ -268,7 +268,7 @@ class ModelSettings(BaseModel):
         description="versions to load: {latest: N} (the newest N) or {specific: [versions]}",
     )
     observation_bounds: ObservationBounds = Field(ObservationBounds.ALLOW, description=_BOUNDS_HELP)
-    # Recurrent policies whose memory the server holds (sequence_id; serve.dataplane.sequences).
+    # Recurrent policies whose memory the server holds (sequence_id; serve.batching.sequences).
     max_held_sequences: PositiveInt = Field(4096, description=_HELD_SEQUENCES_HELP)
     max_sequences_per_owner: PositiveInt | None = Field(None, description=_SEQUENCES_PER_OWNER_HELP)
     sequence_idle_timeout_s: float = Field(60.0, gt=0, description=_SEQUENCE_IDLE_HELP)
@@ -278,12 +278,12 @@ class ModelSettings(BaseModel):
     max_batch_tokens: PositiveInt = Field(16384, description=_BATCH_TOKENS_HELP)
     max_prefill_tokens: PositiveInt = Field(2048, description=_PREFILL_HELP)
     max_answer_tokens: PositiveInt = Field(65536, description=_ANSWER_TOKENS_HELP)
-    # The result cache (serve.dataplane.result_cache): off unless result_cache is set.
+    # The result cache (serve.stores.result_cache): off unless result_cache is set.
     result_cache: ResultCacheUrl | None = Field(None, description=_RESULT_CACHE_HELP)
     result_cache_ttl_s: float = Field(60.0, gt=0, description=_RESULT_CACHE_TTL_HELP)
     result_cache_max_entry_bytes: PositiveInt = Field(65536, description=_RESULT_CACHE_ENTRY_HELP)
     result_cache_timeout_ms: float = Field(5.0, gt=0, description=_RESULT_CACHE_TIMEOUT_HELP)
-    # Online features (serve.dataplane.features): off unless features is set.
+    # Online features (serve.stores.features): off unless features is set.
     features: FeatureView | None = Field(None, description=_FEATURES_HELP)
 
 
@@ -332,7 +332,7 @@ class Settings(BaseSettings, ModelSettings):
         description="larger bodies get 413 (predict, /v2 infer; also the largest gRPC message)",
     )
 
-    # Triton's system shared-memory extension (serve/dataplane/oip/shared_memory.py).
+    # Triton's system shared-memory extension (serve/frontends/oip/shared_memory.py).
     allow_client_shm: bool = Field(
         False,
         description="serve Triton's system shared-memory extension on /v2 and gRPC (Triton's "
@@ -355,7 +355,7 @@ class Settings(BaseSettings, ModelSettings):
         1024 * 1024 * 1024, description="the largest system shared-memory region registered"
     )
 
-    # The local lane (serve/dataplane/lane/, docs/lane.md).
+    # The local lane (serve/frontends/lane/, docs/lane.md).
     lane: Path | None = Field(
         None,
         description="also serve the local lane at this Unix socket path: processes of this "

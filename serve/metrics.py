@@ -42,7 +42,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from kernel.errors import InvalidInput, RLServeError
 from ops.gpu import gpu_collector
-from serve.dataplane.record import BatchRecord
+from serve.batching.record import BatchRecord
 from serve.dataplane.scheduler import Load
 from serve.lm.scheduling.generation_record import StepRecord
 
@@ -163,7 +163,7 @@ class Metrics:
             "rlserve_lm_kv_cache_bytes", "Key/value cache held by the decoding sequences",
             ["model"], multiprocess_mode="livesum", registry=r,
         )  # fmt: skip
-        # The result cache (serve.dataplane.result_cache), tallied like refusals.
+        # The result cache (serve.stores.result_cache), tallied like refusals.
         self.result_cache_lookups = Counter(
             "rlserve_result_cache_lookups",
             "Result-cache lookups by result: hit, miss, error (Redis failed or timed out: "
@@ -176,7 +176,7 @@ class Metrics:
             "(too many writes in flight, or Redis failed lately), error",
             ["model", "result"], registry=r,
         )  # fmt: skip
-        # Online features (serve.dataplane.features): labels bounded to declared views.
+        # Online features (serve.stores.features): labels bounded to declared views.
         self.feature_lookups = Counter(
             "rlserve_feature_lookups",
             "Feature-store round trips by result: ok, error (failed or past its timeout)",
@@ -258,7 +258,7 @@ class Metrics:
         self.child(self.out_of_bounds, model).inc(rows)
 
     def result_cache_lookup(self, model: str, result: str) -> None:
-        """Count a result-cache lookup (``serve.dataplane.result_cache.Lookup``)."""
+        """Count a result-cache lookup (``serve.stores.result_cache.Lookup``)."""
         key = (self.result_cache_lookups, model, result)
         self._cache_counts[key] = self._cache_counts.get(key, 0) + 1
 
@@ -331,7 +331,7 @@ class Metrics:
 
 
 class MetricsSink:
-    """Counts what each executed batch answered: a record sink (``serve.dataplane.record``).
+    """Counts what each executed batch answered: a record sink (``serve.batching.record``).
 
     A batch only adds to plain tallies (no locks, no shared memory); :meth:`flush` moves
     them into the Prometheus metrics. The process flushes with the load gauges a few times

@@ -12,7 +12,7 @@ as the source does.
 - ``state``: required unless every row starts an episode (it is then zeros), as a float
   row (one observation) or one row per observation; finite.
 
-Or the server holds it (``serve.dataplane.sequences``): the request names its sequences
+Or the server holds it (``serve.batching.sequences``): the request names its sequences
 instead, with the parameters Triton's sequence batcher reads:
 
 - ``sequence_id``: an id (``kernel.identifiers``: a string of 1 to 128 characters, or an

@@ -9,7 +9,7 @@ graph once and the policy heads (``serve.actor_critic.heads``) once over all its
 request's answer is then a slice of those outputs.
 
 On the CPU a version also keeps its graph cut to the deterministic action
-(:func:`action_session`, ``serve.dataplane.graph_cut``): a batch that wants only the
+(:func:`action_session`, ``serve.execution.graph_cut``): a batch that wants only the
 graph's actions runs it, leaving out the critic and the distribution's parameters, whose
 weights a small policy's run at batch 1 would spend most of its time reading. The cut is
 served only once its outputs equal the whole graph's, bit for bit, on the golden vectors at
@@ -34,11 +34,11 @@ from serve.actor_critic.heads import PolicyHeads, action_outputs, needs_distribu
 from serve.actor_critic.masks import ActionMasks
 from serve.actor_critic.memory import MemoryInputs
 from serve.actor_critic.validation import ObservationValidator, predict_options
-from serve.dataplane.batching import bucket, buckets_for
-from serve.dataplane.graph_cut import cut_to
+from serve.batching.plan import bucket, buckets_for
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceRequest, Prepared, SequenceStep
-from serve.dataplane.runtime import CPU, Execution, Session, create_session
+from serve.execution.graph_cut import cut_to
+from serve.execution.runtime import CPU, Execution, Session, create_session
 from serve.types import Answer, OutputKind, Outputs, PredictOptions
 
 if TYPE_CHECKING:

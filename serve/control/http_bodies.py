@@ -2,8 +2,8 @@
 a limit (413 as soon as one is known to exceed it), JSON answers and errors written with
 orjson.
 
-The data plane reads its bodies from raw ASGI messages instead (``serve.dataplane.http_calls``);
-what both share, decoding a JSON object and the 413 error, is ``serve.dataplane.wire``'s.
+The data plane reads its bodies from raw ASGI messages instead (``serve.frontends.http_calls``);
+what both share, decoding a JSON object and the 413 error, is ``serve.frontends.wire``'s.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kernel.errors import RLServeError
-from serve.dataplane.wire import JSON_OPTIONS, decode_object, too_large
+from serve.frontends.wire import JSON_OPTIONS, decode_object, too_large
 from serve.status import http_headers, http_status
 
 _JSON = "application/json"

@@ -25,11 +25,11 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
+from serve.batching.sequences import SequenceTable
 from serve.config import ModelSettings
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.model import ServedModel
 from serve.dataplane.scheduler import Scheduler
-from serve.dataplane.sequences import SequenceTable
 
 log = logging.getLogger("rlserve.lifecycle")
 

@@ -21,18 +21,18 @@ from typing import Any
 
 from kernel.errors import NotFound, RLServeError, ServiceUnavailable, quoted
 from kernel.versions import DESCRIPTION
+from serve.batching.dynamic_batcher import DynamicBatchScheduler
+from serve.batching.record import RecordSink
 from serve.config import FeatureView, Settings, load_model_overrides
 from serve.control import repository, store
 from serve.control.lifecycle import ModelLifeCycle, ReadyState
-from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.model import ServedModel, as_rows
-from serve.dataplane.record import RecordSink
-from serve.dataplane.result_cache import CacheSettings
 from serve.dataplane.routing import Route
 from serve.dataplane.scheduler import Scheduler
 from serve.lm.scheduling.scheduler import ContinuousBatchScheduler
 from serve.metrics import Metrics
+from serve.stores.result_cache import CacheSettings
 
 log = logging.getLogger("rlserve.manager")
 

@@ -34,6 +34,7 @@ from kernel.lm import contract as lm_contract
 from kernel.spaces import Box, Dict, Leaf, Space
 from kernel.versions import parse_version
 from serve.actor_critic.policy import ActorCriticPolicy, action_session
+from serve.batching.plan import buckets_for
 from serve.config import (
     FeatureView,
     ModelSettings,
@@ -41,10 +42,9 @@ from serve.config import (
     VersionPolicy,
     load_version_view,
 )
-from serve.dataplane.batching import buckets_for
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.model import ServedModel
-from serve.dataplane.runtime import Session, create_session
+from serve.execution.runtime import Session, create_session
 from serve.lm.model import LanguageModel
 
 log = logging.getLogger("rlserve.repository")
@@ -118,7 +118,7 @@ def check_view(view: FeatureView, policy: PolicyContract, origin: str) -> None:
     else:
         _check_flat(space, view.columns, origin, "")
     if view.feast:
-        from serve.dataplane import feast_store
+        from serve.stores import feast_store
 
         feast_store.check(view, origin)
 

@@ -42,7 +42,7 @@ class Part:
 
 @dataclass(frozen=True, slots=True)
 class SequenceStep:
-    """A step of sequences whose memory the server holds (``serve.dataplane.sequences``):
+    """A step of sequences whose memory the server holds (``serve.batching.sequences``):
     one sequence id per row, the rows that start or end their sequence, the graph inputs
     the held memory feeds, and the owner key the step's sequences are held under."""
 

@@ -19,7 +19,7 @@ from kernel.contract import PolicyContract
 from kernel.errors import InvalidInput
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceRequest, Prepared
-from serve.dataplane.runtime import ProviderReport
+from serve.execution.runtime import ProviderReport
 from serve.types import Answer, Outputs
 
 if TYPE_CHECKING:

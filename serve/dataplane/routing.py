@@ -11,17 +11,17 @@ from serve.dataplane.model import RowModel, ServedModel
 from serve.dataplane.scheduler import RowScheduler, Scheduler, runs_no_rows
 
 if TYPE_CHECKING:
+    from serve.batching.sequences import SequenceTable
     from serve.config import FeatureView
-    from serve.dataplane.result_cache import CacheSettings
-    from serve.dataplane.sequences import SequenceTable
+    from serve.stores.result_cache import CacheSettings
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
     """A model's scheduler, the version that validates the request, the version it is
     pinned to (None: whichever is active when its batch forms), its default deadline, its
-    result cache (None: it has none; ``serve.dataplane.result_cache``), and the sequences
-    whose memory it holds (None: a language model; ``serve.dataplane.sequences``)."""
+    result cache (None: it has none; ``serve.stores.result_cache``), and the sequences
+    whose memory it holds (None: a language model; ``serve.batching.sequences``)."""
 
     model: str
     kind: ModelKind  # what the model serves, decided when it was planned
@@ -31,7 +31,7 @@ class Route:
     default_deadline_ms: float
     result_cache: CacheSettings | None = None
     sequences: SequenceTable | None = None
-    features: FeatureView | None = None  # observations by entity (serve.dataplane.features)
+    features: FeatureView | None = None  # observations by entity (serve.stores.features)
 
     def by_entity(self) -> Route:
         """The route of a request whose observations the features view built: a version

@@ -1,7 +1,7 @@
 """The steps of a call to a model of rows, in order, once, for every frontend.
 
-The JSON predict routes (``serve.dataplane.http``), the Open Inference Protocol over REST
-and gRPC (``serve.dataplane.oip``) each decode their wire format and encode the answer;
+The JSON predict routes (``serve.frontends.predict.http``), the Open Inference Protocol over REST
+and gRPC (``serve.frontends.oip``) each decode their wire format and encode the answer;
 between the two, every call takes these steps, written here only:
 
 1. **deadline**: the route's default budget or less, as the call asks, from
@@ -11,7 +11,7 @@ between the two, every call takes these steps, written here only:
    (504) or the queue could not serve it in time (429); asked once per call;
 3. **prepare**: the frontend's decoding and the version's validation, on the event loop
    when the call is small, on a worker thread when it is large (more than
-   ``http_calls.INLINE_BODY_BYTES`` of JSON body or tensors' data), so no call holds the
+   ``INLINE_BODY_BYTES`` of JSON body or tensors' data), so no call holds the
    loop in proportion to its size;
 4. **submit**: never queued once its deadline passed; a step of server-held sequences
    (a recurrent policy's ``sequence_id``) is fed its memory from the model's sequence table
@@ -19,7 +19,7 @@ between the two, every call takes these steps, written here only:
    with the version that computed it, for the frontend to stamp (``http_calls.stamp``).
 
 Errors are raised as ``RLServeError`` for the frontend's error path; the record of every
-executed batch is the scheduler's (``serve.dataplane.batch_run``).
+executed batch is the scheduler's (``serve.batching.batch_run``).
 """
 
 from __future__ import annotations
@@ -30,11 +30,14 @@ from enum import Enum
 from typing import TypeVar
 
 from serve.dataplane.deadline import Deadline, LoopTurn
-from serve.dataplane.http_calls import INLINE_BODY_BYTES
 from serve.dataplane.messages import InferenceResponse, Prepared, SequenceStep
 from serve.dataplane.routing import Route
 
 T = TypeVar("T")
+# Calls up to this size are decoded and validated on the event loop (a few milliseconds
+# at most); larger ones on a worker thread, so no request holds the loop in proportion to
+# its size. An image observation (4x84x84 as JSON) is about 100 KB.
+INLINE_BODY_BYTES = 256 * 1024
 STATE = "state"  # a recurrent policy's answer: its next memory
 
 

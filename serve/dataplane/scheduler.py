@@ -2,7 +2,7 @@
 
 A scheduler owns a model's queue and decides when and how its requests run. This is what
 every scheduler offers; how requests are handed to one is its kind's own: the dynamic
-batch scheduler (``serve.dataplane.dynamic_batcher``), for policies whose requests are
+batch scheduler (``serve.batching.dynamic_batcher``), for policies whose requests are
 rows of one forward pass, takes them with ``submit``; the continuous-batching scheduler
 (``serve.lm.scheduling.scheduler``), for language models, with ``submit_generation`` and
 ``submit_scoring``.
@@ -89,7 +89,7 @@ class Scheduler(Protocol):
 
 
 class RowScheduler(Scheduler, Protocol):
-    """A scheduler of rows (``serve.dataplane.dynamic_batcher``): requests of one forward
+    """A scheduler of rows (``serve.batching.dynamic_batcher``): requests of one forward
     pass, validated by the version they were routed to."""
 
     def submit(self, prepared: Prepared, version: int | None) -> asyncio.Future[InferenceResponse]:

@@ -22,7 +22,7 @@ import numpy as np
 
 from kernel.lm.contract import CacheLayout, LanguageModelContract
 from kernel.lm.greedy import Runner
-from serve.dataplane.runtime import Binder
+from serve.execution.runtime import Binder
 from serve.lm.cache import BatchCache, CopiedCache, KVCache
 from serve.lm.slots import SlotCache
 

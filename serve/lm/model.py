@@ -32,7 +32,7 @@ from kernel.lm import greedy
 from kernel.lm.contract import LanguageModelContract
 from kernel.lm.sampling import SamplingParams
 from serve.dataplane.kinds import ModelKind
-from serve.dataplane.runtime import ProviderReport, Session
+from serve.execution.runtime import ProviderReport, Session
 from serve.lm.decoder import Decoder, GraphDecoder
 from serve.lm.messages import Generation, GenerationSpec, ScoreSpec, Scoring
 from serve.lm.sequence import DecodingSequence

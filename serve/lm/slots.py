@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from kernel.lm.contract import LanguageModelContract
-from serve.dataplane.runtime import Binder
+from serve.execution.runtime import Binder
 from serve.lm.cache import KVCache
 
 __all__ = ["SlotCache"]

@@ -3,11 +3,11 @@
 
 Two planes share the process and its port:
 
-- the **data plane**: the predict routes go straight to ``serve.dataplane.http`` (no
+- the **data plane**: the predict routes go straight to ``serve.frontends.predict.http`` (no
   framework in front of them), the generate and score routes of language models, and the
-  predict routes of a language model, to ``serve.lm.frontends.http``, the OpenAI-compatible
-  ``/v1/completions`` and ``/v1/chat/completions`` to ``serve.lm.frontends.openai_http``, and
-  the Open Inference Protocol's ``/v2`` routes to ``serve.dataplane.oip.rest``;
+  predict routes of a language model, to ``serve.frontends.lm.http``, the OpenAI-compatible
+  ``/v1/completions`` and ``/v1/chat/completions`` to ``serve.frontends.lm.openai_http``, and
+  the Open Inference Protocol's ``/v2`` routes to ``serve.frontends.oip.rest``;
 - the **control plane**: everything else — models, live updates, health, readiness,
   metrics, /docs — is a FastAPI application, wrapped once by the access middleware.
 ``GET /v1/models`` answers rlserve's listing (``models``) and OpenAI's (``object``,
@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kernel.errors import MalformedRequest, MethodNotAllowed, NotFound, RLServeError, internal_error
 from serve import __version__, config
-from serve.access import AccessMiddleware
+from serve.batching.record import RecordSink
 from serve.control import single_file
 from serve.control.admin import AdminEndpoints
 from serve.control.api import ModelEndpoints
@@ -46,27 +46,27 @@ from serve.control.sync import RepositorySync
 from serve.control.updates import Updater
 from serve.control.watcher import RepositoryWatcher
 from serve.control.workers import WorkerRegistry
-from serve.dataplane import http as predict
 from serve.dataplane.deadline import LoopTurn
-from serve.dataplane.features import FeatureLookup
-from serve.dataplane.http_calls import HttpCalls
 from serve.dataplane.kinds import ModelKind
-from serve.dataplane.lane.server import LaneLimits, LaneServer
-from serve.dataplane.oip import rest as oip_rest
-from serve.dataplane.oip import rpc as oip_rpc
-from serve.dataplane.oip.infer import Inference
-from serve.dataplane.oip.rpc import GrpcServer
-from serve.dataplane.oip.shared_memory import SharedMemory
-from serve.dataplane.record import RecordSink
 from serve.dataplane.row_calls import RowCalls
-from serve.lm.frontends import http as lm_http
-from serve.lm.frontends import openai_answers, openai_http
-from serve.lm.frontends.calls import LanguageModelCalls
+from serve.frontends.access import AccessMiddleware
+from serve.frontends.http_calls import HttpCalls
+from serve.frontends.lane.server import LaneLimits, LaneServer
+from serve.frontends.lm import http as lm_http
+from serve.frontends.lm import openai_answers, openai_http
+from serve.frontends.lm.calls import LanguageModelCalls
+from serve.frontends.oip import rest as oip_rest
+from serve.frontends.oip import rpc as oip_rpc
+from serve.frontends.oip.infer import Inference
+from serve.frontends.oip.rpc import GrpcServer
+from serve.frontends.oip.shared_memory import SharedMemory
+from serve.frontends.predict import http as predict
 from serve.metrics import Metrics
 from serve.process import memory, openapi
 from serve.process.operations import OperationsEndpoints
 from serve.process.phases import ServerPhases
 from serve.process.state import ServerState
+from serve.stores.features import FeatureLookup
 
 log = logging.getLogger("rlserve.app")
 
@@ -173,7 +173,7 @@ class RLServeApp:
 def create_app(
     settings: config.Settings | None = None, sinks: Sequence[RecordSink] = ()
 ) -> RLServeApp:
-    """The application; ``sinks`` receive every executed batch (``serve.dataplane.record``)."""
+    """The application; ``sinks`` receive every executed batch (``serve.batching.record``)."""
     settings = single_file.as_repository(settings or config.load())
     metrics = Metrics()
     manager = ModelRepositoryManager(settings, metrics, sinks)

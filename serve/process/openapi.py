@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 
-from serve.lm.frontends.openai_requests import MAX_PROMPTS
+from serve.frontends.lm.openai_requests import MAX_PROMPTS
 from serve.types import OutputKind
 
 

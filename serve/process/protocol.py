@@ -50,8 +50,8 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from kernel.errors import RequestTimeout
-from serve.dataplane.http import EarlyRefusal
-from serve.dataplane.http_calls import ARRIVAL, Arrival, arrival_of
+from serve.frontends.http_calls import ARRIVAL, Arrival, arrival_of
+from serve.frontends.predict.http import EarlyRefusal
 
 log = logging.getLogger("rlserve.protocol")
 

@@ -19,7 +19,8 @@ from serve.process.state import ServerState
 
 
 class RLServeWorker(UvicornWorker):
-    # rlserve writes its own access log (serve.access): uvicorn's would format a line per request.
+    # rlserve writes its own access log (serve.frontends.access): uvicorn's would format a
+    # line per request.
     CONFIG_KWARGS: dict[str, Any] = {
         "loop": "auto",
         "http": "auto",

@@ -6,7 +6,7 @@ control holds the client's writes back, and the server's memory (VmRSS of its pr
 stays where it was. Error statuses fit grpc's metadata limit whatever the input they
 describe (a 20 KB model or tensor name, 20,000 unknown inputs), so they keep their own
 code instead of turning into ``RESOURCE_EXHAUSTED``. Spoken with the generated stubs of
-``serve/dataplane/oip/proto``.
+``serve/frontends/oip/proto``.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import httpx
 import numpy as np
 import pytest
 
-from serve.dataplane.oip.proto import inference_pb2 as pb
-from serve.dataplane.oip.proto import inference_pb2_grpc as pb_grpc
-from serve.dataplane.oip.rpc import STATUS_MESSAGE_BYTES
+from serve.frontends.oip.proto import inference_pb2 as pb
+from serve.frontends.oip.proto import inference_pb2_grpc as pb_grpc
+from serve.frontends.oip.rpc import STATUS_MESSAGE_BYTES
 from tests.e2e.conftest import DEMO
 from tests.e2e.server import Server, free_port
 

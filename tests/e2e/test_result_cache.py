@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from client import PolicyClient
-from serve.dataplane.result_cache import RETRY_AFTER_S
+from serve.stores.result_cache import RETRY_AFTER_S
 from tests.e2e.conftest import DEMO
 from tests.e2e.server import Server
 from tests.redis_server import RedisServer, running_redis

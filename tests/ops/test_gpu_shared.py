@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from serve import config as server_config
-from serve.dataplane import runtime
+from serve.execution import runtime
 from tests.ops.conftest import K8S, OVERLAYS, render, render_path
 from tests.ops.ops_manifests import Doc, config, env, named, of_kind, pod_spec, server
 

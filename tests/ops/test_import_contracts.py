@@ -48,11 +48,11 @@ BREAKING = [  # (module, an import it may not make, the contract that forbids it
     ("cli/arguments.py", "export.commands", "cli-imports-kernel-only"),
     ("client/prediction.py", "serve.status", "client-imports-kernel-only"),
     ("ops/bluegreen/names.py", "serve.config", "ops-no-serve"),
-    ("serve/dataplane/wire.py", "serve.control.api", "dataplane-no-server-parts"),
-    ("serve/dataplane/wire.py", "serve.lm.text", "dataplane-no-kind"),
+    ("serve/frontends/wire.py", "serve.control.api", "dataplane-no-server-parts"),
+    ("serve/frontends/wire.py", "serve.lm.text", "dataplane-no-kind"),
     ("serve/control/watcher.py", "serve.actor_critic.heads", "control-no-kind"),
     ("serve/process/logs.py", "loop.controller", "serve-no-export-loop"),
-    ("loop/group_names.py", "serve.dataplane.http", "export-loop-no-serve"),
+    ("loop/group_names.py", "serve.frontends.predict.http", "export-loop-no-serve"),
 ]
 
 

@@ -9,10 +9,10 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from serve import config
 from serve.actor_critic.validation import DEFAULT_OPTIONS
+from serve.batching.record import BatchRecord
 from serve.control import repository
 from serve.dataplane.messages import Prepared
 from serve.dataplane.model import ServedModel
-from serve.dataplane.record import BatchRecord
 from serve.dataplane.scheduler import Load
 from serve.metrics import LATENCY_BUCKETS, Metrics, Tally
 

@@ -11,7 +11,7 @@ import pytest
 
 from export.lm import pipeline
 from serve import config
-from serve.dataplane.runtime import CPU, Execution, create_session
+from serve.execution.runtime import CPU, Execution, create_session
 from serve.lm import slots
 from serve.lm.cache import BatchCache, KVCache
 from serve.lm.decoder import CacheStorage, GraphDecoder

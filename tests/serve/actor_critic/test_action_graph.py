@@ -13,10 +13,10 @@ from onnx import numpy_helper
 from serve import config
 from serve.actor_critic.policy import ActorCriticPolicy
 from serve.control import repository
-from serve.dataplane.graph_cut import cut_to
 from serve.dataplane.messages import InferenceRequest, Prepared
 from serve.dataplane.model import as_rows
-from serve.dataplane.runtime import create_session
+from serve.execution.graph_cut import cut_to
+from serve.execution.runtime import create_session
 
 DEMO = Path(__file__).resolve().parents[3] / "examples/model_repository/cartpole/1/model.onnx"
 RNG = np.random.default_rng(0)

@@ -10,15 +10,15 @@ from typing import Any, ClassVar, cast
 import numpy as np
 
 from serve.actor_critic.validation import DEFAULT_OPTIONS
+from serve.batching.dynamic_batcher import DynamicBatchScheduler
+from serve.batching.record import BatchRecord
 from serve.config import ModelSettings
 from serve.control.lifecycle import ModelLifeCycle
-from serve.dataplane.dynamic_batcher import DynamicBatchScheduler
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceRequest, Prepared
 from serve.dataplane.model import ServedModel
-from serve.dataplane.record import BatchRecord
-from serve.dataplane.runtime import ProviderReport
 from serve.dataplane.scheduler import Scheduler
+from serve.execution.runtime import ProviderReport
 from serve.types import Answer, Outputs
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
 from kernel.lm.contract import CacheLayout, LanguageModelContract
-from serve.dataplane.runtime import ProviderReport
+from serve.execution.runtime import ProviderReport
 from serve.lm.cache import BatchCache, CopiedCache, KVCache
 from serve.lm.model import LanguageModel
 from serve.lm.text import TextCodec

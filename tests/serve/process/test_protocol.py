@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from serve.dataplane.http import EarlyRefusal
+from serve.frontends.predict.http import EarlyRefusal
 from serve.process import protocol
 
 pytestmark = pytest.mark.anyio

@@ -1,0 +1,1 @@
+"""The JSON predict frontend: ``POST /predict`` and ``/v1/models/{model}/predict``."""
