@@ -27,7 +27,6 @@ from typing import Any, ClassVar, cast
 import numpy as np
 
 from serve import config
-from serve.actor_critic.validation import DEFAULT_OPTIONS
 from serve.batching.dynamic_batcher import DynamicBatchScheduler
 from serve.control import repository
 from serve.control.lifecycle import ModelLifeCycle
@@ -36,6 +35,7 @@ from serve.dataplane.messages import InferenceRequest, Prepared
 from serve.dataplane.model import RowModel, ServedModel, as_rows
 from serve.dataplane.scheduler import Scheduler
 from serve.metrics import Metrics
+from serve.policy.validation import DEFAULT_OPTIONS
 from serve.types import Answer, Outputs
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "examples" / "model_repository"

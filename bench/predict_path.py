@@ -133,9 +133,9 @@ async def measure(repository: Path, calls: int, repeats: int) -> list[Stage]:
     stop = await _started(app)
     body = _mlp_body()
     whole = _whole_call(app, body)
-    route = app.frontend.router.resolve(models.MLP.name, None)
+    route = app.transports.predict.router.resolve(models.MLP.name, None)
     model, scheduler = route.row_model(), route.row_scheduler()
-    payload = app.frontend.bodies.decode(body)
+    payload = app.transports.predict.bodies.decode(body)
 
     def request() -> InferenceRequest:
         now = time.monotonic()
@@ -153,7 +153,7 @@ async def measure(repository: Path, calls: int, repeats: int) -> list[Stage]:
         model.execute(prepared.feeds, [prepared])
 
     async def decode_alone() -> None:
-        app.frontend.bodies.decode(body)
+        app.transports.predict.bodies.decode(body)
 
     try:
         measured = {

@@ -26,7 +26,7 @@ import os
 import struct
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -43,8 +43,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from kernel.errors import InvalidInput, RLServeError
 from ops.gpu import gpu_collector
 from serve.batching.record import BatchRecord
+from serve.dataplane.kinds import ModelKind
 from serve.dataplane.scheduler import Load
-from serve.lm.scheduling.generation_record import StepRecord
 
 if TYPE_CHECKING:
     from serve.dataplane.model import ServedModel
@@ -136,33 +136,6 @@ class Metrics:
         self.updates = Counter(
             "rlserve_weight_updates", "Version updates by result", ["model", "result"], registry=r
         )
-        # Language models (continuous batching), counted from each decoding step's record.
-        self.lm_generated_tokens = Counter(
-            "rlserve_lm_generated_tokens", "Tokens generated (its rate: tokens/s)", ["model"],
-            registry=r,
-        )  # fmt: skip
-        self.lm_prompt_tokens = Counter(
-            "rlserve_lm_prompt_tokens", "Prompt tokens prefilled or scored", ["model"], registry=r
-        )
-        self.lm_time_to_first_token = Histogram(
-            "rlserve_lm_time_to_first_token_seconds",
-            "From a generate request's arrival to its first token",
-            ["model"], buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.lm_inter_token = Histogram(
-            "rlserve_lm_inter_token_latency_seconds",
-            "Between a sequence's consecutive tokens", ["model"], buckets=LATENCY_BUCKETS,
-            registry=r,
-        )  # fmt: skip
-        self.lm_step_sequences = Histogram(
-            "rlserve_lm_step_sequences",
-            "Sequences decoded together per step (batch occupancy)",
-            ["model"], buckets=ROW_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.lm_cache_bytes = Gauge(
-            "rlserve_lm_kv_cache_bytes", "Key/value cache held by the decoding sequences",
-            ["model"], multiprocess_mode="livesum", registry=r,
-        )  # fmt: skip
         # The result cache (serve.stores.result_cache), tallied like refusals.
         self.result_cache_lookups = Counter(
             "rlserve_result_cache_lookups",
@@ -202,12 +175,13 @@ class Metrics:
             ["model"], buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.sink = MetricsSink(self)
-        self.generation = GenerationMetrics(self)
         self._children: dict[tuple[Any, ...], Any] = {}
         self._refusals: dict[tuple[str, str, int, str], int] = {}  # not yet counted
         self._refusal_latency: dict[str, Tally] = {}
         self._load: dict[str, Load] = {}  # as last sampled, by model
         self._cache_counts: dict[tuple[Any, str, str], int] = {}  # result cache: not yet counted
+        # Each kind's own sink and series, registered by the kind (serve.plugins).
+        self.kinds: dict[ModelKind, Any] = {}
 
     def child(self, metric: Any, *labels: str) -> Any:
         """A metric's label child, looked up once."""
@@ -232,7 +206,9 @@ class Metrics:
     def flush(self) -> None:
         """Move what was tallied since the last flush (batches, refusals) into the metrics."""
         self.sink.flush()
-        self.generation.flush()
+        for sink in self.kinds.values():
+            if sink is not self.sink:
+                sink.flush()
         refusals, self._refusals = self._refusals, {}
         for (model, version, status, reason), count in refusals.items():
             self.child(self.requests, model, version, str(status)).inc(count)
@@ -459,84 +435,3 @@ def add_counts(child: Any, counts: Sequence[int], total: float) -> None:
         if count:
             bucket.inc(count)
     child._sum.inc(total)
-
-
-class GenerationMetrics:
-    """Counts what the decoding steps of a language model did: the continuous-batching
-    scheduler's sink (``serve.lm.scheduling.generation_record``). Like :class:`MetricsSink`, a
-    record only adds to tallies; :meth:`flush` moves them into the metrics."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
-        self._models: dict[str, _ModelTally] = {}
-
-    def accept_step(self, record: StepRecord) -> None:
-        tally = self._models.get(record.model)
-        if tally is None:
-            tally = self._models[record.model] = _ModelTally.of(self._metrics, record.model)
-        tally.new_tokens += record.new_tokens
-        tally.prompt_tokens += record.prompt_tokens
-        tally.cache_bytes = record.cache_bytes
-        for sequences in record.step_sequences:
-            tally.step_sequences.add(sequences)
-        for seconds in record.first_token_s:
-            tally.first_token.add(seconds)
-        for seconds in record.inter_token_s:
-            tally.inter_token.add(seconds)
-        for version, seconds in record.answered:
-            tally.answered[version] = tally.answered.get(version, 0) + 1
-            tally.request_latency.add(seconds)
-
-    def flush(self) -> None:
-        for tally in self._models.values():
-            tally.flush(self._metrics)
-
-
-@dataclass
-class _ModelTally:
-    """What one language model's steps did since the last flush."""
-
-    model: str
-    generated: Any  # counter children
-    prompted: Any
-    cache_gauge: Any
-    first_token: Tally
-    inter_token: Tally
-    step_sequences: Tally
-    request_latency: Tally
-    new_tokens: int = 0
-    prompt_tokens: int = 0
-    cache_bytes: int = 0
-    answered: dict[int, int] = field(default_factory=dict)  # by version
-
-    @classmethod
-    def of(cls, metrics: Metrics, model: str) -> _ModelTally:
-        return cls(
-            model,
-            metrics.child(metrics.lm_generated_tokens, model),
-            metrics.child(metrics.lm_prompt_tokens, model),
-            metrics.child(metrics.lm_cache_bytes, model),
-            Tally.of(metrics.child(metrics.lm_time_to_first_token, model)),
-            Tally.of(metrics.child(metrics.lm_inter_token, model)),
-            Tally.of(metrics.child(metrics.lm_step_sequences, model)),
-            Tally.of(metrics.child(metrics.request_latency, model)),
-        )
-
-    def flush(self, metrics: Metrics) -> None:
-        if self.new_tokens:
-            self.generated.inc(self.new_tokens)
-            self.new_tokens = 0
-        if self.prompt_tokens:
-            self.prompted.inc(self.prompt_tokens)
-            self.prompt_tokens = 0
-        self.cache_gauge.set(self.cache_bytes)
-        for version, count in self.answered.items():
-            metrics.child(metrics.requests, self.model, str(version), "200").inc(count)
-        self.answered = {}
-        for tally in (
-            self.first_token,
-            self.inter_token,
-            self.step_sequences,
-            self.request_latency,
-        ):
-            tally.flush()

@@ -25,11 +25,11 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from serve.batching.sequences import SequenceTable
 from serve.config import ModelSettings
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.model import ServedModel
 from serve.dataplane.scheduler import Scheduler
+from serve.plugins import plugin_of
 
 log = logging.getLogger("rlserve.lifecycle")
 
@@ -65,16 +65,8 @@ class ModelLifeCycle:
         self.held_since: float | None = None  # monotonic seconds; None while serving
         self._hold_ends: asyncio.TimerHandle | None = None
         self.generation = 0  # the repository's serving state applied here (serve.control.store)
-        self.sequences = (  # recurrent policies' server-held memory, per model
-            SequenceTable(
-                name,
-                settings.max_held_sequences,
-                settings.sequence_idle_timeout_s,
-                settings.max_sequences_per_owner,
-            )
-            if kind is ModelKind.ROWS
-            else None
-        )
+        # recurrent policies' server-held memory, per model (kinds that hold it)
+        self.sequences = plugin_of(kind).sequences(name, settings)
 
     # ------------------------------------------------------------------ states
 

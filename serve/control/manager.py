@@ -21,17 +21,16 @@ from typing import Any
 
 from kernel.errors import NotFound, RLServeError, ServiceUnavailable, quoted
 from kernel.versions import DESCRIPTION
-from serve.batching.dynamic_batcher import DynamicBatchScheduler
 from serve.batching.record import RecordSink
 from serve.config import FeatureView, Settings, load_model_overrides
 from serve.control import repository, store
 from serve.control.lifecycle import ModelLifeCycle, ReadyState
 from serve.dataplane.kinds import ModelKind
-from serve.dataplane.model import ServedModel, as_rows
+from serve.dataplane.model import ServedModel
 from serve.dataplane.routing import Route
 from serve.dataplane.scheduler import Scheduler
-from serve.lm.scheduling.scheduler import ContinuousBatchScheduler
 from serve.metrics import Metrics
+from serve.plugins import SchedulerParts, plugin_of
 from serve.stores.result_cache import CacheSettings
 
 log = logging.getLogger("rlserve.manager")
@@ -123,13 +122,11 @@ class ModelRepositoryManager:
             log.error(
                 "model %s: no version matches its version policy %s", name, settings.version_policy
             )
-        sinks = (self.metrics.sink, *self.sinks)
         kind = repository.model_kind(versions)
 
         def scheduler(versions: ModelLifeCycle) -> Scheduler:
-            if kind is ModelKind.GENERATIONS:
-                return ContinuousBatchScheduler(name, versions, settings, self.metrics.generation)
-            return DynamicBatchScheduler(name, versions, settings, sinks)
+            parts = SchedulerParts(name, versions, settings, self.metrics, self.sinks)
+            return plugin_of(kind).scheduler(parts)
 
         wanted = [v.version for v in selected]
         lifecycle = ModelLifeCycle(name, settings, wanted, scheduler, kind=kind)
@@ -262,16 +259,13 @@ class ModelRepositoryManager:
 
 def _features(lifecycle: ModelLifeCycle, chosen: ServedModel) -> FeatureView | None:
     """The features view of a version: its own (``features.yaml``), else its model's."""
-    own = as_rows(chosen).features if lifecycle.kind is ModelKind.ROWS else None
-    return own or lifecycle.settings.features
+    return plugin_of(lifecycle.kind).features(chosen) or lifecycle.settings.features
 
 
 def _default_deadline_ms(lifecycle: ModelLifeCycle) -> float:
-    """A call's deadline when it names none: one forward pass, or a whole generation."""
-    settings = lifecycle.settings
-    if lifecycle.kind is ModelKind.GENERATIONS:
-        return settings.generation_deadline_ms
-    return settings.default_deadline_ms
+    """A call's deadline when it names none: its kind's (one forward pass, or a whole
+    generation)."""
+    return plugin_of(lifecycle.kind).default_deadline_ms(lifecycle.settings)
 
 
 def _kind_mismatch(lifecycle: ModelLifeCycle, model: ServedModel) -> str | None:

@@ -12,10 +12,10 @@ Loading a version reads its bytes once (sha256), builds the onnxruntime session,
 policy contract from the session's metadata, re-runs the golden vectors and warms every
 padded batch size; any failure is a ModelLoadError saying which step and why.
 
-A language-model version (contract kind ``causal-lm``) also holds its tokenizer beside
-``model.onnx``; it loads as a :class:`~serve.lm.model.LanguageModel` (golden prompts
-decoded again instead of golden vectors), and its model is served by the continuous-batching
-scheduler (:func:`model_kind` tells which, before any version is loaded).
+What a version is and how it loads is its kind's (``serve.plugins``): the contract's kind
+in the file's metadata picks the plug-in that loads it, and a model's kind is told from its
+newest version's folder before any version loads (:func:`model_kind`; a language model's
+folder holds its tokenizer).
 """
 
 from __future__ import annotations
@@ -25,33 +25,24 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 from kernel import contract
-from kernel.contract import PolicyContract
-from kernel.errors import ConfigError, ContractError, ModelLoadError
-from kernel.lm import contract as lm_contract
-from kernel.spaces import Box, Dict, Leaf, Space
+from kernel.errors import ConfigError, ModelLoadError
 from kernel.versions import parse_version
-from serve.actor_critic.policy import ActorCriticPolicy, action_session
-from serve.batching.plan import buckets_for
 from serve.config import (
-    FeatureView,
     ModelSettings,
     Settings,
     VersionPolicy,
-    load_version_view,
 )
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.model import ServedModel
-from serve.execution.runtime import Session, create_session
-from serve.lm.model import LanguageModel
+from serve.execution.runtime import create_session
+from serve.plugins import VersionFiles, kind_of_folder, plugin_for_contract
 
 log = logging.getLogger("rlserve.repository")
 
 MODEL_FILE = "model.onnx"
 MODEL_CONFIG = "config.yaml"
-VERSION_VIEW = "features.yaml"  # beside a version's model.onnx: its own features view
 
 
 @dataclass(frozen=True)
@@ -105,69 +96,6 @@ def select(versions: list[VersionDir], policy: VersionPolicy) -> list[VersionDir
     return versions[-(policy.latest or 1) :]
 
 
-FLOATS = ("float16", "float32", "float64")
-
-
-def check_view(view: FeatureView, policy: PolicyContract, origin: str) -> None:
-    """A feature view builds this version's observations: one 1-D float Box of as many
-    values as the view has features, or for a view by observation key, a Dict space of
-    those keys, each such a Box (ContractError naming the mismatch)."""
-    space = policy.observation_space
-    if view.parts:
-        _check_keys(view, space, origin)
-    else:
-        _check_flat(space, view.columns, origin, "")
-    if view.feast:
-        from serve.stores import feast_store
-
-        feast_store.check(view, origin)
-
-
-def _check_keys(view: FeatureView, space: Space, origin: str) -> None:
-    keys = [key for key, _ in view.parts]
-    if not isinstance(space, Dict):
-        raise ContractError(
-            f"{origin}: the features view lists features by observation key ({keys}), but this "
-            f"version observes {_shown(space)}; list its features flat, in the observation's "
-            "order"
-        )
-    if set(keys) != set(space.spaces):
-        raise ContractError(
-            f"{origin}: the features view lists features for the observation keys "
-            f"{sorted(keys)}, but this version's Dict space has {sorted(space.spaces)}; list "
-            "each key's features"
-        )
-    for key, names in view.parts:
-        _check_flat(space.spaces[key], names, origin, f" {key!r}")
-
-
-def _check_flat(space: Space | Leaf, names: list[str], origin: str, key: str) -> None:
-    if not isinstance(space, Box) or len(space.shape) != 1 or space.dtype not in FLOATS:
-        raise ContractError(
-            f"{origin}: the model's features view builds a flat float observation{key} (a "
-            f"1-D float Box) from {len(names)} features, but this version observes "
-            f"{_shown(space)}; serve it without features, or export a policy over flat vectors"
-        )
-    if space.shape[0] != len(names):
-        raise ContractError(
-            f"{origin}: the features view lists {len(names)} features{' for' + key if key else ''} "
-            f"({names}), but this version's observation{key} has {space.shape[0]} values; "
-            "list one feature per value, in the observation's order"
-        )
-
-
-def _shown(space: Space | Leaf) -> str:
-    return space.model_dump_json()[:160]
-
-
-def _own_view(path: Path, origin: str) -> FeatureView | None:
-    """The features view in the version's folder (``features.yaml``), if it has one."""
-    try:
-        return load_version_view(path.parent / VERSION_VIEW)
-    except ConfigError as exc:
-        raise ModelLoadError(f"{origin}: {exc}") from None
-
-
 def load_version(where: VersionDir, settings: Settings, model: ModelSettings) -> ServedModel:
     return load_file(where.model, where.version, where.path, settings, model)
 
@@ -187,68 +115,14 @@ def load_file(
     started = time.monotonic()
     digest = sha256 or file_sha256(path, origin)
     session = create_session(path, settings, origin)
-    if contract.kind_of(session.metadata) == lm_contract.KIND:
-        return _load_language_model(name, version, path, session, digest, model, started)
-    policy_contract = contract.from_metadata(session.metadata, origin)
-    own_view = _own_view(path, origin)
-    view = own_view or model.features
-    if view is not None:
-        check_view(view, policy_contract, origin)
-    problems = contract.check_golden(policy_contract, session.run)
-    if problems:
-        raise ModelLoadError(f"{origin}: golden vectors do not reproduce: {'; '.join(problems)}")
-    loaded = ActorCriticPolicy(
-        name,
-        version,
-        policy_contract,
-        session,
-        digest,
-        model.max_batch_size,
-        observation_bounds=model.observation_bounds,
-        features=own_view,
-        actions=action_session(path, policy_contract, session, settings, origin),
-    )
-    timings = loaded.warm_up(buckets_for(model.max_batch_size))
-    log.info(
-        "loaded %s on %s in %.2fs (golden vectors OK; warmed batch sizes, ms: %s)",
-        origin,
-        loaded.provider,
-        time.monotonic() - started,
-        ", ".join(f"{size}: {s * 1000:.3g}" for size, s in timings.items()),
-    )
-    return loaded
-
-
-def _load_language_model(
-    name: str,
-    version: int,
-    path: Path,
-    session: Session,
-    digest: str,
-    model: ModelSettings,
-    started: float,
-) -> ServedModel:
-    loaded = LanguageModel.load(name, version, path.parent, session, digest)
-    timings = loaded.warm_up(buckets_for(model.max_sequences))
-    log.info(
-        "loaded %s (language model) on %s in %.2fs (golden prompts OK; one step, ms: %s)",
-        f"{name}/{version}",
-        loaded.provider,
-        time.monotonic() - started,
-        ", ".join(f"{size}: {s * 1000:.3g}" for size, s in timings.items()),
-    )
-    # A language model sits in a model's lifecycle as actor-critic versions do; what the
-    # predict path would ask of it, it refuses (serve.lm.model). ServedModel's contract is
-    # an actor-critic's: the cast says so until that protocol names both kinds.
-    return cast(ServedModel, loaded)
+    files = VersionFiles(name, version, path, session, digest, started)
+    return plugin_for_contract(contract.kind_of(session.metadata)).load(files, settings, model)
 
 
 def model_kind(versions: list[VersionDir]) -> ModelKind:
     """What a model's versions are, told before any is loaded: the newest decides (a
-    language model's directory holds a tokenizer)."""
-    if versions and (versions[-1].path.parent / lm_contract.TOKENIZER_FILE).is_file():
-        return ModelKind.GENERATIONS
-    return ModelKind.ROWS
+    language model's directory holds a tokenizer: serve.plugins)."""
+    return kind_of_folder(versions[-1].path.parent if versions else None)
 
 
 def file_sha256(path: Path, origin: str) -> str:

@@ -9,7 +9,7 @@ reading its weights, so half the weights is close to half the run.
 A graph is left whole (``None``) when the cut would keep every node, or when a node carries
 a subgraph (``If``, ``Loop``, ``Scan``: their bodies may read outer values that the cut does
 not follow). The caller checks the cut session against the whole one before serving from
-it (``serve.actor_critic.policy``).
+it (``serve.policy.version``).
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from fastapi import FastAPI
@@ -47,14 +49,10 @@ from serve.control.updates import Updater
 from serve.control.watcher import RepositoryWatcher
 from serve.control.workers import WorkerRegistry
 from serve.dataplane.deadline import LoopTurn
-from serve.dataplane.kinds import ModelKind
 from serve.dataplane.row_calls import RowCalls
 from serve.frontends.access import AccessMiddleware
 from serve.frontends.http_calls import HttpCalls
 from serve.frontends.lane.server import LaneLimits, LaneServer
-from serve.frontends.lm import http as lm_http
-from serve.frontends.lm import openai_answers, openai_http
-from serve.frontends.lm.calls import LanguageModelCalls
 from serve.frontends.oip import rest as oip_rest
 from serve.frontends.oip import rpc as oip_rpc
 from serve.frontends.oip.infer import Inference
@@ -62,6 +60,7 @@ from serve.frontends.oip.rpc import GrpcServer
 from serve.frontends.oip.shared_memory import SharedMemory
 from serve.frontends.predict import http as predict
 from serve.metrics import Metrics
+from serve.plugins import FrontendParts, RouteEntry, plugins, register_metrics
 from serve.process import memory, openapi
 from serve.process.operations import OperationsEndpoints
 from serve.process.phases import ServerPhases
@@ -82,49 +81,25 @@ class RLServeApp:
         self,
         state: ServerState,
         control: ASGIApp,
-        frontend: predict.PredictFrontend,
-        v2: oip_rest.OipRestFrontend,
-        grpc: GrpcServer | None,
-        generate: lm_http.LanguageModelFrontend,
-        openai: openai_http.OpenAIFrontend,
+        routes: Sequence[RouteEntry],
+        transports: Transports,
         turn: LoopTurn,
-        lane: LaneServer | None = None,
     ):
         self.state = state
         self.turn = turn  # every frontend's deadlines read it
         self.control = control
-        self.frontend = frontend
-        self.v2 = v2
-        self.generate = generate
-        self.openai = openai
-        self.grpc = grpc  # the Open Inference Protocol over gRPC, when grpc_port is set
-        self.lane = lane  # the local lane, when a lane path is set
+        self.routes = routes  # the data plane's route table: the first entry that matches
+        self.transports = transports
         self._background: list[asyncio.Task[None]] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            path = predict.match(scope["path"])
-            if path is not None:
-                if self.generate.serves(path.model):  # a language model: predict = generate
-                    lm_path = lm_http.GeneratePath(
-                        path.model, path.version, lm_http.Action.GENERATE
-                    )
-                    await self.generate(scope, receive, send, lm_path)
+            path = scope["path"]
+            for entry in self.routes:
+                matched = entry.match(path)
+                if matched is not None:
+                    await entry.answer(scope, receive, send, matched)
                     return
-                await self.frontend(scope, receive, send, path)
-                return
-            generate = lm_http.match(scope["path"])
-            if generate is not None:
-                await self.generate(scope, receive, send, generate)
-                return
-            endpoint = openai_http.match(scope["path"])
-            if endpoint is not None:
-                await self.openai(scope, receive, send, endpoint)
-                return
-            v2 = oip_rest.match(scope["path"])
-            if v2 is not None:
-                await self.v2(scope, receive, send, v2)
-                return
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
@@ -143,11 +118,12 @@ class RLServeApp:
         ]
         if self.state.phases.listen_after_load:
             await self.state.phases.loaded.wait()  # uvicorn listens once startup completes
+        grpc, lane = self.transports.grpc, self.transports.lane
         try:
-            if self.grpc is not None:
-                await self.grpc.start()
-            if self.lane is not None:
-                await self.lane.start()
+            if grpc is not None:
+                await grpc.start()
+            if lane is not None:
+                await lane.start()
         except RLServeError as exc:
             await send({"type": "lifespan.startup.failed", "message": exc.message})
             return
@@ -156,14 +132,15 @@ class RLServeApp:
         self.state.phases.begin_stop()
         for task in self._background:
             task.cancel()
-        if self.grpc is not None:  # no new gRPC calls; those in flight finish
-            await self.grpc.stop(self.state.settings.graceful_timeout_s)
-        if self.lane is not None:  # no new lanes; calls in flight finish; lanes close
-            await self.lane.stop(self.state.settings.graceful_timeout_s)
+        if grpc is not None:  # no new gRPC calls; those in flight finish
+            await grpc.stop(self.state.settings.graceful_timeout_s)
+        if lane is not None:  # no new lanes; calls in flight finish; lanes close
+            await lane.stop(self.state.settings.graceful_timeout_s)
         await self.state.manager.stop()
-        await self.frontend.results.close()  # the result cache's writes in flight finish
-        self.frontend.features.close()  # the feature stores' links
-        self.v2.inference.shared_memory.close()  # unmapped; the clients' objects stay
+        predict_frontend = self.transports.predict
+        await predict_frontend.results.close()  # the result cache's writes in flight finish
+        predict_frontend.features.close()  # the feature stores' links
+        self.transports.v2.inference.shared_memory.close()  # unmapped; clients' objects stay
         self.state.manager.sample_load()
         await asyncio.to_thread(self.state.updater.registry.withdraw)
         log.info("stopped")
@@ -176,6 +153,7 @@ def create_app(
     """The application; ``sinks`` receive every executed batch (``serve.batching.record``)."""
     settings = single_file.as_repository(settings or config.load())
     metrics = Metrics()
+    register_metrics(metrics)
     manager = ModelRepositoryManager(settings, metrics, sinks)
     registry = WorkerRegistry(manager, stale_after_s=max(3 * settings.sync_interval_s, 5.0))
     updater = Updater(manager, settings, metrics, registry)
@@ -218,12 +196,22 @@ def create_app(
     if settings.lane is not None:
         limits = LaneLimits(settings.lane_max_rows, settings.lane_max_connections)
         lane = LaneServer(settings.lane, inference, limits, lambda: phases.draining)
-    calls = LanguageModelCalls(manager, http_calls, settings.max_body_bytes, turn=turn)
-    generate = lm_http.LanguageModelFrontend(calls, manager.kind_of)
-    openai = openai_http.OpenAIFrontend(calls)
-    return RLServeApp(
-        state, _control_app(state), frontend, v2, grpc, generate, openai, turn, lane=lane
-    )
+    transports = Transports(frontend, v2, grpc, lane)
+    parts = FrontendParts(manager, manager.kind_of, http_calls, settings, turn)
+    routes = [entry for plugin in plugins() for entry in plugin.frontends(parts)]
+    routes += [RouteEntry(predict.match, frontend), RouteEntry(oip_rest.match, v2)]
+    return RLServeApp(state, _control_app(state), routes, transports, turn)
+
+
+@dataclass(frozen=True)
+class Transports:
+    """The shared transports the process starts and stops (the kinds' own frontends hold
+    nothing to close)."""
+
+    predict: predict.PredictFrontend
+    v2: oip_rest.OipRestFrontend
+    grpc: GrpcServer | None
+    lane: LaneServer | None
 
 
 def _control_app(state: ServerState) -> ASGIApp:
@@ -256,12 +244,12 @@ def _model_list(state: ServerState, models: ModelEndpoints) -> Callable[[], Awai
 
     async def list_models() -> Response:
         listing = orjson.loads((await models.list_models()).body)
-        language = [
-            name
-            for name, lifecycle in state.manager.models.items()
-            if lifecycle.kind is ModelKind.GENERATIONS
-        ]
-        return json_response({**openai_answers.model_list(language, started), **listing})
+        added: dict[str, Any] = {}
+        for plugin in plugins():
+            if plugin.listing is not None:
+                kind = [n for n, m in state.manager.models.items() if m.kind is plugin.kind]
+                added |= plugin.listing(kind, started)
+        return json_response({**added, **listing})
 
     return list_models
 

@@ -555,6 +555,6 @@ def test_a_version_of_the_other_kind_is_refused_and_the_model_still_serves(
     assert described["scheduler"]["scheduler"] == "continuous_batcher"
     (failed,) = described["failed_versions"]
     assert failed["version"] == 1
-    assert "actor-critic policy" in failed["reason"]
+    assert "this version is a policy" in failed["reason"]
     assert "language model" in failed["reason"]
     assert answer.status_code == 200

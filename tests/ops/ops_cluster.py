@@ -25,7 +25,7 @@ def contract(version: int) -> dict[str, Any]:
             "framework_version": "2.3.0",
             "checkpoint": "ppo.zip",
             "sha256": "0" * 64,
-            "policy_class": "ActorCriticPolicy",
+            "policy_class": "PolicyVersion",
         },
         "observation_space": {"type": "Box", "shape": [4], "low": -10.0, "high": 10.0},
         "action_space": {"type": "Discrete", "n": 2},

@@ -50,7 +50,9 @@ BREAKING = [  # (module, an import it may not make, the contract that forbids it
     ("ops/bluegreen/names.py", "serve.config", "ops-no-serve"),
     ("serve/frontends/wire.py", "serve.control.api", "dataplane-no-server-parts"),
     ("serve/frontends/wire.py", "serve.lm.text", "dataplane-no-kind"),
-    ("serve/control/watcher.py", "serve.actor_critic.heads", "control-no-kind"),
+    ("serve/batching/split.py", "serve.frontends.oip.tensors", "floor-no-frontend"),
+    ("serve/control/watcher.py", "serve.policy.heads", "control-no-kind"),
+    ("serve/process/logs.py", "serve.lm.plugin", "control-no-kind"),
     ("serve/process/logs.py", "loop.controller", "serve-no-export-loop"),
     ("loop/group_names.py", "serve.frontends.predict.http", "export-loop-no-serve"),
 ]

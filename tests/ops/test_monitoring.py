@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from ops.gpu import NvmlCollector
 from serve.metrics import Metrics
+from serve.plugins import register_metrics
 from serve.status import HTTP_STATUS
 from tests.e2e.server import Server
 from tests.ops import grafana, promql
@@ -97,9 +98,10 @@ class StandInNvml:
 def served() -> dict[str, Series]:
     """Every series name rlserve's /metrics can carry, with its labels."""
     server = Metrics(CollectorRegistry())
+    register_metrics(server)  # every kind's own series, as the server registers them
     gpu = CollectorRegistry()
     gpu.register(NvmlCollector(StandInNvml()))
-    labels = promql.declared_labels([server])
+    labels = promql.declared_labels([server, *server.kinds.values()])
     labels.update(promql.collected_labels(gpu))
     return promql.exported([server.registry, gpu], labels)
 

@@ -8,13 +8,13 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Histogram
 
 from serve import config
-from serve.actor_critic.validation import DEFAULT_OPTIONS
 from serve.batching.record import BatchRecord
 from serve.control import repository
 from serve.dataplane.messages import Prepared
 from serve.dataplane.model import ServedModel
 from serve.dataplane.scheduler import Load
 from serve.metrics import LATENCY_BUCKETS, Metrics, Tally
+from serve.policy.validation import DEFAULT_OPTIONS
 
 
 def test_tallied_observations_once_flushed_equal_observing_them_one_by_one() -> None:

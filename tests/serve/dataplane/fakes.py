@@ -9,7 +9,6 @@ from typing import Any, ClassVar, cast
 
 import numpy as np
 
-from serve.actor_critic.validation import DEFAULT_OPTIONS
 from serve.batching.dynamic_batcher import DynamicBatchScheduler
 from serve.batching.record import BatchRecord
 from serve.config import ModelSettings
@@ -19,6 +18,7 @@ from serve.dataplane.messages import InferenceRequest, Prepared
 from serve.dataplane.model import ServedModel
 from serve.dataplane.scheduler import Scheduler
 from serve.execution.runtime import ProviderReport
+from serve.policy.validation import DEFAULT_OPTIONS
 from serve.types import Answer, Outputs
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
+from serve.lm.metrics import GenerationMetrics
 from serve.lm.scheduling.generation_record import StepRecord
 from serve.metrics import Metrics
 
@@ -15,11 +16,12 @@ def sample(text: str, name: str) -> float:
 
 def test_steps_become_tokens_latencies_occupancy_and_cache_bytes():
     metrics = Metrics()
-    metrics.generation.accept_step(
+    generation = GenerationMetrics(metrics)
+    generation.accept_step(
         StepRecord("lm", (3, 4), 4096, 9, 20, (0.01, 0.02), (0.001,) * 7, ((1, 0.5),))
     )
-    metrics.generation.accept_step(StepRecord("lm", (1,), 1024, 1, 0, (), (0.002,), ((2, 1.5),)))
-    metrics.flush()
+    generation.accept_step(StepRecord("lm", (1,), 1024, 1, 0, (), (0.002,), ((2, 1.5),)))
+    generation.flush()
     text = generate_latest(metrics.registry).decode()
     assert sample(text, 'rlserve_lm_generated_tokens_total{model="lm"}') == 10
     assert sample(text, 'rlserve_lm_prompt_tokens_total{model="lm"}') == 20

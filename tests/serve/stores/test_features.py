@@ -19,9 +19,9 @@ from kernel.contract import PolicyContract
 from kernel.errors import ContractError, InvalidInput, ServiceUnavailable
 from kernel.spaces import Box, Dict, Discrete
 from serve.config import FeatureView
-from serve.control.repository import check_view
 from serve.dataplane.deadline import Deadline
 from serve.metrics import Metrics
+from serve.policy.loading import check_view
 from serve.stores import features
 from tests.e2e.server import free_port
 from tests.redis_server import RedisServer, running_redis

@@ -19,7 +19,6 @@ from kernel.contract import PolicyContract
 from kernel.errors import InvalidInput
 from kernel.spaces import Dict, ObservationBounds
 from serve import config
-from serve.actor_critic.validation import ObservationValidator
 from serve.config import ModelSettings
 from serve.control.repository import load_file
 from serve.dataplane.messages import InferenceRequest
@@ -31,9 +30,10 @@ from serve.frontends.oip.signature import (
     Signature,
     TensorMetadata,
 )
+from serve.policy.validation import ObservationValidator
 from serve.types import Answer
-from tests.serve.actor_critic.contracts import contract as hand_written
 from tests.serve.inprocess import REPOSITORY
+from tests.serve.policy.contracts import contract as hand_written
 
 MODEL = REPOSITORY / "cartpole" / "1" / "model.onnx"
 CARTPOLE = contract.read(MODEL)

@@ -198,7 +198,7 @@ async def test_a_call_the_model_would_refuse_is_answered_from_its_headers() -> N
     async with serving(max_queue_rows=1) as (app, client):
         scheduler = app.state.manager.lifecycle("cartpole").scheduler
         headers = [(b"content-type", b"application/json"), (b"x-request-id", b"early-1")]
-        refuse = app.frontend.refuse_early
+        refuse = app.transports.predict.refuse_early
         idle = refuse(b"POST", b"/predict", headers, time.monotonic())
         scheduler.hold()
         queued = asyncio.create_task(client.post("/predict", json={"observations": OBS}))

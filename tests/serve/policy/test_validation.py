@@ -10,9 +10,9 @@ import pytest
 
 from kernel.errors import InvalidInput
 from kernel.spaces import ObservationBatch, ObservationBounds, parse_observations
-from serve.actor_critic.validation import DEFAULT_OPTIONS, ObservationValidator, predict_options
+from serve.policy.validation import DEFAULT_OPTIONS, ObservationValidator, predict_options
 from serve.types import OutputKind
-from tests.serve.actor_critic.contracts import contract
+from tests.serve.policy.contracts import contract
 
 DISCRETE = {"type": "Discrete", "n": 2}
 VECTOR = {"type": "Box", "shape": [5], "dtype": "float32", "low": "-inf", "high": "inf"}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kernel.errors import InvalidInput
-from serve.actor_critic.memory import MemoryInputs
+from serve.policy.memory import MemoryInputs
 
 SIZE = 4
 

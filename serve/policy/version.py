@@ -4,8 +4,8 @@ validation, batched execution, answers. A masked policy's masks and a recurrent 
 memory (given, or held by the server for a sequence) are checked with the observations.
 
 Built once per loaded version: the contract's compiled observation validator
-(``serve.actor_critic.validation``) checks requests on the event loop; a batch runs the
-graph once and the policy heads (``serve.actor_critic.heads``) once over all its rows; each
+(``serve.policy.validation``) checks requests on the event loop; a batch runs the
+graph once and the policy heads (``serve.policy.heads``) once over all its rows; each
 request's answer is then a slice of those outputs.
 
 On the CPU a version also keeps its graph cut to the deterministic action
@@ -29,16 +29,16 @@ import numpy as np
 from kernel.contract import PolicyContract, TensorRole
 from kernel.errors import InvalidInput, one_line
 from kernel.spaces import ObservationBounds, parse_observations
-from serve.actor_critic import masks, memory
-from serve.actor_critic.heads import PolicyHeads, action_outputs, needs_distribution
-from serve.actor_critic.masks import ActionMasks
-from serve.actor_critic.memory import MemoryInputs
-from serve.actor_critic.validation import ObservationValidator, predict_options
 from serve.batching.plan import bucket, buckets_for
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceRequest, Prepared, SequenceStep
 from serve.execution.graph_cut import cut_to
 from serve.execution.runtime import CPU, Execution, Session, create_session
+from serve.policy import masks, memory
+from serve.policy.heads import PolicyHeads, action_outputs, needs_distribution
+from serve.policy.masks import ActionMasks
+from serve.policy.memory import MemoryInputs
+from serve.policy.validation import ObservationValidator, predict_options
 from serve.types import Answer, OutputKind, Outputs, PredictOptions
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ log = logging.getLogger("rlserve.policy")
 _ACTIONS_ONLY = frozenset({OutputKind.ACTIONS})
 
 
-class ActorCriticPolicy:
+class PolicyVersion:
     model_kind: ClassVar[ModelKind] = ModelKind.ROWS
 
     def __init__(

@@ -11,9 +11,9 @@ import pytest
 
 from kernel.errors import InvalidInput
 from kernel.spaces import Box, Dict, ObservationBounds, parse_observations
-from serve.actor_critic.validation import ObservationValidator
-from tests.serve.actor_critic.contracts import contract
-from tests.serve.actor_critic.test_validation import (
+from serve.policy.validation import ObservationValidator
+from tests.serve.policy.contracts import contract
+from tests.serve.policy.test_validation import (
     BOUNDED,
     DIMMED,
     IMAGE,

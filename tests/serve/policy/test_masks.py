@@ -7,7 +7,7 @@ import pytest
 
 from kernel.errors import InvalidInput
 from kernel.spaces import Discrete, MultiDiscrete
-from serve.actor_critic.masks import ActionMasks
+from serve.policy.masks import ActionMasks
 
 
 def test_a_single_mask_and_a_batch_of_them_become_bool_rows() -> None:

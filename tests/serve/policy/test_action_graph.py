@@ -11,31 +11,31 @@ import pytest
 from onnx import numpy_helper
 
 from serve import config
-from serve.actor_critic.policy import ActorCriticPolicy
 from serve.control import repository
 from serve.dataplane.messages import InferenceRequest, Prepared
 from serve.dataplane.model import as_rows
 from serve.execution.graph_cut import cut_to
 from serve.execution.runtime import create_session
+from serve.policy.version import PolicyVersion
 
 DEMO = Path(__file__).resolve().parents[3] / "examples/model_repository/cartpole/1/model.onnx"
 RNG = np.random.default_rng(0)
 
 
-def _load() -> ActorCriticPolicy:
+def _load() -> PolicyVersion:
     settings = config.load()
     served = repository.load_file("cartpole", 1, DEMO, settings, settings.for_model({}))
-    assert isinstance(served, ActorCriticPolicy)
+    assert isinstance(served, PolicyVersion)
     return served
 
 
-def _prepared(policy: ActorCriticPolicy, parameters: dict[str, object]) -> Prepared:
+def _prepared(policy: PolicyVersion, parameters: dict[str, object]) -> Prepared:
     observations = RNG.uniform(-0.2, 0.2, (3, 4)).tolist()
     request = InferenceRequest({"observations": observations}, parameters, "r", 0.0, 1e9)
     return as_rows(policy).prepare(request)
 
 
-def _answer(policy: ActorCriticPolicy, batch: list[Prepared]) -> list[dict[str, np.ndarray]]:
+def _answer(policy: PolicyVersion, batch: list[Prepared]) -> list[dict[str, np.ndarray]]:
     outputs = policy.execute(batch[0].feeds if len(batch) == 1 else _stacked(batch), batch)
     starts = np.cumsum([0] + [p.rows for p in batch])
     return [policy.respond(p, outputs, int(start)) for p, start in zip(batch, starts, strict=False)]
@@ -80,7 +80,7 @@ def test_a_cut_that_gives_other_actions_is_not_served(
             weight.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(weight), weight.name))
     settings = config.load()
     wrong = create_session(proto.SerializeToString(), settings, "cartpole/1 (actions only)")
-    policy = ActorCriticPolicy(
+    policy = PolicyVersion(
         "cartpole",
         1,
         whole.contract,

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from kernel.distributions import Categorical, DiagGaussian, MultiCategorical
-from serve.actor_critic.heads import PolicyHeads
-from serve.actor_critic.validation import DEFAULT_OPTIONS, predict_options
 from serve.dataplane.messages import Prepared
+from serve.policy.heads import PolicyHeads
+from serve.policy.validation import DEFAULT_OPTIONS, predict_options
 from serve.types import Outputs
-from tests.serve.actor_critic.contracts import contract
+from tests.serve.policy.contracts import contract
 
 OBS = {"type": "Box", "shape": [3], "dtype": "float32"}
 BOX = {"type": "Box", "shape": [2], "dtype": "float32", "low": -1.0, "high": 1.0}

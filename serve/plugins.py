@@ -1,0 +1,152 @@
+"""Model kinds as plug-ins: what a kind gives the server, and where the server finds it.
+
+A kind of model (a policy of rows, a language model) is one folder under ``serve/`` with a
+module that declares ``PLUGIN``, a :class:`KindPlugin`, and one member of
+:class:`~serve.dataplane.kinds.ModelKind` that names that module: the registry is that
+enum. The control plane and the process look a kind up here (:func:`plugin_of`) and import
+no concrete kind, so adding a kind touches its folder and one line
+(docs/architecture.md, "Adding a model kind").
+
+A plug-in says, for its kind:
+
+- which version folders hold it, told before any version loads (:attr:`KindPlugin.claims`),
+  and which contract kind in a model file's metadata it loads (``contract_kind``);
+- how a version loads (``load``), which scheduler serves it (``scheduler``) and a call's
+  deadline when it names none (``default_deadline_ms``);
+- what its versions keep per model (server-held sequences, features views);
+- its metrics (``metrics``: the sink its scheduler reports to, registered once per
+  server) and the frontends that only it answers (``frontends``: route-table entries the
+  process puts before the shared transports').
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from starlette.types import Receive, Scope, Send
+
+from serve.dataplane.kinds import ModelKind
+
+if TYPE_CHECKING:
+    from serve.batching.record import RecordSink
+    from serve.batching.sequences import SequenceTable
+    from serve.config import FeatureView, ModelSettings, Settings
+    from serve.dataplane.deadline import LoopTurn
+    from serve.dataplane.model import ServedModel, VersionSource
+    from serve.dataplane.routing import Router
+    from serve.dataplane.scheduler import Scheduler
+    from serve.execution.runtime import Session
+    from serve.frontends.http_calls import HttpCalls
+    from serve.metrics import Metrics
+
+
+class Claim(Enum):
+    """How a kind answers 'is this version folder yours?', before anything loads."""
+
+    NO = "no"
+    FALLBACK = "fallback"  # any model file: the kind a folder is when no other claims it
+    YES = "yes"  # the folder has what only this kind has (a tokenizer)
+
+
+@dataclass(frozen=True)
+class VersionFiles:
+    """A version being loaded: its file, opened in a session, and what it is named."""
+
+    name: str
+    version: int
+    path: Path  # the model file (``model.onnx``); the folder holds what else it needs
+    session: Session
+    sha256: str
+    started: float  # monotonic seconds, when loading began: the log says how long it took
+
+
+@dataclass(frozen=True)
+class SchedulerParts:
+    """What a kind's scheduler is built from: the model, its versions and where it reports."""
+
+    name: str
+    versions: VersionSource
+    settings: ModelSettings
+    metrics: Metrics
+    sinks: Sequence[RecordSink]  # every executed batch's record, for kinds that batch rows
+
+
+@dataclass(frozen=True)
+class FrontendParts:
+    """What a kind's own frontends are built from (the process holds one of each)."""
+
+    router: Router
+    kind_of: Callable[[str | None], ModelKind | None]
+    http_calls: HttpCalls
+    settings: Settings
+    turn: LoopTurn
+
+
+# An entry of the process's route table: ``match`` says whether a path is the entry's
+# (the parsed path, else None), and ``answer`` answers the call with it.
+Answer = Callable[[Scope, Receive, Send, Any], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class RouteEntry:
+    match: Callable[[str], Any | None]
+    answer: Answer
+
+
+@dataclass(frozen=True)
+class KindPlugin:
+    kind: ModelKind
+    contract_kind: str  # the policy contract's ``kind`` in a model file's metadata
+    claims: Callable[[Path | None], Claim]  # a version folder (None: no version yet)
+    load: Callable[[VersionFiles, Settings, ModelSettings], ServedModel]
+    scheduler: Callable[[SchedulerParts], Scheduler]
+    default_deadline_ms: Callable[[ModelSettings], float]
+    sequences: Callable[[str, ModelSettings], SequenceTable | None]  # server-held memory
+    features: Callable[[ServedModel], FeatureView | None]  # a version's own features view
+    metrics: Callable[[Metrics], Any]  # the kind's sink, made once per Metrics
+    frontends: Callable[[FrontendParts], Sequence[RouteEntry]]
+    listing: Callable[[list[str], int], dict[str, Any]] | None = None  # GET /v1/models adds
+
+
+@cache
+def plugin_of(kind: ModelKind) -> KindPlugin:
+    """The plug-in of ``kind``, imported by the name its ModelKind member gives."""
+    plugin = importlib.import_module(kind.plugin_module).PLUGIN
+    if not isinstance(plugin, KindPlugin) or plugin.kind is not kind:
+        raise TypeError(f"{kind.plugin_module}.PLUGIN is not the KindPlugin of {kind.name}")
+    return plugin
+
+
+def plugins() -> list[KindPlugin]:
+    return [plugin_of(kind) for kind in ModelKind]
+
+
+def register_metrics(metrics: Metrics) -> None:
+    """Every kind's sink and series in the server's metrics (``Metrics.kinds``)."""
+    for plugin in plugins():
+        metrics.kinds[plugin.kind] = plugin.metrics(metrics)
+
+
+def kind_of_folder(folder: Path | None) -> ModelKind:
+    """The kind a version folder holds (None: a model with no version yet): the kind that
+    claims it, else the fallback kind."""
+    claims = {plugin.kind: plugin.claims(folder) for plugin in plugins()}
+    for wanted in (Claim.YES, Claim.FALLBACK):
+        for kind, claim in claims.items():
+            if claim is wanted:
+                return kind
+    raise LookupError(f"no model kind claims {folder} (one kind must be the fallback)")
+
+
+def plugin_for_contract(contract_kind: str | None) -> KindPlugin:
+    """The plug-in that loads model files whose contract is of ``contract_kind``; a file
+    with no contract, or of a kind no plug-in loads, goes to the fallback kind, whose loader
+    says what is wrong with it."""
+    found = next((p for p in plugins() if p.contract_kind == contract_kind), None)
+    return found or plugin_of(kind_of_folder(None))
