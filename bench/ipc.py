@@ -9,7 +9,7 @@ model, so a row is the least a call over that transport can cost here.
 
 Transports (a library that is not installed is skipped with one line saying so):
 
-- the lane design (serve/dataplane/lane): a slot in an anonymous memfd passed over a Unix
+- the lane design (serve/frontends/lane): a slot in an anonymous memfd passed over a Unix
   socket (``socket.send_fds``), one doorbell byte each way with blocking ``recv``;
 - the same slot with one eventfd per direction as the doorbell;
 - ``multiprocessing.shared_memory`` with the socket doorbell;

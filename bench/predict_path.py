@@ -14,17 +14,20 @@ Each row is measured on its own, in one process on one core, as CPU time per cal
 - the frontend's part: the whole call less the scheduler's part, decoding and validation
   (routing, deadline, admission, the call wrapper, encoding, stamping, the asyncio hops).
 
-``--modules`` lists instead the modules of ``serve`` whose functions run during one whole
-call (and the batch it makes), traced with ``sys.setprofile``: what a reader following the
-call in the code meets, the helpers it calls included (uvicorn's protocol, which every call
-over HTTP also crosses, is not part of the ASGI call).
+``--modules`` lists instead the modules of ours (every package: ``kernel``, ``serve``, ...)
+whose functions run during one whole call (and the batch it makes), traced with
+``sys.setprofile`` on every thread: what a reader following the call in the code meets, the
+helpers it calls included (uvicorn's protocol, which every call over HTTP also crosses, is
+not part of the ASGI call). ``--modules --chat`` does the same for one chat completion
+(``POST /v1/chat/completions``, 8 new tokens, not streamed) of the lm scenario's tiny DPO
+policy (built once by ``bench.lm`` into .cache; ``--lm-repository`` names another).
 
 Rows measured alone run warm: in a whole call the model's weights (about 1 MB for mlp)
 and the interpreter's data leave the caches between stages, so a stage costs more in
 place than alone, and that difference lands in the rows computed by subtraction (the
 scheduler's: ``bench.lone_request`` measures it with a model that costs nothing).
 
-    .venv/bin/python -m bench.predict_path [--calls 5000] [--repeats 5] [--modules]
+    .venv/bin/python -m bench.predict_path [--calls 5000] [--repeats 5] [--modules [--chat]]
 
 Prints the best of ``--repeats`` runs of each (the machine is noisy; CPU time is less
 disturbed than wall time). The access log is off. The exported mlp is kept in
@@ -37,6 +40,7 @@ import argparse
 import asyncio
 import os
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
@@ -45,7 +49,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import models, scenarios
+import orjson
+
+from bench import lm, models, scenarios
 from serve import config
 from serve.dataplane.messages import InferenceRequest
 from serve.process.app import RLServeApp, create_app
@@ -61,9 +67,9 @@ class Stage:
     us_per_call: float
 
 
-def _http_scope(body: bytes) -> dict[str, Any]:
+def _http_scope(body: bytes, path: str = PATH) -> dict[str, Any]:
     return {
-        "type": "http", "method": "POST", "path": PATH, "raw_path": PATH.encode(),
+        "type": "http", "method": "POST", "path": path, "raw_path": path.encode(),
         "query_string": b"", "scheme": "http", "http_version": "1.1",
         "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8000),
         "headers": [
@@ -103,10 +109,10 @@ async def _best(call: Callable[[], Awaitable[Any]], calls: int, repeats: int) ->
     return best
 
 
-def _whole_call(app: RLServeApp, body: bytes) -> Callable[[], Awaitable[None]]:
-    """One whole ASGI predict call of ``body``, as uvicorn would make it; RuntimeError
-    unless it is answered 200."""
-    scope, message = _http_scope(body), {"type": "http.request", "body": body}
+def _whole_call(app: RLServeApp, body: bytes, path: str = PATH) -> Callable[[], Awaitable[None]]:
+    """One whole ASGI call of ``body`` to ``path`` (a predict, by default), as uvicorn would
+    make it; RuntimeError unless it is answered 200."""
+    scope, message = _http_scope(body, path), {"type": "http.request", "body": body}
     answers: list[Message] = []
 
     async def receive() -> Message:
@@ -119,7 +125,7 @@ def _whole_call(app: RLServeApp, body: bytes) -> Callable[[], Awaitable[None]]:
         answers.clear()
         await app(dict(scope), receive, send)
         if answers[0]["status"] != 200:
-            raise RuntimeError(f"predict answered {answers}")
+            raise RuntimeError(f"{scope['path']} answered {answers}")
 
     return whole
 
@@ -177,31 +183,66 @@ async def measure(repository: Path, calls: int, repeats: int) -> list[Stage]:
     ]
 
 
-async def crossed_modules(repository: Path) -> Counter[str]:
-    """The modules of ``serve`` whose functions run in one whole call, with how many of
-    their functions' calls each saw (a warm call: routes, run times and caches settled)."""
+OURS = ("kernel", "cli", "client", "serve", "ops", "export", "loop")
+CHAT_PATH = "/v1/chat/completions"
+
+
+def _chat_body(model: str) -> bytes:
+    return orjson.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "The cat sat"}],
+            "max_tokens": 8,
+            "temperature": 0,
+        }
+    )
+
+
+async def crossed_modules(repository: Path, path: str, body: bytes) -> Counter[str]:
+    """The modules of ours whose functions run in one whole call, on any thread, with how
+    many of their functions' calls each saw (a warm call: routes, run times and caches
+    settled)."""
     app = create_app(config.load(model_repository=repository, access_log=False))
-    stop = await _started(app)
-    whole = _whole_call(app, _mlp_body())
-    package = str(Path(__file__).resolve().parents[1] / "serve") + os.sep
+    root = str(Path(__file__).resolve().parents[1]) + os.sep
+    packages = tuple(root + name + os.sep for name in OURS)
     calls: Counter[str] = Counter()
+    tracing = False
 
     def count(frame: FrameType, event: str, arg: Any) -> None:
         name = frame.f_code.co_filename
-        if event == "call" and name.startswith(package):
-            calls["serve/" + name[len(package) :]] += 1
+        if tracing and event == "call" and name.startswith(packages):
+            calls[name[len(root) :]] += 1
 
+    threading.setprofile(count)  # threads started from here on (the decoding thread)
     try:
-        for _ in range(100):
-            await whole()
-        sys.setprofile(count)
+        stop = await _started(app)
+        whole = _whole_call(app, body, path)
         try:
-            await whole()
+            for _ in range(20 if path == CHAT_PATH else 100):
+                await whole()
+            tracing = True
+            sys.setprofile(count)
+            try:
+                await whole()
+            finally:
+                sys.setprofile(None)
+                tracing = False
         finally:
-            sys.setprofile(None)
+            await stop()
     finally:
-        await stop()
+        threading.setprofile(None)
     return calls
+
+
+def _chat_repository(given: Path | None) -> tuple[Path, str]:
+    """The lm scenario's tiny DPO policy in a model repository, and its model's name."""
+    if given is not None:
+        return given, next(p.name for p in given.iterdir() if p.is_dir())
+    repository = CACHE / "lm-repository"
+    if not (repository / lm.POLICY).is_dir():
+        repository.mkdir(parents=True, exist_ok=True)
+        lm.export(lm.policy(), repository)
+    return repository, lm.POLICY
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -209,16 +250,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=5_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
-        "--modules", action="store_true", help="list the serve modules one call runs code of"
+        "--modules", action="store_true", help="list the modules of ours one call runs code of"
     )
+    parser.add_argument(
+        "--chat", action="store_true", help="with --modules: one chat completion, not a predict"
+    )
+    parser.add_argument(
+        "--lm-repository", type=Path, default=None,
+        help="with --chat: a model repository holding one language model (default: built)",
+    )  # fmt: skip
     args: Any = parser.parse_args(argv)
+    if args.modules and args.chat:
+        lm_repository, name = _chat_repository(args.lm_repository)
+        crossed = asyncio.run(crossed_modules(lm_repository, CHAT_PATH, _chat_body(name)))
+        _print_modules(crossed, "chat completion")
+        return
     repository = models.build_repository(CACHE / "repository", (models.MLP,))
     if args.modules:
-        crossed = asyncio.run(crossed_modules(repository))
-        print(f"{len(crossed)} modules of serve run code in one predict call:")
-        print("| module | function calls |\n|---|---:|")
-        for module, count in sorted(crossed.items()):
-            print(f"| `{module}` | {count} |")
+        _print_modules(asyncio.run(crossed_modules(repository, PATH, _mlp_body())), "predict call")
         return
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {0})  # one core, as the servers are pinned
@@ -226,6 +275,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("| where | CPU µs per call |\n|---|---:|")
     for stage in stages:
         print(f"| {stage.name} | {stage.us_per_call:.1f} |")
+
+
+def _print_modules(crossed: Counter[str], call: str) -> None:
+    print(f"{len(crossed)} modules of ours run code in one {call}:")
+    print("| module | function calls |\n|---|---:|")
+    for module, count in sorted(crossed.items()):
+        print(f"| `{module}` | {count} |")
 
 
 if __name__ == "__main__":

@@ -512,14 +512,17 @@ def _put_section(document: str, heading: str, section: str) -> str:
 _SECTION = re.compile(r"(?ms)^(## [^\n]*)\n.*?(?=^## |\Z)")
 
 # Sections a run of the benchmarks does not measure but carries over when it rewrites the
-# document: figures recorded from tests (printed under ``pytest -s``), by hand.
+# document: figures recorded from tests (printed under ``pytest -s``), and studies of the
+# request path measured by hand with bench's tools (predict_path, lone_request).
 MEASURED_IN_TESTS = "## Measured in tests"
+MEASURED_BY_HAND = "## Where a call's time goes"
+KEPT_SECTIONS = (MEASURED_IN_TESTS, MEASURED_BY_HAND)
 
 
 def keep_sections(document: str, old: str) -> str:
-    """``document`` with ``old``'s sections measured elsewhere (MEASURED_IN_TESTS) put back."""
+    """``document`` with ``old``'s sections measured elsewhere (KEPT_SECTIONS) put back."""
     for heading, section in _sections(old):
-        if heading == MEASURED_IN_TESTS:
+        if heading in KEPT_SECTIONS:
             document = _put_section(document, heading, section)
     return document
 

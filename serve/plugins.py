@@ -15,8 +15,8 @@ A plug-in says, for its kind:
   deadline when it names none (``default_deadline_ms``);
 - what its versions keep per model (server-held sequences, features views);
 - its metrics (``metrics``: the sink its scheduler reports to, registered once per
-  server) and the frontends that only it answers (``frontends``: route-table entries the
-  process puts before the shared transports').
+  server) and what it answers itself (``frontends``: routes of its own, which the process
+  puts after the shared transports', and how its models answer the shared predict routes).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from serve.dataplane.kinds import ModelKind
 if TYPE_CHECKING:
     from serve.batching.record import RecordSink
     from serve.batching.sequences import SequenceTable
-    from serve.config import FeatureView, ModelSettings, Settings
+    from serve.config import ModelSettings, Settings
     from serve.dataplane.deadline import LoopTurn
     from serve.dataplane.model import ServedModel, VersionSource
     from serve.dataplane.routing import Router
@@ -88,15 +88,27 @@ class FrontendParts:
     turn: LoopTurn
 
 
-# An entry of the process's route table: ``match`` says whether a path is the entry's
-# (the parsed path, else None), and ``answer`` answers the call with it.
+# An entry of the process's route table: a path that starts with one of ``prefixes`` is
+# asked of ``match`` (the parsed path, else None: not the entry's), and ``answer`` answers
+# the call with what it parsed. The prefixes keep a call from crossing every frontend's
+# module on its way to its own.
 Answer = Callable[[Scope, Receive, Send, Any], Awaitable[None]]
 
 
 @dataclass(frozen=True)
 class RouteEntry:
+    prefixes: tuple[str, ...]
     match: Callable[[str], Any | None]
     answer: Answer
+
+
+@dataclass(frozen=True)
+class KindRoutes:
+    """What a kind answers itself: routes of its own, and how it answers the shared predict
+    routes for its models (None: the predict frontend answers them)."""
+
+    own: Sequence[RouteEntry] = ()
+    predict: Answer | None = None  # called with the predict frontend's parsed path
 
 
 @dataclass(frozen=True)
@@ -108,9 +120,8 @@ class KindPlugin:
     scheduler: Callable[[SchedulerParts], Scheduler]
     default_deadline_ms: Callable[[ModelSettings], float]
     sequences: Callable[[str, ModelSettings], SequenceTable | None]  # server-held memory
-    features: Callable[[ServedModel], FeatureView | None]  # a version's own features view
     metrics: Callable[[Metrics], Any]  # the kind's sink, made once per Metrics
-    frontends: Callable[[FrontendParts], Sequence[RouteEntry]]
+    frontends: Callable[[FrontendParts], KindRoutes]
     listing: Callable[[list[str], int], dict[str, Any]] | None = None  # GET /v1/models adds
 
 

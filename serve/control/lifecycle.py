@@ -65,8 +65,11 @@ class ModelLifeCycle:
         self.held_since: float | None = None  # monotonic seconds; None while serving
         self._hold_ends: asyncio.TimerHandle | None = None
         self.generation = 0  # the repository's serving state applied here (serve.control.store)
+        plugin = plugin_of(kind)
         # recurrent policies' server-held memory, per model (kinds that hold it)
-        self.sequences = plugin_of(kind).sequences(name, settings)
+        self.sequences = plugin.sequences(name, settings)
+        # a call's deadline when it names none: one forward pass, or a whole generation
+        self.default_deadline_ms = plugin.default_deadline_ms(settings)
 
     # ------------------------------------------------------------------ states
 

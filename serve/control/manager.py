@@ -22,7 +22,7 @@ from typing import Any
 from kernel.errors import NotFound, RLServeError, ServiceUnavailable, quoted
 from kernel.versions import DESCRIPTION
 from serve.batching.record import RecordSink
-from serve.config import FeatureView, Settings, load_model_overrides
+from serve.config import Settings, load_model_overrides
 from serve.control import repository, store
 from serve.control.lifecycle import ModelLifeCycle, ReadyState
 from serve.dataplane.kinds import ModelKind
@@ -180,10 +180,10 @@ class ModelRepositoryManager:
                 lifecycle.scheduler,
                 chosen,
                 version,
-                _default_deadline_ms(lifecycle),
+                lifecycle.default_deadline_ms,
                 self.result_caches.get(name),
                 lifecycle.sequences,
-                _features(lifecycle, chosen),
+                chosen.features or lifecycle.settings.features,
             )
         state = lifecycle.state if version is None else lifecycle.version_state(version)
         if state is ReadyState.LOADING:
@@ -255,17 +255,6 @@ class ModelRepositoryManager:
 
     async def stop(self) -> None:
         await asyncio.gather(*(m.scheduler.stop() for m in self.models.values()))
-
-
-def _features(lifecycle: ModelLifeCycle, chosen: ServedModel) -> FeatureView | None:
-    """The features view of a version: its own (``features.yaml``), else its model's."""
-    return plugin_of(lifecycle.kind).features(chosen) or lifecycle.settings.features
-
-
-def _default_deadline_ms(lifecycle: ModelLifeCycle) -> float:
-    """A call's deadline when it names none: its kind's (one forward pass, or a whole
-    generation)."""
-    return plugin_of(lifecycle.kind).default_deadline_ms(lifecycle.settings)
 
 
 def _kind_mismatch(lifecycle: ModelLifeCycle, model: ServedModel) -> str | None:

@@ -35,6 +35,7 @@ class ServedModel(Protocol):
     sha256: str
     provider: str  # the execution provider that runs it
     provider_report: ProviderReport
+    features: FeatureView | None  # its own features view, over its model's (None: none)
 
     def warm_up(self, sizes: Sequence[int]) -> dict[int, float]:
         """Run each batch size once (first-run costs paid now); seconds per size."""
@@ -49,7 +50,6 @@ class RowModel(ServedModel, Protocol):
     """A version whose requests are rows of one forward pass (an actor-critic policy)."""
 
     contract: PolicyContract
-    features: FeatureView | None  # its own features view, over its model's (features.yaml)
 
     def prepare(self, request: InferenceRequest) -> Prepared:
         """Validate one request; raises an RLServeError naming what is wrong."""

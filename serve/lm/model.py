@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -38,12 +38,16 @@ from serve.lm.messages import Generation, GenerationSpec, ScoreSpec, Scoring
 from serve.lm.sequence import DecodingSequence
 from serve.lm.text import TextCodec
 
+if TYPE_CHECKING:
+    from serve.config import FeatureView
+
 __all__ = ["LanguageModel"]
 
 
 class LanguageModel:
     kind = lm_contract.KIND
     model_kind: ClassVar[ModelKind] = ModelKind.GENERATIONS
+    features: FeatureView | None = None  # a language model reads no features view
 
     def __init__(
         self,

@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
+from starlette.types import Receive, Scope, Send
+
 from kernel.lm import contract as lm_contract
 from serve.batching.plan import buckets_for
 from serve.config import ModelSettings, Settings
@@ -27,7 +29,15 @@ from serve.frontends.predict import http as predict
 from serve.lm.metrics import GenerationMetrics
 from serve.lm.model import LanguageModel
 from serve.lm.scheduling.scheduler import ContinuousBatchScheduler
-from serve.plugins import Claim, FrontendParts, KindPlugin, RouteEntry, SchedulerParts, VersionFiles
+from serve.plugins import (
+    Claim,
+    FrontendParts,
+    KindPlugin,
+    KindRoutes,
+    RouteEntry,
+    SchedulerParts,
+    VersionFiles,
+)
 
 log = logging.getLogger("rlserve.repository")
 
@@ -61,25 +71,26 @@ def _scheduler(parts: SchedulerParts) -> Scheduler:
     return ContinuousBatchScheduler(parts.name, parts.versions, parts.settings, sink)
 
 
-def _frontends(parts: FrontendParts) -> list[RouteEntry]:
-    """Generate and score, the OpenAI routes, and the predict routes of language models."""
+def _frontends(parts: FrontendParts) -> KindRoutes:
+    """Generate and score and the OpenAI routes; the predict routes of a language model
+    mean generate."""
     calls = LanguageModelCalls(
         parts.router, parts.http_calls, parts.settings.max_body_bytes, turn=parts.turn
     )
     generate = lm_http.LanguageModelFrontend(calls, parts.kind_of)
     openai = openai_http.OpenAIFrontend(calls)
 
-    def predict_as_generate(path: str) -> lm_http.GeneratePath | None:
-        asked = predict.match(path)
-        if asked is None or not generate.serves(asked.model):
-            return None
-        return lm_http.GeneratePath(asked.model, asked.version, lm_http.Action.GENERATE)
+    async def predict_as_generate(
+        scope: Scope, receive: Receive, send: Send, path: predict.PredictPath
+    ) -> None:
+        asked = lm_http.GeneratePath(path.model, path.version, lm_http.Action.GENERATE)
+        await generate(scope, receive, send, asked)
 
-    return [
-        RouteEntry(predict_as_generate, generate),
-        RouteEntry(lm_http.match, generate),
-        RouteEntry(openai_http.match, openai),
+    own = [
+        RouteEntry(lm_http.PREFIXES, lm_http.match, generate),
+        RouteEntry(openai_http.PREFIXES, openai_http.match, openai),
     ]
+    return KindRoutes(own, predict_as_generate)
 
 
 def _listing(models: Iterable[str], created: int) -> dict[str, Any]:
@@ -94,7 +105,6 @@ PLUGIN = KindPlugin(
     scheduler=_scheduler,
     default_deadline_ms=lambda settings: settings.generation_deadline_ms,
     sequences=lambda name, settings: None,  # a generation's state lives in its scheduler
-    features=lambda model: None,
     metrics=GenerationMetrics,
     frontends=_frontends,
     listing=_listing,

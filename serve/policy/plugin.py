@@ -14,12 +14,11 @@ from typing import Any
 
 from serve.batching.dynamic_batcher import DynamicBatchScheduler
 from serve.batching.sequences import SequenceTable
-from serve.config import FeatureView, ModelSettings
+from serve.config import ModelSettings
 from serve.dataplane.kinds import ModelKind
-from serve.dataplane.model import ServedModel, as_rows
 from serve.dataplane.scheduler import Scheduler
 from serve.metrics import Metrics
-from serve.plugins import Claim, FrontendParts, KindPlugin, RouteEntry, SchedulerParts
+from serve.plugins import Claim, FrontendParts, KindPlugin, KindRoutes, SchedulerParts
 from serve.policy import loading
 
 
@@ -41,16 +40,12 @@ def _sequences(name: str, settings: ModelSettings) -> SequenceTable:
     )
 
 
-def _features(model: ServedModel) -> FeatureView | None:
-    return as_rows(model).features
-
-
 def _metrics(metrics: Metrics) -> Any:
     return metrics.sink  # the batch records' sink: rows, batches, latency by version
 
 
-def _frontends(parts: FrontendParts) -> list[RouteEntry]:
-    return []  # the shared transports answer policies
+def _frontends(parts: FrontendParts) -> KindRoutes:
+    return KindRoutes()  # the shared transports answer policies
 
 
 PLUGIN = KindPlugin(
@@ -61,7 +56,6 @@ PLUGIN = KindPlugin(
     scheduler=_scheduler,
     default_deadline_ms=lambda settings: settings.default_deadline_ms,
     sequences=_sequences,
-    features=_features,
     metrics=_metrics,
     frontends=_frontends,
 )

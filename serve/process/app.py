@@ -3,15 +3,15 @@
 
 Two planes share the process and its port:
 
-- the **data plane**: the predict routes go straight to ``serve.frontends.predict.http`` (no
-  framework in front of them), the generate and score routes of language models, and the
-  predict routes of a language model, to ``serve.frontends.lm.http``, the OpenAI-compatible
-  ``/v1/completions`` and ``/v1/chat/completions`` to ``serve.frontends.lm.openai_http``, and
-  the Open Inference Protocol's ``/v2`` routes to ``serve.frontends.oip.rest``;
+- the **data plane**: one table of (match, answer) entries, no framework in front of them:
+  the predict routes to ``serve.frontends.predict.http`` (or to the model's kind, when it
+  answers them itself: a language model's predict means generate), the Open Inference
+  Protocol's ``/v2`` routes to ``serve.frontends.oip.rest``, then each kind's own routes
+  (``serve.plugins``: a language model's generate, score and OpenAI-compatible routes);
 - the **control plane**: everything else — models, live updates, health, readiness,
   metrics, /docs — is a FastAPI application, wrapped once by the access middleware.
-``GET /v1/models`` answers rlserve's listing (``models``) and OpenAI's (``object``,
-``data``: the language models) in one body, so OpenAI clients list models too.
+``GET /v1/models`` answers rlserve's listing (``models``) and what each kind adds to it
+(OpenAI's ``object`` and ``data``: the language models), so OpenAI clients list models too.
 
 The lifespan loads the models while the server already answers /health, and stops the
 models' schedulers at shutdown (``serve.process.phases`` has the whole shutdown order).
@@ -49,6 +49,7 @@ from serve.control.updates import Updater
 from serve.control.watcher import RepositoryWatcher
 from serve.control.workers import WorkerRegistry
 from serve.dataplane.deadline import LoopTurn
+from serve.dataplane.kinds import ModelKind
 from serve.dataplane.row_calls import RowCalls
 from serve.frontends.access import AccessMiddleware
 from serve.frontends.http_calls import HttpCalls
@@ -60,7 +61,7 @@ from serve.frontends.oip.rpc import GrpcServer
 from serve.frontends.oip.shared_memory import SharedMemory
 from serve.frontends.predict import http as predict
 from serve.metrics import Metrics
-from serve.plugins import FrontendParts, RouteEntry, plugins, register_metrics
+from serve.plugins import Answer, FrontendParts, RouteEntry, plugins, register_metrics
 from serve.process import memory, openapi
 from serve.process.operations import OperationsEndpoints
 from serve.process.phases import ServerPhases
@@ -75,7 +76,8 @@ REPOSITORY_RETRY_S = 2.0  # how often a repository missing at start is looked fo
 
 
 class RLServeApp:
-    """Routes each call to its plane, and runs the lifespan."""
+    """Routes each call to its plane (the data plane's routes: the first entry of the
+    table that matches), and runs the lifespan."""
 
     def __init__(
         self,
@@ -96,7 +98,7 @@ class RLServeApp:
         if scope["type"] == "http":
             path = scope["path"]
             for entry in self.routes:
-                matched = entry.match(path)
+                matched = entry.match(path) if path.startswith(entry.prefixes) else None
                 if matched is not None:
                     await entry.answer(scope, receive, send, matched)
                     return
@@ -198,9 +200,41 @@ def create_app(
         lane = LaneServer(settings.lane, inference, limits, lambda: phases.draining)
     transports = Transports(frontend, v2, grpc, lane)
     parts = FrontendParts(manager, manager.kind_of, http_calls, settings, turn)
-    routes = [entry for plugin in plugins() for entry in plugin.frontends(parts)]
-    routes += [RouteEntry(predict.match, frontend), RouteEntry(oip_rest.match, v2)]
+    kinds = {plugin.kind: plugin.frontends(parts) for plugin in plugins()}
+    by_kind = {kind: own.predict for kind, own in kinds.items() if own.predict is not None}
+    routes = [
+        RouteEntry(
+            predict.PREFIXES, predict.match, PredictRoutes(frontend, manager.kind_of, by_kind)
+        ),
+        RouteEntry(oip_rest.PREFIXES, oip_rest.match, v2),
+        *(entry for own in kinds.values() for entry in own.own),
+    ]
     return RLServeApp(state, _control_app(state), routes, transports, turn)
+
+
+class PredictRoutes:
+    """The predict routes: the predict frontend's, unless the model's kind answers them
+    itself (a language model: predict means generate)."""
+
+    def __init__(
+        self,
+        frontend: predict.PredictFrontend,
+        kind_of: Callable[[str | None], ModelKind | None],
+        by_kind: dict[ModelKind, Answer],
+    ) -> None:
+        self.frontend = frontend
+        self.kind_of = kind_of
+        self.by_kind = by_kind
+
+    async def __call__(
+        self, scope: Scope, receive: Receive, send: Send, path: predict.PredictPath
+    ) -> None:
+        kind = self.kind_of(path.model) if self.by_kind else None
+        answer = None if kind is None else self.by_kind.get(kind)
+        if answer is not None:
+            await answer(scope, receive, send, path)
+            return
+        await self.frontend(scope, receive, send, path)
 
 
 @dataclass(frozen=True)

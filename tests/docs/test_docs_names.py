@@ -20,7 +20,8 @@ import pytest
 from tests.docs.markdown_blocks import REPO, run_blocks
 
 # The project's own folders: a path a block names inside one of them must exist.
-FOLDERS = ("examples", "configs", "serve", "loop", "export", "k8s", "docker", "loadtests",
+FOLDERS = ("examples", "configs", "kernel", "cli", "client", "serve", "loop", "export", "ops",
+           "k8s", "docker", "loadtests",
            "bench", "docs")  # fmt: skip
 _PATH = re.compile(rf"^(?:\./)?(?:{'|'.join(FOLDERS)})/[\w./-]*$")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")

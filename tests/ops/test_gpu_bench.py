@@ -312,11 +312,13 @@ def test_the_limit_check_wants_the_limit_and_the_strategy_where_cuda_runs():
     assert not cpu_only.applies  # no CUDA here: reported as n/a, the CUDA run fails instead
 
 
-def test_a_whole_run_keeps_the_figures_measured_in_tests():
+def test_a_whole_run_keeps_the_figures_measured_in_tests_and_by_hand():
     measured = f"{report.MEASURED_IN_TESTS}\n\nfrom pytest -s\n\n"
-    old = f"# Benchmarks\n\n## A\n\nold\n\n{measured}## Reading the numbers\n\nr\n"
+    by_hand = f"{report.MEASURED_BY_HAND}\n\nfrom bench.predict_path\n\n"
+    old = f"# Benchmarks\n\n## A\n\nold\n\n{measured}{by_hand}## Reading the numbers\n\nr\n"
     new = report.keep_sections("# Benchmarks\n\n## A\n\nnew\n\n## Reading the numbers\n\nr\n", old)
-    assert new == f"# Benchmarks\n\n## A\n\nnew\n\n{measured}## Reading the numbers\n\nr\n"
+    kept = f"{measured}{by_hand}"
+    assert new == f"# Benchmarks\n\n## A\n\nnew\n\n{kept}## Reading the numbers\n\nr\n"
     assert report.keep_sections("# Benchmarks\n\n## A\n\nnew\n", "# Benchmarks\n") == (
         "# Benchmarks\n\n## A\n\nnew\n"
     )

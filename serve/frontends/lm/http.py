@@ -94,6 +94,9 @@ class GeneratePath:
     action: Action
 
 
+PREFIXES = ("/v1/models/",)  # every path match() takes starts with it
+
+
 def match(path: str) -> GeneratePath | None:
     """The generate or score route a path names, or None for any other path."""
     if not path.startswith("/v1/models/"):

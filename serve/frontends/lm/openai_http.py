@@ -52,6 +52,9 @@ _ENDPOINTS = {endpoint.value: endpoint for endpoint in Endpoint}
 _DONE = b"data: [DONE]\n\n"
 
 
+PREFIXES = tuple(_ENDPOINTS)  # the exact paths match() takes
+
+
 def match(path: str) -> Endpoint | None:
     """The OpenAI route a path names, or None for any other path."""
     return _ENDPOINTS.get(path)

@@ -65,13 +65,12 @@ from serve.frontends.http_calls import (
     read_body,
     stamp,
 )
-from serve.frontends.json_keys import refuse_repeated_keys
 from serve.frontends.oip import shared_memory, tensors
 from serve.frontends.oip.catalog import PLATFORM, Catalog, extensions, repository_index
 from serve.frontends.oip.infer import InferAnswer, Inference, call_budget_ms
 from serve.frontends.oip.shared_memory import PlacedInput
 from serve.frontends.oip.signature import InferCall, RequestedOutput, config_dims
-from serve.frontends.wire import timeout_header_ms
+from serve.frontends.wire import refuse_repeated_keys, timeout_header_ms
 from serve.status import http_status
 
 log = logging.getLogger("rlserve.oip")
@@ -108,6 +107,9 @@ class V2Path:
     action: str  # "", "ready", "config", "infer", "live", "server_ready", "index", "stats",
     # "shm_status", "shm_register", "shm_unregister", and the same with "cuda_" before them
     region: str = ""  # a shared-memory region's name ("": every region)
+
+
+PREFIXES = (PREFIX,)  # every path match() takes starts with it
 
 
 def match(path: str) -> V2Path | None:

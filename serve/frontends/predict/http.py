@@ -97,6 +97,9 @@ class PredictPath:
     version: str | None
 
 
+PREFIXES = ("/predict", "/v1/models/")  # every path match() takes starts with one of these
+
+
 def match(path: str) -> PredictPath | None:
     """The predict route a path names, or None for any other path."""
     if path == "/predict":

@@ -10,7 +10,7 @@ nesting it verified:
 
 - the body is an object whose keys are all predict fields, without ``actions`` (scoring
   requests are rare; they take the general path); a key given twice is refused (400,
-  ``serve.frontends.json_keys``' answer), not silently the last one;
+  ``serve.frontends.wire``' answer), not silently the last one;
 - ``observations`` is an array whose every nested array has the length its level's first
   array has, down to arrays of numbers only;
 - counting every ``[`` in the body proves there is no nesting the lengths did not see.
@@ -44,8 +44,7 @@ import numpy as np
 import simdjson
 
 from kernel.errors import InvalidInput, quoted
-from serve.frontends.json_keys import repeated_keys
-from serve.frontends.wire import decode_object
+from serve.frontends.wire import decode_object, repeated_keys
 
 # The fields that hold numbers only: a JSON boolean in them is refused.
 _NUMERIC = ("observations", "actions")

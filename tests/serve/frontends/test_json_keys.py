@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kernel.errors import MalformedRequest
-from serve.frontends.json_keys import refuse_repeated_keys
+from serve.frontends.wire import refuse_repeated_keys
 
 
 @pytest.mark.parametrize(
