@@ -79,9 +79,17 @@ def gunicorn_unpinned(workers: int) -> Setup:
 
 
 class Server:
-    """A command started on a free port (given as ``{port}`` and RLSERVE_PORT)."""
+    """A command started on a free port (given as ``{port}`` and RLSERVE_PORT), in ``cwd``
+    (default: this one)."""
 
-    def __init__(self, command: list[str], env: dict[str, str], log: Path, core: int | None):
+    def __init__(
+        self,
+        command: list[str],
+        env: dict[str, str],
+        log: Path,
+        core: int | None,
+        cwd: Path | None = None,
+    ):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -95,7 +103,7 @@ class Server:
         args = cpu.pinned([a.replace("{port}", str(self.port)) for a in command], core)
         with log.open("w") as out:  # the child keeps its own descriptor
             self.process = subprocess.Popen(
-                args, env=full_env, stdout=out, stderr=subprocess.STDOUT
+                args, env=full_env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd
             )
 
     def cpu_seconds(self) -> float:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from serve.dataplane.scheduler import Scheduler
     from serve.execution.runtime import Session
     from serve.frontends.http_calls import HttpCalls
+    from serve.frontends.openapi import OpenApiPart
     from serve.metrics import Metrics
 
 
@@ -123,6 +124,7 @@ class KindPlugin:
     metrics: Callable[[Metrics], Any]  # the kind's sink, made once per Metrics
     frontends: Callable[[FrontendParts], KindRoutes]
     listing: Callable[[list[str], int], dict[str, Any]] | None = None  # GET /v1/models adds
+    openapi: OpenApiPart | None = None  # its own routes, as the OpenAPI document shows them
 
 
 @cache

@@ -24,6 +24,7 @@ from serve.dataplane.model import ServedModel
 from serve.dataplane.scheduler import Scheduler
 from serve.frontends.lm import http as lm_http
 from serve.frontends.lm import openai_answers, openai_http
+from serve.frontends.lm import openapi as lm_openapi
 from serve.frontends.lm.calls import LanguageModelCalls
 from serve.frontends.predict import http as predict
 from serve.lm.metrics import GenerationMetrics
@@ -108,4 +109,5 @@ PLUGIN = KindPlugin(
     metrics=GenerationMetrics,
     frontends=_frontends,
     listing=_listing,
+    openapi=lm_openapi.PART,
 )

@@ -41,6 +41,11 @@ class IndexEntry:
     reason: str  # why it is not READY ("" when it is)
 
 
+def _elsewhere(model: str) -> str:
+    """Where a model this protocol does not serve (its calls are text, not tensors) is."""
+    return f"POST /v1/models/{model}/generate (or .../score), or /v1/chat/completions"
+
+
 def repository_index(catalog: Catalog) -> list[IndexEntry]:
     """Every loaded version; a language model's marked UNAVAILABLE here, with where it is
     served (its calls are text, not tensors)."""
@@ -48,15 +53,14 @@ def repository_index(catalog: Catalog) -> list[IndexEntry]:
     for name in catalog.model_names():
         for version in catalog.versions(name):
             try:
-                language = catalog.resolve(name, version).kind is ModelKind.GENERATIONS
+                kind = catalog.resolve(name, version).kind
             except RLServeError:  # unloaded meanwhile: listed as the catalog has it
-                language = False
-            if language:
-                reason = (
-                    "a language model: not served by the Open Inference Protocol; POST "
-                    f"/v1/models/{name}/generate (or .../score), or /v1/chat/completions"
+                kind = ModelKind.ROWS
+            if kind is not ModelKind.ROWS:
+                reason = f"a {kind.noun}: not served by the Open Inference Protocol; "
+                index.append(
+                    IndexEntry(name, str(version), "UNAVAILABLE", reason + _elsewhere(name))
                 )
-                index.append(IndexEntry(name, str(version), "UNAVAILABLE", reason))
             else:
                 index.append(IndexEntry(name, str(version), "READY", ""))
     return index

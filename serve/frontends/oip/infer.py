@@ -71,7 +71,7 @@ class Inference:
         route = self.router.resolve(model, number)
         if route.kind is not ModelKind.ROWS:
             raise InvalidInput(
-                f"model {route.model!r} is a language model: the Open Inference Protocol "
+                f"model {route.model!r} is a {route.kind.noun}: the Open Inference Protocol "
                 "serves tensor policies only. Generate with POST "
                 f"/v1/models/{route.model}/generate (or score with .../score), or with an "
                 "OpenAI client at POST /v1/chat/completions and /v1/completions"
