@@ -64,6 +64,20 @@ class Metrics:
         disable_created_metrics()  # *_created series only double what scrapers store
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        self._declare_calls(r)
+        self._declare_versions(r)
+        self._declare_stores(r)
+        self.sink = MetricsSink(self)
+        self._children: dict[tuple[Any, ...], Any] = {}
+        self._refusals: dict[tuple[str, str, int, str], int] = {}  # not yet counted
+        self._refusal_latency: dict[str, Tally] = {}
+        self._load: dict[str, Load] = {}  # as last sampled, by model
+        self._cache_counts: dict[tuple[Any, str, str], int] = {}  # result cache: not yet counted
+        # Each kind's own sink and series, registered by the kind (serve.plugins).
+        self.kinds: dict[ModelKind, Any] = {}
+
+    def _declare_calls(self, r: CollectorRegistry) -> None:
+        """Requests, latencies, batches, queues and refusals: every kind's calls."""
         mv = ("model", "version")
         self.requests = Counter(
             "rlserve_requests", "Requests answered, by status", [*mv, "status"], registry=r
@@ -110,6 +124,10 @@ class Metrics:
             "served as given or clipped, or refused, as the model's observation_bounds says",
             ["model"], registry=r,
         )  # fmt: skip
+
+    def _declare_versions(self, r: CollectorRegistry) -> None:
+        """What is loaded where, and how version updates went."""
+        mv = ("model", "version")
         self.model_info = Gauge(
             "rlserve_model_info", "Loaded model versions and where they run",
             [*mv, "provider", "sha256"], multiprocess_mode="livemax", registry=r,
@@ -136,6 +154,9 @@ class Metrics:
         self.updates = Counter(
             "rlserve_weight_updates", "Version updates by result", ["model", "result"], registry=r
         )
+
+    def _declare_stores(self, r: CollectorRegistry) -> None:
+        """The result cache and the feature stores."""
         # The result cache (serve.stores.result_cache), tallied like refusals.
         self.result_cache_lookups = Counter(
             "rlserve_result_cache_lookups",
@@ -174,14 +195,6 @@ class Metrics:
             "A request's wait for its features, from asking to the answer",
             ["model"], buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
-        self.sink = MetricsSink(self)
-        self._children: dict[tuple[Any, ...], Any] = {}
-        self._refusals: dict[tuple[str, str, int, str], int] = {}  # not yet counted
-        self._refusal_latency: dict[str, Tally] = {}
-        self._load: dict[str, Load] = {}  # as last sampled, by model
-        self._cache_counts: dict[tuple[Any, str, str], int] = {}  # result cache: not yet counted
-        # Each kind's own sink and series, registered by the kind (serve.plugins).
-        self.kinds: dict[ModelKind, Any] = {}
 
     def child(self, metric: Any, *labels: str) -> Any:
         """A metric's label child, looked up once."""

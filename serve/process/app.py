@@ -163,6 +163,19 @@ def create_app(
     state = ServerState(settings, manager, phases, metrics, updater)
     turn = LoopTurn()
     http_calls = HttpCalls(metrics, lambda: phases.draining, access_log=settings.access_log)
+    transports = _transports(state, http_calls, turn)
+    parts = FrontendParts(manager, manager.kind_of, http_calls, settings, turn)
+    return RLServeApp(state, _control_app(state), _routes(transports, parts), transports, turn)
+
+
+def _transports(state: ServerState, http_calls: HttpCalls, turn: LoopTurn) -> Transports:
+    """The shared transports: predict and /v2 on the HTTP port, and the gRPC and lane
+    listeners when their settings ask for them."""
+    settings, manager, metrics, phases = state.settings, state.manager, state.metrics, state.phases
+
+    def draining() -> bool:
+        return phases.draining
+
     rows = RowCalls(turn)  # the steps of every frontend's call to a model of rows
     feature_lookup = FeatureLookup(metrics)  # models with a features view, every frontend's
     frontend = predict.PredictFrontend(
@@ -174,9 +187,7 @@ def create_app(
         max_region_bytes=settings.shm_max_region_bytes,
         admin_token=None if settings.shm_open else settings.admin_token,
     )
-    inference = Inference(
-        manager, metrics, lambda: phases.draining, rows, shared_memory, feature_lookup
-    )
+    inference = Inference(manager, metrics, draining, rows, shared_memory, feature_lookup)
     v2 = oip_rest.OipRestFrontend(
         manager, inference, state.unready_reasons, http_calls, settings.max_body_bytes
     )
@@ -197,19 +208,21 @@ def create_app(
     lane = None
     if settings.lane is not None:
         limits = LaneLimits(settings.lane_max_rows, settings.lane_max_connections)
-        lane = LaneServer(settings.lane, inference, limits, lambda: phases.draining)
-    transports = Transports(frontend, v2, grpc, lane)
-    parts = FrontendParts(manager, manager.kind_of, http_calls, settings, turn)
+        lane = LaneServer(settings.lane, inference, limits, draining)
+    return Transports(frontend, v2, grpc, lane)
+
+
+def _routes(transports: Transports, parts: FrontendParts) -> list[RouteEntry]:
+    """The data plane's route table: the predict routes (or the model's kind, when it
+    answers them itself), /v2, then each kind's own routes."""
     kinds = {plugin.kind: plugin.frontends(parts) for plugin in plugins()}
     by_kind = {kind: own.predict for kind, own in kinds.items() if own.predict is not None}
-    routes = [
-        RouteEntry(
-            predict.PREFIXES, predict.match, PredictRoutes(frontend, manager.kind_of, by_kind)
-        ),
-        RouteEntry(oip_rest.PREFIXES, oip_rest.match, v2),
+    answer_predict = PredictRoutes(transports.predict, parts.kind_of, by_kind)
+    return [
+        RouteEntry(predict.PREFIXES, predict.match, answer_predict),
+        RouteEntry(oip_rest.PREFIXES, oip_rest.match, transports.v2),
         *(entry for own in kinds.values() for entry in own.own),
     ]
-    return RLServeApp(state, _control_app(state), routes, transports, turn)
 
 
 class PredictRoutes:
