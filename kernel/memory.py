@@ -2,7 +2,7 @@
 module's): beside each observation, the state row the contract's ``state`` layout
 describes, and whether the observation starts an episode (the graph then zeroes the state).
 The exporter feeds it to the source and the graph alike; the server builds it from a
-request (``serve.actor_critic.memory``) or from the sequences it holds."""
+request (``serve.policy.memory``) or from the sequences it holds."""
 
 from __future__ import annotations
 
