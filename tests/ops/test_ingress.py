@@ -125,7 +125,7 @@ def test_grpc_leaves_the_per_message_limit_to_the_server(overlay, tmp_path, monk
     settings = settings_of(overlay, tmp_path, monkeypatch)
     show_options = (
         "import json; from serve.process.app import create_app; "
-        "print(json.dumps(create_app().grpc.options))"
+        "print(json.dumps(create_app().transports.grpc.options))"
     )
     done = subprocess.run(
         [sys.executable, "-c", show_options],
