@@ -142,8 +142,7 @@ def test_the_grpc_port_is_the_same_in_the_env_container_services_policy_and_prob
 def test_the_server_listens_for_grpc_where_the_probe_and_services_point(overlay, tmp_path):
     variables = server_environment(overlay, tmp_path)
     show_address = (
-        "from serve.process.app import create_app; "
-        "print(create_app().transports.grpc.address)"
+        "from serve.process.app import create_app; print(create_app().transports.grpc.address)"
     )
     done = subprocess.run(
         [sys.executable, "-c", show_address],
