@@ -134,8 +134,8 @@ stable-baselines3 build the mlp and cnn models; transformers, trl, peft and
 onnxruntime-genai the lm scenario; redis-server the cache scenario). Writes
 docs/benchmarks.md unless told otherwise. A run of every scenario writes the whole document
 (keeping an existing GPU path section, which bench/gpu.sh measures); a subset into an
-existing benchmarks document replaces only its own sections, its rows of the Targets table
-and the reading notes, and adds a header line saying what was measured again and when,
+existing benchmarks document replaces only its own sections (each says under its heading
+when and how it was measured), its rows of the Targets table and the reading notes,
 keeping the rest of the document (`--only oip`, `--only loop`, `--only lm` or `--only
 cache` alone: only that section, which says when it was measured). To write a subset's
 own document, give --output a new file.

@@ -66,6 +66,15 @@ _LOAD_COLUMNS = "| setup | connections | requests/s | p50 ms | p99 ms | errors |
 
 def render(results: Results, verdicts: list[Verdict]) -> str:
     parts = [_header(results.conditions), _targets(verdicts)]
+    parts += [stamped(part, results.conditions) for part in _wrk_sections(results)]
+    parts += _own_sections(results)  # each says when it was measured itself
+    parts.append(_READING)
+    return "\n".join(parts)
+
+
+def _wrk_sections(results: Results) -> list[str]:
+    """The sections of the wrk scenarios, raw onnxruntime, the actor and overload."""
+    parts = []
     for section in dict.fromkeys(s.section for s in scenarios.WRK):
         runs = [r for r in results.load if r.scenario.section == section]
         if runs:
@@ -76,9 +85,18 @@ def render(results: Results, verdicts: list[Verdict]) -> str:
         parts.append(_actor_section(results))
     if results.overload is not None:
         parts.append(_overload_section(results.overload))
-    parts += _own_sections(results)
-    parts.append(_READING)
-    return "\n".join(parts)
+    return parts
+
+
+def stamped(section: str, c: Conditions) -> str:
+    """``section`` with a line under its heading saying when, and how, it was measured."""
+    heading, _, rest = section.partition("\n")
+    chosen = "every scenario" if c.all_scenarios else f"`--only {','.join(c.scenarios)}`"
+    line = (
+        f"*Measured on {c.when} ({chosen}; {c.warmup_s:g} s of warm-up, then {c.seconds:g} s "
+        "measured).*"
+    )
+    return f"{heading}\n\n{line}\n{rest}"
 
 
 def _own_sections(results: Results) -> list[str]:
@@ -533,9 +551,9 @@ def _sections(document: str) -> list[tuple[str, str]]:
 
 def splice_subset(document: str, results: Results, verdicts: list[Verdict]) -> str | None:
     """``document`` (a benchmarks document) with every section this run rendered (the
-    reading notes included) replaced by this run's, the Targets rows of what it measured
-    replaced, and a header line saying which scenarios were measured again, and when; the
-    rest of the document kept. None when it is no benchmarks document."""
+    reading notes included) replaced by this run's, each saying when it was measured, and
+    the Targets rows of what it measured replaced; the rest of the document kept. None when
+    it is no benchmarks document."""
     if not document.startswith("# Benchmarks"):
         return None
     for found in _SECTION.finditer(render(results, verdicts)):
@@ -544,7 +562,7 @@ def splice_subset(document: str, results: Results, verdicts: list[Verdict]) -> s
     for key in dict.fromkeys(target_key(v.target) for v in verdicts if _ran(v)):
         rows = [_target_row(v) for v in verdicts if _ran(v) and target_key(v.target) == key]
         document = _replace_target_rows(document, rows, key)
-    return _note_subset(document, results.conditions)
+    return _several_runs(document)
 
 
 def target_key(target: str) -> str:
@@ -560,36 +578,20 @@ def _ran(verdict: Verdict) -> bool:
     return not verdict.measured.startswith("not run") or verdict.measured.startswith("not run:")
 
 
-def _note_subset(document: str, c: Conditions) -> str:
-    """A line at the end of the header's list: what a later subset run replaced."""
-    lines = document.split("\n")
-    start = next((i for i, line in enumerate(lines) if line.startswith("- Scenarios:")), None)
-    if start is None:
-        return document
-    end = start + 1
-    while end < len(lines) and lines[end].startswith(("- ", "  ")):
-        end += 1
-    note = (
-        f"- Measured again on {c.when} (`--only {','.join(c.scenarios)}`, {c.warmup_s:g} s "
-        f"of warm-up, then {c.seconds:g} s measured): those scenarios' sections and Targets "
-        "rows; compare figures within a section, not across sections of different runs."
-    )
-    return _several_runs("\n".join([*lines[:end], note, *lines[end:]]))
-
-
 ONE_RUN = (
     "All numbers come from this one run: compare ratios within it, not across machines or runs."
 )
 SEVERAL_RUNS = (
-    "Each section's numbers come from one run (the header's first line, or a *measured "
-    "again* line, or the section itself says which): compare ratios within a section, not "
-    "across sections, machines or runs."
+    "Each section's numbers come from one run, which the line under its heading names: "
+    "compare ratios within a section, not across sections, machines or runs."
 )
 
 
 def _several_runs(document: str) -> str:
-    """The header's sentence on runs, once a later run replaced some sections."""
-    return document.replace(ONE_RUN, SEVERAL_RUNS)
+    """The header's sentence on runs, once a later run replaced some sections (and no list
+    of runs in the header: each section says when it was measured)."""
+    lines = document.replace(ONE_RUN, SEVERAL_RUNS).split("\n")
+    return "\n".join(line for line in lines if not line.startswith("- Measured again on "))
 
 
 def _replace_target_rows(document: str, rows: list[str], prefix: str) -> str:

@@ -343,10 +343,11 @@ def test_a_subset_run_replaces_its_own_sections_and_target_rows_only():
     assert unmeasured, "what this run did not measure either keeps the old document's rows"
     assert all(line in rows for line in unmeasured if not line.startswith("| mlp-64: "))
     header = new[: new.index("## Targets")]
-    assert (
-        "- Measured again on later (`--only mlp-64`, 2 s of warm-up, then 8 s measured)" in header
-    )
-    # no longer one run: the header says how to read a document of several
+    # the section measured again says when; the header lists no runs, and says how to read
+    # a document of several
+    stamp = "*Measured on later (`--only mlp-64`; 2 s of warm-up, then 8 s measured).*"
+    assert section(new, mlp).splitlines()[2] == stamp
+    assert "Measured again" not in new
     assert report.ONE_RUN in old
     assert report.ONE_RUN not in header
     assert report.SEVERAL_RUNS in header
