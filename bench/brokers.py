@@ -80,7 +80,7 @@ def redis(
     if binary is None:
         raise Unavailable("redis-server is not on PATH (apt-get install redis-server; make test)")
     directory.mkdir(parents=True, exist_ok=True)
-    port = servers._free_port()
+    port = servers.free_port()
     command = [
         binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
         *options, "--save", "", "--daemonize", "no", "--logfile", "",
@@ -113,7 +113,7 @@ def noida(directory: Path) -> Broker:
     """noida-db's vendored binary serving only Kafka."""
     binary = noida_binary()
     directory.mkdir(parents=True, exist_ok=True)
-    port = servers._free_port()
+    port = servers.free_port()
     command = [
         str(binary), "start", "--data-dir", str(directory), "--only", "kafka",
         "--kafka-port", str(port),

@@ -256,7 +256,7 @@ def _rlserve(
     for model in MODELS:
         if not (folder / model.name).exists():
             shutil.copytree(repository / model.name, folder / model.name)
-    grpc_port = servers._free_port()
+    grpc_port = servers.free_port()
     command = [
         sys.executable, "-m", "cli", "serve", "--model-repository", str(folder),
         "--grpc-port", str(grpc_port), "--allow-client-shm",
@@ -307,7 +307,7 @@ def _mlserver(
     if ort_version.returncode == 0:
         version += f" (onnxruntime {ort_version.stdout.strip()})"
     folder = _mlserver_folder(repository, workdir)
-    grpc_port, metrics_port = servers._free_port(), servers._free_port()
+    grpc_port, metrics_port = servers.free_port(), servers.free_port()
     command = [
         "env", "MLSERVER_HTTP_PORT={port}", f"MLSERVER_GRPC_PORT={grpc_port}",
         f"MLSERVER_METRICS_PORT={metrics_port}", str(executable), "start", str(folder),

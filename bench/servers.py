@@ -90,7 +90,7 @@ class Server:
         core: int | None,
         cwd: Path | None = None,
     ):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         full_env = {
@@ -228,7 +228,7 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
