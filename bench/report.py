@@ -982,7 +982,10 @@ _READING = """## Reading the numbers
   fixed small JSON body (`bench/floor.py`: no framework, no parsing, no model), on uvicorn
   with the options `rlserve serve` gives it (httptools, uvicorn's event loop, no access
   log, no Server header): what HTTP alone costs per request on this stack, the least any
-  Python server here can spend; *plain FastAPI* parses the body and runs onnxruntime
+  ASGI server here can spend; the *raw floor* gives the same answer from an
+  `asyncio.Protocol` with httptools and no ASGI (`bench/raw_http.py`): the least any
+  Python server on this event loop can spend, and what a predict path parsed at the
+  protocol level could approach; *plain FastAPI* parses the body and runs onnxruntime
   inline on its event loop, one request per run, with no validation, batching, deadlines
   or metrics (`bench/baseline.py`); *rlserve serve* is the development server (one
   process); *rlserve gunicorn* is the production configuration (`serve/process/gunicorn_conf.py`),

@@ -95,11 +95,12 @@ def deterministic_twin(scenario: Scenario) -> str:
 
 
 def setups(scenario: Scenario, workers: int) -> list[Setup]:
-    """The servers a scenario runs on: the floor (bare ASGI on uvicorn) and the plain
-    FastAPI baseline first, then rlserve's; neither reference can sample, so a stochastic
-    scenario runs rlserve's alone."""
+    """The servers a scenario runs on: the floors (bare ASGI on uvicorn, and a raw
+    asyncio protocol under it) and the plain FastAPI baseline first, then rlserve's; no
+    reference can sample, so a stochastic scenario runs rlserve's alone."""
     rlserve = [servers.SERVE, servers.GUNICORN_1, servers.gunicorn_unpinned(workers)]
-    return rlserve if scenario.stochastic else [servers.FLOOR, servers.BASELINE, *rlserve]
+    references = [servers.FLOOR, servers.BASELINE, servers.RAW_FLOOR]
+    return rlserve if scenario.stochastic else [*references, *rlserve]
 
 
 def body(scenario: Scenario) -> bytes:

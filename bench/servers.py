@@ -2,6 +2,8 @@
 
 - *floor*: ``bench/floor.py``, a bare ASGI app (read the body, answer a fixed small JSON
   body) under uvicorn with the options ``rlserve serve`` uses: the cost of HTTP alone;
+- *raw floor*: ``bench/raw_http.py``, the same answer from an ``asyncio.Protocol`` with
+  httptools, no ASGI: the floor under the floor, what a protocol-level path could reach;
 - *plain FastAPI*: ``bench/baseline.py`` under uvicorn, onnxruntime inline per request;
 - *rlserve serve*: the development server, one process (``python -m cli serve``);
 - *rlserve gunicorn*: the production configuration (``serve/process/gunicorn_conf.py``).
@@ -49,6 +51,7 @@ RLSERVE_UVICORN = [
 
 
 class Kind(enum.Enum):
+    RAW_FLOOR = "raw-floor"
     FLOOR = "floor"
     BASELINE = "baseline"
     SERVE = "serve"
@@ -66,6 +69,7 @@ class Setup:
     workers: int = 1
 
 
+RAW_FLOOR = Setup("raw-floor", "floor: raw protocol (asyncio + httptools)", Kind.RAW_FLOOR)
 FLOOR = Setup("floor", "floor: bare ASGI on uvicorn", Kind.FLOOR)
 BASELINE = Setup("baseline", "plain FastAPI, ORT inline", Kind.BASELINE)
 SERVE = Setup("serve", "rlserve serve (1 process)", Kind.SERVE)
@@ -156,15 +160,11 @@ def start(
     """``setup`` serving the model folder ``model`` (<repository>/<name>), once ready.
 
     Ready means ``GET /ready`` answers 200 (rlserve), or ``probe`` is answered 200 by
-    ``POST /predict`` (the floor and the baseline, which have no readiness endpoint).
+    ``POST /predict`` (the floors and the baseline, which have no readiness endpoint).
     """
     log = workdir / f"{model.name}-{setup.key}.log"
-    if setup.kind in (Kind.FLOOR, Kind.BASELINE):
-        server = (
-            _floor(log, setup.core)
-            if setup.kind is Kind.FLOOR
-            else _baseline(newest_onnx(model), log, setup.core)
-        )
+    if setup.kind in (Kind.RAW_FLOOR, Kind.FLOOR, Kind.BASELINE):
+        server = _reference(setup, model, log)
         server.wait_until(
             lambda c: c.post("/predict", content=probe).status_code == 200, "serving", timeout_s
         )
@@ -177,6 +177,16 @@ def start(
         server = _gunicorn(repository, setup, workdir, log)
     server.wait_until(lambda c: c.get("/ready").status_code == 200, "ready", timeout_s)
     return server
+
+
+def _reference(setup: Setup, model: Path, log: Path) -> Server:
+    """A server to read rlserve's figures against: a floor, or plain FastAPI."""
+    if setup.kind is Kind.RAW_FLOOR:
+        command = [sys.executable, "-m", "bench.raw_http", "--port", "{port}"]
+        return Server(command, {}, log, setup.core)
+    if setup.kind is Kind.FLOOR:
+        return _floor(log, setup.core)
+    return _baseline(newest_onnx(model), log, setup.core)
 
 
 def _floor(log: Path, core: int | None) -> Server:

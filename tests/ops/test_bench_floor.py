@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import socket
 
 import httpx
 import pytest
@@ -63,12 +64,12 @@ def verdict(results: Results, start: str) -> targets.Verdict:
 # The floor on the wire
 
 
-@pytest.fixture
-def floor_server(tmp_path):
+@pytest.fixture(params=[servers.FLOOR, servers.RAW_FLOOR], ids=lambda s: s.key)
+def floor_server(request, tmp_path):
     if shutil.which("taskset") is None or cpu.SERVER_CORE not in os.sched_getaffinity(0):
         pytest.skip(f"needs taskset and core {cpu.SERVER_CORE}, as the benchmark does")
     probe = scenarios.body(MLP_64)
-    server = servers.start(servers.FLOOR, tmp_path / "mlp", tmp_path, probe, timeout_s=30)
+    server = servers.start(request.param, tmp_path / "mlp", tmp_path, probe, timeout_s=30)
     yield server
     server.stop()
 
@@ -85,6 +86,19 @@ def test_the_floor_reads_any_body_and_answers_its_fixed_json(floor_server):
         assert client.get("/anything").content == floor.ANSWER
 
 
+def test_the_floor_answers_pipelined_requests_in_order(floor_server):
+    one = b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}"
+    port = int(floor_server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(one * 3)
+        received = b""
+        while received.count(floor.ANSWER) < 3:
+            chunk = conn.recv(65536)
+            assert chunk, f"closed after {received!r}"
+            received += chunk
+    assert received.count(b"HTTP/1.1 200 OK") == 3
+
+
 def test_the_floor_runs_on_the_server_core_and_its_cpu_time_is_read(floor_server):
     before = floor_server.cpu_seconds()
     with httpx.Client(base_url=floor_server.url) as client:
@@ -98,14 +112,14 @@ def test_the_floor_runs_on_the_server_core_and_its_cpu_time_is_read(floor_server
 # Which servers run, which scenarios --only picks
 
 
-def test_every_deterministic_scenario_runs_the_floor_and_fastapi_before_rlserve():
+def test_every_deterministic_scenario_runs_the_floors_and_fastapi_before_rlserve():
+    references = [servers.FLOOR.key, servers.BASELINE.key, servers.RAW_FLOOR.key]
     for scenario in scenarios.WRK:
         keys = [s.key for s in scenarios.setups(scenario, workers=2)]
         if scenario.stochastic:
-            assert servers.FLOOR.key not in keys
-            assert servers.BASELINE.key not in keys
+            assert not set(references) & set(keys)
         else:
-            assert keys[:3] == [servers.FLOOR.key, servers.BASELINE.key, servers.SERVE.key]
+            assert keys[:4] == [*references, servers.SERVE.key]
 
 
 def test_only_takes_names_separated_by_commas_and_repeated_in_the_documents_order():
