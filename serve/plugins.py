@@ -11,7 +11,8 @@ A plug-in says, for its kind:
 
 - which version folders hold it, told before any version loads (:attr:`KindPlugin.claims`),
   and which contract kind in a model file's metadata it loads (``contract_kind``);
-- how a version loads (``load``), which scheduler serves it (``scheduler``) and a call's
+- how a version loads (``load``), what a pushed version must show before it replaces the
+  live one (``check_update``), which scheduler serves it (``scheduler``) and a call's
   deadline when it names none (``default_deadline_ms``);
 - what its versions keep per model (server-held sequences, features views);
 - its metrics (``metrics``: the sink its scheduler reports to, registered once per
@@ -68,6 +69,17 @@ class VersionFiles:
 
 
 @dataclass(frozen=True)
+class Canary:
+    """Observations (and optionally the actions taken) with the log-probs the new version
+    must reproduce within ``atol``: what a push may ask its kind to check."""
+
+    observations: Any
+    log_probs: list[float]
+    actions: Any = None
+    atol: float = 1e-5
+
+
+@dataclass(frozen=True)
 class SchedulerParts:
     """What a kind's scheduler is built from: the model, its versions and where it reports."""
 
@@ -119,6 +131,9 @@ class KindPlugin:
     claims: Callable[[Path | None], Claim]  # a version folder (None: no version yet)
     load: Callable[[VersionFiles, Settings, ModelSettings], ServedModel]
     scheduler: Callable[[SchedulerParts], Scheduler]
+    # before a pushed version replaces the live one (None: nothing live): ModelLoadError or
+    # InvalidInput when it cannot
+    check_update: Callable[[ServedModel | None, ServedModel, Canary | None], None]
     default_deadline_ms: Callable[[ModelSettings], float]
     sequences: Callable[[str, ModelSettings], SequenceTable | None]  # server-held memory
     metrics: Callable[[Metrics], Any]  # the kind's sink, made once per Metrics

@@ -22,9 +22,10 @@ from serve.config import Settings
 from serve.control import pushed_files, store
 from serve.control.http_bodies import body_chunks, json_response, read_body, read_json_object
 from serve.control.repository import MODEL_FILE
-from serve.control.updates import ActivationMode, Canary, Push, Updater
+from serve.control.updates import ActivationMode, Push, Updater
 from serve.frontends.access import check_bearer
 from serve.frontends.wire import decode_object, positive_number
+from serve.plugins import Canary
 
 ROLLBACK_BODY_BYTES = 4096  # {"version": N} and room to spare
 DEFAULT_WAIT_S = 10.0  # an update waits this long for every worker to serve it

@@ -31,19 +31,16 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from kernel.errors import Conflict, InvalidInput, ModelLoadError, NotFound, RLServeError, one_line
+from kernel.errors import Conflict, InvalidInput, NotFound, RLServeError
 from serve.config import Settings
 from serve.control import repository, store
 from serve.control.lifecycle import ModelLifeCycle
 from serve.control.manager import ModelRepositoryManager
 from serve.control.store import ServingState
 from serve.control.workers import Propagation, WorkerRegistry
-from serve.dataplane.kinds import ModelKind
-from serve.dataplane.messages import InferenceRequest
-from serve.dataplane.model import RowModel, ServedModel, as_rows
+from serve.dataplane.model import ServedModel
 from serve.metrics import Metrics
+from serve.plugins import Canary, plugin_of
 
 log = logging.getLogger("rlserve.updates")
 
@@ -58,17 +55,6 @@ class UpdateResult(StrEnum):
     LOADED = "loaded"  # resident, not active (activate=false)
     UNCHANGED = "unchanged"
     ROLLED_BACK = "rolled_back"
-
-
-@dataclass(frozen=True)
-class Canary:
-    """Observations (and optionally the actions taken) with the log-probs the new version
-    must reproduce within ``atol``."""
-
-    observations: Any
-    log_probs: list[float]
-    actions: Any = None
-    atol: float = 1e-5
 
 
 @dataclass(frozen=True)
@@ -474,52 +460,6 @@ def _unchanged(
 
 
 def _check_compatible(entry: ModelLifeCycle, pushed: ServedModel, canary: Canary | None) -> None:
-    """A new policy version must take the same observations and give the same kind of
-    actions (a language model's version is checked by its golden prompts as it loads)."""
-    if pushed.model_kind is not ModelKind.ROWS:
-        if canary is not None:
-            raise InvalidInput(
-                "canary: a language model takes no canary observations; its golden prompts "
-                "are checked as it loads"
-            )
-        return
-    model = as_rows(pushed)
-    live = None if entry.active_model is None else as_rows(entry.active_model)
-    if live is not None:
-        for field in ("observation_space", "action_space"):
-            old, new = getattr(live.contract, field), getattr(model.contract, field)
-            if old.model_dump() != new.model_dump():
-                raise ModelLoadError(
-                    f"{field}: version {model.version} has {new.model_dump_json()}, but the live "
-                    f"version {live.version} has {old.model_dump_json()}; a model's spaces "
-                    "cannot change between versions (serve it under a new model name)"
-                )
-    if canary is not None:
-        _check_canary(model, canary)
-
-
-def _check_canary(model: RowModel, canary: Canary) -> None:
-    inputs: dict[str, Any] = {"observations": canary.observations}
-    if canary.actions is not None:
-        inputs["actions"] = canary.actions
-    now = time.monotonic()
-    request = InferenceRequest(inputs, {"outputs": ["log_probs"]}, "canary", now, now + 60)
-    prepared = model.prepare(request)
-    try:
-        answer = model.respond(prepared, model.execute(prepared.feeds, [prepared]), 0)
-    except Exception as exc:
-        raise ModelLoadError(
-            f"canary: the new version fails on the canary ({one_line(exc)})"
-        ) from None
-    got = np.atleast_1d(np.asarray(answer["log_probs"], dtype=np.float64))
-    expected = np.atleast_1d(np.asarray(canary.log_probs, dtype=np.float64))
-    if got.shape != expected.shape:
-        raise InvalidInput(
-            f"canary.log_probs: expected {got.shape[0]} values, got {expected.shape[0]}"
-        )
-    worst = float(np.max(np.abs(got - expected))) if got.size else 0.0
-    if not worst <= canary.atol:
-        raise ModelLoadError(
-            f"canary: log-probs differ from the expected ones by up to {worst:.3g} "
-            f"(atol {canary.atol:g}); the new version does not behave as the trainer expects"
-        )
+    """A new version must fit the live one, as its kind says (a policy: the same spaces,
+    and the canary's log-probs reproduced)."""
+    plugin_of(pushed.model_kind).check_update(entry.active_model, pushed, canary)

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from starlette.types import Receive, Scope, Send
 
+from kernel.errors import InvalidInput
 from kernel.lm import contract as lm_contract
 from serve.batching.plan import buckets_for
 from serve.config import ModelSettings, Settings
@@ -31,6 +32,7 @@ from serve.lm.metrics import GenerationMetrics
 from serve.lm.model import LanguageModel
 from serve.lm.scheduling.scheduler import ContinuousBatchScheduler
 from serve.plugins import (
+    Canary,
     Claim,
     FrontendParts,
     KindPlugin,
@@ -72,6 +74,15 @@ def _scheduler(parts: SchedulerParts) -> Scheduler:
     return ContinuousBatchScheduler(parts.name, parts.versions, parts.settings, sink)
 
 
+def _check_update(live: ServedModel | None, pushed: ServedModel, canary: Canary | None) -> None:
+    """A language model's version was checked by its golden prompts as it loaded."""
+    if canary is not None:
+        raise InvalidInput(
+            "canary: a language model takes no canary observations; its golden prompts "
+            "are checked as it loads"
+        )
+
+
 def _frontends(parts: FrontendParts) -> KindRoutes:
     """Generate and score and the OpenAI routes; the predict routes of a language model
     mean generate."""
@@ -104,6 +115,7 @@ PLUGIN = KindPlugin(
     claims=_claims,
     load=_load,
     scheduler=_scheduler,
+    check_update=_check_update,
     default_deadline_ms=lambda settings: settings.generation_deadline_ms,
     sequences=lambda name, settings: None,  # a generation's state lives in its scheduler
     metrics=GenerationMetrics,

@@ -19,7 +19,7 @@ from serve.dataplane.kinds import ModelKind
 from serve.dataplane.scheduler import Scheduler
 from serve.metrics import Metrics
 from serve.plugins import Claim, FrontendParts, KindPlugin, KindRoutes, SchedulerParts
-from serve.policy import loading
+from serve.policy import loading, updates
 
 
 def _claims(folder: Path | None) -> Claim:
@@ -54,6 +54,7 @@ PLUGIN = KindPlugin(
     claims=_claims,
     load=loading.load,
     scheduler=_scheduler,
+    check_update=updates.check_update,
     default_deadline_ms=lambda settings: settings.default_deadline_ms,
     sequences=_sequences,
     metrics=_metrics,

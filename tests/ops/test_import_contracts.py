@@ -4,6 +4,7 @@ added to one module is checked with the same contracts."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -72,3 +73,21 @@ def test_one_forbidden_import_breaks_its_contract(
     assert run.returncode == 1, run.stdout + run.stderr
     assert "BROKEN" in run.stdout
     assert f"{module.removesuffix('.py').replace('/', '.')} -> {forbidden}" in run.stdout
+
+
+def test_control_process_and_metrics_name_no_kind() -> None:
+    """They look kinds up in serve/plugins.py; a ``ModelKind.<member>`` there would be a
+    branch on a concrete kind that a new kind would have to edit."""
+    places = [REPO / "serve" / "control", REPO / "serve" / "process"]
+    files = [f for place in places for f in place.rglob("*.py")]
+    files += [REPO / "serve" / "metrics.py", REPO / "serve" / "plugins.py"]
+    named = [
+        f"{f.relative_to(REPO)}:{node.lineno}"
+        for f in files
+        for node in ast.walk(ast.parse(f.read_text()))
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "ModelKind"
+        and node.attr.isupper()
+    ]
+    assert named == []
