@@ -30,7 +30,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -47,6 +46,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from cli import config_file
 from kernel.errors import ConfigError
 from kernel.spaces import ObservationBounds
 from serve.config_file import ConfigFileSource
@@ -529,11 +529,7 @@ def load_version_view(path: Path) -> FeatureView | None:
     if not path.is_file():
         return None
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
-    try:
-        return FeatureView.model_validate(raw)
+        return FeatureView.model_validate(config_file.read(path))
     except ValidationError as exc:
         raise ConfigError(f"{path}: {_describe(exc)}") from None
 
@@ -542,12 +538,7 @@ def load_model_overrides(path: Path) -> dict[str, Any]:
     """A model's config.yaml, checked against ModelSettings' fields; {} when absent."""
     if not path.is_file():
         return {}
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of settings, got {type(raw).__name__}")
+    raw = config_file.read(path)
     unknown = sorted(set(raw) - set(ModelSettings.model_fields))
     if unknown:
         raise ConfigError(
