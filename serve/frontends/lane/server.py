@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import orjson
@@ -66,10 +67,7 @@ class LaneLimits:
 class Lane:
     """One client's connection and slot."""
 
-    def __init__(
-        self, conn: socket.socket, route: Route, hello: wire.Hello, layout: wire.Layout
-    ) -> None:
-        self.conn = conn
+    def __init__(self, route: Route, hello: wire.Hello, layout: wire.Layout) -> None:
         self.model = route.model
         self.version = hello.version
         self.layout = layout
@@ -79,11 +77,61 @@ class Lane:
         self.slot = mmap.mmap(self.fd, layout.size)
 
     def close(self) -> None:
-        self.conn.close()
+        """The slot's mapping and descriptor (the connection is its server's to close)."""
         self.slot.close()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+class Doorbells(asyncio.Protocol):
+    """A lane's socket once its slot is passed: each byte in rings for one call, and one
+    byte out answers it. The event loop reads the socket for as long as the lane lives,
+    so a call costs no reader added and removed (as ``sock_recv`` would per call)."""
+
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._rung = 0  # calls rung and not yet taken
+        self._closed = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._rung += len(data)
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._closed = True
+        self._wake()
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._wake()
+
+    async def rung(self) -> bool:
+        """Wait for the next call; False once the client has closed the lane."""
+        while not self._rung:
+            if self._closed:
+                return False
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        self._rung -= 1
+        return True
+
+    def answer(self) -> None:
+        if self._transport is not None and not self._closed:
+            self._transport.write(wire.DOORBELL)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
 
 def sealed_memfd(size: int) -> int:
@@ -166,24 +214,18 @@ class LaneServer:
         loop = asyncio.get_running_loop()
         conn.setblocking(False)
         lane: Lane | None = None
+        bells: Doorbells | None = None
         try:
             _check_peer(conn)
             hello = await asyncio.wait_for(_read_hello(loop, conn), HELLO_TIMEOUT_S)
-            lane = self._open(conn, hello)
+            lane = self._open(hello)
             welcome = wire.frame({"layout": lane.layout.to_json()})
             fds = array.array("i", [lane.fd])
             conn.sendmsg([welcome], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
             os.close(lane.fd)  # the mapping stays; the client holds its own descriptor
             lane.fd = -1
-            while await loop.sock_recv(conn, 1):
-                task = asyncio.current_task()
-                assert task is not None
-                self._busy.add(task)
-                try:
-                    await self._call(lane)
-                finally:
-                    self._busy.discard(task)
-                await loop.sock_sendall(conn, wire.DOORBELL)
+            _, bells = await loop.connect_accepted_socket(Doorbells, sock=conn)
+            await self._calls(lane, bells)
         except RLServeError as exc:
             if lane is None:
                 await _refuse(conn, exc)
@@ -194,12 +236,26 @@ class LaneServer:
             if lane is None:
                 await _refuse(conn, internal_error(exc))
         finally:
-            if lane is not None:
-                lane.close()
+            if bells is not None:
+                bells.close()  # the transport owns the socket now, and closes it
             else:
                 conn.close()
+            if lane is not None:
+                lane.close()
 
-    def _open(self, conn: socket.socket, hello: wire.Hello) -> Lane:
+    async def _calls(self, lane: Lane, bells: Doorbells) -> None:
+        """Serve the lane's calls, one per doorbell, until its client closes it."""
+        task = asyncio.current_task()
+        assert task is not None
+        while await bells.rung():
+            self._busy.add(task)
+            try:
+                await self._call(lane)
+            finally:
+                self._busy.discard(task)
+            bells.answer()
+
+    def _open(self, hello: wire.Hello) -> Lane:
         if self._draining():
             raise ServiceUnavailable(
                 "the server is draining; connect to another replica", retry_after_s=1
@@ -212,7 +268,7 @@ class LaneServer:
         route = self.inference.route(hello.model, _version_text(hello.version))
         signature = self.inference.signature(route.row_model())
         layout = layout_of(route.model, signature, hello)
-        return Lane(conn, route, hello, layout)
+        return Lane(route, hello, layout)
 
     async def _call(self, lane: Lane) -> None:
         """One call: rows from the slot, through the row-call steps, outputs to the slot."""
