@@ -135,7 +135,9 @@ def _rows(scenario: Scenario, runs: dict[str, list[Run]], base: str) -> list[str
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.ab", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
     parser.add_argument("--base", required=True, help="the revision to compare against")
     parser.add_argument(
         "--only", type=lambda s: s.split(","), default=list(DEFAULT),

@@ -262,7 +262,9 @@ def table(rows: list[Row]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.grpc_floor", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
     parser.add_argument("--seconds", type=int, default=5, help="measured seconds per server")
     parser.add_argument("--concurrency", type=int, default=16, help="calls in flight")
     parser.add_argument("--threads", type=int, default=4, help="the sync server's workers")

@@ -247,8 +247,8 @@ def _chat_repository(given: Path | None) -> tuple[Path, str]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=5_000)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=5_000, help="calls per measured run")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each; the best is shown")
     parser.add_argument(
         "--modules", action="store_true", help="list the modules of ours one call runs code of"
     )

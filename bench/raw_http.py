@@ -60,7 +60,9 @@ async def serve(port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.raw_http", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
     try:
