@@ -371,6 +371,14 @@ class Settings(BaseSettings, ModelSettings):
     lane_max_connections: PositiveInt = Field(
         256, description="local-lane clients connected at once, per server process"
     )
+    lane_serving: Literal["loop", "thread"] = Field(
+        "loop",
+        description="how local-lane calls are served: loop (each call takes the event "
+        "loop's call steps into the model's dynamic batcher, as HTTP and gRPC calls do) or "
+        "thread (a serving thread waits on every lane's doorbell and runs the calls that "
+        "rang together as one batch, no asyncio per call; lanes of server-held sequences "
+        "stay on the loop)",
+    )
 
     # Live policy updates (see docs/updates.md).
     admin_token: SecretStr | None = Field(

@@ -67,7 +67,7 @@ def lost(model: ServedModel, batch: list[Ticket], rows: int) -> Execution:
 
 def _runs(model: ServedModel, batch: list[Ticket]) -> list[Run]:
     requests = [t.prepared for t in batch]
-    inputs = _stacked(requests)
+    inputs = stacked(requests)
     try:
         return [Run(batch, inputs, as_rows(model).execute(inputs, requests))]
     except Exception as exc:
@@ -76,7 +76,7 @@ def _runs(model: ServedModel, batch: list[Ticket]) -> list[Run]:
     return [run for one in batch for run in _runs(model, [one])]
 
 
-def _stacked(requests: list[Prepared]) -> dict[str, np.ndarray]:
+def stacked(requests: list[Prepared]) -> dict[str, np.ndarray]:
     """Every request's rows, one array per input (no copy for a request alone)."""
     if len(requests) == 1:
         return requests[0].feeds
@@ -93,7 +93,7 @@ def deliver(execution: Execution, sinks: Sequence[RecordSink], max_rows: int) ->
             continue
         record = _record(model, run, run.outputs, span, max_rows)
         _answer(model, record, run.requests)
-        _publish(record, sinks)
+        publish(record, sinks)
 
 
 def _record(
@@ -136,7 +136,7 @@ def _answer(model: ServedModel, record: BatchRecord, tickets: list[Ticket]) -> N
         settle(ticket, response)
 
 
-def _publish(record: BatchRecord, sinks: Sequence[RecordSink]) -> None:
+def publish(record: BatchRecord, sinks: Sequence[RecordSink]) -> None:
     for sink in sinks:
         try:
             sink.accept(record)

@@ -278,6 +278,14 @@ class DynamicBatchScheduler:
             return self._submit_parts(prepared, version)
         return self._enqueue(prepared, version)
 
+    @property
+    def max_batch_size(self) -> int:
+        return self.limits.max_batch_size
+
+    @property
+    def sinks(self) -> Sequence[RecordSink]:
+        return self._sinks
+
     def admit(self, rows: int, deadline: float) -> None:
         """Refuse now what cannot be served: the queue is full, or the rows ahead would
         take longer than the deadline allows (raises QueueFull, ServiceUnavailable)."""

@@ -11,8 +11,9 @@ rows of one forward pass, takes them with ``submit``; the continuous-batching sc
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kernel.errors import InvalidInput
 from serve.dataplane.messages import InferenceResponse, Prepared
@@ -28,6 +29,10 @@ def runs_no_rows(model: str) -> InvalidInput:
         f"model {model!r} is a language model: POST /v1/models/{model}/generate "
         "or /score; it takes no observations"
     )
+
+
+if TYPE_CHECKING:
+    from serve.batching.record import RecordSink
 
 
 class Scheduler(Protocol):
@@ -91,6 +96,17 @@ class Scheduler(Protocol):
 class RowScheduler(Scheduler, Protocol):
     """A scheduler of rows (``serve.batching.dynamic_batcher``): requests of one forward
     pass, validated by the version they were routed to."""
+
+    @property
+    def max_batch_size(self) -> int:
+        """The most rows one batch of this model runs."""
+        ...
+
+    @property
+    def sinks(self) -> Sequence[RecordSink]:
+        """Where the records of its batches go (in order: the metrics first); a batch of
+        the model run elsewhere (the lane's serving thread) publishes there too."""
+        ...
 
     def submit(self, prepared: Prepared, version: int | None) -> asyncio.Future[InferenceResponse]:
         """Queue a validated request; its future settles with the answer or an RLServeError.

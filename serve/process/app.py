@@ -53,7 +53,7 @@ from serve.dataplane.kinds import ModelKind
 from serve.dataplane.row_calls import RowCalls
 from serve.frontends.access import AccessMiddleware
 from serve.frontends.http_calls import HttpCalls
-from serve.frontends.lane.server import LaneLimits, LaneServer
+from serve.frontends.lane.server import LaneLimits, LaneServer, LaneServing
 from serve.frontends.oip import rest as oip_rest
 from serve.frontends.oip import rpc as oip_rpc
 from serve.frontends.oip.infer import Inference
@@ -208,7 +208,8 @@ def _transports(state: ServerState, http_calls: HttpCalls, turn: LoopTurn) -> Tr
     lane = None
     if settings.lane is not None:
         limits = LaneLimits(settings.lane_max_rows, settings.lane_max_connections)
-        lane = LaneServer(settings.lane, inference, limits, draining)
+        serving = LaneServing(settings.lane_serving)
+        lane = LaneServer(settings.lane, inference, limits, draining, serving=serving)
     return Transports(frontend, v2, grpc, lane)
 
 

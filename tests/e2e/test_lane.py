@@ -18,6 +18,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -29,14 +30,19 @@ from tests.e2e.server import Server
 OUTPUTS = ("actions", "log_probs", "values", "distribution")
 
 
-@pytest.fixture(scope="module")
-def lane_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+@pytest.fixture(scope="module", params=["loop", "thread"])
+def lane_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Server, Path]]:
+    """A server with a lane, its calls served on the event loop or by the serving thread
+    (``--lane-serving``): every test of it holds for both."""
     tmp = tmp_path_factory.mktemp("lane")
     repository = tmp / "repository"
     repository.mkdir()
     (repository / "cartpole").symlink_to(DEMO)
     path = tmp / "lane.sock"
-    server = Server.rlserve(repository, "--lane", str(path), log=tmp / "log")
+    serving = ["--lane-serving", request.param]
+    server = Server.rlserve(repository, "--lane", str(path), *serving, log=tmp / "log")
     server.wait_ready()
     yield server, path
     server.stop()
@@ -64,6 +70,31 @@ def test_lane_answers_equal_http_answers(lane_server: tuple[Server, Path]) -> No
     )
     assert np.ndim(one_lane.actions) == 0  # one observation: no batch axis, as over HTTP
     assert int(one_lane.actions) == one_http.actions
+
+
+def test_lane_calls_and_refusals_are_counted_like_http_calls(
+    lane_server: tuple[Server, Path],
+) -> None:
+    """Each answered call counts in rlserve_requests_total (from its batch's record, which
+    the serving thread hands to the event loop) and each refusal in the rejections."""
+    server, path = lane_server
+    answered = {"model": "cartpole", "status": "200"}
+    refused = {"model": "cartpole", "reason": "invalid_input"}
+    with httpx.Client(base_url=server.url, timeout=5) as client:
+        before = server.metric(client, "rlserve_requests_total", **answered)
+        rejected = server.metric(client, "rlserve_rejections_total", **refused)
+    with LaneClient(path) as lane:
+        for seed in range(20):
+            lane.predict(observations(2, seed))
+        with pytest.raises(RequestFailed):
+            lane.predict(np.full((1, 4), np.nan, np.float32))
+
+    def counted(client: httpx.Client) -> bool:
+        calls = server.metric(client, "rlserve_requests_total", **answered) - before
+        refusals = server.metric(client, "rlserve_rejections_total", **refused) - rejected
+        return calls >= 20 and refusals >= 1
+
+    server.wait_until(counted, 10, "counting the lane's calls")
 
 
 def test_lane_and_http_calls_at_once_get_the_same_answers(

@@ -96,7 +96,14 @@ def server(
     log = tmp_path_factory.mktemp("maskable_server") / "log"
     lane = log.parent / "lane.sock"
     running = Server.rlserve(
-        trained[1], "--grpc-port", str(grpc_port), "--lane", str(lane), log=log
+        trained[1],
+        "--grpc-port",
+        str(grpc_port),
+        "--lane",
+        str(lane),
+        "--lane-serving",
+        "thread",
+        log=log,  # the lane's serving thread takes masks too
     )
     running.wait_ready()
     yield running

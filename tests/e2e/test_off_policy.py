@@ -115,7 +115,8 @@ def server_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(repository: tuple[Path, dict[str, Trained]], server_dir: Path) -> Iterator[Server]:
     lane = server_dir / "lane"
-    running = Server.rlserve(repository[0], "--lane", str(lane), log=server_dir / "log")
+    serving = ("--lane-serving", "thread")  # Q-values and actions from the serving thread
+    running = Server.rlserve(repository[0], "--lane", str(lane), *serving, log=server_dir / "log")
     running.wait_ready()
     yield running
     running.stop()

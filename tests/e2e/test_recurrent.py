@@ -100,6 +100,8 @@ def server(
         str(grpc_port),
         "--lane",
         str(lane_path),
+        "--lane-serving",
+        "thread",  # client-held state through the serving thread; sequences stay on the loop
         env={"RLSERVE_ADMIN_TOKEN": TOKEN},
         log=log,
     )

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import array
 import asyncio
-import fcntl
 import logging
-import mmap
 import os
 import socket
 import stat
@@ -30,6 +28,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import cast
 
@@ -44,13 +43,23 @@ from kernel.errors import (
     RLServeError,
     ServiceUnavailable,
     internal_error,
-    listed,
 )
 from serve.dataplane.routing import Route
+from serve.frontends.lane.engine import LaneEngine
+from serve.frontends.lane.slot import (
+    Lane,
+    hello_of,
+    inputs_of,
+    layout_of,
+    parameters_of,
+    sequences_of,
+    version_text,
+    write_answer,
+    write_error,
+)
 from serve.frontends.oip.infer import Inference, call_budget_ms
-from serve.frontends.oip.signature import InferCall, RequestedOutput, Signature
-from serve.frontends.oip.tensors import DTYPES
-from serve.status import http_headers, http_status
+from serve.frontends.oip.signature import InferCall
+from serve.status import http_status
 
 log = logging.getLogger("rlserve.lane")
 
@@ -58,30 +67,17 @@ _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 HELLO_TIMEOUT_S = 5.0
 
 
+class LaneServing(StrEnum):
+    """Where lane calls are served (the ``lane_serving`` setting)."""
+
+    LOOP = "loop"  # on the event loop, through the dynamic batcher, as HTTP and gRPC calls
+    THREAD = "thread"  # by the serving thread, every lane that rang in one batch
+
+
 @dataclass(frozen=True, slots=True)
 class LaneLimits:
     max_rows: int
     max_connections: int
-
-
-class Lane:
-    """One client's connection and slot."""
-
-    def __init__(self, route: Route, hello: wire.Hello, layout: wire.Layout) -> None:
-        self.model = route.model
-        self.version = hello.version
-        self.layout = layout
-        self.sha256 = route.row_model().sha256  # the version the layout was checked against
-        self.outputs = [RequestedOutput(area.name) for area in layout.outputs]
-        self.fd = sealed_memfd(layout.size)
-        self.slot = mmap.mmap(self.fd, layout.size)
-
-    def close(self) -> None:
-        """The slot's mapping and descriptor (the connection is its server's to close)."""
-        self.slot.close()
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
 
 class Doorbells(asyncio.Protocol):
@@ -134,35 +130,24 @@ class Doorbells(asyncio.Protocol):
             self._waiter.set_result(None)
 
 
-def sealed_memfd(size: int) -> int:
-    """An anonymous memfd of ``size`` bytes whose size nobody can change again.
-
-    The seals (``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``) hold for every process the
-    descriptor reaches: a client that ``ftruncate``s its copy gets ``EPERM``, so the pages
-    the server has mapped are never taken away under it (a shrunk mapping faults with
-    SIGBUS, which would end the process). Writes stay allowed: they are the lane's data.
-    """
-    fd = os.memfd_create("rlserve-lane", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    try:
-        os.ftruncate(fd, size)
-        seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
-
-
 class LaneServer:
     """Listens at ``path`` while the process serves; closes and removes it at shutdown."""
 
     def __init__(
-        self, path: Path, inference: Inference, limits: LaneLimits, draining: Callable[[], bool]
+        self,
+        path: Path,
+        inference: Inference,
+        limits: LaneLimits,
+        draining: Callable[[], bool],
+        *,
+        serving: LaneServing = LaneServing.LOOP,
     ) -> None:
         self.path = path
         self.inference = inference
         self.limits = limits
+        self.serving = serving
         self._draining = draining
+        self._engine: LaneEngine | None = None  # the serving thread (LaneServing.THREAD)
         self._listener: socket.socket | None = None
         self._inode = 0
         self._accepting: asyncio.Task[None] | None = None
@@ -175,7 +160,10 @@ class LaneServer:
         self._listener = bind(self.path)
         self._inode = os.stat(self.path).st_ino
         self._accepting = asyncio.create_task(self._accept(), name="rlserve-lane-accept")
-        log.info("local lane at %s", self.path)
+        if self.serving is LaneServing.THREAD:
+            self._engine = LaneEngine(self.inference, asyncio.get_running_loop())
+            self._engine.start()
+        log.info("local lane at %s (calls served on the %s)", self.path, self.serving.value)
 
     async def stop(self, grace_s: float) -> None:
         """No new lanes; calls in flight get ``grace_s`` to be answered; then every lane
@@ -185,6 +173,8 @@ class LaneServer:
         if self._listener is not None:
             _unlink_own(self.path, self._inode)
             self._listener.close()
+        if self._engine is not None:
+            await self._engine.stop(grace_s)
         if self._busy:
             await asyncio.wait(list(self._busy), timeout=grace_s)
         for task in list(self._lanes):
@@ -197,7 +187,7 @@ class LaneServer:
         assert self._listener is not None
         while True:
             conn, _ = await loop.sock_accept(self._listener)
-            if len(self._lanes) >= self.limits.max_connections:
+            if self._connected() >= self.limits.max_connections:
                 await _refuse(conn, ServiceUnavailable(
                     f"the local lane has {self.limits.max_connections} clients connected "
                     "(lane_max_connections); close a lane or raise the limit",
@@ -208,6 +198,9 @@ class LaneServer:
             self._lanes.add(task)
             task.add_done_callback(self._lanes.discard)
 
+    def _connected(self) -> int:
+        return len(self._lanes) + (self._engine.lanes if self._engine is not None else 0)
+
     # ------------------------------------------------------------------ one lane
 
     async def _serve(self, conn: socket.socket) -> None:
@@ -215,6 +208,7 @@ class LaneServer:
         conn.setblocking(False)
         lane: Lane | None = None
         bells: Doorbells | None = None
+        handed = False  # to the serving thread, with its lane
         try:
             _check_peer(conn)
             hello = await asyncio.wait_for(_read_hello(loop, conn), HELLO_TIMEOUT_S)
@@ -224,6 +218,11 @@ class LaneServer:
             conn.sendmsg([welcome], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
             os.close(lane.fd)  # the mapping stays; the client holds its own descriptor
             lane.fd = -1
+            if self._engine is not None and not hello.sequences:
+                self._engine.add(lane, conn)  # the thread serves and closes it from now on
+                lane = None
+                handed = True
+                return
             _, bells = await loop.connect_accepted_socket(Doorbells, sock=conn)
             await self._calls(lane, bells)
         except RLServeError as exc:
@@ -238,7 +237,7 @@ class LaneServer:
         finally:
             if bells is not None:
                 bells.close()  # the transport owns the socket now, and closes it
-            else:
+            elif not handed:
                 conn.close()
             if lane is not None:
                 lane.close()
@@ -265,7 +264,7 @@ class LaneServer:
                 f"rows: a lane carries 1 to {self.limits.max_rows} rows a call "
                 f"(lane_max_rows), got {hello.rows}"
             )
-        route = self.inference.route(hello.model, _version_text(hello.version))
+        route = self.inference.route(hello.model, version_text(hello.version))
         signature = self.inference.signature(route.row_model())
         layout = layout_of(route.model, signature, hello)
         return Lane(route, hello, layout)
@@ -281,16 +280,16 @@ class LaneServer:
                 raise InvalidInput(
                     f"rows: this lane carries 1 to {lane.layout.rows} rows a call, got {rows}"
                 )
-            route = self.inference.route(lane.model, _version_text(lane.version))
+            route = self.inference.route(lane.model, version_text(lane.version))
             served = route.row_model()
             if served.sha256 != lane.sha256:  # another version: its tensors may differ
                 signature = self.inference.signature(served)
-                if layout_of(route.model, signature, _hello_of(lane.layout)) != lane.layout:
-                    _answer(slot, seq, wire.Status.RECONNECT)
+                if layout_of(route.model, signature, hello_of(lane.layout)) != lane.layout:
+                    write_answer(slot, seq, wire.Status.RECONNECT)
                     return
                 lane.sha256 = served.sha256
-            parameters = {**_parameters(flags, seed), **_sequences(slot, lane.layout, rows)}
-            call = InferCall(_inputs(slot, lane.layout, rows), parameters, lane.outputs)
+            parameters = {**parameters_of(flags, seed), **sequences_of(slot, lane.layout, rows)}
+            call = InferCall(inputs_of(slot, lane.layout, rows), parameters, lane.outputs)
             asked_ms = timeout_ms if timeout_ms > 0 else None
             budget = call_budget_ms(call, route.default_deadline_ms, asked_ms)
             deadline = self.inference.calls.turn.deadline(received_at, budget)
@@ -303,156 +302,15 @@ class LaneServer:
                     raise RuntimeError(f"output {area.name}: {data.nbytes} bytes for {rows} rows")
                 slot[area.offset : area.offset + data.nbytes] = data.tobytes()
             response = answer.response
-            _answer(slot, seq, wire.Status.OK, response.version, response.sha256)
+            write_answer(slot, seq, wire.Status.OK, response.version, response.sha256)
         except RLServeError as exc:
             self.inference.refused(route, exc, received_at)
-            _error(slot, seq, exc)
+            write_error(slot, seq, exc)
         except Exception as exc:  # a bug of ours: logged, and answered like any error
             log.exception("unhandled error on a local-lane call for %r", lane.model)
             error = internal_error(exc)
             self.inference.refused(route, error, received_at)
-            _error(slot, seq, error)
-
-
-# ---------------------------------------------------------------------- the layout
-
-
-def layout_of(model: str, signature: Signature, hello: wire.Hello) -> wire.Layout:
-    """The slot for a hello: the model's inputs, then the outputs asked for, ``rows`` each."""
-    known = {o.name: o for o in signature.outputs}
-    parameters = [name for name in known if name not in wire.OWN_OUTPUTS]
-    names: list[str] = []
-    for name in hello.outputs:
-        names.extend(parameters if name == wire.DISTRIBUTION else [name])
-    unknown = [name for name in names if name not in known]
-    if unknown or not names or len(set(names)) != len(names):
-        raise InvalidInput(
-            f"outputs: expected distinct names drawn from {[*known, wire.DISTRIBUTION]}, "
-            f"got {listed(list(hello.outputs))}"
-        )
-    inputs = [
-        (
-            meta.name,
-            signature.key_of(meta.name),
-            *_typed(meta.datatype, meta.shape),
-            signature.field_of(meta.name),
-        )
-        for meta in signature.inputs
-    ]
-    if hello.sequences:
-        inputs = _held(model, inputs, names)
-    elif wire.STATE in known and wire.STATE not in names:
-        names.append(wire.STATE)  # the client carries it to its next step
-    outputs = [
-        (name, None, *_typed(known[name].datatype, known[name].shape), None) for name in names
-    ]
-    input_areas, end = wire.place(inputs, hello.rows, wire.DATA_OFFSET)
-    output_areas, end = wire.place(outputs, hello.rows, end)
-    size = -(-end // mmap.PAGESIZE) * mmap.PAGESIZE
-    return wire.Layout(model, hello.rows, size, tuple(input_areas), tuple(output_areas))
-
-
-_SEQUENCE_AREAS = (("<i8", 8), ("|u1", 1), ("|u1", 1))  # per row: id, start, end
-
-
-def _held(model: str, inputs: list[wire.Placed], names: list[str]) -> list[wire.Placed]:
-    """A lane of server-held sequences: the observations (and masks), then each row's
-    sequence id, start and end; the client-held memory's inputs and output are not there."""
-    fields = {field for *_, field in inputs}
-    if not set(wire.CLIENT_HELD) <= fields:
-        raise InvalidInput(
-            f"sequences: model {model!r} is not a recurrent policy: it has no memory for the "
-            "server to hold; say hello without sequences"
-        )
-    if wire.STATE in names:
-        raise InvalidInput(
-            f"outputs: {wire.STATE!r}: the server holds the sequences' memory on this lane; "
-            "leave it out"
-        )
-    kept = [placed for placed in inputs if placed[-1] not in wire.CLIENT_HELD]
-    sequence = [
-        (field, None, dtype, (), itemsize, field)
-        for field, (dtype, itemsize) in zip(wire.SEQUENCE_FIELDS, _SEQUENCE_AREAS, strict=True)
-    ]
-    return kept + sequence
-
-
-def _typed(datatype: str, shape: tuple[int, ...]) -> tuple[str, tuple[int, ...], int]:
-    dtype = DTYPES[datatype]
-    return dtype.str, tuple(shape[1:]), dtype.itemsize
-
-
-def _hello_of(layout: wire.Layout) -> wire.Hello:
-    """A hello that makes this layout again, if the model's tensors are the same."""
-    outputs = tuple(a.name for a in layout.outputs)
-    sequences = any(a.field in wire.SEQUENCE_FIELDS for a in layout.inputs)
-    return wire.Hello(layout.model, None, layout.rows, outputs, sequences=sequences)
-
-
-def _inputs(slot: mmap.mmap, layout: wire.Layout, rows: int) -> dict[str, np.ndarray]:
-    """Each input's rows, copied out of the slot (the client may write it again at once)."""
-    inputs = {}
-    for area in layout.inputs:
-        if area.field in wire.SEQUENCE_FIELDS:
-            continue  # parameters: _sequences
-        count = rows * area.row_bytes // np.dtype(area.dtype).itemsize
-        view = np.frombuffer(slot, area.dtype, count, area.offset)
-        inputs[area.name] = view.reshape(rows, *area.shape).copy()
-    return inputs
-
-
-def _sequences(slot: mmap.mmap, layout: wire.Layout, rows: int) -> dict[str, object]:
-    """The rows' sequence ids, starts and ends, as the predict parameters of server-held
-    sequences (none on a lane without them)."""
-    parameters: dict[str, object] = {}
-    for area in layout.inputs:
-        if area.field not in wire.SEQUENCE_FIELDS:
-            continue
-        values = np.frombuffer(slot, area.dtype, rows, area.offset).copy()
-        parameters[area.field] = values.tolist() if area.dtype == "<i8" else values != 0
-    return parameters
-
-
-def _parameters(flags: int, seed: int) -> dict[str, object]:
-    given = wire.Flags(flags & (wire.Flags.DETERMINISTIC | wire.Flags.SEEDED))
-    parameters: dict[str, object] = {"deterministic": wire.Flags.DETERMINISTIC in given}
-    if wire.Flags.SEEDED in given:
-        parameters["seed"] = seed
-    return parameters
-
-
-def _answer(
-    slot: mmap.mmap, seq: int, status: wire.Status, version: int = 0, sha256: str = "",
-    message: int = 0, retry_after_s: float = 0.0, http: int = 0,
-) -> None:  # fmt: skip
-    wire.ANSWER.pack_into(
-        slot,
-        wire.ANSWER_OFFSET,
-        seq,
-        status,
-        message,
-        version,
-        sha256.encode(),
-        retry_after_s,
-        http,
-    )
-
-
-def _error(slot: mmap.mmap, seq: int, error: RLServeError) -> None:
-    body = orjson.dumps({"code": error.code.value, "message": error.message})[: wire.MESSAGE_BYTES]
-    slot[wire.MESSAGE_OFFSET : wire.MESSAGE_OFFSET + len(body)] = body
-    retry = http_headers(error).get("Retry-After")
-    _answer(
-        slot, seq, wire.Status.ERROR, message=len(body),
-        retry_after_s=float(retry) if retry else 0.0, http=http_status(error),
-    )  # fmt: skip
-
-
-def _version_text(version: int | None) -> str | None:
-    return None if version is None else str(version)
-
-
-# ---------------------------------------------------------------------- the socket
+            write_error(slot, seq, error)
 
 
 def bind(path: Path) -> socket.socket:

@@ -1,0 +1,332 @@
+"""The local lane's serving thread (``lane_serving: thread``): every lane with a call rung
+is served together, as one batch, without a step of asyncio per call.
+
+The thread waits on the doorbells of every lane handed to it (one ``select`` over their
+sockets). The lanes that rang together are grouped by the model and version they name;
+each group is one batch: each call's rows are read from its slot and checked as the loop's
+path checks them (the same deadline rule and admission, the version's validation, the
+same RECONNECT when the served version's tensors moved), then one run of the model, and
+each call's outputs written back into its slot before its doorbell is answered. A call
+that fails is answered with its error alone; the others of its batch are not touched.
+
+What the loop's path gives every call, this one gives every batch: one record, published
+to the model's record sinks (the metrics, the experience stream) on the event loop, and
+refusals counted there too. They are handed over in an outbox that the event loop empties
+every ``OUTBOX_S`` (a wake-up of the loop per call would cost as much as the call's own
+steps): a record reaches its sinks at most that much later than on the loop's path.
+
+Lanes of server-held sequences are not handed here: their memory lives in the model's
+sequence table, on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import accumulate
+
+import numpy as np
+
+from kernel import lane_wire as wire
+from kernel.errors import InvalidInput, RLServeError, internal_error, one_line
+from serve.batching.batch_run import publish, stacked
+from serve.batching.record import BatchRecord
+from serve.dataplane.messages import Prepared
+from serve.dataplane.model import RowModel
+from serve.dataplane.routing import Route
+from serve.frontends.lane.slot import (
+    Lane,
+    hello_of,
+    inputs_of,
+    layout_of,
+    parameters_of,
+    version_text,
+    write_answer,
+    write_error,
+)
+from serve.frontends.oip.infer import Inference, call_budget_ms
+from serve.frontends.oip.signature import InferCall, Signature
+
+log = logging.getLogger("rlserve.lane")
+
+_READ = 64  # doorbell bytes read at once: a client rings once per call
+OUTBOX_S = 0.01  # how often the event loop takes the thread's records and refusals
+
+
+@dataclass
+class _Open:
+    """A lane the thread serves: its connection and its slot."""
+
+    lane: Lane
+    conn: socket.socket
+    received_at: float = 0.0
+
+
+@dataclass
+class _Taken:
+    """One call of a batch, read and checked."""
+
+    entry: _Open
+    seq: int
+    call: InferCall
+    prepared: Prepared
+
+
+class LaneEngine:
+    """The serving thread of the lanes handed to it (``add``), until ``stop``."""
+
+    def __init__(self, inference: Inference, loop: asyncio.AbstractEventLoop) -> None:
+        self.inference = inference
+        self._loop = loop
+        self._selector = selectors.DefaultSelector()
+        self._wake_in, self._wake_out = socket.socketpair()
+        self._wake_in.setblocking(False)
+        self._selector.register(self._wake_in, selectors.EVENT_READ, None)
+        self._new: list[_Open] = []
+        self._lock = threading.Lock()  # guards _new, handed over from the event loop
+        self._open: dict[int, _Open] = {}  # by socket fd
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="rlserve-lane-thread", daemon=True)
+        self._outbox: collections.deque[Callable[[], None]] = collections.deque()
+        self._emptying: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ life (event loop)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._emptying = self._loop.create_task(self._empty_outbox(), name="rlserve-lane-outbox")
+
+    async def _empty_outbox(self) -> None:
+        while True:
+            await asyncio.sleep(OUTBOX_S)
+            self._deliver()
+
+    def _deliver(self) -> None:
+        """Run what the thread left for the event loop (publish records, count refusals)."""
+        while self._outbox:
+            self._outbox.popleft()()
+
+    @property
+    def lanes(self) -> int:
+        """Lanes served by the thread now (for the connection limit)."""
+        return len(self._open) + len(self._new)
+
+    def add(self, lane: Lane, conn: socket.socket) -> None:
+        """Serve ``lane`` from now on; the engine closes ``conn`` when its client does."""
+        with self._lock:
+            self._new.append(_Open(lane, conn))
+        self._wake_out.send(b"\x00")
+
+    async def stop(self, grace_s: float) -> None:
+        """Serve no more calls once the one running is answered (within ``grace_s``), then
+        close every lane: each client sees its socket end."""
+        self._stopping = True
+        self._wake_out.send(b"\x00")
+        await asyncio.to_thread(self._thread.join, grace_s)
+        if self._emptying is not None:
+            self._emptying.cancel()
+        self._deliver()
+        for entry in [*self._open.values(), *self._new]:
+            _close(entry)
+        self._open.clear()
+        self._wake_in.close()
+        self._wake_out.close()
+
+    # ------------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        while not self._stopping:
+            ready = self._wait()
+            if ready and not self._stopping:
+                self._serve(ready)
+
+    def _wait(self) -> list[_Open]:
+        """The lanes that rang, once at least one did (or a lane was added, or stop)."""
+        ready = []
+        for key, _ in self._selector.select():
+            if key.data is None:
+                self._take_new()
+                continue
+            entry: _Open = key.data
+            if self._ring(entry):
+                ready.append(entry)
+        return ready
+
+    def _take_new(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            self._wake_in.recv(_READ)
+        with self._lock:
+            new, self._new = self._new, []
+        for entry in new:
+            entry.conn.setblocking(False)
+            self._open[entry.conn.fileno()] = entry
+            self._selector.register(entry.conn, selectors.EVENT_READ, entry)
+
+    def _ring(self, entry: _Open) -> bool:
+        """Read a lane's doorbells: True when a call rang; a closed lane is dropped."""
+        try:
+            rung = entry.conn.recv(_READ)
+        except BlockingIOError:
+            return False
+        except OSError:
+            rung = b""
+        if not rung:
+            self._drop(entry)
+            return False
+        entry.received_at = time.monotonic()  # one call rings once; it waits for its answer
+        return True
+
+    def _drop(self, entry: _Open) -> None:
+        self._selector.unregister(entry.conn)
+        self._open.pop(entry.conn.fileno(), None)
+        _close(entry)
+
+    def _serve(self, ready: list[_Open]) -> None:
+        groups: dict[tuple[str, int | None], list[_Open]] = {}
+        for entry in ready:
+            groups.setdefault((entry.lane.model, entry.lane.version), []).append(entry)
+        for (model, version), entries in groups.items():
+            try:
+                self._batch(model, version, entries)
+            except Exception as exc:  # a bug of ours: every call of the group learns of it
+                log.exception("unhandled error on local-lane calls for %r", model)
+                for entry in entries:
+                    self._refuse(None, entry, internal_error(exc))
+            for entry in entries:
+                self._answered(entry)
+
+    def _answered(self, entry: _Open) -> None:
+        try:
+            entry.conn.send(wire.DOORBELL)
+        except OSError as exc:
+            log.debug("local lane closed: %s", exc)
+            self._drop(entry)
+
+    # ------------------------------------------------------------------ one batch
+
+    def _batch(self, model: str, version: int | None, entries: list[_Open]) -> None:
+        try:
+            route = self.inference.route(model, version_text(version))
+        except RLServeError as exc:
+            for entry in entries:
+                self._refuse(None, entry, exc)
+            return
+        served = route.row_model()
+        signature = self.inference.signature(served)
+        taken = [t for t in (self._take(route, served, signature, e) for e in entries) if t]
+        limit = route.row_scheduler().max_batch_size
+        while taken:
+            rows, end = 0, 0
+            while end < len(taken) and (end == 0 or rows + taken[end].prepared.rows <= limit):
+                rows += taken[end].prepared.rows
+                end += 1
+            self._run_batch(route, served, signature, taken[:end])
+            taken = taken[end:]
+
+    def _take(
+        self, route: Route, served: RowModel, signature: Signature, entry: _Open
+    ) -> _Taken | None:
+        """One lane's call read from its slot and checked (None: it was answered already)."""
+        lane, slot, received_at = entry.lane, entry.lane.slot, entry.received_at
+        seq, rows, flags, seed, timeout_ms = wire.REQUEST.unpack_from(slot, wire.REQUEST_OFFSET)
+        try:
+            if not 1 <= rows <= lane.layout.rows:
+                raise InvalidInput(
+                    f"rows: this lane carries 1 to {lane.layout.rows} rows a call, got {rows}"
+                )
+            if served.sha256 != lane.sha256 and not self._same_layout(route, served, lane):
+                write_answer(slot, seq, wire.Status.RECONNECT)
+                return None
+            call = InferCall(
+                inputs_of(slot, lane.layout, rows), parameters_of(flags, seed), lane.outputs
+            )
+            asked_ms = timeout_ms if timeout_ms > 0 else None
+            budget = call_budget_ms(call, route.default_deadline_ms, asked_ms)
+            deadline = self.inference.calls.turn.deadline(received_at, budget)
+            self.inference.calls.admit(route, deadline, spent_on="reading it")
+            request_id = f"lane-{id(lane):x}-{seq}"
+            request = signature.request(call, request_id, received_at, deadline.at)
+            return _Taken(entry, seq, call, served.prepare(request))
+        except RLServeError as exc:
+            self._refuse(route, entry, exc, seq)
+            return None
+
+    def _same_layout(self, route: Route, served: RowModel, lane: Lane) -> bool:
+        """Whether the served version's tensors still fit the lane's layout (then the lane
+        follows it)."""
+        signature = self.inference.signature(served)
+        if layout_of(route.model, signature, hello_of(lane.layout)) != lane.layout:
+            return False
+        lane.sha256 = served.sha256
+        return True
+
+    def _run_batch(
+        self, route: Route, served: RowModel, signature: Signature, taken: list[_Taken]
+    ) -> None:
+        prepared = [t.prepared for t in taken]
+        inputs = stacked(prepared)
+        started = time.monotonic()
+        try:
+            outputs = served.execute(inputs, prepared)
+        except Exception as exc:
+            error = RLServeError(f"model {served.name!r} failed on this input: {one_line(exc)}")
+            for one in taken:
+                self._refuse(route, one.entry, error, one.seq)
+            return
+        finished = time.monotonic()
+        offsets = (0, *accumulate(p.rows for p in prepared))
+        for one, start in zip(taken, offsets, strict=False):
+            self._write(served, signature, one, outputs, start)
+        record = BatchRecord(
+            model=served.name, version=served.version, sha256=served.sha256,
+            request_ids=tuple(p.request_id for p in prepared), requests=tuple(prepared),
+            offsets=offsets, inputs=inputs, outputs=outputs,
+            received_at=tuple(p.received_at for p in prepared),
+            enqueued_at=tuple(p.received_at for p in prepared),
+            started_at=started, finished_at=finished,
+            max_rows=route.row_scheduler().max_batch_size,
+        )  # fmt: skip
+        sinks = route.row_scheduler().sinks
+        self._outbox.append(lambda: publish(record, sinks))
+
+    def _write(
+        self,
+        served: RowModel,
+        signature: Signature,
+        one: _Taken,
+        outputs: dict[str, np.ndarray],
+        start: int,
+    ) -> None:
+        lane, slot = one.entry.lane, one.entry.lane.slot
+        answer = served.respond(one.prepared, outputs, start)
+        tensors = signature.answer(one.call, answer)
+        rows = one.prepared.rows
+        for area, tensor in zip(lane.layout.outputs, tensors, strict=True):
+            data = np.ascontiguousarray(tensor.values, dtype=area.dtype)
+            if data.nbytes != rows * area.row_bytes:
+                raise RuntimeError(f"output {area.name}: {data.nbytes} bytes for {rows} rows")
+            slot[area.offset : area.offset + data.nbytes] = data.tobytes()
+        write_answer(slot, one.seq, wire.Status.OK, served.version, served.sha256)
+
+    def _refuse(
+        self, route: Route | None, entry: _Open, error: RLServeError, seq: int | None = None
+    ) -> None:
+        slot = entry.lane.slot
+        if seq is None:
+            seq = wire.REQUEST.unpack_from(slot, wire.REQUEST_OFFSET)[0]
+        write_error(slot, seq, error)
+        received_at = entry.received_at
+        self._outbox.append(lambda: self.inference.refused(route, error, received_at))
+
+
+def _close(entry: _Open) -> None:
+    entry.conn.close()
+    entry.lane.close()
