@@ -13,7 +13,8 @@ processes at its ends:
    both ends have closed it, however they ended. Or ``{"error": {"code", "message"}}``, and
    the server closes the connection.
 3. **Calls**, one at a time: the client writes its rows at the inputs' offsets and the
-   request header (:data:`REQUEST`), then sends one byte (the doorbell). The server reads
+   request header (:data:`REQUEST`, its seq last: :data:`SEQ`), then sends one byte (the
+   doorbell). The server reads
    the rows (copies them out first), runs them through the same steps as an HTTP or gRPC
    call, writes the outputs and the answer header (:data:`ANSWER`, with the version that
    computed them, or an error message at ``message_offset``), and sends one byte back.
@@ -43,6 +44,13 @@ REQUEST_OFFSET = 0
 # (0: none), HTTP status of an error (0: none).
 ANSWER = struct.Struct("<QIIQ64sdI")
 ANSWER_OFFSET = 64
+# A header's seq is written last, after its other fields (``*_REST``, right after the seq)
+# and after the rows or outputs: a reader that finds the seq it waits for finds the rest
+# written (stores become visible in order on x86-64). Each end may so wait for the other by
+# reading the seq, spinning, before it sleeps on the doorbell.
+SEQ = struct.Struct("<Q")
+REQUEST_REST = struct.Struct("<IIqd")
+ANSWER_REST = struct.Struct("<IIQ64sdI")
 MESSAGE_OFFSET = 256
 MESSAGE_BYTES = 8192  # an error's JSON {"code", "message"}: messages are capped far below
 DATA_OFFSET = MESSAGE_OFFSET + MESSAGE_BYTES

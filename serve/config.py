@@ -54,6 +54,7 @@ from serve.config_file import ConfigFileSource
 ENV_PREFIX = "RLSERVE_"
 ADMIN_TOKEN_MIN_CHARS = 16  # a bearer token short enough to guess is refused at start
 PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
 _BOUNDS_HELP = (
     "an observation value outside its Box's declared bounds: allow (serve it as given), "
     "clip (into [low, high] before the model runs) or reject (422); counted in "
@@ -378,6 +379,13 @@ class Settings(BaseSettings, ModelSettings):
         "thread (a serving thread waits on every lane's doorbell and runs the calls that "
         "rang together as one batch, no asyncio per call; lanes of server-held sequences "
         "stay on the loop)",
+    )
+    lane_spin_us: NonNegativeFloat = Field(
+        100.0,
+        description="with lane_serving thread: how long the serving thread looks for the "
+        "next call in the lanes' slots after each batch before it sleeps on their doorbells "
+        "(a call in that window costs no wake-up; the thread keeps the core busy that "
+        "long); 0: sleep at once, for hosts where a spinning core costs more than latency",
     )
 
     # Live policy updates (see docs/updates.md).

@@ -209,7 +209,10 @@ def _transports(state: ServerState, http_calls: HttpCalls, turn: LoopTurn) -> Tr
     if settings.lane is not None:
         limits = LaneLimits(settings.lane_max_rows, settings.lane_max_connections)
         serving = LaneServing(settings.lane_serving)
-        lane = LaneServer(settings.lane, inference, limits, draining, serving=serving)
+        lane = LaneServer(
+            settings.lane, inference, limits, draining,
+            serving=serving, spin_us=settings.lane_spin_us,
+        )  # fmt: skip
     return Transports(frontend, v2, grpc, lane)
 
 

@@ -1,8 +1,10 @@
 """The local lane's serving thread (``lane_serving: thread``): every lane with a call rung
 is served together, as one batch, without a step of asyncio per call.
 
-The thread waits on the doorbells of every lane handed to it (one ``select`` over their
-sockets). The lanes that rang together are grouped by the model and version they name;
+The thread finds the lanes with a call pending by their slots' request seq
+(``kernel.lane_wire``): after each batch it reads them in a spin for ``lane_spin_us``, then
+sleeps on the doorbells of every lane handed to it (one ``select`` over their sockets) until
+one rings. The lanes that rang together are grouped by the model and version they name;
 each group is one batch: each call's rows are read from its slot and checked as the loop's
 path checks them (the same deadline rule and admission, the version's validation, the
 same RECONNECT when the served version's tensors moved), then one run of the model, and
@@ -68,6 +70,10 @@ class _Open:
     lane: Lane
     conn: socket.socket
     received_at: float = 0.0
+    served: int = 0  # the seq of the last call served: a call is pending when it differs
+
+    def pending(self) -> bool:
+        return wire.SEQ.unpack_from(self.lane.slot, wire.REQUEST_OFFSET)[0] != self.served
 
 
 @dataclass
@@ -83,8 +89,11 @@ class _Taken:
 class LaneEngine:
     """The serving thread of the lanes handed to it (``add``), until ``stop``."""
 
-    def __init__(self, inference: Inference, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, inference: Inference, loop: asyncio.AbstractEventLoop, *, spin_us: float = 0.0
+    ) -> None:
         self.inference = inference
+        self.spin_s = spin_us / 1e6  # how long the thread reads the slots before it sleeps
         self._loop = loop
         self._selector = selectors.DefaultSelector()
         self._wake_in, self._wake_out = socket.socketpair()
@@ -149,15 +158,34 @@ class LaneEngine:
                 self._serve(ready)
 
     def _wait(self) -> list[_Open]:
-        """The lanes that rang, once at least one did (or a lane was added, or stop)."""
-        ready = []
+        """The lanes with a call pending: found in a spin over their slots' seq, for up to
+        ``spin_s`` (no sleep, no wake-up), else once a doorbell (or a new lane, or stop)
+        wakes the thread."""
+        ready = self._spin()
+        if ready:
+            return ready
         for key, _ in self._selector.select():
             if key.data is None:
                 self._take_new()
-                continue
-            entry: _Open = key.data
-            if self._ring(entry):
-                ready.append(entry)
+            else:
+                self._drain(key.data)
+        return self._pending()
+
+    def _spin(self) -> list[_Open]:
+        if not self.spin_s or not self._open:
+            return []
+        until = time.perf_counter() + self.spin_s
+        while True:
+            ready = self._pending()
+            if ready or time.perf_counter() >= until or self._stopping:
+                return ready
+            time.sleep(0)  # the event loop may take the interpreter meanwhile
+
+    def _pending(self) -> list[_Open]:
+        now = time.monotonic()
+        ready = [entry for entry in self._open.values() if entry.pending()]
+        for entry in ready:
+            entry.received_at = now
         return ready
 
     def _take_new(self) -> None:
@@ -170,19 +198,17 @@ class LaneEngine:
             self._open[entry.conn.fileno()] = entry
             self._selector.register(entry.conn, selectors.EVENT_READ, entry)
 
-    def _ring(self, entry: _Open) -> bool:
-        """Read a lane's doorbells: True when a call rang; a closed lane is dropped."""
+    def _drain(self, entry: _Open) -> None:
+        """Read a lane's doorbell bytes (they only wake the thread: the seq says which
+        calls are pending); a lane whose client closed it is dropped."""
         try:
             rung = entry.conn.recv(_READ)
         except BlockingIOError:
-            return False
+            return
         except OSError:
             rung = b""
         if not rung:
             self._drop(entry)
-            return False
-        entry.received_at = time.monotonic()  # one call rings once; it waits for its answer
-        return True
 
     def _drop(self, entry: _Open) -> None:
         self._selector.unregister(entry.conn)
@@ -237,6 +263,7 @@ class LaneEngine:
         """One lane's call read from its slot and checked (None: it was answered already)."""
         lane, slot, received_at = entry.lane, entry.lane.slot, entry.received_at
         seq, rows, flags, seed, timeout_ms = wire.REQUEST.unpack_from(slot, wire.REQUEST_OFFSET)
+        entry.served = seq
         try:
             if not 1 <= rows <= lane.layout.rows:
                 raise InvalidInput(

@@ -141,11 +141,13 @@ class LaneServer:
         draining: Callable[[], bool],
         *,
         serving: LaneServing = LaneServing.LOOP,
+        spin_us: float = 0.0,
     ) -> None:
         self.path = path
         self.inference = inference
         self.limits = limits
         self.serving = serving
+        self.spin_us = spin_us
         self._draining = draining
         self._engine: LaneEngine | None = None  # the serving thread (LaneServing.THREAD)
         self._listener: socket.socket | None = None
@@ -161,7 +163,8 @@ class LaneServer:
         self._inode = os.stat(self.path).st_ino
         self._accepting = asyncio.create_task(self._accept(), name="rlserve-lane-accept")
         if self.serving is LaneServing.THREAD:
-            self._engine = LaneEngine(self.inference, asyncio.get_running_loop())
+            loop = asyncio.get_running_loop()
+            self._engine = LaneEngine(self.inference, loop, spin_us=self.spin_us)
             self._engine.start()
         log.info("local lane at %s (calls served on the %s)", self.path, self.serving.value)
 

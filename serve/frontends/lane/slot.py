@@ -169,17 +169,9 @@ def write_answer(
     slot: mmap.mmap, seq: int, status: wire.Status, version: int = 0, sha256: str = "",
     message: int = 0, retry_after_s: float = 0.0, http: int = 0,
 ) -> None:  # fmt: skip
-    wire.ANSWER.pack_into(
-        slot,
-        wire.ANSWER_OFFSET,
-        seq,
-        status,
-        message,
-        version,
-        sha256.encode(),
-        retry_after_s,
-        http,
-    )
+    rest = (status, message, version, sha256.encode(), retry_after_s, http)
+    wire.ANSWER_REST.pack_into(slot, wire.ANSWER_OFFSET + wire.SEQ.size, *rest)
+    wire.SEQ.pack_into(slot, wire.ANSWER_OFFSET, seq)  # last: the answer is whole
 
 
 def write_error(slot: mmap.mmap, seq: int, error: RLServeError) -> None:
