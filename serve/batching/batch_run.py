@@ -105,6 +105,20 @@ def _record(
 ) -> BatchRecord:
     tickets = run.requests
     requests = [t.prepared for t in tickets]
+    enqueued_at = [t.enqueued_at for t in tickets]
+    return batch_record(model, requests, enqueued_at, run.inputs, outputs, span, max_rows)
+
+
+def batch_record(
+    model: ServedModel,
+    requests: Sequence[Prepared],
+    enqueued_at: Sequence[float],
+    inputs: dict[str, np.ndarray],
+    outputs: Outputs,
+    span: tuple[float, float],
+    max_rows: int,
+) -> BatchRecord:
+    """The record of one run of ``requests`` (in row order), queued at ``enqueued_at``."""
     return BatchRecord(
         model=model.name,
         version=model.version,
@@ -112,10 +126,10 @@ def _record(
         request_ids=tuple([p.request_id for p in requests]),
         requests=tuple(requests),
         offsets=(0, *accumulate([p.rows for p in requests])),
-        inputs=run.inputs,
+        inputs=inputs,
         outputs=outputs,
         received_at=tuple([p.received_at for p in requests]),
-        enqueued_at=tuple([t.enqueued_at for t in tickets]),
+        enqueued_at=tuple(enqueued_at),
         started_at=span[0],
         finished_at=span[1],
         max_rows=max_rows,
@@ -145,10 +159,15 @@ def publish(record: BatchRecord, sinks: Sequence[RecordSink]) -> None:
 
 
 def _fail(model: ServedModel, tickets: list[Ticket], exc: Exception) -> None:
-    log.error("model %s failed on a request: %s", model.name, one_line(exc))
-    error = RLServeError(f"model {model.name!r} failed on this input: {one_line(exc)}")
+    error = failure(model, exc)
     for ticket in tickets:
         settle(ticket, error)
+
+
+def failure(model: ServedModel, exc: Exception) -> RLServeError:
+    """What the requests of a run the model failed on are answered (the failure logged)."""
+    log.error("model %s failed on a request: %s", model.name, one_line(exc))
+    return RLServeError(f"model {model.name!r} failed on this input: {one_line(exc)}")
 
 
 def settle(ticket: Ticket, outcome: InferenceResponse | RLServeError) -> None:

@@ -33,28 +33,27 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import accumulate
 
 import numpy as np
 
 from kernel import lane_wire as wire
-from kernel.errors import InvalidInput, RLServeError, internal_error, one_line
-from serve.batching.batch_run import publish, stacked
-from serve.batching.record import BatchRecord
+from kernel.errors import RLServeError, internal_error
+from serve.batching.batch_run import batch_record, failure, publish, stacked
 from serve.dataplane.messages import Prepared
 from serve.dataplane.model import RowModel
 from serve.dataplane.routing import Route
 from serve.frontends.lane.slot import (
     Lane,
-    hello_of,
+    call_id,
+    check_rows,
     inputs_of,
-    layout_of,
     parameters_of,
     version_text,
     write_answer,
     write_error,
+    write_outputs,
 )
-from serve.frontends.oip.infer import Inference, call_budget_ms
+from serve.frontends.oip.infer import Inference
 from serve.frontends.oip.signature import InferCall, Signature
 
 log = logging.getLogger("rlserve.lane")
@@ -265,35 +264,20 @@ class LaneEngine:
         seq, rows, flags, seed, timeout_ms = wire.REQUEST.unpack_from(slot, wire.REQUEST_OFFSET)
         entry.served = seq
         try:
-            if not 1 <= rows <= lane.layout.rows:
-                raise InvalidInput(
-                    f"rows: this lane carries 1 to {lane.layout.rows} rows a call, got {rows}"
-                )
-            if served.sha256 != lane.sha256 and not self._same_layout(route, served, lane):
+            check_rows(lane.layout, rows)
+            if not lane.follows(served.sha256, signature):
                 write_answer(slot, seq, wire.Status.RECONNECT)
                 return None
             call = InferCall(
                 inputs_of(slot, lane.layout, rows), parameters_of(flags, seed), lane.outputs
             )
             asked_ms = timeout_ms if timeout_ms > 0 else None
-            budget = call_budget_ms(call, route.default_deadline_ms, asked_ms)
-            deadline = self.inference.calls.turn.deadline(received_at, budget)
-            self.inference.calls.admit(route, deadline, spent_on="reading it")
-            request_id = f"lane-{id(lane):x}-{seq}"
-            request = signature.request(call, request_id, received_at, deadline.at)
+            deadline = self.inference.admitted(route, call, received_at, asked_ms)
+            request = signature.request(call, call_id(lane, seq), received_at, deadline.at)
             return _Taken(entry, seq, call, served.prepare(request))
         except RLServeError as exc:
             self._refuse(route, entry, exc, seq)
             return None
-
-    def _same_layout(self, route: Route, served: RowModel, lane: Lane) -> bool:
-        """Whether the served version's tensors still fit the lane's layout (then the lane
-        follows it)."""
-        signature = self.inference.signature(served)
-        if layout_of(route.model, signature, hello_of(lane.layout)) != lane.layout:
-            return False
-        lane.sha256 = served.sha256
-        return True
 
     def _run_batch(
         self, route: Route, served: RowModel, signature: Signature, taken: list[_Taken]
@@ -304,24 +288,19 @@ class LaneEngine:
         try:
             outputs = served.execute(inputs, prepared)
         except Exception as exc:
-            error = RLServeError(f"model {served.name!r} failed on this input: {one_line(exc)}")
+            error = failure(served, exc)
             for one in taken:
                 self._refuse(route, one.entry, error, one.seq)
             return
-        finished = time.monotonic()
-        offsets = (0, *accumulate(p.rows for p in prepared))
-        for one, start in zip(taken, offsets, strict=False):
+        span = (started, time.monotonic())
+        scheduler = route.row_scheduler()
+        queued_at = [p.received_at for p in prepared]  # no queue: taken as they rang
+        record = batch_record(
+            served, prepared, queued_at, inputs, outputs, span, scheduler.max_batch_size
+        )
+        for one, start in zip(taken, record.offsets, strict=False):
             self._write(served, signature, one, outputs, start)
-        record = BatchRecord(
-            model=served.name, version=served.version, sha256=served.sha256,
-            request_ids=tuple(p.request_id for p in prepared), requests=tuple(prepared),
-            offsets=offsets, inputs=inputs, outputs=outputs,
-            received_at=tuple(p.received_at for p in prepared),
-            enqueued_at=tuple(p.received_at for p in prepared),
-            started_at=started, finished_at=finished,
-            max_rows=route.row_scheduler().max_batch_size,
-        )  # fmt: skip
-        sinks = route.row_scheduler().sinks
+        sinks = scheduler.sinks
         self._outbox.append(lambda: publish(record, sinks))
 
     def _write(
@@ -332,16 +311,10 @@ class LaneEngine:
         outputs: dict[str, np.ndarray],
         start: int,
     ) -> None:
-        lane, slot = one.entry.lane, one.entry.lane.slot
-        answer = served.respond(one.prepared, outputs, start)
-        tensors = signature.answer(one.call, answer)
-        rows = one.prepared.rows
-        for area, tensor in zip(lane.layout.outputs, tensors, strict=True):
-            data = np.ascontiguousarray(tensor.values, dtype=area.dtype)
-            if data.nbytes != rows * area.row_bytes:
-                raise RuntimeError(f"output {area.name}: {data.nbytes} bytes for {rows} rows")
-            slot[area.offset : area.offset + data.nbytes] = data.tobytes()
-        write_answer(slot, one.seq, wire.Status.OK, served.version, served.sha256)
+        lane = one.entry.lane
+        tensors = signature.answer(one.call, served.respond(one.prepared, outputs, start))
+        write_outputs(lane.slot, lane.layout, tensors, one.prepared.rows)
+        write_answer(lane.slot, one.seq, wire.Status.OK, served.version, served.sha256)
 
     def _refuse(
         self, route: Route | None, entry: _Open, error: RLServeError, seq: int | None = None

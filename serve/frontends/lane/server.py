@@ -32,7 +32,6 @@ from enum import StrEnum
 from pathlib import Path
 from typing import cast
 
-import numpy as np
 import orjson
 
 from kernel import lane_wire as wire
@@ -48,7 +47,8 @@ from serve.dataplane.routing import Route
 from serve.frontends.lane.engine import LaneEngine
 from serve.frontends.lane.slot import (
     Lane,
-    hello_of,
+    call_id,
+    check_rows,
     inputs_of,
     layout_of,
     parameters_of,
@@ -56,8 +56,9 @@ from serve.frontends.lane.slot import (
     version_text,
     write_answer,
     write_error,
+    write_outputs,
 )
-from serve.frontends.oip.infer import Inference, call_budget_ms
+from serve.frontends.oip.infer import Inference
 from serve.frontends.oip.signature import InferCall
 from serve.status import http_status
 
@@ -279,31 +280,19 @@ class LaneServer:
         seq, rows, flags, seed, timeout_ms = wire.REQUEST.unpack_from(slot, wire.REQUEST_OFFSET)
         route: Route | None = None
         try:
-            if not 1 <= rows <= lane.layout.rows:
-                raise InvalidInput(
-                    f"rows: this lane carries 1 to {lane.layout.rows} rows a call, got {rows}"
-                )
+            check_rows(lane.layout, rows)
             route = self.inference.route(lane.model, version_text(lane.version))
             served = route.row_model()
-            if served.sha256 != lane.sha256:  # another version: its tensors may differ
-                signature = self.inference.signature(served)
-                if layout_of(route.model, signature, hello_of(lane.layout)) != lane.layout:
-                    write_answer(slot, seq, wire.Status.RECONNECT)
-                    return
-                lane.sha256 = served.sha256
+            if not lane.follows(served.sha256, self.inference.signature(served)):
+                write_answer(slot, seq, wire.Status.RECONNECT)
+                return
             parameters = {**parameters_of(flags, seed), **sequences_of(slot, lane.layout, rows)}
             call = InferCall(inputs_of(slot, lane.layout, rows), parameters, lane.outputs)
             asked_ms = timeout_ms if timeout_ms > 0 else None
-            budget = call_budget_ms(call, route.default_deadline_ms, asked_ms)
-            deadline = self.inference.calls.turn.deadline(received_at, budget)
-            self.inference.calls.admit(route, deadline, spent_on="reading it")
-            request_id = f"lane-{id(lane):x}-{seq}"
+            deadline = self.inference.admitted(route, call, received_at, asked_ms)
+            request_id = call_id(lane, seq)
             answer = await self.inference.run(route, call, request_id, received_at, deadline)
-            for area, tensor in zip(lane.layout.outputs, answer.tensors, strict=True):
-                data = np.ascontiguousarray(tensor.values, dtype=area.dtype)
-                if data.nbytes != rows * area.row_bytes:
-                    raise RuntimeError(f"output {area.name}: {data.nbytes} bytes for {rows} rows")
-                slot[area.offset : area.offset + data.nbytes] = data.tobytes()
+            write_outputs(slot, lane.layout, answer.tensors, rows)
             response = answer.response
             write_answer(slot, seq, wire.Status.OK, response.version, response.sha256)
         except RLServeError as exc:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+from collections.abc import Sequence
 
 import numpy as np
 import orjson
@@ -14,7 +15,7 @@ import orjson
 from kernel import lane_wire as wire
 from kernel.errors import InvalidInput, RLServeError, listed
 from serve.dataplane.routing import Route
-from serve.frontends.oip.signature import RequestedOutput, Signature
+from serve.frontends.oip.signature import OutputTensor, RequestedOutput, Signature
 from serve.frontends.oip.tensors import DTYPES
 from serve.status import http_headers, http_status
 
@@ -30,6 +31,16 @@ class Lane:
         self.outputs = [RequestedOutput(area.name) for area in layout.outputs]
         self.fd = sealed_memfd(layout.size)
         self.slot = mmap.mmap(self.fd, layout.size)
+
+    def follows(self, served_sha256: str, signature: Signature) -> bool:
+        """Whether the lane may take the served version: its own, or another whose tensors
+        fit the layout (then the lane follows it); else the client must open a new lane."""
+        if served_sha256 == self.sha256:
+            return True
+        if layout_of(self.model, signature, hello_of(self.layout)) != self.layout:
+            return False
+        self.sha256 = served_sha256
+        return True
 
     def close(self) -> None:
         """The slot's mapping and descriptor (the connection is its server's to close)."""
@@ -131,6 +142,28 @@ def hello_of(layout: wire.Layout) -> wire.Hello:
     outputs = tuple(a.name for a in layout.outputs)
     sequences = any(a.field in wire.SEQUENCE_FIELDS for a in layout.inputs)
     return wire.Hello(layout.model, None, layout.rows, outputs, sequences=sequences)
+
+
+def call_id(lane: Lane, seq: int) -> str:
+    """A lane call's request id, as records and logs show it."""
+    return f"lane-{id(lane):x}-{seq}"
+
+
+def check_rows(layout: wire.Layout, rows: int) -> None:
+    """A call carries 1 to the lane's rows (InvalidInput else)."""
+    if not 1 <= rows <= layout.rows:
+        raise InvalidInput(f"rows: this lane carries 1 to {layout.rows} rows a call, got {rows}")
+
+
+def write_outputs(
+    slot: mmap.mmap, layout: wire.Layout, tensors: Sequence[OutputTensor], rows: int
+) -> None:
+    """A call's output tensors into their areas, ``rows`` rows each."""
+    for area, tensor in zip(layout.outputs, tensors, strict=True):
+        data = np.ascontiguousarray(tensor.values, dtype=area.dtype)
+        if data.nbytes != rows * area.row_bytes:
+            raise RuntimeError(f"output {area.name}: {data.nbytes} bytes for {rows} rows")
+        slot[area.offset : area.offset + data.nbytes] = data.tobytes()
 
 
 def inputs_of(slot: mmap.mmap, layout: wire.Layout, rows: int) -> dict[str, np.ndarray]:

@@ -190,6 +190,16 @@ class Inference:
             needed = signature.output_bytes(output.name, rows)
             self.shared_memory.check_output(output.name, output.placement, needed)
 
+    def admitted(
+        self, route: Route, call: InferCall, received_at: float, asked_ms: float | None
+    ) -> Deadline:
+        """The call's deadline (the model's default, or less as the transport or the call's
+        ``timeout`` asks), once admission lets it in (DeadlineExceeded, QueueFull)."""
+        budget = call_budget_ms(call, route.default_deadline_ms, asked_ms)
+        deadline = self.calls.turn.deadline(received_at, budget)
+        self.calls.admit(route, deadline, spent_on="reading it")
+        return deadline
+
     def refused(self, route: Route | None, error: RLServeError, received_at: float) -> None:
         """Count a gRPC call refused with ``error`` in the metrics, as the HTTP routes count
         theirs. ``rlserve_requests_total``'s status is the HTTP status the error's code maps

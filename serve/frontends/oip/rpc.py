@@ -52,7 +52,7 @@ from serve import __version__
 from serve.dataplane.routing import Route
 from serve.frontends.oip import shared_memory, tensors
 from serve.frontends.oip.catalog import PLATFORM, Catalog, extensions, repository_index
-from serve.frontends.oip.infer import InferAnswer, Inference, call_budget_ms
+from serve.frontends.oip.infer import InferAnswer, Inference
 from serve.frontends.oip.proto import inference_pb2 as pb
 from serve.frontends.oip.proto import inference_pb2_grpc as pb_grpc
 from serve.frontends.oip.proto import model_config_pb2 as config_pb
@@ -315,9 +315,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             if call.in_shared_memory:
                 self.inference.shared_memory.admit(_authorization(context))
             asked_ms = None if remaining_s is None else remaining_s * 1000
-            budget = call_budget_ms(call, route.default_deadline_ms, asked_ms)
-            deadline = self.inference.calls.turn.deadline(received_at, budget)
-            self.inference.calls.admit(route, deadline, spent_on="reading it")
+            deadline = self.inference.admitted(route, call, received_at, asked_ms)
             answer = await self.inference.run(route, call, request.id, received_at, deadline)
         except RLServeError as exc:
             self.inference.refused(route, exc, received_at)
