@@ -102,6 +102,7 @@ class _Lane:
         spin_until = time.perf_counter() + self.spin_s
         while wire.SEQ.unpack_from(slot, wire.ANSWER_OFFSET)[0] != seq:
             if time.perf_counter() < spin_until:
+                os.sched_yield()  # actors sharing a core: the others run while this one spins
                 continue
             if not self.sock.recv(_DOORBELLS):
                 raise ConnectionResetError("the server closed the local lane")

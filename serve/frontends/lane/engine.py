@@ -27,6 +27,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 import selectors
 import socket
 import threading
@@ -178,7 +179,7 @@ class LaneEngine:
             ready = self._pending()
             if ready or time.perf_counter() >= until or self._stopping:
                 return ready
-            time.sleep(0)  # the event loop may take the interpreter meanwhile
+            os.sched_yield()  # the event loop (and the core's other work) may run meanwhile
 
     def _pending(self) -> list[_Open]:
         now = time.monotonic()
