@@ -458,6 +458,14 @@ class Settings(BaseSettings, ModelSettings):
     body_timeout_s: float = Field(
         10.0, gt=0, description="a request's body must arrive within this after its headers"
     )
+    http_data_plane: Literal["protocol", "asgi"] = Field(
+        "protocol",
+        description="how GET and POST calls to the data plane's routes (predict, /v2, the "
+        "language models' own) are answered: protocol (rlserve's HTTP protocol gives each a "
+        "lean request cycle of its own and calls the data-plane application directly) or "
+        "asgi (through uvicorn's request cycle, as the control routes always are); the "
+        "answers are the same",
+    )
     proxy_headers: bool = Field(
         False,
         description="trust X-Forwarded-For/-Proto from the addresses in gunicorn's "

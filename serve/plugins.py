@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from serve.dataplane.routing import Router
     from serve.dataplane.scheduler import Scheduler
     from serve.execution.runtime import Session
-    from serve.frontends.http_calls import HttpCalls
+    from serve.frontends.http_calls import HttpCalls, Responder
     from serve.frontends.openapi import OpenApiPart
     from serve.metrics import Metrics
 
@@ -106,6 +106,9 @@ class FrontendParts:
 # the call with what it parsed. The prefixes keep a call from crossing every frontend's
 # module on its way to its own.
 Answer = Callable[[Scope, Receive, Send, Any], Awaitable[None]]
+# ``now``, where an entry has it, answers a call whose whole body has arrived without a task
+# (``HttpCalls.answer_now``), or says False: ``answer`` then answers it.
+AnswerNow = Callable[[Scope, bytes, "Responder", Any], bool]
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ class RouteEntry:
     prefixes: tuple[str, ...]
     match: Callable[[str], Any | None]
     answer: Answer
+    now: AnswerNow | None = None
 
 
 @dataclass(frozen=True)

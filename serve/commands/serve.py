@@ -104,5 +104,5 @@ def run(namespace: argparse.Namespace) -> int:
         settings.port,
         "" if settings.grpc_port is None else f", gRPC on {settings.host}:{settings.grpc_port}",
     )
-    DrainingServer(uv_config, app.state).run()
+    DrainingServer(uv_config, app).run()
     return 0

@@ -72,10 +72,19 @@ class RowCalls:
     @staticmethod
     async def submit(route: Route, prepared: Prepared, deadline: Deadline) -> InferenceResponse:
         """Step 4: queue the prepared rows unless the deadline passed meanwhile."""
-        deadline.check("validating it")
         if prepared.sequence is None:
-            return await route.row_scheduler().submit(prepared, route.pinned)
+            return await RowCalls.queue(route, prepared, deadline)
+        deadline.check("validating it")
         return await _sequence_step(route, prepared, prepared.sequence)
+
+    @staticmethod
+    def queue(
+        route: Route, prepared: Prepared, deadline: Deadline
+    ) -> asyncio.Future[InferenceResponse]:
+        """Step 4 of a call of no server-held sequence, for a caller that does not await
+        (the HTTP protocol's direct answers): its answer's future."""
+        deadline.check("validating it")
+        return route.row_scheduler().submit(prepared, route.pinned)
 
 
 async def _sequence_step(route: Route, prepared: Prepared, step: SequenceStep) -> InferenceResponse:

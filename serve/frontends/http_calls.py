@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from starlette.types import Message, Receive, Scope, Send
@@ -62,6 +62,15 @@ class Arrival:
 
     received_at: float
     read_again_after_s: float = 0.0
+
+
+class Responder(Protocol):
+    """A connection that takes a call's whole answer now: the HTTP protocol's direct cycle
+    (``serve.process.direct``), for answers written without the ASGI exchange."""
+
+    disconnected: bool  # the client went away: the answer is not written
+
+    def answer(self, status: int, headers: Headers, body: bytes) -> None: ...
 
 
 @dataclass(slots=True)
@@ -155,9 +164,7 @@ class Exchange:
 
     async def start(self, status: int, headers: Headers) -> None:
         self.status, self.started = status, True
-        headers = [*headers, (b"x-request-id", self.call.request_id.encode("latin-1"))]
-        if self._draining():
-            headers.append(_CLOSE_HEADER)
+        headers = answer_headers(self.call, headers, self._draining())
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def chunk(self, body: bytes, *, last: bool = False) -> None:
@@ -199,11 +206,8 @@ class HttpCalls:
         except Disconnected:
             return
         except Exception as exc:
-            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
-            await self._answer_error(exchange, internal_error(exc), render)
-        if self.access_log:
-            seconds = time.monotonic() - exchange.call.received_at
-            log_exchange(scope, exchange.call.request_id, exchange.status, seconds)
+            await self._answer_error(exchange, unexpected(scope, exc), render)
+        self.logged(scope, exchange.call, exchange.status)
 
     def refused(self, call: Call, error: RLServeError, status: int) -> None:
         """Count a call answered with an error (before or during its stream)."""
@@ -215,12 +219,63 @@ class HttpCalls:
     ) -> None:
         if exchange.started:  # a stream already answered 200: nothing more to say
             return
+        status, headers, body = self.error_answer(
+            exchange.scope, exchange.call, error, render, metered=exchange.metered
+        )
+        await exchange.answer(status, body, headers)
+
+    def error_answer(
+        self,
+        scope: Scope,
+        call: Call,
+        error: RLServeError,
+        render: Callable[[RLServeError], ErrorAnswer],
+        *,
+        metered: bool = True,
+    ) -> tuple[int, Headers, bytes]:
+        """An error's answer (status, headers, JSON body) as ``render`` writes it, counted
+        when ``metered``; after a 429 the connection is read again only later."""
         answer = render(error)
-        if exchange.metered:
-            self.refused(exchange.call, error, answer.status)
-        if answer.status == 429 and (arrival := arrival_of(exchange.scope)) is not None:
+        if metered:
+            self.refused(call, error, answer.status)
+        if answer.status == 429 and (arrival := arrival_of(scope)) is not None:
             arrival.read_again_after_s = READ_AGAIN_AFTER_S  # its Retry-After, at least
-        await exchange.json(answer.status, answer.body, error_headers(error))
+        return answer.status, [*error_headers(error), JSON_HEADER], orjson.dumps(answer.body)
+
+    def answer_now(
+        self,
+        responder: Responder,
+        scope: Scope,
+        call: Call,
+        answer: tuple[int, Headers, bytes],
+    ) -> None:
+        """A whole answer (status, headers that name its content type, body) written at once
+        without the ASGI exchange, with the headers every answer has, and logged."""
+        status, headers, body = answer
+        length = (b"content-length", str(len(body)).encode())
+        responder.answer(status, answer_headers(call, [*headers, length], self.draining()), body)
+        self.logged(scope, call, status)
+
+    def logged(self, scope: Scope, call: Call, status: int) -> None:
+        """The access-log line of a call answered with ``status`` (when the log is on)."""
+        if self.access_log:
+            log_exchange(scope, call.request_id, status, time.monotonic() - call.received_at)
+
+
+def unexpected(scope: Scope, exc: BaseException) -> RLServeError:
+    """An exception no step should raise, logged with its call: answered as the one
+    internal error."""
+    log.exception("unhandled error on %s %s", scope["method"], scope["path"], exc_info=exc)
+    return internal_error(exc)
+
+
+def answer_headers(call: Call, headers: Headers, draining: bool) -> Headers:
+    """An answer's headers with the call's request id, and ``Connection: close`` while the
+    server drains: every data-plane answer's, however it is written."""
+    headers = [*headers, (b"x-request-id", call.request_id.encode("latin-1"))]
+    if draining:
+        headers.append(_CLOSE_HEADER)
+    return headers
 
 
 def allow(scope: Scope, method: str) -> None:

@@ -52,7 +52,7 @@ from serve.dataplane.deadline import LoopTurn
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.row_calls import RowCalls
 from serve.frontends.access import AccessMiddleware
-from serve.frontends.http_calls import HttpCalls
+from serve.frontends.http_calls import HttpCalls, Responder
 from serve.frontends.lane.server import LaneLimits, LaneServer, LaneServing
 from serve.frontends.oip import rest as oip_rest
 from serve.frontends.oip import rpc as oip_rpc
@@ -94,14 +94,30 @@ class RLServeApp:
         self.transports = transports
         self._background: list[asyncio.Task[None]] = []
 
+    def route(self, path: str) -> tuple[RouteEntry, Any] | None:
+        """The data-plane route ``path`` names: the first entry of the table that matches,
+        and what it parsed; None for the control plane's paths."""
+        for entry in self.routes:
+            matched = entry.match(path) if path.startswith(entry.prefixes) else None
+            if matched is not None:
+                return entry, matched
+        return None
+
+    def answer_now(
+        self, scope: Scope, body: bytes, responder: Responder, route: tuple[RouteEntry, Any]
+    ) -> bool:
+        """A data-plane call whose body has arrived, answered without a task where its
+        route can (``RouteEntry.now``); False: the HTTP protocol starts its task."""
+        entry, matched = route
+        return entry.now is not None and entry.now(scope, body, responder, matched)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            path = scope["path"]
-            for entry in self.routes:
-                matched = entry.match(path) if path.startswith(entry.prefixes) else None
-                if matched is not None:
-                    await entry.answer(scope, receive, send, matched)
-                    return
+            found = self.route(scope["path"])
+            if found is not None:
+                entry, matched = found
+                await entry.answer(scope, receive, send, matched)
+                return
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
@@ -223,7 +239,7 @@ def _routes(transports: Transports, parts: FrontendParts) -> list[RouteEntry]:
     by_kind = {kind: own.predict for kind, own in kinds.items() if own.predict is not None}
     answer_predict = PredictRoutes(transports.predict, parts.kind_of, by_kind)
     return [
-        RouteEntry(predict.PREFIXES, predict.match, answer_predict),
+        RouteEntry(predict.PREFIXES, predict.match, answer_predict, answer_predict.now),
         RouteEntry(oip_rest.PREFIXES, oip_rest.match, transports.v2),
         *(entry for own in kinds.values() for entry in own.own),
     ]
@@ -252,6 +268,14 @@ class PredictRoutes:
             await answer(scope, receive, send, path)
             return
         await self.frontend(scope, receive, send, path)
+
+    def now(
+        self, scope: Scope, body: bytes, responder: Responder, path: predict.PredictPath
+    ) -> bool:
+        """The predict frontend's answer without a task, for a model of rows."""
+        if self.by_kind and self.kind_of(path.model) in self.by_kind:
+            return False
+        return self.frontend.answer_now(scope, body, responder, path)
 
 
 @dataclass(frozen=True)

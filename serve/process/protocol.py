@@ -32,6 +32,10 @@ Every call's deadline counts from when its first bytes were parsed here (the ASG
 extension ``http_calls.ARRIVAL``), not from when its handler runs: under load the
 calls read in one turn of the event loop are handled in the next, and that wait is the
 caller's too.
+
+A GET or POST call to a data-plane route (``RLServeApp.serves``: predict, ``/v2``, the kinds'
+own) takes rlserve's lean request cycle (``serve.process.direct``) instead of uvicorn's,
+unless the server's ``http_data_plane`` setting is ``asgi``.
 """
 
 from __future__ import annotations
@@ -44,14 +48,17 @@ import termios
 import time
 from collections.abc import Callable
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
+import httptools
 import orjson
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from kernel.errors import RequestTimeout
 from serve.frontends.http_calls import ARRIVAL, Arrival, arrival_of
 from serve.frontends.predict.http import EarlyRefusal
+from serve.process.direct import DirectCycle
 
 log = logging.getLogger("rlserve.protocol")
 
@@ -59,6 +66,21 @@ SWEEP_S = 1.0
 
 # (method, request target, headers, received at) -> a refusal to send instead, or None
 Gate = Callable[[bytes, bytes, list[tuple[bytes, bytes]], float], EarlyRefusal | None]
+
+
+class DataPlane(Protocol):
+    """The application's data plane, as the protocol asks it (``RLServeApp``)."""
+
+    def route(self, path: str) -> Any | None:
+        """The data-plane route ``path`` names (its calls take the direct cycle), or None."""
+
+    def answer_now(self, scope: Any, body: bytes, cycle: DirectCycle, route: Any) -> bool:
+        """Answer a call whose whole body has arrived without starting a task for it (it
+        writes the answer to ``cycle`` now or when its batch is done); False when the call
+        needs the application's task."""
+
+
+_DIRECT_METHODS = (b"POST", b"GET")
 
 
 class Reading(Enum):
@@ -73,6 +95,8 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
     header_timeout_s = 10.0
     body_timeout_s = 10.0
     gate: Gate | None = None
+    data_plane: DataPlane | None = None  # None: every call takes uvicorn's cycle
+    answer_now = True  # a direct call may be answered without a task (DataPlane.answer_now)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -81,6 +105,7 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         self._paused_at: float | None = None  # not read since a refusal (monotonic s)
         self._unread_since: float | None = None  # the next call's bytes waited from then
         self._began_at = time.monotonic()  # when the call being read began to arrive
+        self._body_of: DirectCycle | None = None  # a direct call whose body is arriving
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -95,12 +120,70 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
             if refusal is not None:
                 self._refuse(refusal)
                 return
+        if self.data_plane is not None and self._direct(received_at):
+            return
         super().on_headers_complete()
         # ours, so a typed object rather than the dict ASGI's own extensions are
         self.scope["extensions"] = {ARRIVAL: Arrival(received_at)}  # type: ignore[dict-item]
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:
             cycle.transport = OneWrite(self.transport, cycle)  # type: ignore[assignment]
+
+    def _direct(self, received_at: float) -> bool:
+        """Start (or queue behind the call being answered) a data-plane call on the direct
+        cycle; False for a call uvicorn's cycle takes (another route or method, a
+        ``100-continue``, an upgrade, an escaped path, a concurrency limit)."""
+        parser = self.parser
+        method = parser.get_method()
+        if method not in _DIRECT_METHODS or self.expect_100_continue or parser.should_upgrade():
+            return False
+        if self.limit_concurrency is not None:
+            return False
+        url = httptools.parse_url(self.url)
+        raw_path = url.path
+        if b"%" in raw_path or not raw_path.isascii():
+            return False
+        path = self.root_path + raw_path.decode("ascii")
+        assert self.data_plane is not None
+        route = self.data_plane.route(path)
+        if route is None:
+            return False
+        scope = self.scope
+        version = parser.get_http_version()
+        scope["method"] = method.decode("ascii")
+        if version != "1.1":
+            scope["http_version"] = version
+        scope["path"] = path
+        scope["raw_path"] = self.root_path.encode("ascii") + raw_path
+        scope["query_string"] = url.query or b""
+        scope["extensions"] = {ARRIVAL: Arrival(received_at)}  # type: ignore[dict-item]
+        existing = self.cycle
+        cycle = DirectCycle(
+            scope,  # type: ignore[arg-type]
+            self.transport,
+            self.flow,
+            self.server_state.default_headers,
+            route=route,
+            keep_alive=version != "1.0" and parser.should_keep_alive(),
+            on_response=self.on_response_complete,
+        )
+        self.cycle = cycle  # type: ignore[assignment]
+        if existing is not None and not existing.response_complete:
+            self.flow.pause_reading()  # pipelined: answered after the calls ahead of it
+            self.pipeline.appendleft((cycle, self.app))  # type: ignore[arg-type]
+        else:
+            self._body_of = cycle  # runs once its body is in (on_message_complete) or large
+        return True
+
+    def _run(self, cycle: DirectCycle) -> None:
+        """A direct call whose body is in: answered now when the data plane can, else by
+        the application's task."""
+        if self.answer_now:
+            assert self.data_plane is not None
+            body = bytes(cycle.body)
+            if self.data_plane.answer_now(cycle.scope, body, cycle, cycle.route):
+                return
+        self._start_asgi_task(cycle, self.app)  # type: ignore[arg-type]
 
     def _refuse(self, refusal: EarlyRefusal) -> None:
         """Answer a call from its headers, skip its body, and leave the connection unread
@@ -140,8 +223,13 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         self.flow.resume_reading()
 
     def on_body(self, body: bytes) -> None:
-        if not self._skipping:
-            super().on_body(body)
+        if self._skipping:
+            return
+        super().on_body(body)
+        cycle = self._body_of
+        if cycle is not None and len(cycle.body) > HIGH_WATER_LIMIT:
+            self._body_of = None  # a large body: the task reads it as it comes
+            self._start_asgi_task(cycle, self.app)  # type: ignore[arg-type]
 
     def on_message_complete(self) -> None:
         if self._skipping:  # its answer is out: wait for the next call (or keep-alive end)
@@ -150,6 +238,9 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
             return
         super().on_message_complete()
         self._reading = Reading.NOTHING
+        cycle, self._body_of = self._body_of, None
+        if cycle is not None:
+            self._run(cycle)
 
     def _between_calls(self) -> bool:
         """No call is being answered on this connection (an early answer then goes out in
@@ -255,11 +346,24 @@ def _body_follows(cycle: RequestResponseCycle) -> bool:
 
 
 def configured(
-    header_timeout_s: float, body_timeout_s: float, gate: Gate | None
+    header_timeout_s: float,
+    body_timeout_s: float,
+    gate: Gate | None,
+    data_plane: DataPlane | None = None,
+    *,
+    answer_now: bool = True,
 ) -> type[TimedHttpToolsProtocol]:
-    """The protocol class for a server with these read timeouts and this early gate."""
+    """The protocol class for a server with these read timeouts, this early gate, and this
+    data plane for the direct cycle (None: none), which answers calls without a task when
+    ``answer_now``."""
     return type(
         "TimedHttpToolsProtocol",
         (TimedHttpToolsProtocol,),
-        {"header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s, "gate": gate},
+        {
+            "header_timeout_s": header_timeout_s,
+            "body_timeout_s": body_timeout_s,
+            "gate": gate,
+            "data_plane": data_plane,
+            "answer_now": answer_now,
+        },
     )

@@ -17,7 +17,7 @@ from typing import Any
 import uvicorn
 
 from serve.process import protocol
-from serve.process.state import ServerState
+from serve.process.app import RLServeApp
 
 # After the listeners close, connections accepted a moment before get this long to deliver
 # their request (it is then served) before the connections still idle are closed.
@@ -28,11 +28,20 @@ UNREAD_GRACE_S = 2.0
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+    def __init__(self, config: uvicorn.Config, app: RLServeApp) -> None:
+        state = app.state
         settings = state.settings
-        frontend = getattr(config.app, "frontend", None)  # the predict frontend of RLServeApp
-        gate = None if frontend is None else frontend.refuse_early
-        config.http = protocol.configured(settings.header_timeout_s, settings.body_timeout_s, gate)
+        gate = app.transports.predict.refuse_early
+        data_plane = app if settings.http_data_plane == "protocol" else None
+        # uvicorn rewrites the client's address from proxy headers in a middleware that
+        # answers without a task would pass by: with proxy_headers, every call has its task
+        config.http = protocol.configured(
+            settings.header_timeout_s,
+            settings.body_timeout_s,
+            gate,
+            data_plane,
+            answer_now=not settings.proxy_headers,
+        )
         super().__init__(config)
         self.state = state
         self._next_sweep = 0.0

@@ -14,8 +14,8 @@ from gunicorn.arbiter import Arbiter
 from uvicorn_worker import UvicornWorker
 
 from serve.process import logs
+from serve.process.app import RLServeApp
 from serve.process.server import DrainingServer
-from serve.process.state import ServerState
 
 
 class RLServeWorker(UvicornWorker):
@@ -30,13 +30,14 @@ class RLServeWorker(UvicornWorker):
 
     async def _serve(self) -> None:
         self.config.app = self.wsgi
-        state: ServerState = self.wsgi.state
+        app: RLServeApp = self.wsgi
+        state = app.state
         logs.configure(state.settings.log_level)
         self.config.timeout_graceful_shutdown = int(state.settings.graceful_timeout_s)
         self.config.proxy_headers = state.settings.proxy_headers
         self.config.server_header = False
         state.phases.listen_after_load = True
-        server = DrainingServer(self.config, state)
+        server = DrainingServer(self.config, app)
         self._install_sigquit_handler()
         heartbeat = asyncio.create_task(self._notify_until_started(server))
         await server.serve(sockets=self.sockets)

@@ -22,6 +22,7 @@ routes for /docs.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ from kernel.versions import path_version
 from serve.dataplane.deadline import Deadline, budget_ms
 from serve.dataplane.messages import InferenceRequest, InferenceResponse, Prepared
 from serve.dataplane.routing import Route, Router
-from serve.dataplane.row_calls import PreparedOn, RowCalls
+from serve.dataplane.row_calls import INLINE_BODY_BYTES, PreparedOn, RowCalls
 from serve.dataplane.scheduler import Scheduler
 from serve.frontends.access import log_exchange
 from serve.frontends.http_calls import (
@@ -52,12 +53,14 @@ from serve.frontends.http_calls import (
     ErrorAnswer,
     Exchange,
     HttpCalls,
+    Responder,
     allow,
     error_headers,
     plain_error,
     read_body,
     stamp,
     start_call,
+    unexpected,
 )
 from serve.frontends.predict.json_body import PredictBodyDecoder
 from serve.frontends.wire import JSON_OPTIONS, timeout_header_ms
@@ -145,6 +148,59 @@ class PredictFrontend:
         body, headers = await self._predict(exchange.call, exchange.receive, path)
         await exchange.answer(200, body, [*headers, JSON_HEADER])
 
+    def answer_now(
+        self, scope: Scope, body: bytes, responder: Responder, path: PredictPath
+    ) -> bool:
+        """The call answered without a task (``RouteEntry.now``): the same steps as
+        ``_predict``'s, where none of them waits (a small body; no result cache, features
+        view), with the answer written when the batch is done.
+        False (nothing done) for any other call: ``__call__`` answers it."""
+        if scope["method"] != "POST" or len(body) > min(INLINE_BODY_BYTES, self.max_body_bytes):
+            return False
+        call = start_call(scope)
+        try:
+            route, deadline = self._routed(call, path)
+            if route.result_cache is not None or route.features is not None:
+                return False
+            self.rows.admit(route, deadline, spent_on="reading the body")
+            prepared, _ = _prepare(route, body, call, deadline.at, self.bodies, None)
+            if prepared.sequence is None:
+                future = self.rows.queue(route, prepared, deadline)
+            else:  # a step of server-held sequences: their memory is fed and kept in a task
+                future = asyncio.ensure_future(self.rows.submit(route, prepared, deadline))
+        except RLServeError as exc:
+            self._refused_now(scope, call, responder, exc)
+        except Exception as exc:
+            self._refused_now(scope, call, responder, unexpected(scope, exc))
+        else:
+            future.add_done_callback(partial(self._answered, scope, call, responder))
+        return True
+
+    def _refused_now(
+        self, scope: Scope, call: Call, responder: Responder, error: RLServeError
+    ) -> None:
+        answer = self.calls.error_answer(scope, call, error, self._render)
+        self.calls.answer_now(responder, scope, call, answer)
+
+    def _answered(
+        self,
+        scope: Scope,
+        call: Call,
+        responder: Responder,
+        future: asyncio.Future[InferenceResponse],
+    ) -> None:
+        """A call answered without a task: its batch is done."""
+        try:
+            response = future.result()
+        except RLServeError as exc:
+            answer = self.calls.error_answer(scope, call, exc, self._render)
+        except BaseException as exc:  # a cancelled batch too: the one internal error
+            answer = self.calls.error_answer(scope, call, unexpected(scope, exc), self._render)
+        else:
+            headers = [*stamp(response.version, response.sha256), JSON_HEADER]
+            answer = (200, headers, _encode(response))
+        self.calls.answer_now(responder, scope, call, answer)
+
     def _render(self, error: RLServeError) -> ErrorAnswer:
         if error.code in _OVERLOADED:  # refuse the next calls from their headers
             self._refusing_until = time.monotonic() + REFUSING_S
@@ -154,11 +210,7 @@ class PredictFrontend:
         self, call: Call, receive: Receive, path: PredictPath
     ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
         """The answer's body and headers."""
-        version = None if path.version is None else path_version(path.version)
-        route = self.router.resolve(path.model, version)
-        call.model, call.version = route.model, route.version.version
-        budget = budget_ms(route.default_deadline_ms, timeout_header_ms(call.timeout_header))
-        deadline = self.rows.turn.deadline(call.received_at, budget)
+        route, deadline = self._routed(call, path)
         body = await read_body(receive, call.declared_length, self.max_body_bytes)
         self.rows.admit(route, deadline, spent_on="reading the body")  # before decoding
         cache = None if route.scheduler.held else route.result_cache  # held: answers wait
@@ -191,6 +243,15 @@ class PredictFrontend:
         elif route.result_cache is not None:
             headers.append(_CACHE_BYPASS)
         return answer, headers
+
+    def _routed(self, call: Call, path: PredictPath) -> tuple[Route, Deadline]:
+        """The route a call's path names (the call's metrics labels now name it) and the
+        call's deadline."""
+        version = None if path.version is None else path_version(path.version)
+        route = self.router.resolve(path.model, version)
+        call.model, call.version = route.model, route.version.version
+        budget = budget_ms(route.default_deadline_ms, timeout_header_ms(call.timeout_header))
+        return route, self.rows.turn.deadline(call.received_at, budget)
 
     async def _by_entity(
         self, route: Route, body: bytes, call: Call, deadline: Deadline, cache: CacheSettings | None

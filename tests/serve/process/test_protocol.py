@@ -1,6 +1,7 @@
 """The HTTP protocol under a real uvicorn server on a loopback socket: an answer goes out in
-one write, and a connection whose call was refused from its headers is left unread for the
-refusal's pause."""
+one write, a connection whose call was refused from its headers is left unread for the
+refusal's pause, and data-plane calls take the direct cycle (answered now, or by a task)
+with keep-alive, pipelining, streams and large bodies right."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import uvicorn
 
 from serve.frontends.predict.http import EarlyRefusal
 from serve.process import protocol
+from serve.process.direct import DirectCycle
 
 pytestmark = pytest.mark.anyio
 
@@ -35,15 +37,24 @@ async def app(
     receive: Callable[[], Awaitable[Message]],
     send: Callable[[Message], Awaitable[None]],
 ) -> None:
-    """Three kinds of answer: with a length, streamed (no length) and empty."""
-    while (await receive()).get("more_body"):
-        pass
-    if scope["path"] == "/stream":
+    """Three kinds of answer: with a length, streamed (no length) and empty; /dp/echo
+    answers the length of the body it read, /dp/slow after a moment."""
+    size = 0
+    while True:
+        message = await receive()
+        size += len(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    if scope["path"] == "/dp/slow":
+        await asyncio.sleep(0.05)
+    if scope["path"].endswith("/stream"):
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"a", "more_body": True})
         await send({"type": "http.response.body", "body": b"b"})
         return
     body = b"" if scope["path"] == "/empty" else b'{"a":1}'
+    if scope["path"] == "/dp/echo":
+        body = str(size).encode()
     headers = [(b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})
@@ -83,10 +94,29 @@ class Served:
         return EarlyRefusal(REFUSED, PAUSE_S) if target == b"/refuse" else None
 
 
+class DataPlane:
+    """Paths under /dp are the data plane's; /dp/now is answered without a task."""
+
+    def __init__(self) -> None:
+        self.now: list[bytes] = []  # the bodies of the calls answered now
+
+    def route(self, path: str) -> str | None:
+        return path if path.startswith("/dp/") else None
+
+    def answer_now(self, scope: Any, body: bytes, cycle: DirectCycle, route: Any) -> bool:
+        if route != "/dp/now":
+            return False
+        self.now.append(body)
+        cycle.answer(200, [(b"content-length", b"2")], b"ok")
+        return True
+
+
 @asynccontextmanager
-async def serving() -> AsyncIterator[Served]:
+async def serving(data_plane: DataPlane | None = None) -> AsyncIterator[Served]:
     served = Served()
-    base = protocol.configured(header_timeout_s=0.1, body_timeout_s=0.1, gate=served.gate)
+    base = protocol.configured(
+        header_timeout_s=0.1, body_timeout_s=0.1, gate=served.gate, data_plane=data_plane
+    )
 
     class Protocol(base):  # type: ignore[valid-type, misc]
         def connection_made(self, transport: asyncio.Transport) -> None:
@@ -201,3 +231,84 @@ async def test_answered_calls_leave_no_reference_cycles() -> None:
             gc.enable()
         writer.close()
     assert cyclic < 50  # 200 calls: not one cycle each
+
+
+async def test_data_plane_calls_take_the_direct_cycle() -> None:
+    plane = DataPlane()
+    async with serving(plane) as served:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        whole = await exchange(reader, writer, get("/dp/json"))
+        direct = type(served.connections[0].cycle)
+        writer.write(get("/dp/stream"))
+        streamed = await reader.readuntil(b"0\r\n\r\n")
+        now = await exchange(reader, writer, post("/dp/now", b"[1]"))
+        control = await exchange(reader, writer, get("/json"))  # not the data plane's
+        uvicorns = type(served.connections[0].cycle)
+        writer.close()
+    assert direct is DirectCycle
+    assert uvicorns is not DirectCycle
+    assert whole.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert whole.endswith(b'\r\n\r\n{"a":1}')
+    assert whole in served.writes  # head and body: one write
+    assert b"transfer-encoding: chunked" in streamed
+    assert streamed.endswith(b"1\r\nb\r\n0\r\n\r\n")
+    assert now.endswith(b"\r\n\r\nok")
+    assert plane.now == [b"[1]"]
+    assert control.endswith(b'{"a":1}')
+
+
+async def test_pipelined_direct_calls_are_answered_in_order() -> None:
+    async with serving(DataPlane()) as served:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(get("/dp/slow") + post("/dp/now", b"x") + get("/dp/echo"))
+        answers = [await _answer(reader) for _ in range(3)]
+        writer.close()
+    # a call queued behind another is started by the protocol when its turn comes: by a task
+    assert [a.rsplit(b"\r\n\r\n", 1)[1] for a in answers] == [b'{"a":1}', b'{"a":1}', b"0"]
+
+
+async def test_a_large_direct_body_is_read_as_it_comes() -> None:
+    body = b"x" * 300_000  # past the protocol's high-water mark: its task reads it
+    async with serving(DataPlane()) as served:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        answer = await exchange(reader, writer, post("/dp/echo", body))
+        writer.close()
+    assert answer.endswith(b"\r\n\r\n300000")
+
+
+async def test_a_direct_call_asking_to_close_is_closed_after_its_answer() -> None:
+    async with serving(DataPlane()) as served:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(b"POST /dp/now HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+                     b"Content-Length: 1\r\n\r\nx")  # fmt: skip
+        answer = await reader.read()  # to the end: the server closed the connection
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"connection: close\r\n" in answer
+    assert answer.endswith(b"ok")
+
+
+async def test_direct_calls_leave_no_reference_cycles() -> None:
+    async with serving(DataPlane()) as served:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        await exchange(reader, writer, get("/dp/json"))
+        gc.collect()
+        gc.disable()
+        try:
+            for i in range(200):
+                await exchange(reader, writer, get("/dp/json") if i % 2 else post("/dp/now", b"x"))
+            cyclic = gc.collect()
+        finally:
+            gc.enable()
+        writer.close()
+    assert cyclic < 50
+
+
+def post(path: str, body: bytes) -> bytes:
+    return f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+
+
+async def _answer(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    return head + await reader.readexactly(length)
