@@ -72,17 +72,20 @@ class RowCalls:
     @staticmethod
     async def submit(route: Route, prepared: Prepared, deadline: Deadline) -> InferenceResponse:
         """Step 4: queue the prepared rows unless the deadline passed meanwhile."""
-        if prepared.sequence is None:
-            return await RowCalls.queue(route, prepared, deadline)
         deadline.check("validating it")
+        if prepared.sequence is None:
+            return await route.row_scheduler().submit(prepared, route.pinned)
         return await _sequence_step(route, prepared, prepared.sequence)
 
     @staticmethod
     def queue(
         route: Route, prepared: Prepared, deadline: Deadline
     ) -> asyncio.Future[InferenceResponse]:
-        """Step 4 of a call of no server-held sequence, for a caller that does not await
-        (the HTTP protocol's direct answers): its answer's future."""
+        """Step 4 for a caller that does not await (the HTTP protocol's task-free answers):
+        its answer's future. A step of server-held sequences has its memory fed and kept
+        in a task of its own."""
+        if prepared.sequence is not None:
+            return asyncio.ensure_future(RowCalls.submit(route, prepared, deadline))
         deadline.check("validating it")
         return route.row_scheduler().submit(prepared, route.pinned)
 

@@ -256,6 +256,17 @@ class HttpCalls:
         responder.answer(status, answer_headers(call, [*headers, length], self.draining()), body)
         self.logged(scope, call, status)
 
+    def refuse_now(
+        self,
+        responder: Responder,
+        scope: Scope,
+        call: Call,
+        error: RLServeError,
+        render: Callable[[RLServeError], ErrorAnswer],
+    ) -> None:
+        """An error answered at once without the ASGI exchange, as ``render`` writes it."""
+        self.answer_now(responder, scope, call, self.error_answer(scope, call, error, render))
+
     def logged(self, scope: Scope, call: Call, status: int) -> None:
         """The access-log line of a call answered with ``status`` (when the log is on)."""
         if self.access_log:

@@ -240,7 +240,7 @@ def _routes(transports: Transports, parts: FrontendParts) -> list[RouteEntry]:
     answer_predict = PredictRoutes(transports.predict, parts.kind_of, by_kind)
     return [
         RouteEntry(predict.PREFIXES, predict.match, answer_predict, answer_predict.now),
-        RouteEntry(oip_rest.PREFIXES, oip_rest.match, transports.v2),
+        RouteEntry(oip_rest.PREFIXES, oip_rest.match, transports.v2, transports.v2.answer_now),
         *(entry for own in kinds.values() for entry in own.own),
     ]
 

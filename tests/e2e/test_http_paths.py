@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import signal
+import struct
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,12 @@ MAX_BODY = 100_000
 # A model whose batches wait 300 ms and whose queue holds 2 rows: easy to fill.
 SLOW = "max_wait_ms: 300\nmax_queue_rows: 2\n"
 _UNCOMPARED = {"date", "x-request-id"}
+_HEAD = (
+    b'{"inputs": [{"name": "observations", "shape": [1, 4], "datatype": "FP32",'
+    b' "parameters": {"binary_data_size": 16}}], "parameters": {"binary_data_output": true}}'
+)
+BINARY = _HEAD + struct.pack("<4f", 0.01, -0.02, 0.03, 0.04)
+BINARY_HEADERS = {"inference-header-content-length": str(len(_HEAD))}
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,29 @@ CASES = {
         {},
     ),
     "/v2 unknown": ("POST", "/v2/models/nope/infer", b"{}", {}),
+    "/v2 bad JSON": ("POST", "/v2/models/cartpole/infer", b'{"inputs": [', {}),
+    "/v2 wrong shape": (
+        "POST",
+        "/v2/models/cartpole/infer",
+        b'{"inputs": [{"name": "observations", "shape": [1, 3], "datatype": "FP32",'
+        b' "data": [0, 0, 0]}]}',
+        {},
+    ),
+    "/v2 binary": ("POST", "/v2/models/cartpole/infer", BINARY, BINARY_HEADERS),
+    "/v2 unknown region": (
+        "POST",
+        "/v2/models/cartpole/infer",
+        b'{"inputs": [{"name": "observations", "shape": [1, 4], "datatype": "FP32",'
+        b' "parameters": {"shared_memory_region": "nope", "shared_memory_byte_size": 16}}]}',
+        {},
+    ),
+    "/v2 passed deadline": (
+        "POST",
+        "/v2/models/cartpole/infer",
+        b'{"inputs": [{"name": "observations", "shape": [1, 4], "datatype": "FP32",'
+        b' "data": [0, 0, 0, 0]}]}',
+        {"x-request-timeout-ms": "0.001"},
+    ),
 }
 
 

@@ -11,6 +11,7 @@ with 422 / INVALID_ARGUMENT, saying where they are served.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from serve.dataplane.kinds import ModelKind
 from serve.dataplane.messages import InferenceResponse
 from serve.dataplane.model import RowModel
 from serve.dataplane.routing import Route, Router
-from serve.dataplane.row_calls import RowCalls
+from serve.dataplane.row_calls import INLINE_BODY_BYTES, RowCalls
 from serve.frontends.oip import tensors
 from serve.frontends.oip.shared_memory import SharedMemory
 from serve.frontends.oip.signature import InferCall, OutputTensor, Signature
@@ -109,6 +110,30 @@ class Inference:
         size = sum(values.nbytes for values in call.inputs.values())
         prepared = await self.calls.prepare(size, lambda _: served.prepare(request))
         response = await self.calls.submit(route, prepared, deadline)
+        return self.answer(call, signature, response)
+
+    def queue(
+        self, route: Route, call: InferCall, request_id: str, received_at: float, deadline: Deadline
+    ) -> tuple[asyncio.Future[InferenceResponse], Signature] | None:
+        """``run``'s steps for a caller that does not await (the HTTP protocol's task-free
+        answers), on a call none of whose steps waits: its answer's future, and the
+        signature that turns it into tensors (``answer``). None, with nothing done, for a
+        call that names entities or whose tensors are too large to check on the loop."""
+        size = sum(values.nbytes for values in call.inputs.values())
+        size += sum(given.placement.byte_size for given in call.placed)
+        if size > INLINE_BODY_BYTES or ENTITIES in call.inputs or ENTITIES in call.parameters:
+            return None
+        served = route.row_model()
+        signature = self.signature(served)
+        self._read_placed(call)
+        request = signature.request(call, request_id, received_at, deadline.at)
+        self._check_placed(call, signature)
+        return self.calls.queue(route, served.prepare(request), deadline), signature
+
+    def answer(
+        self, call: InferCall, signature: Signature, response: InferenceResponse
+    ) -> InferAnswer:
+        """The call's output tensors; those placed in shared memory are written there."""
         answer = signature.answer(call, response.outputs)
         for tensor in answer:
             if tensor.placement is not None:

@@ -33,6 +33,7 @@ Like the JSON predict routes, nothing but uvicorn stands in front of these route
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,23 +54,28 @@ from kernel.errors import (
 )
 from kernel.json_shown import json_shown
 from serve import __version__
-from serve.dataplane.deadline import budget_ms
+from serve.dataplane.deadline import Deadline, budget_ms
+from serve.dataplane.messages import InferenceResponse
 from serve.dataplane.routing import Route
+from serve.dataplane.row_calls import INLINE_BODY_BYTES
 from serve.frontends.http_calls import (
     JSON_HEADER,
     Call,
     ErrorAnswer,
     Exchange,
     HttpCalls,
+    Responder,
     allow,
     read_body,
     stamp,
+    start_call,
+    unexpected,
 )
 from serve.frontends.oip import shared_memory, tensors
 from serve.frontends.oip.catalog import PLATFORM, Catalog, extensions, repository_index
 from serve.frontends.oip.infer import InferAnswer, Inference, call_budget_ms
 from serve.frontends.oip.shared_memory import PlacedInput
-from serve.frontends.oip.signature import InferCall, RequestedOutput, config_dims
+from serve.frontends.oip.signature import InferCall, RequestedOutput, Signature, config_dims
 from serve.frontends.wire import refuse_repeated_keys, timeout_header_ms
 from serve.status import http_status
 
@@ -305,20 +311,82 @@ class OipRestFrontend:
     ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
         header_length = _header_length(scope)
         body = await read_body(receive, call.declared_length, self.max_body_bytes)
-        default_ms, calls = route.default_deadline_ms, self.inference.calls
-        asked = budget_ms(default_ms, timeout_header_ms(call.timeout_header))
-        calls.admit(route, calls.turn.deadline(call.received_at, asked), spent_on="reading it")
-        decoded, budget = await calls.prepare(
-            len(body), lambda _: decode_infer(body, header_length, call, default_ms)
+        self._admit(call, route)
+        decoded, budget = await self.inference.calls.prepare(
+            len(body),
+            lambda _: decode_infer(body, header_length, call, route.default_deadline_ms),
         )
-        if decoded.in_shared_memory:
-            self.inference.shared_memory.admit(_authorization(scope))
-        deadline = calls.turn.deadline(call.received_at, budget)
-        deadline.check("reading it")  # its timeout parameter may ask for less
+        deadline = self._deadline(scope, call, decoded, budget)
         answer = await self.inference.run(
             route, decoded, call.request_id, call.received_at, deadline
         )
         return encode_infer(answer, decoded)
+
+    def _admit(self, call: Call, route: Route) -> None:
+        """Refused now (429, 504) when the model could not serve the call in time."""
+        calls = self.inference.calls
+        asked = budget_ms(route.default_deadline_ms, timeout_header_ms(call.timeout_header))
+        calls.admit(route, calls.turn.deadline(call.received_at, asked), spent_on="reading it")
+
+    def _deadline(self, scope: Scope, call: Call, decoded: InferCall, budget: float) -> Deadline:
+        """The call's deadline (its timeout parameter may ask for less than its header);
+        a call that reads or writes shared memory must be allowed to."""
+        if decoded.in_shared_memory:
+            self.inference.shared_memory.admit(_authorization(scope))
+        deadline = self.inference.calls.turn.deadline(call.received_at, budget)
+        deadline.check("reading it")
+        return deadline
+
+    def answer_now(self, scope: Scope, body: bytes, responder: Responder, path: V2Path) -> bool:
+        """An infer call answered without a task (``RouteEntry.now``): ``_infer``'s steps
+        where none waits, the answer written when the batch is done. False (the task
+        answers) for every other route and for a call too large to decode on the loop or
+        naming entities."""
+        limit = min(INLINE_BODY_BYTES, self.max_body_bytes)
+        if path.action != "infer" or scope["method"] != "POST" or len(body) > limit:
+            return False
+        call = start_call(scope)
+        try:
+            route = self.inference.route(path.model or "", path.version)
+            call.model, call.version = route.model, route.version.version
+            self._admit(call, route)
+            header_length = _header_length(scope)
+            decoded, budget = decode_infer(body, header_length, call, route.default_deadline_ms)
+            deadline = self._deadline(scope, call, decoded, budget)
+            queued = self.inference.queue(
+                route, decoded, call.request_id, call.received_at, deadline
+            )
+            if queued is None:
+                return False
+        except RLServeError as exc:
+            self.calls.refuse_now(responder, scope, call, exc, _error)
+        except Exception as exc:
+            self.calls.refuse_now(responder, scope, call, unexpected(scope, exc), _error)
+        else:
+            future, signature = queued
+            answered = partial(self._answered, scope, call, responder, decoded, signature)
+            future.add_done_callback(answered)
+        return True
+
+    def _answered(
+        self,
+        scope: Scope,
+        call: Call,
+        responder: Responder,
+        decoded: InferCall,
+        signature: Signature,
+        future: asyncio.Future[InferenceResponse],
+    ) -> None:
+        """An infer call answered without a task: its batch is done."""
+        try:
+            answer = self.inference.answer(decoded, signature, future.result())
+            body, headers = encode_infer(answer, decoded)
+        except RLServeError as exc:
+            self.calls.refuse_now(responder, scope, call, exc, _error)
+        except BaseException as exc:  # a cancelled batch too: the one internal error
+            self.calls.refuse_now(responder, scope, call, unexpected(scope, exc), _error)
+        else:
+            self.calls.answer_now(responder, scope, call, (200, headers, body))
 
 
 def _register_body(body: bytes, region: str) -> dict[str, Any]:

@@ -164,23 +164,14 @@ class PredictFrontend:
                 return False
             self.rows.admit(route, deadline, spent_on="reading the body")
             prepared, _ = _prepare(route, body, call, deadline.at, self.bodies, None)
-            if prepared.sequence is None:
-                future = self.rows.queue(route, prepared, deadline)
-            else:  # a step of server-held sequences: their memory is fed and kept in a task
-                future = asyncio.ensure_future(self.rows.submit(route, prepared, deadline))
+            future = self.rows.queue(route, prepared, deadline)
         except RLServeError as exc:
-            self._refused_now(scope, call, responder, exc)
+            self.calls.refuse_now(responder, scope, call, exc, self._render)
         except Exception as exc:
-            self._refused_now(scope, call, responder, unexpected(scope, exc))
+            self.calls.refuse_now(responder, scope, call, unexpected(scope, exc), self._render)
         else:
             future.add_done_callback(partial(self._answered, scope, call, responder))
         return True
-
-    def _refused_now(
-        self, scope: Scope, call: Call, responder: Responder, error: RLServeError
-    ) -> None:
-        answer = self.calls.error_answer(scope, call, error, self._render)
-        self.calls.answer_now(responder, scope, call, answer)
 
     def _answered(
         self,
@@ -193,13 +184,12 @@ class PredictFrontend:
         try:
             response = future.result()
         except RLServeError as exc:
-            answer = self.calls.error_answer(scope, call, exc, self._render)
+            self.calls.refuse_now(responder, scope, call, exc, self._render)
         except BaseException as exc:  # a cancelled batch too: the one internal error
-            answer = self.calls.error_answer(scope, call, unexpected(scope, exc), self._render)
+            self.calls.refuse_now(responder, scope, call, unexpected(scope, exc), self._render)
         else:
             headers = [*stamp(response.version, response.sha256), JSON_HEADER]
-            answer = (200, headers, _encode(response))
-        self.calls.answer_now(responder, scope, call, answer)
+            self.calls.answer_now(responder, scope, call, (200, headers, _encode(response)))
 
     def _render(self, error: RLServeError) -> ErrorAnswer:
         if error.code in _OVERLOADED:  # refuse the next calls from their headers
