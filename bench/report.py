@@ -1575,7 +1575,7 @@ def _lane_row(run: LaneRun, row: LaneRow) -> str:
         return f"{head}| failed: {(row.failure or '').replace('|', '/')} | | |"
     versus = ""
     http = run.row(row.load, lane.Transport.HTTP)
-    if row.transport is lane.Transport.LANE and http is not None and http.steps_per_s:
+    if row.transport.lane and http is not None and http.steps_per_s:
         versus = f"{row.steps_per_s / http.steps_per_s:.2f}x"
     cpu_us = _maybe(row.server_us_per_row, "{:,.0f}")
     return f"{head}| {row.steps_per_s:,.0f} | {versus} | {cpu_us} |"
@@ -1586,7 +1586,8 @@ Measured {when} ({took}) on {machine}; load average {load} before, {load_after} 
 `rlserve serve --lane PATH` (one process, core 0) serves the bundled CartPole policy; the
 clients run on core 1, each load over HTTP (`PolicyClient`, JSON over keep-alive HTTP) and
 then over the local lane (`LaneClient`: rows in a shared-memory slot, one doorbell byte
-each way over a Unix socket), against the same server: **one actor** (`bench.actor`: one
+each way over a Unix socket), against the same server, and over the lane again against a
+second server that serves it on its event loop (`--lane-serving loop`): **one actor** (`bench.actor`: one
 CartPole env, one predict call per step, its deterministic action), **{actors} actors**
 (that many such processes at once, their steps summed; the server batches their rows
 together), and **one rollout worker with {envs} envs** (`bench.loop_child worker`: the

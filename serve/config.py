@@ -372,13 +372,13 @@ class Settings(BaseSettings, ModelSettings):
     lane_max_connections: PositiveInt = Field(
         256, description="local-lane clients connected at once, per server process"
     )
-    lane_serving: Literal["loop", "thread"] = Field(
-        "loop",
-        description="how local-lane calls are served: loop (each call takes the event "
-        "loop's call steps into the model's dynamic batcher, as HTTP and gRPC calls do) or "
-        "thread (a serving thread waits on every lane's doorbell and runs the calls that "
-        "rang together as one batch, no asyncio per call; lanes of server-held sequences "
-        "stay on the loop)",
+    lane_serving: Literal["thread", "loop"] = Field(
+        "thread",
+        description="how local-lane calls are served: thread (a serving thread waits on "
+        "every lane's doorbell and runs the calls that rang together as one batch, no "
+        "asyncio per call; lanes of server-held sequences stay on the loop) or loop (each "
+        "call takes the event loop's call steps into the model's dynamic batcher, as HTTP "
+        "and gRPC calls do)",
     )
     lane_spin_us: NonNegativeFloat = Field(
         100.0,
