@@ -88,8 +88,12 @@ class _Lane:
             flags |= wire.Flags.SEEDED
         rest = (n, flags, seed or 0, timeout_ms or 0.0)
         wire.REQUEST_REST.pack_into(slot, wire.REQUEST_OFFSET + wire.SEQ.size, *rest)
+        if self.spin_s:  # awake until the spin ends: the server need not ring
+            wire.AWAKE.pack_into(slot, wire.CLIENT_AWAKE_OFFSET, 1)
         wire.SEQ.pack_into(slot, wire.REQUEST_OFFSET, self.seq)  # last: the call is whole
-        self.sock.sendall(wire.DOORBELL)
+        wire.fence()
+        if not wire.AWAKE.unpack_from(slot, wire.SERVER_AWAKE_OFFSET)[0]:
+            self.sock.sendall(wire.DOORBELL)  # the server sleeps: ring
         self._wait_answer()
         answer = wire.ANSWER.unpack_from(slot, wire.ANSWER_OFFSET)
         return wire.Status(answer[1]), answer
@@ -99,11 +103,10 @@ class _Lane:
         the server's doorbell bytes (a byte left by an answer found in a spin wakes a later
         wait early; the seq decides)."""
         slot, seq = self.slot, self.seq
-        spin_until = time.perf_counter() + self.spin_s
+        if self.spin_s and not self._spun(slot, seq):
+            wire.AWAKE.pack_into(slot, wire.CLIENT_AWAKE_OFFSET, 0)  # asleep: ring me
+            wire.fence()
         while wire.SEQ.unpack_from(slot, wire.ANSWER_OFFSET)[0] != seq:
-            if time.perf_counter() < spin_until:
-                os.sched_yield()  # actors sharing a core: the others run while this one spins
-                continue
             if not self.sock.recv(_DOORBELLS):
                 raise ConnectionResetError("the server closed the local lane")
         self._unread += 1
@@ -113,6 +116,15 @@ class _Lane:
             # read(2) takes what is there and never waits, as recv would for the timeout.
             with contextlib.suppress(BlockingIOError):
                 os.read(self.sock.fileno(), 4 * _DOORBELLS)
+
+    def _spun(self, slot: mmap.mmap, seq: int) -> bool:
+        """Whether the answer came within the spin."""
+        spin_until = time.perf_counter() + self.spin_s
+        while wire.SEQ.unpack_from(slot, wire.ANSWER_OFFSET)[0] != seq:
+            if time.perf_counter() >= spin_until:
+                return False
+            os.sched_yield()  # actors sharing a core: the others run while this one spins
+        return True
 
     def _write(self, area: wire.Area, given: np.ndarray, shown: str) -> None:
         data = np.ascontiguousarray(given, self.dtypes[area.name])

@@ -14,10 +14,11 @@ processes at its ends:
    the server closes the connection.
 3. **Calls**, one at a time: the client writes its rows at the inputs' offsets and the
    request header (:data:`REQUEST`, its seq last: :data:`SEQ`), then sends one byte (the
-   doorbell). The server reads
+   doorbell) unless the server says it is awake (:data:`SERVER_AWAKE_OFFSET`). The server reads
    the rows (copies them out first), runs them through the same steps as an HTTP or gRPC
    call, writes the outputs and the answer header (:data:`ANSWER`, with the version that
-   computed them, or an error message at ``message_offset``), and sends one byte back.
+   computed them, or an error message at ``message_offset``), and sends one byte back
+   unless the client says it is awake (:data:`CLIENT_AWAKE_OFFSET`).
 
 Every offset and size the server reads is its own (the layout it made); what the client
 writes there is only data, checked like any request's.
@@ -26,6 +27,7 @@ writes there is only data, checked like any request's.
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from enum import IntEnum, IntFlag
@@ -51,10 +53,37 @@ ANSWER_OFFSET = 64
 SEQ = struct.Struct("<Q")
 REQUEST_REST = struct.Struct("<IIqd")
 ANSWER_REST = struct.Struct("<IIQ64sdI")
+# Awake words (u32, between the request and the answer headers; 0 in a new slot): an end
+# holds its word at 1 while it is awake and looks for the other's seq, and the other end
+# then leaves the doorbell unrung: a call answered within the spins costs neither end a
+# system call. An end sets its word to 0 before it sleeps and then reads the seq once
+# more; each end puts a full fence (:func:`fence`) between writing its seq or word and
+# reading the other's, so at least one of the two sees the other's write: a call or an
+# answer is never left without a ring or a look. An end that knows nothing of the words
+# leaves its own at 0, and the other rings every time, as before.
+SERVER_AWAKE_OFFSET = 32
+CLIENT_AWAKE_OFFSET = 36
+AWAKE = struct.Struct("<I")
 MESSAGE_OFFSET = 256
 MESSAGE_BYTES = 8192  # an error's JSON {"code", "message"}: messages are capped far below
 DATA_OFFSET = MESSAGE_OFFSET + MESSAGE_BYTES
 ALIGN = 64
+
+
+_FENCE = threading.Lock()
+
+
+def fence() -> None:
+    """A full memory barrier between an end's write and its next read of the slot: an
+    uncontended lock taken and let go (a locked instruction on x86-64). Where a lock is
+    weaker, the server's doorbell wait still ends within ``AWAKE_CHECK_S``."""
+    _FENCE.acquire()
+    _FENCE.release()
+
+
+# The serving thread sleeps on its doorbells at most this long before it reads every
+# lane's seq again: what a call left unrung could wait on a machine whose lock is no fence.
+AWAKE_CHECK_S = 1.0
 
 
 # Outputs a hello may ask for: these by name, and "distribution" for all of the

@@ -7,6 +7,7 @@ ever named in /dev/shm)."""
 from __future__ import annotations
 
 import array
+import fcntl
 import json
 import mmap
 import os
@@ -14,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import termios
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -332,3 +334,33 @@ def test_a_client_past_the_connection_limit_gets_503_never_a_broken_pipe(tmp_pat
     finally:
         server.stop()
     assert set(refusals) == {503}
+
+
+@pytest.mark.parametrize("spin_us", [0.0, 1e6])
+def test_ends_that_are_awake_are_not_rung(tmp_path: Path, spin_us: float) -> None:
+    """With both ends spinning longer than any call takes, the serving thread says it is
+    awake and so does the client: no doorbell byte travels either way. A client that sleeps
+    at once (spin 0) is rung for every answer, and never waits past one."""
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    (repository / "cartpole").symlink_to(DEMO)
+    path = tmp_path / "lane.sock"
+    spin = ["--lane-serving", "thread", "--lane-spin-us", str(int(spin_us))]
+    server = Server.rlserve(repository, "--lane", str(path), *spin, log=tmp_path / "log")
+    try:
+        server.wait_ready()
+        with LaneClient(path, spin_us=spin_us, timeout_s=5) as lane:
+            lane.predict(observations(1)[0])  # the lane is open and the thread awake
+            for seed in range(50):
+                lane.predict(observations(1, seed)[0])
+            (opened,) = lane._opened
+            rung = _unread(opened.sock)
+    finally:
+        server.stop()
+    assert rung == 0  # spinning: nothing was rung; asleep: each ring was read
+
+
+def _unread(sock: socket.socket) -> int:
+    pending = array.array("i", [0])
+    fcntl.ioctl(sock.fileno(), termios.FIONREAD, pending, True)
+    return pending[0]

@@ -4,9 +4,11 @@ is served together, as one batch, without a step of asyncio per call.
 The thread finds the lanes with a call pending by their slots' request seq
 (``kernel.lane_wire``): after each batch it reads them in a spin for ``lane_spin_us``, then
 sleeps on the doorbells of every lane handed to it (one ``select`` over their sockets) until
-one rings. The lanes that rang together are grouped by the model and version they name;
-each group is one batch: each call's rows are read from its slot and checked as the loop's
-path checks them (the same deadline rule and admission, the version's validation, the
+one rings. While it is awake each slot's server word says so, and clients do not ring; it
+rings a client only when the client's word says it sleeps (``lane_wire``'s awake words).
+The lanes that rang together are grouped by the model and version they name; each group
+is one batch: each call's rows are read from its slot and checked as the loop's path checks
+them (the same deadline rule and admission, the version's validation, the
 same RECONNECT when the served version's tensors moved), then one run of the model, and
 each call's outputs written back into its slot before its doorbell is answered. A call
 that fails is answered with its error alone; the others of its batch are not touched.
@@ -164,12 +166,23 @@ class LaneEngine:
         ready = self._spin()
         if ready:
             return ready
-        for key, _ in self._selector.select():
-            if key.data is None:
-                self._take_new()
-            else:
-                self._drain(key.data)
-        return self._pending()
+        self._say_awake(0)  # asleep: ring me (then one more look, past the fence)
+        wire.fence()
+        ready = self._pending()
+        if not ready:
+            for key, _ in self._selector.select(wire.AWAKE_CHECK_S):
+                if key.data is None:
+                    self._take_new()
+                else:
+                    self._drain(key.data)
+            ready = self._pending()
+        self._say_awake(1)
+        return ready
+
+    def _say_awake(self, awake: int) -> None:
+        """Tell every lane's client whether the thread is awake (it then need not ring)."""
+        for entry in self._open.values():
+            wire.AWAKE.pack_into(entry.lane.slot, wire.SERVER_AWAKE_OFFSET, awake)
 
     def _spin(self) -> list[_Open]:
         if not self.spin_s or not self._open:
@@ -230,6 +243,10 @@ class LaneEngine:
                 self._answered(entry)
 
     def _answered(self, entry: _Open) -> None:
+        """Ring the lane's client, unless it said it is awake, looking for the answer."""
+        wire.fence()
+        if wire.AWAKE.unpack_from(entry.lane.slot, wire.CLIENT_AWAKE_OFFSET)[0]:
+            return
         try:
             entry.conn.send(wire.DOORBELL)
         except OSError as exc:
