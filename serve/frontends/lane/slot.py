@@ -31,6 +31,7 @@ class Lane:
         self.outputs = [RequestedOutput(area.name) for area in layout.outputs]
         self.fd = sealed_memfd(layout.size)
         self.slot = mmap.mmap(self.fd, layout.size)
+        self.id_prefix = f"lane-{id(self):x}-"  # its calls' request ids: call_id
 
     def follows(self, served_sha256: str, signature: Signature) -> bool:
         """Whether the lane may take the served version: its own, or another whose tensors
@@ -146,7 +147,7 @@ def hello_of(layout: wire.Layout) -> wire.Hello:
 
 def call_id(lane: Lane, seq: int) -> str:
     """A lane call's request id, as records and logs show it."""
-    return f"lane-{id(lane):x}-{seq}"
+    return lane.id_prefix + str(seq)
 
 
 def check_rows(layout: wire.Layout, rows: int) -> None:
@@ -190,10 +191,14 @@ def sequences_of(slot: mmap.mmap, layout: wire.Layout, rows: int) -> dict[str, o
     return parameters
 
 
+_DETERMINISTIC, _SEEDED = int(wire.Flags.DETERMINISTIC), int(wire.Flags.SEEDED)
+
+
 def parameters_of(flags: int, seed: int) -> dict[str, object]:
-    given = wire.Flags(flags & (wire.Flags.DETERMINISTIC | wire.Flags.SEEDED))
-    parameters: dict[str, object] = {"deterministic": wire.Flags.DETERMINISTIC in given}
-    if wire.Flags.SEEDED in given:
+    """A call's predict parameters from its header's flags (plain integer tests: an
+    ``IntFlag`` made per call cost more than the rest of this)."""
+    parameters: dict[str, object] = {"deterministic": bool(flags & _DETERMINISTIC)}
+    if flags & _SEEDED:
         parameters["seed"] = seed
     return parameters
 
