@@ -256,6 +256,26 @@ class HttpCalls:
         responder.answer(status, answer_headers(call, [*headers, length], self.draining()), body)
         self.logged(scope, call, status)
 
+    def settle_now(
+        self,
+        responder: Responder,
+        scope: Scope,
+        call: Call,
+        answer: Callable[[], tuple[int, Headers, bytes]],
+        render: Callable[[RLServeError], ErrorAnswer],
+    ) -> None:
+        """Write the whole answer ``answer`` makes (a task-free call's, once its batch is
+        done), or the error it raises as ``render`` writes it; anything else it raises (a
+        cancelled batch too) is the one internal error."""
+        try:
+            made = answer()
+        except RLServeError as exc:
+            self.refuse_now(responder, scope, call, exc, render)
+        except BaseException as exc:
+            self.refuse_now(responder, scope, call, unexpected(scope, exc), render)
+        else:
+            self.answer_now(responder, scope, call, made)
+
     def refuse_now(
         self,
         responder: Responder,

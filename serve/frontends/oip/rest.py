@@ -63,6 +63,7 @@ from serve.frontends.http_calls import (
     Call,
     ErrorAnswer,
     Exchange,
+    Headers,
     HttpCalls,
     Responder,
     allow,
@@ -378,15 +379,13 @@ class OipRestFrontend:
         future: asyncio.Future[InferenceResponse],
     ) -> None:
         """An infer call answered without a task: its batch is done."""
-        try:
-            answer = self.inference.answer(decoded, signature, future.result())
-            body, headers = encode_infer(answer, decoded)
-        except RLServeError as exc:
-            self.calls.refuse_now(responder, scope, call, exc, _error)
-        except BaseException as exc:  # a cancelled batch too: the one internal error
-            self.calls.refuse_now(responder, scope, call, unexpected(scope, exc), _error)
-        else:
-            self.calls.answer_now(responder, scope, call, (200, headers, body))
+
+        def answer() -> tuple[int, Headers, bytes]:
+            tensors = self.inference.answer(decoded, signature, future.result())
+            body, headers = encode_infer(tensors, decoded)
+            return 200, headers, body
+
+        self.calls.settle_now(responder, scope, call, answer, _error)
 
 
 def _register_body(body: bytes, region: str) -> dict[str, Any]:

@@ -52,6 +52,7 @@ from serve.frontends.http_calls import (
     Call,
     ErrorAnswer,
     Exchange,
+    Headers,
     HttpCalls,
     Responder,
     allow,
@@ -181,15 +182,13 @@ class PredictFrontend:
         future: asyncio.Future[InferenceResponse],
     ) -> None:
         """A call answered without a task: its batch is done."""
-        try:
+
+        def answer() -> tuple[int, Headers, bytes]:
             response = future.result()
-        except RLServeError as exc:
-            self.calls.refuse_now(responder, scope, call, exc, self._render)
-        except BaseException as exc:  # a cancelled batch too: the one internal error
-            self.calls.refuse_now(responder, scope, call, unexpected(scope, exc), self._render)
-        else:
             headers = [*stamp(response.version, response.sha256), JSON_HEADER]
-            self.calls.answer_now(responder, scope, call, (200, headers, _encode(response)))
+            return 200, headers, _encode(response)
+
+        self.calls.settle_now(responder, scope, call, answer, self._render)
 
     def _render(self, error: RLServeError) -> ErrorAnswer:
         if error.code in _OVERLOADED:  # refuse the next calls from their headers
