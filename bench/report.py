@@ -1586,9 +1586,10 @@ Measured {when} ({took}) on {machine}; load average {load} before, {load_after} 
 `rlserve serve --lane PATH` (one process, core 0) serves the bundled CartPole policy; the
 clients run on core 1, each load over HTTP (`PolicyClient`, JSON over keep-alive HTTP) and
 then over the local lane (`LaneClient`: rows in a shared-memory slot, one doorbell byte
-each way over a Unix socket), against the same server, and over the lane again against a
-second server that serves it on its event loop (`--lane-serving loop`): **one actor** (`bench.actor`: one
-CartPole env, one predict call per step, its deterministic action), **{actors} actors**
+each way over a Unix socket, unless the other end says it is awake), against the same
+server, and over the lane again against a second server that serves it on its event loop
+(`--lane-serving loop`): **one actor** (`bench.actor`: one CartPole env, one predict call
+per step, its deterministic action), **{actors} actors**
 (that many such processes at once, their steps summed; the server batches their rows
 together), and **one rollout worker with {envs} envs** (`bench.loop_child worker`: the
 code of `rlserve collect`, one call per iteration for every env, sampled actions with
