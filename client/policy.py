@@ -209,6 +209,22 @@ def _rollback_call(model: str, version: int | None) -> _Call:
     return _Call("POST", path, body, headers, repeatable=False)
 
 
+def _episode_call(
+    model: str, model_version: int, episode_return: float, length: int | None,
+    terminated: bool, truncated: bool, token: str | None,
+) -> _Call:  # fmt: skip
+    body: dict[str, Any] = {
+        "model_version": int(model_version),
+        "return": float(episode_return),
+        "terminated": bool(terminated),
+        "truncated": bool(truncated),
+    }
+    if length is not None:
+        body["length"] = int(length)
+    headers = {"Content-Type": "application/json", **_auth(token)}
+    return _Call("POST", f"/v1/models/{model}/episodes", _json(body), headers, repeatable=False)
+
+
 def _json(body: Any) -> bytes:
     """JSON bytes; numpy arrays and scalars as their values (float32 in its shortest form)."""
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
@@ -412,6 +428,29 @@ class PolicyClient:
     def model(self, model: str) -> dict[str, Any]:
         return dict(self._send(_Call("GET", f"/v1/models/{model}")))
 
+    def report_episode(
+        self,
+        model: str,
+        *,
+        model_version: int,
+        episode_return: float,
+        length: int | None = None,
+        terminated: bool = False,
+        truncated: bool = False,
+        token: str | None = None,
+    ) -> dict[str, Any]:
+        """An episode's outcome, for the version that served its steps (every prediction's
+        ``model_version``): what a policy canary is judged by (docs/rollouts.md).
+        ``token``: the server's ``episode_token``, when it has one."""
+        call = _episode_call(
+            model, model_version, episode_return, length, terminated, truncated, token
+        )
+        return dict(self._send(call))
+
+    def episodes(self, model: str) -> dict[str, Any]:
+        """The model's reported episodes, by version: count, mean return, its spread."""
+        return dict(self._send(_Call("GET", f"/v1/models/{model}/episodes")))
+
 
 class AsyncPolicyClient:
     """``httpx_options`` go to ``httpx.AsyncClient`` (limits, transport, TLS settings)."""
@@ -496,3 +535,23 @@ class AsyncPolicyClient:
 
     async def model(self, model: str) -> dict[str, Any]:
         return dict(await self._send(_Call("GET", f"/v1/models/{model}")))
+
+    async def report_episode(
+        self,
+        model: str,
+        *,
+        model_version: int,
+        episode_return: float,
+        length: int | None = None,
+        terminated: bool = False,
+        truncated: bool = False,
+        token: str | None = None,
+    ) -> dict[str, Any]:
+        """As ``PolicyClient.report_episode``."""
+        call = _episode_call(
+            model, model_version, episode_return, length, terminated, truncated, token
+        )
+        return dict(await self._send(call))
+
+    async def episodes(self, model: str) -> dict[str, Any]:
+        return dict(await self._send(_Call("GET", f"/v1/models/{model}/episodes")))

@@ -395,6 +395,11 @@ class Settings(BaseSettings, ModelSettings):
         "characters or more, no whitespace), and for system shared memory unless shm_open; "
         "unset disables the updates",
     )
+    episode_token: SecretStr | None = Field(
+        None,
+        description="bearer token episode reports (POST /v1/models/{model}/episodes) must "
+        "carry; unset: the route is open (docs/rollouts.md)",
+    )
     poll_interval_s: float | None = Field(
         None,
         gt=0,

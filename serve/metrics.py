@@ -35,6 +35,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Summary,
     disable_created_metrics,
     generate_latest,
 )
@@ -56,6 +57,9 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 FILL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+# Episode returns: their scale is the environment's, so decades both ways around 0.
+_DECADES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 100000)
+RETURN_BUCKETS = (*(-d for d in reversed(_DECADES)), 0, *_DECADES)
 UPDATE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -67,6 +71,7 @@ class Metrics:
         self._declare_calls(r)
         self._declare_versions(r)
         self._declare_stores(r)
+        self._declare_episodes(r)
         self.sink = MetricsSink(self)
         self._children: dict[tuple[Any, ...], Any] = {}
         self._refusals: dict[tuple[str, str, int, str], int] = {}  # not yet counted
@@ -195,6 +200,32 @@ class Metrics:
             "A request's wait for its features, from asking to the answer",
             ["model"], buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
+
+    def _declare_episodes(self, r: CollectorRegistry) -> None:
+        """Episodes their clients reported (serve.control.episodes): a canary's evidence."""
+        mv = ("model", "version")
+        self.episode_return = Histogram(
+            "rlserve_episode_return", "Reported episode returns, by the version that served them",
+            mv, buckets=RETURN_BUCKETS, registry=r,
+        )  # fmt: skip
+        # A histogram with negative buckets has no _sum (OpenMetrics): the mean comes from
+        # this summary's _sum and _count.
+        self.episode_returns = Summary(
+            "rlserve_episode_returns",
+            "Reported episode returns: _sum / _count is a version's mean return",
+            mv, registry=r,
+        )  # fmt: skip
+        self.episodes = Counter(
+            "rlserve_episodes",
+            "Reported episodes, by how they ended (terminated, truncated, reported: neither said)",
+            [*mv, "end"], registry=r,
+        )  # fmt: skip
+
+    def episode_reported(self, model: str, version: int, value: float, end: str) -> None:
+        label = str(version)
+        self.child(self.episode_return, model, label).observe(value)
+        self.child(self.episode_returns, model, label).observe(value)
+        self.child(self.episodes, model, label, end).inc()
 
     def child(self, metric: Any, *labels: str) -> Any:
         """A metric's label child, looked up once."""

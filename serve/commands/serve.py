@@ -26,6 +26,7 @@ EXTRA = None
 # Settings with no flag, and why.
 NO_FLAG = {
     "admin_token": "a secret on a command line is seen by every user of the machine (ps)",
+    "episode_token": "a secret on a command line is seen by every user of the machine (ps)",
     "result_cache": "its Redis URL may hold a password, which a command line shows (ps)",
     "version_policy": "an object: RLSERVE_VERSION_POLICY as JSON, or the --config file",
     "features": "an object: RLSERVE_FEATURES as JSON, or a model's config.yaml",

@@ -42,6 +42,7 @@ from serve.batching.record import RecordSink
 from serve.control import single_file
 from serve.control.admin import AdminEndpoints
 from serve.control.api import ModelEndpoints
+from serve.control.episodes import EpisodeBook, EpisodeEndpoints
 from serve.control.http_bodies import error_response, json_response
 from serve.control.manager import ModelRepositoryManager
 from serve.control.sync import RepositorySync
@@ -176,7 +177,7 @@ def create_app(
     registry = WorkerRegistry(manager, stale_after_s=max(3 * settings.sync_interval_s, 5.0))
     updater = Updater(manager, settings, metrics, registry)
     phases = ServerPhases()
-    state = ServerState(settings, manager, phases, metrics, updater)
+    state = ServerState(settings, manager, phases, metrics, updater, EpisodeBook(metrics))
     turn = LoopTurn()
     http_calls = HttpCalls(metrics, lambda: phases.draining, access_log=settings.access_log)
     transports = _transports(state, http_calls, turn)
@@ -299,6 +300,8 @@ def _control_app(state: ServerState) -> ASGIApp:
     app.add_api_route("/v1/models", _model_list(state, models), include_in_schema=False)
     app.include_router(models.router())
     app.include_router(AdminEndpoints(state.updater, state.settings).router())
+    episodes = EpisodeEndpoints(state.manager, state.episodes, state.settings.episode_token)
+    app.include_router(episodes.router())
     app.include_router(
         OperationsEndpoints(state.manager, state.phases, state.metrics, state.settings).router()
     )

@@ -99,6 +99,7 @@ def exported(
                 "counter": ("_total",),
                 "gauge": ("",),
                 "histogram": ("_bucket", "_sum", "_count"),
+                "summary": ("_sum", "_count"),
             }[family.type]
             for suffix in suffixes:
                 series = names.setdefault(family.name + suffix, Series(family.name, family.type))

@@ -1,0 +1,127 @@
+"""Episode reports against a real server: CartPole episodes played through the server, each
+reported with the version that served it, show in the model's episode tally and metrics;
+bad reports are refused clearly; a server with an episode token refuses reports without it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+from pathlib import Path
+
+import gymnasium as gym
+import httpx
+import pytest
+
+from client import PolicyClient, RequestFailed
+from tests.e2e.conftest import DEMO
+from tests.e2e.server import Server
+
+TOKEN = "episode-reports-token-1234"
+
+
+def serve(tmp: Path, env: dict[str, str] | None = None) -> Server:
+    repository = tmp / "repository"
+    repository.mkdir()
+    (repository / "cartpole").symlink_to(DEMO)
+    server = Server.rlserve(repository, env=env, log=tmp / "log")
+    server.wait_ready()
+    return server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = serve(tmp_path_factory.mktemp("episodes"))
+    yield running
+    running.stop()
+
+
+def play(client: PolicyClient, seed: int) -> dict[str, object]:
+    """One CartPole episode, every step's action from the server; its report."""
+    env = gym.make("CartPole-v1")
+    observation, _ = env.reset(seed=seed)
+    total, steps, versions = 0.0, 0, set()
+    while True:
+        answer = client.predict(observation, model="cartpole")
+        versions.add(answer.model_version)
+        observation, reward, terminated, truncated, _ = env.step(int(answer.actions))
+        total, steps = total + float(reward), steps + 1
+        if terminated or truncated:
+            break
+    env.close()
+    (version,) = versions  # one version served the whole episode
+    return {
+        "model_version": version, "episode_return": total, "length": steps,
+        "terminated": terminated, "truncated": truncated,
+    }  # fmt: skip
+
+
+def test_reported_episodes_are_tallied_by_version(server: Server) -> None:
+    with PolicyClient(server.url) as client:
+        reports = [play(client, seed) for seed in range(4)]
+        for report in reports:
+            accepted = client.report_episode("cartpole", **report)  # type: ignore[arg-type]
+            assert accepted == {"model": "cartpole", "model_version": 1}
+        tally = client.episodes("cartpole")
+    (version,) = tally["versions"]
+    returns = [float(r["episode_return"]) for r in reports]  # type: ignore[arg-type]
+    assert version["version"] == 1
+    assert version["episodes"] == len(reports)
+    assert version["mean_return"] == pytest.approx(statistics.fmean(returns))
+    assert version["return_stddev"] == pytest.approx(statistics.stdev(returns))
+    assert version["mean_length"] == pytest.approx(statistics.fmean(r["length"] for r in reports))  # type: ignore[misc]
+    assert version["terminated"] + version["truncated"] == len(reports)
+    assert min(returns) <= version["return_quantiles"]["p50"] <= max(returns)
+    with server.client() as http:
+        counted = server.metric(http, "rlserve_episode_return_count", model="cartpole", version="1")
+        summed = server.metric(http, "rlserve_episode_returns_sum", model="cartpole", version="1")
+        ended = server.metric(http, "rlserve_episodes_total", model="cartpole", version="1")
+    assert counted == ended == len(reports)
+    assert summed == pytest.approx(sum(returns))
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"return": 10.0}, "model_version: expected the version"),
+        ({"model_version": 1, "return": True}, "return: expected a finite number"),
+        ({"model_version": 1, "return": 1.0, "length": 0}, "length: expected a positive"),
+        ({"model_version": 1, "return": 1.0, "terminated": "yes"}, "terminated: expected true"),
+        ({"model_version": 1, "return": 1.0, "reward": 1}, "unknown field(s) ['reward']"),
+    ],
+)
+def test_bad_reports_are_refused_and_counted_nowhere(
+    server: Server, body: dict[str, object], words: str
+) -> None:
+    with server.client() as http:
+        before = server.metric(http, "rlserve_episodes_total", model="cartpole")
+        response = http.post("/v1/models/cartpole/episodes", json=body)
+        after = server.metric(http, "rlserve_episodes_total", model="cartpole")
+    assert response.status_code == 422, response.text
+    assert words in response.json()["error"]["message"]
+    assert after == before
+
+
+def test_reports_for_an_unknown_model_get_404(server: Server) -> None:
+    with server.client() as http:
+        response = http.post("/v1/models/nope/episodes", json={"model_version": 1, "return": 1})
+    assert response.status_code == 404
+    assert "'nope'" in response.json()["error"]["message"]
+
+
+def test_a_server_with_an_episode_token_wants_it(tmp_path: Path) -> None:
+    running = serve(tmp_path, env={"RLSERVE_EPISODE_TOKEN": TOKEN})
+    try:
+        with PolicyClient(running.url) as client:
+            with pytest.raises(RequestFailed) as refused:
+                client.report_episode("cartpole", model_version=1, episode_return=9.0)
+            accepted = client.report_episode(
+                "cartpole", model_version=1, episode_return=9.0, token=TOKEN
+            )
+        with httpx.Client(base_url=running.url) as http:
+            tally = http.get("/v1/models/cartpole/episodes").json()
+    finally:
+        running.stop()
+    assert refused.value.status == 401
+    assert accepted["model_version"] == 1
+    assert tally["versions"][0]["episodes"] == 1
