@@ -31,7 +31,7 @@ from fastapi import APIRouter, Request
 from pydantic import SecretStr
 from starlette.responses import Response
 
-from kernel.errors import InvalidInput, NotFound, quoted
+from kernel.errors import InvalidInput
 from kernel.json_shown import json_shown
 from serve.control.http_bodies import json_response, read_json_object
 from serve.control.manager import ModelRepositoryManager
@@ -132,20 +132,15 @@ class EpisodeEndpoints:
         """One episode's outcome, stamped with the version that served its steps."""
         if self.token is not None:
             check_bearer(self.token, request.headers.get("authorization", ""), "episode reports")
-        self._known(model)
+        self.manager.lifecycle(model)  # NotFound for a model not served
         report = parse_report(await read_json_object(request, REPORT_BYTES))
         self.book.add(model, report)
         return json_response({"model": model, "model_version": report.version}, status=202)
 
     async def summary(self, model: str) -> Response:
         """The model's reported episodes, by version."""
-        self._known(model)
+        self.manager.lifecycle(model)  # NotFound for a model not served
         return json_response(self.book.to_json(model))
-
-    def _known(self, model: str) -> None:
-        if model not in self.manager.models:
-            known = sorted(self.manager.models)
-            raise NotFound(f"model {quoted(model)}: unknown model; loaded models: {known}")
 
 
 def parse_report(body: dict[str, Any]) -> EpisodeReport:
