@@ -98,6 +98,10 @@ class Inference:
         """Check, queue and run an admitted call; raises an RLServeError for the transport.
         Inputs in shared memory are read (copied) before anything else; outputs placed there
         are checked to fit before the run and written once it is done."""
+        queued = self.queue(route, call, request_id, received_at, deadline)
+        if queued is not None:  # no step waits: the batch's future is all there is to await
+            future, signature = queued
+            return self.answer(call, signature, await future)
         served = route.row_model()
         signature = self.signature(served)
         self._read_placed(call)

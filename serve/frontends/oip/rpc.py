@@ -316,12 +316,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 self.inference.shared_memory.admit(_authorization(context))
             asked_ms = None if remaining_s is None else remaining_s * 1000
             deadline = self.inference.admitted(route, call, received_at, asked_ms)
-            queued = self.inference.queue(route, call, request.id, received_at, deadline)
-            if queued is None:  # entities, or tensors too large to check on the loop
-                answer = await self.inference.run(route, call, request.id, received_at, deadline)
-            else:
-                future, signature = queued
-                answer = self.inference.answer(call, signature, await future)
+            answer = await self.inference.run(route, call, request.id, received_at, deadline)
         except RLServeError as exc:
             self.inference.refused(route, exc, received_at)
             raise
