@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import signal
 import struct
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -170,23 +169,17 @@ def test_connections_close_alike_while_draining(repository: Path, tmp_path: Path
 
 
 def test_a_loading_model_gets_the_same_503(repository: Path, tmp_path: Path) -> None:
-    # A wide MLP warmed at every batch size up to 1024 takes a while to become ready.
+    # A wide MLP warmed at every batch size up to 1024 takes a while to become ready; each
+    # server is asked as soon as it listens, one after the other (two warming at once
+    # left the first ready before the second listened).
     repo = only(repository, tmp_path, "heavy", config="max_batch_size: 1024\n")
-    running = [serve(repo, tmp_path, path) for path in PATHS]
-    answers: list[Answer] = []
-    try:
-        for server in running:
+    answers = []
+    for path in PATHS:
+        server = serve(repo, tmp_path, path)
+        try:
             server.wait_listening()
-        threads = [
-            threading.Thread(target=lambda s=server: answers.append(send(s, "good")))
-            for server in running
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    finally:
-        for server in running:
+            answers.append(send(server, "good"))
+        finally:
             server.stop()
     assert answers[0] == answers[1]
     assert answers[0].status == 503
