@@ -136,6 +136,7 @@ def _predict_call(
     timeout_ms: float | None,
     action_masks: Any,
     memory: Memory | None,
+    episode_key: str | None,
 ) -> _Call:
     body: dict[str, Any] = {
         "observations": observations,
@@ -153,6 +154,8 @@ def _predict_call(
     headers = dict(_JSON)
     if timeout_ms is not None:
         headers["X-Request-Timeout-Ms"] = f"{timeout_ms:g}"
+    if episode_key is not None:
+        headers["X-Episode-Key"] = episode_key
     return _Call("POST", _predict_path(model, version), _json(body), headers)
 
 
@@ -223,6 +226,12 @@ def _episode_call(
         body["length"] = int(length)
     headers = {"Content-Type": "application/json", **_auth(token)}
     return _Call("POST", f"/v1/models/{model}/episodes", _json(body), headers, repeatable=False)
+
+
+def _canary_call(model: str, version: int, share: float, gate: dict[str, Any]) -> _Call:
+    body = {"version": version, "share": share, **{k: v for k, v in gate.items() if v is not None}}
+    headers = {"Content-Type": "application/json"}
+    return _Call("POST", f"/v1/models/{model}/canary", _json(body), headers, repeatable=False)
 
 
 def _json(body: Any) -> bytes:
@@ -371,12 +380,15 @@ class PolicyClient:
         timeout_ms: float | None = None,
         action_masks: Any = None,
         memory: Memory | None = None,
+        episode_key: str | None = None,
     ) -> Prediction:
         """``action_masks``: a masked policy's (MaskablePPO); ``memory``: a recurrent
         policy's state, or its server-held sequence (over the lane when its ids are
-        integers, else over HTTP)."""
+        integers, else over HTTP); ``episode_key``: the episode (or actor) every call of
+        one episode names, so that a model's canary serves it on one version (over HTTP)."""
         lane = _lane_arguments(action_masks, memory)
-        over_lane = actions is None and lane is not None  # the lane scores no actions
+        # the lane scores no actions, and names no episode
+        over_lane = actions is None and lane is not None and episode_key is None
         if self._lane is not None and over_lane and time.monotonic() >= self._lane_retry_at:
             assert lane is not None
             try:
@@ -390,7 +402,7 @@ class PolicyClient:
                 self._lane_retry_at = time.monotonic() + LANE_RETRY_S
         call = _predict_call(
             observations, model, version, deterministic, seed, outputs, actions, timeout_ms,
-            action_masks, memory,
+            action_masks, memory, episode_key,
         )  # fmt: skip
         return _prediction(self._send(call))
 
@@ -451,6 +463,28 @@ class PolicyClient:
         """The model's reported episodes, by version: count, mean return, its spread."""
         return dict(self._send(_Call("GET", f"/v1/models/{model}/episodes")))
 
+    def start_canary(
+        self, model: str, version: int, share: float, *, action: str = "report",
+        margin: float | None = None, alpha: float | None = None,
+        min_episodes: int | None = None, planned_episodes: int | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Serve ``share`` of the model's episodes on ``version`` beside the live one, judged
+        by the returns reported (docs/rollouts.md); ``action`` "auto" lets the gate promote
+        or roll back, "report" leaves it to you. Needs the admin token."""
+        gate = {"action": action, "margin": margin, "alpha": alpha,
+                "min_episodes": min_episodes, "planned_episodes": planned_episodes}  # fmt: skip
+        return dict(self._send(_canary_call(model, version, share, gate)))
+
+    def canary(self, model: str) -> dict[str, Any]:
+        """The model's canary: both versions' returns, the interval and the verdict."""
+        return dict(self._send(_Call("GET", f"/v1/models/{model}/canary")))
+
+    def promote_canary(self, model: str) -> dict[str, Any]:
+        return dict(self._send(_Call("POST", f"/v1/models/{model}/canary/promote")))
+
+    def rollback_canary(self, model: str) -> dict[str, Any]:
+        return dict(self._send(_Call("POST", f"/v1/models/{model}/canary/rollback")))
+
 
 class AsyncPolicyClient:
     """``httpx_options`` go to ``httpx.AsyncClient`` (limits, transport, TLS settings)."""
@@ -496,12 +530,14 @@ class AsyncPolicyClient:
         timeout_ms: float | None = None,
         action_masks: Any = None,
         memory: Memory | None = None,
+        episode_key: str | None = None,
     ) -> Prediction:
         """``action_masks``: a masked policy's (MaskablePPO); ``memory``: a recurrent
-        policy's state, or its server-held sequence."""
+        policy's state, or its server-held sequence; ``episode_key``: the episode every
+        call of one episode names, for a model's canary."""
         call = _predict_call(
             observations, model, version, deterministic, seed, outputs, actions, timeout_ms,
-            action_masks, memory,
+            action_masks, memory, episode_key,
         )  # fmt: skip
         return _prediction(await self._send(call))
 
@@ -555,3 +591,21 @@ class AsyncPolicyClient:
 
     async def episodes(self, model: str) -> dict[str, Any]:
         return dict(await self._send(_Call("GET", f"/v1/models/{model}/episodes")))
+
+    async def start_canary(
+        self, model: str, version: int, share: float, *, action: str = "report",
+        margin: float | None = None, alpha: float | None = None,
+        min_episodes: int | None = None, planned_episodes: int | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        gate = {"action": action, "margin": margin, "alpha": alpha,
+                "min_episodes": min_episodes, "planned_episodes": planned_episodes}  # fmt: skip
+        return dict(await self._send(_canary_call(model, version, share, gate)))
+
+    async def canary(self, model: str) -> dict[str, Any]:
+        return dict(await self._send(_Call("GET", f"/v1/models/{model}/canary")))
+
+    async def promote_canary(self, model: str) -> dict[str, Any]:
+        return dict(await self._send(_Call("POST", f"/v1/models/{model}/canary/promote")))
+
+    async def rollback_canary(self, model: str) -> dict[str, Any]:
+        return dict(await self._send(_Call("POST", f"/v1/models/{model}/canary/rollback")))

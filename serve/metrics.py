@@ -220,6 +220,20 @@ class Metrics:
             "Reported episodes, by how they ended (terminated, truncated, reported: neither said)",
             [*mv, "end"], registry=r,
         )  # fmt: skip
+        self.canary_calls = Counter(
+            "rlserve_canary_calls",
+            "Calls a model's canary assigned: to the canary or the live side (arm), by the "
+            "episode key they named (keyed) or at random (unkeyed: their episodes may mix)",
+            ["model", "arm", "assignment"], registry=r,
+        )  # fmt: skip
+        self.canary_verdicts = Counter(
+            "rlserve_canary_verdicts",
+            "Canaries ended, by the verdict acted on (promote, rollback) and who acted",
+            ["model", "verdict", "by"], registry=r,
+        )  # fmt: skip
+
+    def canary_assigned(self, model: str, arm: str, assignment: str) -> None:
+        self.child(self.canary_calls, model, arm, assignment).inc()
 
     def episode_reported(self, model: str, version: int, value: float, end: str) -> None:
         label = str(version)

@@ -1,4 +1,5 @@
-"""The mutating endpoints: push, activate, roll back, hold and resume a model's versions.
+"""The mutating endpoints: push, activate, roll back, hold and resume a model's versions;
+start, promote and roll back its canary.
 
 All of them need ``Authorization: Bearer <admin_token>`` (401 without it, 403 with a wrong
 one) and are disabled (403) while no ``admin_token`` is configured. The semantics live in
@@ -8,6 +9,7 @@ one) and are disabled (403) while no ``admin_token`` is configured. The semantic
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,10 @@ from kernel.errors import Forbidden, InvalidInput
 from kernel.versions import DESCRIPTION, MAX_VERSION, parse_version, path_version
 from serve.config import Settings
 from serve.control import pushed_files, store
+from serve.control.canary_assignment import CanaryPlan, GateAction
 from serve.control.http_bodies import body_chunks, json_response, read_body, read_json_object
 from serve.control.repository import MODEL_FILE
+from serve.control.return_gate import GateSettings, Verdict
 from serve.control.updates import ActivationMode, Push, Updater
 from serve.frontends.access import check_bearer
 from serve.frontends.wire import decode_object, positive_number
@@ -45,6 +49,10 @@ class AdminEndpoints:
         router.add_api_route("/v1/models/{model}/rollback", self.rollback, methods=["POST"])
         router.add_api_route("/v1/models/{model}/hold", self.hold, methods=["POST"])
         router.add_api_route("/v1/models/{model}/resume", self.resume, methods=["POST"])
+        canary = "/v1/models/{model}/canary"
+        router.add_api_route(canary, self.start_canary, methods=["POST"])
+        router.add_api_route(f"{canary}/promote", self.promote_canary, methods=["POST"])
+        router.add_api_route(f"{canary}/rollback", self.roll_canary_back, methods=["POST"])
         return router
 
     def require_admin(self, request: Request) -> None:
@@ -98,6 +106,27 @@ class AdminEndpoints:
         """Serve the model again after a hold (query: wait_s)."""
         spread = await self.updater.resume(model, _wait_s(request.query_params))
         return json_response({"model": model, "held": False, **spread.to_json()})
+
+    async def start_canary(self, request: Request, model: str) -> Response:
+        """Serve a share of the model's episodes on another version beside the live one,
+        judged by the returns they earn (docs/rollouts.md); query: wait_s."""
+        body = _canary_body(await read_json_object(request, ROLLBACK_BODY_BYTES))
+        plan = body.plan(model, time.time())
+        spread = await self.updater.start_canary(plan, _wait_s(request.query_params))
+        return json_response({"model": model, "canary": plan.to_json(), **spread.to_json()})
+
+    async def promote_canary(self, request: Request, model: str) -> Response:
+        """Activate the canary's version: it serves every episode (query: wait_s)."""
+        return await self._end_canary(request, model, Verdict.PROMOTE)
+
+    async def roll_canary_back(self, request: Request, model: str) -> Response:
+        """End the canary: the live version serves every episode again (query: wait_s)."""
+        return await self._end_canary(request, model, Verdict.ROLLBACK)
+
+    async def _end_canary(self, request: Request, model: str, verdict: Verdict) -> Response:
+        report = await self.updater.end_canary(model, verdict, wait_s=_wait_s(request.query_params))
+        self.updater.metrics.canary_verdicts.labels(model, verdict.value, "admin").inc()
+        return json_response({**report.to_json(), "verdict": verdict.value})
 
 
 async def _push_from(request: Request, settings: Settings, model: str, version: int) -> Push:
@@ -179,6 +208,39 @@ def _push_from_json(settings: Settings, model: str, version: int, raw: dict[str,
         canary,
         wait_s=body.wait_s,
     )
+
+
+class CanaryStartBody(BaseModel):
+    """A canary to start: its version, its share of episodes, and its gate."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: StrictInt = Field(ge=1, le=MAX_VERSION)
+    share: float = Field(gt=0, lt=1)
+    action: GateAction = GateAction.REPORT
+    margin: float = Field(0.0, ge=0)
+    alpha: float = Field(0.05, gt=0, lt=1)
+    min_episodes: StrictInt = Field(30, ge=2)
+    planned_episodes: StrictInt = Field(1000, ge=4)
+
+    def plan(self, model: str, now: float) -> CanaryPlan:
+        try:
+            gate = GateSettings(self.margin, self.alpha, self.min_episodes, self.planned_episodes)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        return CanaryPlan(model, self.version, self.share, gate=gate, action=self.action,
+                          started_at=now)  # fmt: skip
+
+
+def _canary_body(raw: dict[str, Any]) -> CanaryStartBody:
+    try:
+        return CanaryStartBody.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        fields = list(CanaryStartBody.model_fields)
+        raise InvalidInput(
+            f"{'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']}; a canary is "
+            f'{{"version": N, "share": 0.1}} with optional {fields[2:]}'
+        ) from None
 
 
 class RollbackBody(BaseModel):

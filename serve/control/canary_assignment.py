@@ -1,65 +1,104 @@
-"""Which version serves a call while a model has a canary: whole episodes, not requests
-(issue 45).
+"""A model's canary, as recorded, and which version serves a call while it lasts: whole
+episodes, not requests (issue 45).
 
-A canary serves ``share`` of a model's episodes on its version, the rest on the live one.
-An episode must never mix versions (its return would then say nothing about either), so a
-call that names its episode (an episode or client key: a server-held sequence's id, a
-header, a field) is assigned by a hash of that key: the same key maps to the same version
-for as long as the canary lasts, in every worker process and across restarts, with nothing
-stored. The hash is salted with the model, both versions and a salt of the canary's own,
-so that a new canary draws a new share of keys. A call that names no key is assigned by
-itself, at random with the same share, and counted apart (``Assignment.UNKEYED``): its
-episode cannot be judged.
+A canary serves ``share`` of a model's episodes on its version, the rest on the live
+(active) one. An episode must never mix versions (its return would then say nothing about
+either), so a call that names its episode (an episode or client key: a server-held
+sequence's id, the ``X-Episode-Key`` header, gRPC metadata, a ``/v2`` parameter, a lane's
+key) is assigned by a hash of that key: the same key maps to the same version for as long
+as the canary lasts, in every worker process and across restarts, with nothing stored.
+The hash is salted with the model, the canary's version and a salt of the canary's own
+(so that a canary started again draws a new share of keys), and not with the live
+version: a live push during a canary moves the live episodes to the new live version and
+leaves every canary episode where it is. A call that names no key is assigned by itself,
+at random with the same share, and counted apart (``Assignment.UNKEYED``): its episode
+cannot be judged.
+
+The plan is part of the model's serving state (``serve.control.store``), so every worker
+follows it (``serve.control.sync``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
-from dataclasses import dataclass
-from enum import Enum
+import secrets
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from serve.control.return_gate import GateSettings
 
 _SCALE = float(1 << 64)
 
 
-class Assignment(Enum):
+class Assignment(StrEnum):
     """How a call's version was chosen."""
 
     KEYED = "keyed"  # by its episode key: every call of the episode gets the same version
     UNKEYED = "unkeyed"  # no key: by itself (its episode may mix versions)
 
 
+class Arm(StrEnum):
+    """Which side of a canary a call or an episode is on."""
+
+    LIVE = "live"
+    CANARY = "canary"
+
+
+class GateAction(StrEnum):
+    """What the gate's verdict does."""
+
+    AUTO = "auto"  # promote or roll back as soon as the gate decides
+    REPORT = "report"  # say so (``rlserve rollout canary status``); a person acts
+
+
 @dataclass(frozen=True)
 class CanaryPlan:
     model: str
-    live_version: int
-    canary_version: int
+    version: int  # the canary's
     share: float  # of episodes on the canary, in (0, 1)
-    salt: str = ""  # the canary's own: a canary started again draws another share of keys
+    salt: str = field(default_factory=lambda: secrets.token_hex(8))  # the canary's own
+    gate: GateSettings = field(default_factory=GateSettings)
+    action: GateAction = GateAction.REPORT
+    started_at: float = 0.0  # wall-clock seconds
 
     def __post_init__(self) -> None:
         if not 0 < self.share < 1:
             raise ValueError(
-                f"share: expected a fraction strictly between 0 and 1, got {self.share}"
-            )
-        if self.live_version == self.canary_version:
-            raise ValueError(
-                f"canary_version: the live version is {self.live_version} already; a canary "
-                "needs another version"
+                f"share: expected a fraction of episodes strictly between 0 and 1, got {self.share}"
             )
 
-    def version_for(self, key: str | None, rng: random.Random) -> tuple[int, Assignment]:
-        """The version that serves a call naming episode ``key`` (None: no key)."""
+    def arm_for(self, key: str | None, rng: random.Random) -> tuple[Arm, Assignment]:
+        """The side that serves a call naming episode ``key`` (None: no key)."""
         if key is None:
-            on_canary = rng.random() < self.share
-            return self._version(on_canary), Assignment.UNKEYED
-        return self._version(self.position(key) < self.share), Assignment.KEYED
+            return _arm(rng.random() < self.share), Assignment.UNKEYED
+        return _arm(self.position(key) < self.share), Assignment.KEYED
 
     def position(self, key: str) -> float:
         """The key's place in [0, 1): uniform over keys, the same in every process."""
-        named = f"{self.model}\0{self.live_version}\0{self.canary_version}\0{self.salt}\0{key}"
+        named = f"{self.model}\0{self.version}\0{self.salt}\0{key}"
         digest = hashlib.blake2b(named.encode(), digest_size=8).digest()
         return int.from_bytes(digest, "big") / _SCALE
 
-    def _version(self, on_canary: bool) -> int:
-        return self.canary_version if on_canary else self.live_version
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> CanaryPlan:
+        """A recorded plan (``to_json``); ValueError or TypeError if it is not one."""
+        gate = GateSettings(**raw.get("gate", {}))
+        return cls(
+            str(raw["model"]),
+            int(raw["version"]),
+            float(raw["share"]),
+            str(raw["salt"]),
+            gate,
+            GateAction(raw.get("action", GateAction.REPORT)),
+            float(raw.get("started_at", 0.0)),
+        )
+
+
+def _arm(on_canary: bool) -> Arm:
+    return Arm.CANARY if on_canary else Arm.LIVE

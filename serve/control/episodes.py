@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from pydantic import SecretStr
@@ -38,6 +38,9 @@ from serve.control.manager import ModelRepositoryManager
 from serve.control.return_gate import Returns
 from serve.frontends.access import check_bearer
 from serve.metrics import Metrics
+
+if TYPE_CHECKING:
+    from serve.control.canary_returns import CanaryReturns
 
 RESERVOIR = 1024  # returns kept per version for quantiles (a uniform sample of all)
 REPORT_BYTES = 4096  # an episode report is a handful of fields
@@ -115,10 +118,15 @@ class EpisodeBook:
 
 class EpisodeEndpoints:
     def __init__(
-        self, manager: ModelRepositoryManager, book: EpisodeBook, token: SecretStr | None
+        self,
+        manager: ModelRepositoryManager,
+        book: EpisodeBook,
+        canaries: CanaryReturns,
+        token: SecretStr | None,
     ) -> None:
         self.manager = manager
         self.book = book
+        self.canaries = canaries
         self.token = token
 
     def router(self) -> APIRouter:
@@ -126,6 +134,7 @@ class EpisodeEndpoints:
         path = "/v1/models/{model}/episodes"
         router.add_api_route(path, self.report, methods=["POST"], status_code=202)
         router.add_api_route(path, self.summary, methods=["GET"])
+        router.add_api_route("/v1/models/{model}/canary", self.canary, methods=["GET"])
         return router
 
     async def report(self, model: str, request: Request) -> Response:
@@ -135,12 +144,18 @@ class EpisodeEndpoints:
         self.manager.lifecycle(model)  # NotFound for a model not served
         report = parse_report(await read_json_object(request, REPORT_BYTES))
         self.book.add(model, report)
+        self.canaries.reported(model, report)
         return json_response({"model": model, "model_version": report.version}, status=202)
 
     async def summary(self, model: str) -> Response:
         """The model's reported episodes, by version."""
         self.manager.lifecycle(model)  # NotFound for a model not served
         return json_response(self.book.to_json(model))
+
+    async def canary(self, model: str) -> Response:
+        """The model's canary: both sides' returns on every worker, the interval and the
+        gate's verdict (404 without a canary)."""
+        return json_response((await self.canaries.status(model)).to_json())
 
 
 def parse_report(body: dict[str, Any]) -> EpisodeReport:

@@ -26,6 +26,7 @@ from enum import StrEnum
 from typing import Any
 
 from serve.config import ModelSettings
+from serve.control.canary_assignment import CanaryPlan
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.model import ServedModel
 from serve.dataplane.scheduler import Scheduler
@@ -65,6 +66,7 @@ class ModelLifeCycle:
         self.held_since: float | None = None  # monotonic seconds; None while serving
         self._hold_ends: asyncio.TimerHandle | None = None
         self.generation = 0  # the repository's serving state applied here (serve.control.store)
+        self.canary: CanaryPlan | None = None  # a share of episodes on another version
         plugin = plugin_of(kind)
         # recurrent policies' server-held memory, per model (kinds that hold it)
         self.sequences = plugin.sequences(name, settings)
@@ -113,6 +115,20 @@ class ModelLifeCycle:
             self.active = version
             self._history.append(version)
 
+    def follow_canary(self, plan: CanaryPlan | None) -> None:
+        """Serve ``plan``'s share of episodes on its version (None: no canary). A plan whose
+        version is not resident here is not followed: it is logged, and the live version
+        serves every episode."""
+        if plan is not None and plan.version not in self._resident:
+            log.error(
+                "model %s: its canary names version %d, which is not loaded here; the live "
+                "version serves every episode",
+                self.name,
+                plan.version,
+            )
+            plan = None
+        self.canary = plan
+
     def get(self, version: int) -> ServedModel | None:
         return self._resident.get(version)
 
@@ -132,10 +148,11 @@ class ModelLifeCycle:
 
     def evict(self, keep: int, protected: set[int]) -> list[ServedModel]:
         """Unload all but the active version, the ``keep - 1`` most recently active others,
-        and the ``protected`` ones (requests are still queued for them)."""
+        the canary's, and the ``protected`` ones (requests are still queued for them)."""
         recent = [v for v in reversed(self._history) if v in self._resident]
         order = list(dict.fromkeys([*([] if self.active is None else [self.active]), *recent]))
-        kept = set(order[: max(keep, 1)]) | protected
+        canary = set() if self.canary is None else {self.canary.version}
+        kept = set(order[: max(keep, 1)]) | protected | canary
         gone = [m for v, m in self._resident.items() if v not in kept]
         for model in gone:
             del self._resident[model.version]
@@ -204,6 +221,7 @@ class ModelLifeCycle:
             },
             "observation_bounds": s.observation_bounds.value,
             "scheduler": self.scheduler.describe(),
+            "canary": None if self.canary is None else self.canary.to_json(),
             "version_policy": s.version_policy.model_dump(exclude_none=True),
             **({} if self.sequences is None else {"sequences": self.sequences.describe()}),
         }

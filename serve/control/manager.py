@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ from kernel.versions import DESCRIPTION
 from serve.batching.record import RecordSink
 from serve.config import Settings, load_model_overrides
 from serve.control import repository, store
+from serve.control.canary_assignment import Arm, CanaryPlan
 from serve.control.lifecycle import ModelLifeCycle, ReadyState
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.model import ServedModel
@@ -47,6 +49,7 @@ class ModelRepositoryManager:
         self.skipped: set[Path] = set()  # directories that are not versions, as loading found
         self.states: dict[str, store.ServingState] = {}  # serving states found at start-up
         self.result_caches: dict[str, CacheSettings | None] = {}  # by model, from its settings
+        self._draws = random.Random()  # canary sides of calls that name no episode
 
     # ------------------------------------------------------------------ loading
 
@@ -105,6 +108,8 @@ class ModelRepositoryManager:
                 )
         lifecycle.activate(chosen)
         self.metrics.policy_version.labels(lifecycle.name).set(chosen)
+        if state is not None and state.canary is not None:
+            lifecycle.follow_canary(state.canary)
         if state is not None and state.held_now(time.time()):
             lifecycle.hold(None if state.hold_until is None else state.hold_until - time.time())
 
@@ -116,8 +121,9 @@ class ModelRepositoryManager:
         self.result_caches[name] = CacheSettings.of(settings)
         selected = repository.select(versions, settings.version_policy)
         state = self.states.get(name)
-        pinned = [v for v in versions if state is not None and v.version == state.active]
-        selected += [v for v in pinned if v not in selected]  # what was last activated
+        recorded = set() if state is None else {state.active, *state.canary_versions()}
+        pinned = [v for v in versions if v.version in recorded]
+        selected += [v for v in pinned if v not in selected]  # last activated, and a canary
         if not selected:
             log.error(
                 "model %s: no version matches its version policy %s", name, settings.version_policy
@@ -166,12 +172,14 @@ class ModelRepositoryManager:
             "set default_model, or use POST /v1/models/{model}/predict"
         )
 
-    def resolve(self, model: str | None, version: int | None) -> Route:
+    def resolve(self, model: str | None, version: int | None, episode: str | None = None) -> Route:
         name = model if model is not None else self.default_model()
         lifecycle = self.models.get(name)
         if lifecycle is None:
             hint = "still discovering the repository" if not self.loading_done else "unknown model"
             raise NotFound(f"model {quoted(name)}: {hint}; loaded models: {sorted(self.models)}")
+        if version is None and lifecycle.canary is not None:
+            version = self._canary_side(lifecycle.canary, episode)
         chosen = lifecycle.get(version) if version is not None else lifecycle.active_model
         if chosen is not None:
             return Route(
@@ -193,6 +201,13 @@ class ModelRepositoryManager:
             f"model {name!r} has no version {version} loaded; loaded versions: {resident}"
             + (f"; failed: {lifecycle.failures}" if lifecycle.failures else "")
         )
+
+    def _canary_side(self, plan: CanaryPlan, episode: str | None) -> int | None:
+        """The version a call of ``episode`` is pinned to while its model has a canary:
+        the canary's, or None (the live version, whichever is active when its batch forms)."""
+        arm, assignment = plan.arm_for(episode, self._draws)
+        self.metrics.canary_assigned(plan.model, arm.value, assignment.value)
+        return plan.version if arm is Arm.CANARY else None
 
     def kind_of(self, model: str | None) -> ModelKind | None:
         """The kind of a model (None: the default model); None when there is no such model."""

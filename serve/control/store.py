@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 
 from kernel.errors import Conflict, ServiceUnavailable
+from serve.control.canary_assignment import CanaryPlan
 from serve.control.repository import MODEL_FILE, file_sha256, versions_of
 
 STATE_FILE = ".serving.json"
@@ -54,16 +55,22 @@ class ServingState:
     mode: str = "at_batch_boundary"  # how the activation lands (serve.control.updates)
     updated_at: float = 0.0  # wall-clock seconds
     by: str = ""  # the worker that wrote it, host:pid
+    canary: CanaryPlan | None = None  # a share of episodes on another version (issue 45)
 
     def held_now(self, now: float) -> bool:
         return self.held and (self.hold_until is None or now < self.hold_until)
 
+    def canary_versions(self) -> list[int]:
+        """The canary's version, if the model has one."""
+        return [] if self.canary is None else [self.canary.version]
+
     def same_intent(self, other: ServingState) -> bool:
         """Whether two states ask the same of the workers (so no new generation is needed)."""
-        return (self.active, self.held, self.hold_until) == (
+        return (self.active, self.held, self.hold_until, self.canary) == (
             other.active,
             other.held,
             other.hold_until,
+            other.canary,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -145,8 +152,11 @@ def read_state(model_dir: Path) -> ServingState | None:
         return None
     fields = {f.name for f in dataclasses.fields(ServingState)}
     try:
-        return ServingState(**{k: v for k, v in raw.items() if k in fields})
-    except TypeError:
+        canary = raw.get("canary")
+        plan = None if canary is None else CanaryPlan.from_json(canary)
+        known = {k: v for k, v in raw.items() if k in fields}
+        return ServingState(**{**known, "canary": plan})
+    except (TypeError, ValueError, KeyError, AttributeError):
         return None
 
 

@@ -13,6 +13,9 @@ watcher (pull). The semantics:
 - **monotonic**: a version not newer than the active one is refused (409) unless the caller
   says it is a rollback; **idempotent**: the same version and checksum again changes nothing;
 - **all-or-nothing**: any failure leaves the old version serving and says why;
+- **canaries** (issue 45): a canary version serves a share of the model's episodes beside
+  the live one until it is promoted (activated) or rolled back (``start_canary``,
+  ``end_canary``), recorded in the serving state like an activation;
 - **durable and shared**: a pushed version is written into the model repository, and every
   activation, rollback, hold and resume into the model's serving state there
   (``serve.control.store``), before the answer; the other workers and replicas follow it
@@ -31,11 +34,13 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from kernel.errors import Conflict, InvalidInput, NotFound, RLServeError
+from kernel.errors import Conflict, InvalidInput, NotFound, RLServeError, ServiceUnavailable
 from serve.config import Settings
 from serve.control import repository, store
+from serve.control.canary_assignment import CanaryPlan
 from serve.control.lifecycle import ModelLifeCycle
 from serve.control.manager import ModelRepositoryManager
+from serve.control.return_gate import Verdict
 from serve.control.store import ServingState
 from serve.control.workers import Propagation, WorkerRegistry
 from serve.dataplane.model import ServedModel
@@ -243,6 +248,76 @@ class Updater:
             entry.generation = state.generation
         return await self._spread_generation(name, state.generation, wait_s)
 
+    # ------------------------------------------------------------------ canary
+
+    async def start_canary(self, plan: CanaryPlan, wait_s: float = 0.0) -> Propagation:
+        """Serve ``plan.share`` of the model's episodes on ``plan.version`` (loaded from the
+        repository if it is not resident, and checked to fit the live version), on every
+        worker. A model has one canary at a time: another one running is a Conflict."""
+        entry = self._entry(plan.model)
+        async with self._lock(plan.model):
+            live = entry.active
+            if live is None:
+                raise ServiceUnavailable(f"model {plan.model!r} has no live version yet")
+            if plan.version == live:
+                raise Conflict(
+                    f"model {plan.model!r}: version {live} is the live version already; a "
+                    "canary serves another version beside it"
+                )
+            if entry.canary is not None:
+                raise Conflict(
+                    f"model {plan.model!r} has a canary already (version "
+                    f"{entry.canary.version}); promote it or roll it back first"
+                )
+            if entry.get(plan.version) is None:
+                await self._check_on_disk(entry, plan.version)
+                await self._load_from_repository(entry, plan.version)
+            canary = entry.get(plan.version)
+            assert canary is not None
+            await asyncio.to_thread(_check_compatible, entry, canary, None)
+            state = await self._record(entry, lambda cur: _with_canary(cur, entry, plan))
+            entry.follow_canary(plan)
+            entry.generation = state.generation
+        log.info(
+            "model %s: canary version %d serves %g of episodes beside version %d (%s)",
+            plan.model, plan.version, plan.share, live, plan.action.value,
+        )  # fmt: skip
+        return await self._spread_generation(plan.model, state.generation, wait_s)
+
+    async def end_canary(
+        self, name: str, verdict: Verdict, salt: str | None = None, wait_s: float = 0.0
+    ) -> UpdateReport:
+        """End the model's canary: PROMOTE activates its version, ROLLBACK leaves the live
+        one serving every episode. ``salt``: only the canary it names (the gate's own
+        verdict must not end a canary started since); NotFound with no such canary."""
+        entry = self._entry(name)
+        async with self._lock(name):
+            plan = entry.canary
+            if plan is None or (salt is not None and plan.salt != salt):
+                raise NotFound(f"model {name!r} has no canary running")
+            previous = entry.active
+            if verdict is Verdict.PROMOTE:
+                mode = ActivationMode.AT_BATCH_BOUNDARY
+
+                def change(current: ServingState | None) -> ServingState:
+                    activated = _activating(current, name, plan.version, mode, allow_older=True)
+                    return dataclasses.replace(activated, canary=None)
+
+                state = await self._record(entry, change)
+                entry.follow_canary(None)
+                self._activate(entry, plan.version, mode)
+            else:
+                state = await self._record(entry, lambda cur: _with_canary(cur, entry, None))
+                entry.follow_canary(None)
+            entry.generation = state.generation
+        result = UpdateResult.ACTIVATED if verdict is Verdict.PROMOTE else UpdateResult.ROLLED_BACK
+        served = entry.get(plan.version)
+        report = UpdateReport(
+            name, plan.version, result, entry.active, previous, served.sha256 if served else ""
+        )
+        log.info("model %s: canary version %d ended: %s", name, plan.version, verdict.value)
+        return await self._spread(report, state.generation, wait_s)
+
     # ------------------------------------------------------------------ following the repository
 
     async def follow(self, name: str, state: ServingState) -> None:
@@ -256,6 +331,10 @@ class Updater:
                 if entry.get(state.active) is None:
                     await self._load_from_repository(entry, state.active)
                 self._activate(entry, state.active, _known_mode(state.mode))
+            canary = state.canary
+            if canary is not None and entry.get(canary.version) is None:
+                await self._load_from_repository(entry, canary.version)
+            entry.follow_canary(canary)
             held = state.held_now(time.time())
             if held:
                 remaining = None if state.hold_until is None else state.hold_until - time.time()
@@ -269,6 +348,16 @@ class Updater:
                 state.generation,
                 state.active,
                 " (held)" if held else "",
+            )
+
+    async def _check_on_disk(self, entry: ModelLifeCycle, version: int) -> None:
+        """NotFound, naming the versions there, unless the repository has ``version``."""
+        model_dir = self.settings.model_repository / entry.name
+        found = [v.version for v in await asyncio.to_thread(repository.versions_of, model_dir)]
+        if version not in found:
+            raise NotFound(
+                f"model {entry.name!r} has no version {version} in the repository; versions "
+                f"there: {found} (push it first, with activate=false)"
             )
 
     async def _load_from_repository(self, entry: ModelLifeCycle, version: int) -> None:
@@ -438,6 +527,18 @@ def _holding(
 ) -> ServingState:
     base = current or ServingState(0, entry.active)
     return dataclasses.replace(base, held=held, hold_until=until if held else None)
+
+
+def _with_canary(
+    current: ServingState | None, entry: ModelLifeCycle, plan: CanaryPlan | None
+) -> ServingState:
+    base = current or ServingState(0, entry.active)
+    if plan is not None and base.canary is not None and base.canary.salt != plan.salt:
+        raise Conflict(
+            f"model {entry.name!r} has a canary already (version {base.canary.version}), "
+            "started by another worker; promote it or roll it back first"
+        )
+    return dataclasses.replace(base, canary=plan)
 
 
 def _known_mode(value: str) -> ActivationMode:

@@ -55,9 +55,10 @@ class Route:
 
 
 class Router(Protocol):
-    def resolve(self, model: str | None, version: int | None) -> Route:
+    def resolve(self, model: str | None, version: int | None, episode: str | None = None) -> Route:
         """The route for a model (None: the default model) and version (None: the active
-        one); raises NotFound or ServiceUnavailable."""
+        one, or while the model has a canary the side ``episode`` is assigned to, an
+        episode or client key the call named); raises NotFound or ServiceUnavailable."""
         ...
 
     def kind_of(self, model: str | None) -> ModelKind | None:

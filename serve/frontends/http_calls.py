@@ -80,6 +80,7 @@ class Call:
     request_id: str
     received_at: float
     timeout_header: str | None = None
+    episode_header: str | None = None  # X-Episode-Key: which side of a canary serves it
     declared_length: int | None = None
     model: str = ""  # the metrics label: a served model's name, once routed
     version: int | None = None
@@ -90,7 +91,8 @@ class Disconnected(Exception):
 
 
 def start_call(scope: Scope) -> Call:
-    """The call's request id, deadline header and declared length, in one pass over headers;
+    """The call's request id, deadline and episode headers and declared length, in one pass
+    over headers;
     received when the server says its bytes arrived (:class:`Arrival`), else now."""
     arrival = arrival_of(scope)
     call = Call("", time.monotonic() if arrival is None else arrival.received_at)
@@ -101,6 +103,8 @@ def start_call(scope: Scope) -> Call:
             call.timeout_header = value.decode("latin-1")
         elif name == b"content-length" and value.isdigit():
             call.declared_length = int(value)
+        elif name == b"x-episode-key":
+            call.episode_header = value.decode("latin-1")
     if not call.request_id:
         call.request_id = new_request_id()
     return call

@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 
 from kernel.errors import MalformedRequest, PayloadTooLarge
+from kernel.identifiers import MAX_CHARACTERS
 
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -70,6 +71,20 @@ def timeout_header_ms(header: str | None) -> float | None:
             f"X-Request-Timeout-Ms: expected a positive number of milliseconds, got {header!r}"
         )
     return asked
+
+
+def episode_key(given: str | None, where: str = "X-Episode-Key") -> str | None:
+    """The episode or client key a call names (None: none), by which a model's canary
+    assigns every call of one episode to the same version; MalformedRequest unless it is
+    1 to ``MAX_CHARACTERS`` characters (the rule of every id a client names)."""
+    if given is None:
+        return None
+    if not 0 < len(given) <= MAX_CHARACTERS:
+        raise MalformedRequest(
+            f"{where}: expected an episode or client key of 1 to {MAX_CHARACTERS} characters "
+            f"(every call of one episode names the same key), got {len(given)} characters"
+        )
+    return given
 
 
 def positive_number(text: str) -> float | None:

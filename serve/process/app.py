@@ -42,6 +42,7 @@ from serve.batching.record import RecordSink
 from serve.control import single_file
 from serve.control.admin import AdminEndpoints
 from serve.control.api import ModelEndpoints
+from serve.control.canary_returns import CanaryReturns
 from serve.control.episodes import EpisodeBook, EpisodeEndpoints
 from serve.control.http_bodies import error_response, json_response
 from serve.control.manager import ModelRepositoryManager
@@ -300,7 +301,9 @@ def _control_app(state: ServerState) -> ASGIApp:
     app.add_api_route("/v1/models", _model_list(state, models), include_in_schema=False)
     app.include_router(models.router())
     app.include_router(AdminEndpoints(state.updater, state.settings).router())
-    episodes = EpisodeEndpoints(state.manager, state.episodes, state.settings.episode_token)
+    canaries = CanaryReturns(state.manager, state.updater, state.metrics)
+    token = state.settings.episode_token
+    episodes = EpisodeEndpoints(state.manager, state.episodes, canaries, token)
     app.include_router(episodes.router())
     app.include_router(
         OperationsEndpoints(state.manager, state.phases, state.metrics, state.settings).router()

@@ -65,11 +65,12 @@ class Inference:
         self.features = features  # models with a features view: their stores
         self._signatures: dict[str, Signature] = {}  # by sha256 of the version
 
-    def route(self, model: str | None, version: str | None) -> Route:
-        """Where a call goes (model None: the default model); a language model is refused:
-        it takes text, not tensors."""
+    def route(self, model: str | None, version: str | None, episode: str | None = None) -> Route:
+        """Where a call goes (model None: the default model; ``episode``: the episode or
+        client key it names, for a canary); a language model is refused: it takes text, not
+        tensors."""
         number = None if version is None or version == "" else _version(version)
-        route = self.router.resolve(model, number)
+        route = self.router.resolve(model, number, episode)
         if route.kind is not ModelKind.ROWS:
             raise InvalidInput(
                 f"model {route.model!r} is a {route.kind.noun}: the Open Inference Protocol "

@@ -77,7 +77,7 @@ from serve.frontends.oip.catalog import PLATFORM, Catalog, extensions, repositor
 from serve.frontends.oip.infer import InferAnswer, Inference, call_budget_ms
 from serve.frontends.oip.shared_memory import PlacedInput
 from serve.frontends.oip.signature import InferCall, RequestedOutput, Signature, config_dims
-from serve.frontends.wire import refuse_repeated_keys, timeout_header_ms
+from serve.frontends.wire import episode_key, refuse_repeated_keys, timeout_header_ms
 from serve.status import http_status
 
 log = logging.getLogger("rlserve.oip")
@@ -197,7 +197,7 @@ class OipRestFrontend:
             await exchange.json(200, self._get(scope, path), [])
             return
         allow(scope, "POST")
-        route = self.inference.route(path.model or "", path.version)
+        route = self._infer_route(call, path)
         call.model, call.version = route.model, route.version.version
         body, headers = await self._infer(scope, call, exchange.receive, route)
         await exchange.answer(200, body, headers)
@@ -264,6 +264,12 @@ class OipRestFrontend:
 
     def _route(self, path: V2Path) -> Route:
         return self.inference.route(path.model or "", path.version)
+
+    def _infer_route(self, call: Call, path: V2Path) -> Route:
+        """An infer call's route: while its model has a canary, the side its episode key
+        (``X-Episode-Key``) is assigned to."""
+        episode = episode_key(call.episode_header)
+        return self.inference.route(path.model or "", path.version, episode)
 
     def _model_metadata(self, path: V2Path) -> dict[str, Any]:
         route = self.inference.route(path.model or "", path.version)
@@ -348,7 +354,7 @@ class OipRestFrontend:
             return False
         call = start_call(scope)
         try:
-            route = self.inference.route(path.model or "", path.version)
+            route = self._infer_route(call, path)
             call.model, call.version = route.model, route.version.version
             self._admit(call, route)
             header_length = _header_length(scope)

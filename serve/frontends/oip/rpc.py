@@ -57,7 +57,8 @@ from serve.frontends.oip.proto import inference_pb2 as pb
 from serve.frontends.oip.proto import inference_pb2_grpc as pb_grpc
 from serve.frontends.oip.proto import model_config_pb2 as config_pb
 from serve.frontends.oip.shared_memory import PlacedInput
-from serve.frontends.oip.signature import InferCall, RequestedOutput, config_dims
+from serve.frontends.oip.signature import EPISODE_KEY, InferCall, RequestedOutput, config_dims
+from serve.frontends.wire import episode_key
 from serve.status import grpc_status, grpc_trailers
 
 log = logging.getLogger("rlserve.grpc")
@@ -310,7 +311,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         a tensor in shared memory is admitted by)."""
         route: Route | None = None
         try:
-            route = self.inference.route(request.model_name, request.model_version)
+            episode = _episode_key(request.parameters)
+            route = self.inference.route(request.model_name, request.model_version, episode)
             call = decode_infer(request)
             if call.in_shared_memory:
                 self.inference.shared_memory.admit(_authorization(context))
@@ -391,6 +393,19 @@ def decode_infer(request: Any) -> InferCall:
         _boolean("parameters.binary_data_output", parameters["binary_data_output"])
     arrays, placed = _arrays(request)
     return InferCall(arrays, parameters, _outputs(request), request.id, placed=placed)
+
+
+def _episode_key(parameters: Any) -> str | None:
+    """The ``episode_key`` parameter: the episode a model's canary assigns to a version."""
+    if EPISODE_KEY not in parameters:
+        return None
+    given = parameters[EPISODE_KEY]
+    if given.WhichOneof("parameter_choice") != "string_param":
+        raise InvalidInput(
+            f"parameters.{EPISODE_KEY}: expected a string_param (the episode or client key "
+            "every call of one episode names)"
+        )
+    return episode_key(given.string_param, f"parameters.{EPISODE_KEY}")
 
 
 def _parameters(given: Any) -> dict[str, Any]:

@@ -44,6 +44,7 @@ _EXTRA_INPUTS = {
     TensorRole.STATE: "state",
     TensorRole.EPISODE_START: "episode_start",
 }
+EPISODE_KEY = "episode_key"
 STATE = "state"  # a recurrent policy's output: the state to send with its next step
 SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "sequence_owner")
 # Request parameters rlserve reads; any other is refused, naming these. Triton's clients
@@ -58,6 +59,7 @@ PARAMETERS = (
     "sequence_start",
     "sequence_end",
     "sequence_owner",  # rlserve's: the key a client's sequences are held under
+    "episode_key",  # rlserve's (gRPC): the episode a model's canary assigns to a version
     "timeout",
     "binary_data_output",
     "priority",

@@ -64,7 +64,7 @@ from serve.frontends.http_calls import (
     unexpected,
 )
 from serve.frontends.predict.json_body import PredictBodyDecoder
-from serve.frontends.wire import JSON_OPTIONS, timeout_header_ms
+from serve.frontends.wire import JSON_OPTIONS, episode_key, timeout_header_ms
 from serve.stores import features
 from serve.stores.features import FeatureLookup
 from serve.stores.result_cache import CacheSettings, ResultCache, cache_key
@@ -237,7 +237,7 @@ class PredictFrontend:
         """The route a call's path names (the call's metrics labels now name it) and the
         call's deadline."""
         version = None if path.version is None else path_version(path.version)
-        route = self.router.resolve(path.model, version)
+        route = self.router.resolve(path.model, version, episode_key(call.episode_header))
         call.model, call.version = route.model, route.version.version
         budget = budget_ms(route.default_deadline_ms, timeout_header_ms(call.timeout_header))
         return route, self.rows.turn.deadline(call.received_at, budget)

@@ -1,0 +1,222 @@
+"""Policy canaries against real servers and real actors (issue 45).
+
+A CartPole model has three versions: 1, the live one (an untrained policy that balances
+for a few dozen steps), 2 (a worse untrained one, that falls at once) and 3 (the bundled,
+trained demo, that balances to the limit). Actor processes play episodes through the
+server, each episode naming its key, and report each return with the version stamp its
+steps got. A canary of version 2 is rolled back by the gate and one of version 3 promoted;
+no episode ever mixes versions; the episodes each took stay near what the gate's design
+predicts for the returns seen.
+
+Under gunicorn, a key gets the same version whichever worker answers, and keeps it across
+a live push of the live version.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+from client import PolicyClient, RequestFailed
+from serve.control.return_gate import GateSettings, Verdict, half_width, verdict_of
+from tests.e2e.conftest import DEMO, export_untrained
+from tests.e2e.server import Server
+from tests.load.gunicorn_server import start_gunicorn, stop_gunicorn
+
+MODEL = "cartpole"
+TOKEN = "canary-admin-token-1234"
+ACTORS = 3
+GATE = {"min_episodes": 20, "planned_episodes": 200, "alpha": 0.05}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def versions(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """cartpole/1 (untrained, seed 0), /2 (untrained, seed 2: worse), /3 (the trained demo)."""
+    tmp = tmp_path_factory.mktemp("canary-models")
+    repo = tmp / "repository"
+    export_untrained(tmp, repo, MODEL, "CartPole-v1", [16], seed=0)
+    export_untrained(tmp, repo, MODEL, "CartPole-v1", [16], seed=2)
+    shutil.copytree(DEMO / "1", repo / MODEL / "3")
+    return repo
+
+
+def live_on_one(versions: Path, tmp: Path) -> Path:
+    """A copy of the repository that serves version 1 (the others load when asked for)."""
+    repo = tmp / "repository"
+    shutil.copytree(versions, repo)
+    (repo / MODEL / "config.yaml").write_text("version_policy:\n  specific: [1]\n")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(versions: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("canary-server")
+    env = {"RLSERVE_ADMIN_TOKEN": TOKEN, "RLSERVE_ACCESS_LOG": "false"}
+    running = Server.rlserve(live_on_one(versions, tmp), env=env, log=tmp / "log")
+    running.wait_ready()
+    yield running
+    running.stop()
+
+
+def run_actors(url: str) -> list[dict[str, Any]]:
+    """Every actor's episodes, once the canary has ended. Only an actor's last episode, in
+    play when the canary ended, may have steps of two versions: it was cut over (and not
+    reported). Every other episode ran on one version."""
+    command = [sys.executable, "-m", "tests.e2e.canary_actor", url, MODEL]
+    actors = [
+        subprocess.Popen(
+            [*command, str(n)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for n in range(ACTORS)
+    ]
+    episodes = []
+    for actor in actors:
+        out, err = actor.communicate(timeout=300)
+        assert actor.returncode == 0, err.decode()[-2000:]
+        played = [orjson.loads(line) for line in out.splitlines()]
+        assert all(len(e["versions"]) == 1 for e in played[:-1]), "an episode mixed versions"
+        episodes += [e for e in played if len(e["versions"]) == 1]
+    return episodes
+
+
+def predicted_episodes(live: list[float], canary: list[float], settings: GateSettings) -> int:
+    """The episodes (both versions together, half on each) after which the gate's interval,
+    for returns spread as these were, leaves out what it decides on: the design's own
+    arithmetic, not a run of the server."""
+    counts = np.arange(settings.min_episodes, 20_000, dtype=np.float64)
+    difference = float(np.mean(canary) - np.mean(live))
+    spreads = np.float64(np.var(live, ddof=1)), np.float64(np.var(canary, ddof=1))
+    half = half_width(counts, spreads[0], counts, spreads[1], settings)
+    decided = verdict_of(difference - half, difference + half, settings.margin) != "continue"
+    return 2 * int(counts[np.argmax(decided)])
+
+
+def judge_run(server: Server, version: int, expected: Verdict) -> dict[str, Any]:
+    with PolicyClient(server.url, admin_token=TOKEN) as admin:
+        started = admin.start_canary(MODEL, version, 0.5, action="auto", **GATE)  # type: ignore[arg-type]
+        assert started["canary"]["version"] == version
+        episodes = run_actors(server.url)
+        model = admin.model(MODEL)
+        with pytest.raises(RequestFailed) as ended:
+            admin.canary(MODEL)
+    assert ended.value.status == 404
+    by_version: dict[int, list[float]] = {}
+    for episode in episodes:
+        by_version.setdefault(episode["versions"][0], []).append(episode["return"])
+    live = by_version[1]
+    canary = by_version[version]
+    assert model["canary"] is None
+    assert model["active_version"] == (version if expected is Verdict.PROMOTE else 1)
+    with server.client() as http:
+        verdicts = server.metric(
+            http, "rlserve_canary_verdicts_total", model=MODEL, verdict=expected.value, by="gate"
+        )
+        calls = server.metric(http, "rlserve_canary_calls_total", model=MODEL)
+        keyed = server.metric(http, "rlserve_canary_calls_total", model=MODEL, assignment="keyed")
+    assert verdicts == 1
+    assert calls == keyed >= sum(e["length"] for e in episodes[: len(episodes) // 2])
+    settings = GateSettings(**GATE)  # type: ignore[arg-type]
+    predicted = predicted_episodes(live, canary, settings)
+    # the gate decides after the report that makes it decisive; each actor may have an
+    # episode in play then, and the hash splits keys about evenly, not exactly
+    took = len(live) + len(canary)
+    print(f"canary {version}: {expected.value} after {took} episodes, predicted {predicted}")
+    assert 0.5 * predicted <= took <= 2 * predicted + 2 * ACTORS
+    return {"took": took, "predicted": predicted}
+
+
+def test_a_worse_canary_is_rolled_back_and_a_better_one_promoted(server: Server) -> None:
+    judge_run(server, 2, Verdict.ROLLBACK)
+    judge_run(server, 3, Verdict.PROMOTE)
+
+
+def test_a_canary_is_refused_clearly(server: Server) -> None:
+    with server.client(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        live = http.get(f"/v1/models/{MODEL}").json()["active_version"]
+        cases = [
+            ({"version": live, "share": 0.1}, 409, "live version already"),
+            ({"version": 9, "share": 0.1}, 404, "9"),
+            ({"version": 2, "share": 1.5}, 422, "share"),
+            ({"version": 2}, 422, "share"),
+            ({"version": 2, "share": 0.1, "action": "sometimes"}, 422, "action"),
+        ]
+        for body, status, words in cases:
+            answer = http.post(f"/v1/models/{MODEL}/canary", json=body)
+            assert answer.status_code == status, (body, answer.text)
+            assert words in answer.json()["error"]["message"], answer.text
+        assert http.get(f"/v1/models/{MODEL}/canary").status_code == 404
+        assert http.post(f"/v1/models/{MODEL}/canary/promote").status_code == 404
+        long_key = {"X-Episode-Key": "k" * 200}
+        refused = http.post(f"/v1/models/{MODEL}/predict", json={"observations": [0.0] * 4},
+                            headers=long_key)  # fmt: skip
+        assert refused.status_code == 400
+        assert "X-Episode-Key" in refused.json()["error"]["message"]
+    with httpx.Client(base_url=server.url) as anonymous:
+        assert anonymous.post(f"/v1/models/{MODEL}/canary", json={}).status_code in (401, 403)
+
+
+@pytest.fixture
+def gunicorn(versions: Path, tmp_path: Path) -> Iterator[tuple[Server, Path]]:
+    repo = live_on_one(versions, tmp_path)
+    env = {"RLSERVE_ADMIN_TOKEN": TOKEN, "RLSERVE_SYNC_INTERVAL_S": "0.2"}
+    server = start_gunicorn(repo, tmp_path, **env)
+    yield server, repo
+    stop_gunicorn(server)
+
+
+def versions_of_keys(url: str, keys: list[str]) -> dict[str, set[int]]:
+    """Each key's version stamps over three calls, each on a new connection (gunicorn hands
+    each to whichever worker accepts it first)."""
+    seen: dict[str, set[int]] = {key: set() for key in keys}
+    for _ in range(3):
+        for key in keys:
+            with httpx.Client(base_url=url) as fresh:
+                answer = fresh.post(f"/v1/models/{MODEL}/predict",
+                                    json={"observations": [0.0] * 4},
+                                    headers={"X-Episode-Key": key})  # fmt: skip
+                assert answer.status_code == 200, answer.text
+                seen[key].add(answer.json()["model_version"])
+    return seen
+
+
+def test_a_key_keeps_its_version_across_workers_and_a_live_push(
+    gunicorn: tuple[Server, Path],
+) -> None:
+    server, repo = gunicorn
+    keys = [f"episode-{n}" for n in range(40)]
+    with PolicyClient(server.url, admin_token=TOKEN) as admin:
+        started = admin.start_canary(MODEL, 2, 0.5)
+        assert started["all_workers"], started
+        assert len(started["workers"]) == 2, started
+        before = versions_of_keys(server.url, keys)
+        assert all(len(v) == 1 for v in before.values()), before
+        assert {next(iter(v)) for v in before.values()} == {1, 2}
+        live = (repo / MODEL / "1" / "model.onnx").read_bytes()
+        pushed = admin.push(MODEL, 4, live)  # the live version, pushed anew as 4
+        assert pushed["active_version"] == 4, pushed
+        assert pushed["all_workers"], pushed
+        after = versions_of_keys(server.url, keys)
+    for key in keys:
+        (was,) = before[key]
+        assert after[key] == ({2} if was == 2 else {4}), (key, before[key], after[key])
+
+
+def test_the_predicted_count_follows_the_design() -> None:
+    """The test's own arithmetic: a clear difference is decided at the minimum, a small
+    one takes many more episodes."""
+    rng = np.random.default_rng(0)
+    settings = GateSettings(**GATE)  # type: ignore[arg-type]
+    clear = predicted_episodes(list(rng.normal(40, 15, 50)), list(rng.normal(10, 1, 50)), settings)
+    small = predicted_episodes(list(rng.normal(40, 15, 50)), list(rng.normal(35, 15, 50)), settings)
+    assert clear == 2 * settings.min_episodes
+    assert small > 2 * clear
