@@ -1,6 +1,8 @@
-"""``rlserve rollout VERB``: blue-green releases of rlserve on Kubernetes, through kubectl.
+"""``rlserve rollout VERB``: blue-green releases of rlserve on Kubernetes, through kubectl,
+and policy canaries on a server.
 
-Verbs: status, deploy, verify, promote, rollback, retire, retain (see docs/blue-green.md).
+Verbs: status, deploy, verify, promote, rollback, retire, retain (see docs/blue-green.md);
+``canary start|status|promote|rollback`` (``ops.canary``, docs/rollouts.md).
 A check that fails (verification, a color without ready pods) exits 1 with one line; a
 usage error or a kubectl failure exits 2.
 """
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from cli.arguments import add_arguments as add_dataclass_arguments
 from cli.arguments import arg, from_namespace
+from ops import canary
 from ops.bluegreen import retain, status, switch
 from ops.bluegreen.kubectl import Kubectl, Names
 from ops.bluegreen.switch import Color, PromoteOptions
@@ -23,7 +26,10 @@ from ops.bluegreen.verify import VerifyOptions, verify
 from ops.errors import CheckFailed
 
 NAME = "rollout"
-HELP = "blue-green releases on Kubernetes: status, deploy, verify, promote, rollback, retire"
+HELP = (
+    "blue-green releases on Kubernetes (status, deploy, verify, promote, rollback, retire) "
+    "and policy canaries judged by return (canary start, status, promote, rollback)"
+)
 EXTRA = None
 
 
@@ -88,9 +94,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         for group in (*groups, CommonArgs):
             add_dataclass_arguments(child, group)
         child.set_defaults(_verb=handler)
+    help_text = "a policy canary on a server, judged by the returns its episodes earn"
+    canaries = verbs.add_parser("canary", help=help_text, description=help_text)
+    canary.add_arguments(canaries)
 
 
 def run(namespace: argparse.Namespace) -> int:
+    if namespace.verb == "canary":
+        return _canary(namespace)
     handler: Callable[[argparse.Namespace, Kubectl], int] = namespace._verb
     common = from_namespace(CommonArgs, namespace)
     k = Kubectl(common.kubectl, Names(namespace=common.namespace), common.dry_run)
@@ -98,6 +109,14 @@ def run(namespace: argparse.Namespace) -> int:
         return handler(namespace, k)
     except CheckFailed as exc:
         print(f"rlserve rollout: {exc.message}", file=sys.stderr)
+        return 1
+
+
+def _canary(namespace: argparse.Namespace) -> int:
+    try:
+        return canary.run(namespace)
+    except CheckFailed as exc:
+        print(f"rlserve rollout canary: {exc.message}", file=sys.stderr)
         return 1
 
 

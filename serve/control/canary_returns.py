@@ -67,7 +67,7 @@ class CanaryStatus:
                 _side(Arm.LIVE, self.live_version, self.live),
                 _side(Arm.CANARY, self.plan.version, self.canary),
             ],
-            "difference": d.difference,
+            "difference": d.difference if self.live.count and self.canary.count else None,
             "interval": [_finite(d.lower), _finite(d.upper)],
             "verdict": d.verdict.value,
             "reason": d.reason,

@@ -14,6 +14,8 @@ a live push of the live version.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -220,3 +222,34 @@ def test_the_predicted_count_follows_the_design() -> None:
     small = predicted_episodes(list(rng.normal(40, 15, 50)), list(rng.normal(35, 15, 50)), settings)
     assert clear == 2 * settings.min_episodes
     assert small > 2 * clear
+
+
+def rollout_canary(server: Server, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``rlserve rollout canary ARGV`` as a user runs it, against ``server``."""
+    return subprocess.run(
+        [sys.executable, "-m", "cli", "rollout", "canary", *argv, MODEL, "--url", server.url],
+        env={**os.environ, "RLSERVE_ADMIN_TOKEN": TOKEN}, capture_output=True, text=True,
+        cwd=ROOT, timeout=60,
+    )  # fmt: skip
+
+
+def test_the_command_starts_reports_and_ends_a_canary(server: Server) -> None:
+    with PolicyClient(server.url) as client:
+        live = client.model(MODEL)["active_version"]
+    other = 2 if live != 2 else 1
+    started = rollout_canary(server, "start", "--version", str(other), "--share", "0.25")
+    assert started.returncode == 0, started.stderr
+    assert f"canary version {other} serves 0.25 of episodes (report)" in started.stdout
+    status = rollout_canary(server, "status")
+    assert status.returncode == 0, status.stderr
+    assert "verdict: continue" in status.stdout
+    assert re.search(rf"^live\s+{live}\s+0\s+-", status.stdout, re.MULTILINE), status.stdout
+    again = rollout_canary(server, "start", "--version", str(other))
+    assert again.returncode == 1
+    assert "has a canary already" in again.stderr
+    ended = rollout_canary(server, "rollback")
+    assert ended.returncode == 0, ended.stderr
+    assert f"version {live} serves every episode" in ended.stdout
+    gone = rollout_canary(server, "status")
+    assert gone.returncode == 1
+    assert "no canary running" in gone.stderr
