@@ -69,14 +69,16 @@ def post(
     headers: dict[str, str] | None = None,
     count_statuses: bool = False,
     timeout_s: int | None = None,
+    lua: str = "",
 ) -> LoadResult:
     """POST ``body`` (JSON) to ``url`` from ``connections`` connections for ``seconds``
     (whole seconds: wrk's durations take no fractions), with extra ``headers``; answers
-    slower than ``timeout_s`` (wrk's default: 2) count as socket timeouts."""
+    slower than ``timeout_s`` (wrk's default: 2) count as socket timeouts. ``lua``: more of
+    wrk's script (a ``request`` function that varies each request, say)."""
     with tempfile.TemporaryDirectory(prefix="bench-wrk-") as tmp:
         body_file, script = Path(tmp) / "body.json", Path(tmp) / "post.lua"
         body_file.write_bytes(body)
-        text = _script(body_file, headers or {})
+        text = _script(body_file, headers or {}) + lua
         script.write_text(text + _COUNT_STATUSES if count_statuses else text)
         timeout = [] if timeout_s is None else ["--timeout", f"{timeout_s}s"]
         command = [

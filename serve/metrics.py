@@ -77,7 +77,7 @@ class Metrics:
         self._refusals: dict[tuple[str, str, int, str], int] = {}  # not yet counted
         self._refusal_latency: dict[str, Tally] = {}
         self._load: dict[str, Load] = {}  # as last sampled, by model
-        self._cache_counts: dict[tuple[Any, str, str], int] = {}  # result cache: not yet counted
+        self._counts: dict[tuple[Any, ...], int] = {}  # (counter, *labels): not yet counted
         # Each kind's own sink and series, registered by the kind (serve.plugins).
         self.kinds: dict[ModelKind, Any] = {}
 
@@ -233,7 +233,7 @@ class Metrics:
         )  # fmt: skip
 
     def canary_assigned(self, model: str, arm: str, assignment: str) -> None:
-        self.child(self.canary_calls, model, arm, assignment).inc()
+        self.count_later(self.canary_calls, model, arm, assignment)
 
     def episode_reported(self, model: str, version: int, value: float, end: str) -> None:
         label = str(version)
@@ -273,9 +273,9 @@ class Metrics:
             self.child(self.rejections, model, reason).inc(count)
         for tally in self._refusal_latency.values():
             tally.flush()
-        counts, self._cache_counts = self._cache_counts, {}
-        for (metric, model, result), count in counts.items():
-            self.child(metric, model, result).inc(count)
+        counts, self._counts = self._counts, {}
+        for (metric, *labels), count in counts.items():
+            self.child(metric, *labels).inc(count)
 
     def refused_error(
         self, model: str, version: int | None, status: int, error: RLServeError, s: float
@@ -291,15 +291,19 @@ class Metrics:
         reject``); those of served requests are counted from their batches."""
         self.child(self.out_of_bounds, model).inc(rows)
 
+    def count_later(self, metric: Any, *labels: str) -> None:
+        """Count one on a counter at the next ``flush`` (a call's count, without the
+        counter's lock and child lookup per call)."""
+        key = (metric, *labels)
+        self._counts[key] = self._counts.get(key, 0) + 1
+
     def result_cache_lookup(self, model: str, result: str) -> None:
         """Count a result-cache lookup (``serve.stores.result_cache.Lookup``)."""
-        key = (self.result_cache_lookups, model, result)
-        self._cache_counts[key] = self._cache_counts.get(key, 0) + 1
+        self.count_later(self.result_cache_lookups, model, result)
 
     def result_cache_write(self, model: str, result: str) -> None:
         """Count an answer handed to the result cache (``result_cache.Write``)."""
-        key = (self.result_cache_writes, model, result)
-        self._cache_counts[key] = self._cache_counts.get(key, 0) + 1
+        self.count_later(self.result_cache_writes, model, result)
 
     def answered_from_cache(self, model: str, version: int, seconds: float, rows_out: int) -> None:
         """Count a request answered from the result cache as its batch would have counted

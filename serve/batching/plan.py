@@ -15,7 +15,9 @@ The rules, in order:
 1. Requests whose deadline has passed are *expired*: answered 504 and never executed.
 2. Rows are gathered from the head of the queue (first come, first served, never
    reordered) up to ``max_batch_size`` rows, all for the version the head runs on: a
-   batch never mixes model versions.
+   batch never mixes model versions. A request for another version keeps its place and
+   heads a later batch; the gathering goes on past it (a canary's calls interleave with
+   the live version's: stopping at each one would cut every batch short).
 3. The batch is released at once when it is full, when the next request does not fit,
    when ``max_wait_s`` has passed since the oldest request arrived, or when waiting any
    longer would make some gathered request miss its deadline given the expected run time.
@@ -108,8 +110,11 @@ def plan(queue: Sequence[Waiting], now: float, limits: BatchLimits, expected_run
 def _gather(queue: Sequence[Waiting], live: list[int], limit: int) -> tuple[list[int], int]:
     take: list[int] = []
     rows = 0
+    version = queue[live[0]].version if live else 0
     for i in live:
-        if rows + queue[i].rows > limit or queue[i].version != queue[live[0]].version:
+        if queue[i].version != version:
+            continue  # the next batch's
+        if rows + queue[i].rows > limit:
             break
         take.append(i)
         rows += queue[i].rows

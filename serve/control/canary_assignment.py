@@ -31,6 +31,7 @@ from typing import Any
 from serve.control.return_gate import GateSettings
 
 _SCALE = float(1 << 64)
+REMEMBERED_KEYS = 65_536  # a plan's keys and their sides, kept until this many (then anew)
 
 
 class Assignment(StrEnum):
@@ -63,6 +64,8 @@ class CanaryPlan:
     gate: GateSettings = field(default_factory=GateSettings)
     action: GateAction = GateAction.REPORT
     started_at: float = 0.0  # wall-clock seconds
+    # keys seen lately and their side: an episode's calls hash its key once
+    _arms: dict[str, Arm] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.share < 1:
@@ -74,7 +77,12 @@ class CanaryPlan:
         """The side that serves a call naming episode ``key`` (None: no key)."""
         if key is None:
             return _arm(rng.random() < self.share), Assignment.UNKEYED
-        return _arm(self.position(key) < self.share), Assignment.KEYED
+        arm = self._arms.get(key)
+        if arm is None:
+            if len(self._arms) >= REMEMBERED_KEYS:
+                self._arms.clear()
+            arm = self._arms[key] = _arm(self.position(key) < self.share)
+        return arm, Assignment.KEYED
 
     def position(self, key: str) -> float:
         """The key's place in [0, 1): uniform over keys, the same in every process."""
@@ -83,7 +91,11 @@ class CanaryPlan:
         return int.from_bytes(digest, "big") / _SCALE
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {
+            "model": self.model, "version": self.version, "share": self.share,
+            "salt": self.salt, "gate": dataclasses.asdict(self.gate),
+            "action": self.action.value, "started_at": self.started_at,
+        }  # fmt: skip
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> CanaryPlan:

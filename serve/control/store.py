@@ -74,7 +74,8 @@ class ServingState:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**fields, "canary": None if self.canary is None else self.canary.to_json()}
 
 
 Change = Callable[["ServingState | None"], "ServingState"]  # the current state -> the wanted one

@@ -106,6 +106,19 @@ def test_a_batch_never_mixes_versions() -> None:
     assert plan(queue, now=0.0, limits=NO_WAIT, expected_run_s=0.0).take == (0,)
 
 
+def test_another_versions_calls_wait_their_turn_without_cutting_the_batch_short() -> None:
+    """A canary's calls interleave with the live version's: the batch of the head's version
+    gathers past them, in order, and the first of them heads the next batch."""
+    versions = [1, 2, 1, 1, 2, 1]
+    queue = [Waiting(1, i / 10, 20.0, version=v) for i, v in enumerate(versions)]
+    first = plan(queue, now=10.0, limits=NO_WAIT, expected_run_s=0.0)
+    assert first.take == (0, 2, 3, 5)
+    rest = [w for i, w in enumerate(queue) if i not in first.take]
+    assert plan(rest, now=10.0, limits=NO_WAIT, expected_run_s=0.0).take == (0, 1)
+    full = plan(queue, now=10.0, limits=BatchLimits(3, 0.0), expected_run_s=0.0)
+    assert full.take == (0, 2, 3)
+
+
 def test_batches_run_inline_while_their_size_measured_cheap() -> None:
     times = RunTimes(inline_below_s=0.001, window=3)
     assert times.next_inline(32)  # nothing measured yet
