@@ -93,9 +93,11 @@ def _start(client: PolicyClient, model: str, namespace: argparse.Namespace) -> i
         planned_episodes=args.planned_episodes,
     )  # fmt: skip
     plan = started["canary"]
+    workers = started["workers"]
+    everywhere = "every worker" if started["all_workers"] else "not yet every worker"
     print(
         f"model {model}: canary version {plan['version']} serves {plan['share']:g} of "
-        f"episodes ({plan['action']}); workers: {started['workers']}"
+        f"episodes ({plan['action']}); {len(workers)} worker(s) follow it ({everywhere})"
     )
     return 0
 

@@ -178,7 +178,9 @@ class ModelRepositoryManager:
         if lifecycle is None:
             hint = "still discovering the repository" if not self.loading_done else "unknown model"
             raise NotFound(f"model {quoted(name)}: {hint}; loaded models: {sorted(self.models)}")
-        if version is None and lifecycle.canary is not None:
+        by_episode = version is None and lifecycle.canary is not None
+        if by_episode:
+            assert lifecycle.canary is not None
             version = self._canary_side(lifecycle.canary, episode)
         chosen = lifecycle.get(version) if version is not None else lifecycle.active_model
         if chosen is not None:
@@ -192,6 +194,7 @@ class ModelRepositoryManager:
                 self.result_caches.get(name),
                 lifecycle.sequences,
                 chosen.features or lifecycle.settings.features,
+                by_episode,
             )
         state = lifecycle.state if version is None else lifecycle.version_state(version)
         if state is ReadyState.LOADING:

@@ -32,6 +32,7 @@ class Route:
     result_cache: CacheSettings | None = None
     sequences: SequenceTable | None = None
     features: FeatureView | None = None  # observations by entity (serve.stores.features)
+    by_episode: bool = False  # the model has a canary: the call's episode chose the version
 
     def by_entity(self) -> Route:
         """The route of a request whose observations the features view built: a version

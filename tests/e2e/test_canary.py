@@ -8,7 +8,8 @@ steps got. A canary of version 2 is rolled back by the gate and one of version 3
 no episode ever mixes versions; the episodes each took stay near what the gate's design
 predicts for the returns seen.
 
-Under gunicorn, a key gets the same version whichever worker answers, and keeps it across
+The actors are examples/canary_actors.py's, as docs/rollouts.md runs them. Under gunicorn,
+a key gets the same version whichever worker answers, and keeps it across
 a live push of the live version.
 """
 
@@ -28,7 +29,7 @@ import numpy as np
 import orjson
 import pytest
 
-from client import PolicyClient, RequestFailed
+from client import LaneClient, PolicyClient, RequestFailed
 from serve.control.return_gate import GateSettings, Verdict, half_width, verdict_of
 from tests.e2e.conftest import DEMO, export_untrained
 from tests.e2e.server import Server
@@ -71,24 +72,21 @@ def server(versions: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 
 def run_actors(url: str) -> list[dict[str, Any]]:
-    """Every actor's episodes, once the canary has ended. Only an actor's last episode, in
-    play when the canary ended, may have steps of two versions: it was cut over (and not
-    reported). Every other episode ran on one version."""
-    command = [sys.executable, "-m", "tests.e2e.canary_actor", url, MODEL]
-    actors = [
-        subprocess.Popen(
-            [*command, str(n)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-        for n in range(ACTORS)
-    ]
-    episodes = []
-    for actor in actors:
-        out, err = actor.communicate(timeout=300)
-        assert actor.returncode == 0, err.decode()[-2000:]
-        played = [orjson.loads(line) for line in out.splitlines()]
-        assert all(len(e["versions"]) == 1 for e in played[:-1]), "an episode mixed versions"
-        episodes += [e for e in played if len(e["versions"]) == 1]
-    return episodes
+    """Every actor's episodes (examples/canary_actors.py, as a user runs it), once the canary
+    has ended. Only an actor's last episode, in play when the canary ended, may have steps
+    of two versions: it was cut over (and not reported). Every other ran on one version."""
+    command = [sys.executable, "-m", "examples.canary_actors", "--url", url, "--model", MODEL,
+               "--actors", str(ACTORS), "--json"]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    played = [orjson.loads(line) for line in done.stdout.splitlines()]
+    by_actor: dict[str, list[dict[str, Any]]] = {}
+    for episode in played:
+        by_actor.setdefault(episode["key"].split("/")[0], []).append(episode)
+    assert len(by_actor) == ACTORS
+    for episodes in by_actor.values():
+        assert all(len(e["versions"]) == 1 for e in episodes[:-1]), "an episode mixed versions"
+    return [e for e in played if len(e["versions"]) == 1]
 
 
 def predicted_episodes(live: list[float], canary: list[float], settings: GateSettings) -> int:
@@ -253,3 +251,34 @@ def test_the_command_starts_reports_and_ends_a_canary(server: Server) -> None:
     gone = rollout_canary(server, "status")
     assert gone.returncode == 1
     assert "no canary running" in gone.stderr
+
+
+@pytest.fixture(params=["thread", "loop"])
+def lane_server(
+    versions: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[Server, Path]]:
+    path = tmp_path / "lane.sock"
+    env = {"RLSERVE_ADMIN_TOKEN": TOKEN, "RLSERVE_ACCESS_LOG": "false"}
+    flags = ["--lane", str(path), "--lane-serving", request.param]
+    server = Server.rlserve(live_on_one(versions, tmp_path), *flags, env=env, log=tmp_path / "log")
+    server.wait_ready()
+    yield server, path
+    server.stop()
+
+
+def test_a_lane_is_served_on_one_side_of_a_canary(lane_server: tuple[Server, Path]) -> None:
+    """A lane is one actor's connection: every call of it gets the side its lane drew, on
+    either serving; lanes together get both sides."""
+    server, path = lane_server
+    with PolicyClient(server.url, admin_token=TOKEN) as admin:
+        admin.start_canary(MODEL, 2, 0.5)
+    lanes = [LaneClient(path) for _ in range(16)]
+    try:
+        seen = [{lane.predict([0.0] * 4).model_version for _ in range(5)} for lane in lanes]
+        together = [lane.predict([0.01] * 4).model_version for lane in lanes]
+    finally:
+        for lane in lanes:
+            lane.close()
+    assert all(len(versions) == 1 for versions in seen), seen
+    assert [next(iter(v)) for v in seen] == together
+    assert set(together) == {1, 2}

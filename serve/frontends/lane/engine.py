@@ -234,13 +234,35 @@ class LaneEngine:
             groups.setdefault((entry.lane.model, entry.lane.version), []).append(entry)
         for (model, version), entries in groups.items():
             try:
-                self._batch(model, version, entries)
+                routed = self._routes(model, version, entries)
+            except RLServeError as exc:
+                routed = []
+                for entry in entries:
+                    self._refuse(None, entry, exc)
+            try:
+                for route, sided in routed:
+                    self._batch(route, sided)
             except Exception as exc:  # a bug of ours: every call of the group learns of it
                 log.exception("unhandled error on local-lane calls for %r", model)
                 for entry in entries:
                     self._refuse(None, entry, internal_error(exc))
             for entry in entries:
                 self._answered(entry)
+
+    def _routes(
+        self, model: str, version: int | None, entries: list[_Open]
+    ) -> list[tuple[Route, list[_Open]]]:
+        """The lanes' calls by the version that serves them: one route for all, unless the
+        model has a canary, which serves each lane (one actor) on the side its key draws."""
+        first = entries[0]
+        route = self.inference.route(model, version_text(version), first.lane.episode_key)
+        if not route.by_episode:
+            return [(route, entries)]
+        sides: dict[int | None, tuple[Route, list[_Open]]] = {route.pinned: (route, [first])}
+        for entry in entries[1:]:
+            side = self.inference.route(model, None, entry.lane.episode_key)
+            sides.setdefault(side.pinned, (side, []))[1].append(entry)
+        return list(sides.values())
 
     def _answered(self, entry: _Open) -> None:
         """Ring the lane's client, unless it said it is awake, looking for the answer."""
@@ -255,13 +277,7 @@ class LaneEngine:
 
     # ------------------------------------------------------------------ one batch
 
-    def _batch(self, model: str, version: int | None, entries: list[_Open]) -> None:
-        try:
-            route = self.inference.route(model, version_text(version))
-        except RLServeError as exc:
-            for entry in entries:
-                self._refuse(None, entry, exc)
-            return
+    def _batch(self, route: Route, entries: list[_Open]) -> None:
         served = route.row_model()
         signature = self.inference.signature(served)
         taken = [t for t in (self._take(route, served, signature, e) for e in entries) if t]

@@ -281,7 +281,7 @@ class LaneServer:
         route: Route | None = None
         try:
             check_rows(lane.layout, rows)
-            route = self.inference.route(lane.model, version_text(lane.version))
+            route = self.inference.route(lane.model, version_text(lane.version), lane.episode_key)
             served = route.row_model()
             if not lane.follows(served.sha256, self.inference.signature(served)):
                 write_answer(slot, seq, wire.Status.RECONNECT)

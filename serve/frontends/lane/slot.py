@@ -32,6 +32,9 @@ class Lane:
         self.fd = sealed_memfd(layout.size)
         self.slot = mmap.mmap(self.fd, layout.size)
         self.id_prefix = f"lane-{id(self):x}-"  # its calls' request ids: call_id
+        # while the model has a canary, every call of the lane is served on one side: a
+        # lane is one actor's connection, and its episodes stay whole
+        self.episode_key = self.id_prefix
 
     def follows(self, served_sha256: str, signature: Signature) -> bool:
         """Whether the lane may take the served version: its own, or another whose tensors
