@@ -14,10 +14,12 @@ every round) so that the machine's drifts fall on all four:
 - *canary, unkeyed*: the same canary; requests name no key, so every call is drawn.
 
 The canary is started and rolled back through the admin API between runs, in the same
-server process. Prints a markdown table: requests/s, p50, the server's CPU µs per request
-(the median over rounds) and, for each canary, that over the same calls' without one.
+server process. Writes the section "Policy canary" of ``--output`` (docs/benchmarks.md; a
+run of ``python -m bench`` keeps it) and prints its table: requests/s, p50, the server's
+CPU µs per request (the median over rounds) and, for each canary, that over the same calls'
+without one.
 
-    .venv/bin/python -m bench.canary [--seconds 5] [--rounds 3]
+    .venv/bin/python -m bench.canary [--seconds 5] [--rounds 3] [--output docs/benchmarks.md]
 
 Needs wrk and taskset and two cores, as ``python -m bench`` does.
 """
@@ -25,6 +27,9 @@ Needs wrk and taskset and two cores, as ``python -m bench`` does.
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
+import platform
 import shutil
 import statistics
 import sys
@@ -34,7 +39,7 @@ from pathlib import Path
 
 import httpx
 
-from bench import cpu, load, scenarios
+from bench import cpu, load, report, scenarios
 from bench.servers import Server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +99,27 @@ def measure(server: Server, condition: str, args: argparse.Namespace) -> Run:
     if result.requests == 0 or result.errors:
         raise RuntimeError(f"{condition}: {result}")
     return Run(result.requests_per_s, result.p50_ms, spent / result.requests * 1e6)
+
+
+def section(lines: list[str], args: argparse.Namespace) -> str:
+    """The document's section: what was run, when, and the table."""
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    command = f"python -m bench.canary --rounds {args.rounds} --seconds {args.seconds}"
+    return "\n".join(
+        [
+            report.MEASURED_BY_CANARY,
+            "",
+            f"Measured by `{command}` on {when} ({platform.machine()}, {os.cpu_count()} CPUs): "
+            "one `rlserve serve` on core 0 serving the bundled CartPole policy as versions 1 "
+            "and 2, wrk on core 1 at 64 connections with cartpole-64's body, four conditions "
+            f"in turns, the median of {args.rounds} rounds. A canary serves {SHARE:g} of "
+            "episodes; keyed requests name 64 actors' episodes of "
+            f"{EPISODE_STEPS} calls each ([rollouts.md](rollouts.md#what-a-canary-costs)).",
+            "",
+            *lines,
+            "",
+        ]
+    )
 
 
 def compare(args: argparse.Namespace) -> list[str]:
@@ -156,7 +182,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="turns of each condition")
     parser.add_argument("--seconds", type=int, default=5, help="measured seconds per run")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up seconds per run")
-    print("\n".join(compare(parser.parse_args(argv))))
+    parser.add_argument(
+        "--output", type=Path, default=ROOT / "docs" / "benchmarks.md",
+        help="the benchmarks document whose Policy canary section to write",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    lines = compare(args)
+    print("\n".join(lines))
+    document = args.output.read_text() if args.output.is_file() else "# Benchmarks\n"
+    args.output.write_text(
+        report.put_section(document, report.MEASURED_BY_CANARY, section(lines, args))
+    )
+    print(f"bench.canary: wrote its section of {args.output}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -511,12 +511,12 @@ def _splice(
     Targets rows starting with ``prefix`` replaced by ``verdicts``' rows of that prefix."""
     if not document.startswith("# Benchmarks"):
         return None
-    document = _put_section(_several_runs(document), heading, section + "\n")
+    document = put_section(_several_runs(document), heading, section + "\n")
     rows = [_target_row(v) for v in verdicts if v.target.startswith(prefix)]
     return _replace_target_rows(document, rows, prefix)
 
 
-def _put_section(document: str, heading: str, section: str) -> str:
+def put_section(document: str, heading: str, section: str) -> str:
     """``document`` with the section under ``heading`` (up to the next ``## ``) replaced by
     ``section``, or ``section`` added before "Reading the numbers" (else at the end)."""
     pattern = re.compile(rf"(?ms)^{re.escape(heading)}\n.*?(?=^## |\Z)")
@@ -530,18 +530,20 @@ def _put_section(document: str, heading: str, section: str) -> str:
 _SECTION = re.compile(r"(?ms)^(## [^\n]*)\n.*?(?=^## |\Z)")
 
 # Sections a run of the benchmarks does not measure but carries over when it rewrites the
-# document: figures recorded from tests (printed under ``pytest -s``), and studies of the
-# request path measured by hand with bench's tools (predict_path, lone_request).
+# document: figures recorded from tests (printed under ``pytest -s``), studies of the
+# request path measured by hand with bench's tools (predict_path, lone_request), and the
+# sections bench's standalone tools write (bench/canary.py).
 MEASURED_IN_TESTS = "## Measured in tests"
 MEASURED_BY_HAND = "## Where a call's time goes"
-KEPT_SECTIONS = (MEASURED_IN_TESTS, MEASURED_BY_HAND)
+MEASURED_BY_CANARY = "## Policy canary: serving with one"  # bench/canary.py writes it
+KEPT_SECTIONS = (MEASURED_IN_TESTS, MEASURED_BY_HAND, MEASURED_BY_CANARY)
 
 
 def keep_sections(document: str, old: str) -> str:
     """``document`` with ``old``'s sections measured elsewhere (KEPT_SECTIONS) put back."""
     for heading, section in _sections(old):
         if heading in KEPT_SECTIONS:
-            document = _put_section(document, heading, section)
+            document = put_section(document, heading, section)
     return document
 
 
@@ -558,7 +560,7 @@ def splice_subset(document: str, results: Results, verdicts: list[Verdict]) -> s
         return None
     for found in _SECTION.finditer(render(results, verdicts)):
         if found.group(1) != "## Targets":
-            document = _put_section(document, found.group(1), found.group(0))
+            document = put_section(document, found.group(1), found.group(0))
     for key in dict.fromkeys(target_key(v.target) for v in verdicts if _ran(v)):
         rows = [_target_row(v) for v in verdicts if _ran(v) and target_key(v.target) == key]
         document = _replace_target_rows(document, rows, key)
