@@ -226,11 +226,37 @@ class Metrics:
             "episode key they named (keyed) or at random (unkeyed: their episodes may mix)",
             ["model", "arm", "assignment"], registry=r,
         )  # fmt: skip
+        # the latest judgement, from whichever worker judged last (livemostrecent)
+        self.canary_verdict = Gauge(
+            "rlserve_canary_verdict",
+            "A model's canary, as its gate judged it last on every worker's episodes: 1 "
+            "promote, 0 not decided yet, -1 roll back; NaN once it ended",
+            ["model"], multiprocess_mode="livemostrecent", registry=r,
+        )  # fmt: skip
+        self.canary_difference = Gauge(
+            "rlserve_canary_return_difference",
+            "A canary's mean return minus the live version's: the gate's confidence "
+            "sequence (lower, upper; +-Inf before min_episodes) and its estimate",
+            ["model", "bound"], multiprocess_mode="livemostrecent", registry=r,
+        )  # fmt: skip
         self.canary_verdicts = Counter(
             "rlserve_canary_verdicts",
             "Canaries ended, by the verdict acted on (promote, rollback) and who acted",
             ["model", "verdict", "by"], registry=r,
         )  # fmt: skip
+
+    def canary_judged(self, model: str, verdict: float, bounds: tuple[float, float, float]) -> None:
+        """A canary's latest judgement on every worker's episodes: the verdict (1 promote,
+        0 continue, -1 rollback) and the interval for canary - live (lower, estimate,
+        upper); NaN once the canary ended."""
+        self.child(self.canary_verdict, model).set(verdict)
+        for bound, value in zip(("lower", "estimate", "upper"), bounds, strict=True):
+            self.child(self.canary_difference, model, bound).set(value)
+
+    def canary_ended(self, model: str) -> None:
+        """A model's canary ended: its judgement is no more."""
+        nan = float("nan")
+        self.canary_judged(model, nan, (nan, nan, nan))
 
     def canary_assigned(self, model: str, arm: str, assignment: str) -> None:
         self.count_later(self.canary_calls, model, arm, assignment)

@@ -45,6 +45,7 @@ from serve.metrics import Metrics
 log = logging.getLogger("rlserve.canary")
 
 FOLDER = ".canary"
+_VERDICT_VALUE = {Verdict.PROMOTE: 1, Verdict.CONTINUE: 0, Verdict.ROLLBACK: -1}
 
 
 @dataclass(frozen=True)
@@ -113,12 +114,11 @@ class CanaryReturns:
         for counts in others:
             for version, returns in counts.items():
                 merged[version] = merged.get(version, Returns()).merged(returns)
-        live_returns, canary_returns = (
-            merged.get(live, Returns()),
-            merged.get(plan.version, Returns()),
-        )
-        decision = decide(live_returns, canary_returns, plan.gate)
-        return CanaryStatus(plan, live, live_returns, canary_returns, decision, 1 + len(others))
+        on_live, on_canary = merged.get(live, Returns()), merged.get(plan.version, Returns())
+        decision = decide(on_live, on_canary, plan.gate)
+        bounds = (decision.lower, decision.difference, decision.upper)
+        self.metrics.canary_judged(model, _VERDICT_VALUE[decision.verdict], bounds)
+        return CanaryStatus(plan, live, on_live, on_canary, decision, 1 + len(others))
 
     async def _write_and_judge(self) -> None:
         """Write the changed models' counts, then let the gate act on an ``auto`` canary."""

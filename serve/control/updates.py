@@ -315,6 +315,7 @@ class Updater:
         report = UpdateReport(
             name, plan.version, result, entry.active, previous, served.sha256 if served else ""
         )
+        self.metrics.canary_ended(name)
         log.info("model %s: canary version %d ended: %s", name, plan.version, verdict.value)
         return await self._spread(report, state.generation, wait_s)
 

@@ -15,6 +15,7 @@ a live push of the live version.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -124,6 +125,8 @@ def judge_run(server: Server, version: int, expected: Verdict) -> dict[str, Any]
         calls = server.metric(http, "rlserve_canary_calls_total", model=MODEL)
         keyed = server.metric(http, "rlserve_canary_calls_total", model=MODEL, assignment="keyed")
     assert verdicts == 1
+    with server.client() as http:
+        assert math.isnan(server.metric(http, "rlserve_canary_verdict", model=MODEL))
     assert calls == keyed >= sum(e["length"] for e in episodes[: len(episodes) // 2])
     settings = GateSettings(**GATE)  # type: ignore[arg-type]
     predicted = predicted_episodes(live, canary, settings)
@@ -241,6 +244,10 @@ def test_the_command_starts_reports_and_ends_a_canary(server: Server) -> None:
     status = rollout_canary(server, "status")
     assert status.returncode == 0, status.stderr
     assert "verdict: continue" in status.stdout
+    with server.client() as http:  # what an Argo Rollouts analysis reads (k8s/optional)
+        assert server.metric(http, "rlserve_canary_verdict", model=MODEL) == 0
+        lower = server.metric(http, "rlserve_canary_return_difference", bound="lower")
+    assert lower == -math.inf  # no episodes yet
     assert re.search(rf"^live\s+{live}\s+0\s+-", status.stdout, re.MULTILINE), status.stdout
     again = rollout_canary(server, "start", "--version", str(other))
     assert again.returncode == 1
@@ -251,6 +258,8 @@ def test_the_command_starts_reports_and_ends_a_canary(server: Server) -> None:
     gone = rollout_canary(server, "status")
     assert gone.returncode == 1
     assert "no canary running" in gone.stderr
+    with server.client() as http:
+        assert math.isnan(server.metric(http, "rlserve_canary_verdict", model=MODEL))
 
 
 @pytest.fixture(params=["thread", "loop"])
