@@ -465,13 +465,15 @@ class PolicyClient:
 
     def start_canary(
         self, model: str, version: int, share: float, *, action: str = "report",
-        margin: float | None = None, alpha: float | None = None,
+        mode: str = "episodes", margin: float | None = None, alpha: float | None = None,
         min_episodes: int | None = None, planned_episodes: int | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         """Serve ``share`` of the model's episodes on ``version`` beside the live one, judged
         by the returns reported (docs/rollouts.md); ``action`` "auto" lets the gate promote
-        or roll back, "report" leaves it to you. Needs the admin token."""
-        gate = {"action": action, "margin": margin, "alpha": alpha,
+        or roll back, "report" leaves it to you; ``mode`` "shadow" serves nothing on it,
+        comparing it with the live version on ``share`` of its batches. Needs the admin
+        token."""
+        gate = {"action": action, "mode": mode, "margin": margin, "alpha": alpha,
                 "min_episodes": min_episodes, "planned_episodes": planned_episodes}  # fmt: skip
         return dict(self._send(_canary_call(model, version, share, gate)))
 
@@ -594,10 +596,10 @@ class AsyncPolicyClient:
 
     async def start_canary(
         self, model: str, version: int, share: float, *, action: str = "report",
-        margin: float | None = None, alpha: float | None = None,
+        mode: str = "episodes", margin: float | None = None, alpha: float | None = None,
         min_episodes: int | None = None, planned_episodes: int | None = None,
     ) -> dict[str, Any]:  # fmt: skip
-        gate = {"action": action, "margin": margin, "alpha": alpha,
+        gate = {"action": action, "mode": mode, "margin": margin, "alpha": alpha,
                 "min_episodes": min_episodes, "planned_episodes": planned_episodes}  # fmt: skip
         return dict(await self._send(_canary_call(model, version, share, gate)))
 

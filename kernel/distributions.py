@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -50,6 +50,10 @@ class Distribution(Protocol):
     def sample(self, rng: np.random.Generator) -> np.ndarray: ...
     def log_prob(self, actions: np.ndarray) -> np.ndarray: ...
     def take(self, rows: np.ndarray) -> Distribution: ...
+    def kl(self, other: Any) -> np.ndarray:
+        """KL(self || other) per row, in float64: ``other`` is the same kind of distribution
+        over the same actions (another version of the policy, on the same observations)."""
+        ...
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -94,6 +98,11 @@ class Categorical:
         picked = self._log_p[np.arange(len(taken)), taken]  # each row's own action
         return picked.astype(np.float32)
 
+    def kl(self, other: Categorical) -> np.ndarray:
+        log_p, log_q = self._log_p, other._log_p
+        result: np.ndarray = (np.exp(log_p) * (log_p - log_q)).sum(axis=-1)
+        return result
+
 
 @dataclass(frozen=True)
 class MultiCategorical:
@@ -126,6 +135,11 @@ class MultiCategorical:
         total = sum(c.log_prob(actions[:, i]).astype(np.float64) for i, c in enumerate(parts))
         return np.asarray(total, dtype=np.float32)
 
+    def kl(self, other: MultiCategorical) -> np.ndarray:
+        """The categoricals are independent: their divergences add up."""
+        pairs = zip(self._parts(), other._parts(), strict=True)
+        return np.asarray(sum(mine.kl(theirs) for mine, theirs in pairs), dtype=np.float64)
+
 
 @dataclass(frozen=True)
 class Bernoulli:
@@ -155,6 +169,16 @@ class Bernoulli:
         per_dim = -a * np.logaddexp(0.0, -z) - (1.0 - a) * np.logaddexp(0.0, z)
         return per_dim.sum(axis=-1).astype(np.float32)
 
+    def kl(self, other: Bernoulli) -> np.ndarray:
+        z, w = self.logits.astype(np.float64), other.logits.astype(np.float64)
+        p = 1.0 / (1.0 + np.exp(-z))
+        # log p - log q = softplus(-w) - softplus(-z); log(1-p) - log(1-q) likewise
+        per_dim = p * (np.logaddexp(0.0, -w) - np.logaddexp(0.0, -z)) + (1.0 - p) * (
+            np.logaddexp(0.0, w) - np.logaddexp(0.0, z)
+        )
+        result: np.ndarray = per_dim.sum(axis=-1)
+        return result
+
 
 @dataclass(frozen=True)
 class DiagGaussian:
@@ -178,6 +202,20 @@ class DiagGaussian:
 
     def log_prob(self, actions: np.ndarray) -> np.ndarray:
         return _gaussian_log_prob(self.mean, self.log_std, actions).astype(np.float32)
+
+    def kl(self, other: DiagGaussian | SquashedDiagGaussian) -> np.ndarray:
+        return _gaussian_kl(self.mean, self.log_std, other.mean, other.log_std)
+
+
+def _gaussian_kl(
+    mean: np.ndarray, log_std: np.ndarray, other_mean: np.ndarray, other_log_std: np.ndarray
+) -> np.ndarray:
+    """KL between diagonal Gaussians, summed over dimensions, in float64."""
+    s1, s2 = log_std.astype(np.float64), other_log_std.astype(np.float64)
+    gap = mean.astype(np.float64) - other_mean.astype(np.float64)
+    per_dim = s2 - s1 + (np.exp(2 * s1) + gap * gap) / (2 * np.exp(2 * s2)) - 0.5
+    result: np.ndarray = per_dim.sum(axis=-1)
+    return result
 
 
 def _gaussian_log_prob(mean: np.ndarray, log_std: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -230,6 +268,10 @@ class SquashedDiagGaussian:
         gaussian = _gaussian_log_prob(self.mean, self.log_std, np.arctanh(inside))
         correction = np.log(1.0 - squashed * squashed + _TANH_LOG_DET_EPS).sum(axis=-1)
         return (gaussian - correction).astype(np.float32)
+
+    def kl(self, other: SquashedDiagGaussian) -> np.ndarray:
+        """tanh is one-to-one: the squashed distributions diverge as their Gaussians do."""
+        return _gaussian_kl(self.mean, self.log_std, other.mean, other.log_std)
 
 
 def build(

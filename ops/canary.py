@@ -3,9 +3,11 @@
 
 Actions: ``start`` (a version serves a share of episodes beside the live one), ``status``
 (both versions' returns, the interval for their difference and the gate's verdict),
-``promote`` and ``rollback``. ``start``, ``promote`` and ``rollback`` need the server's
-admin token (``--admin-token``, or RLSERVE_ADMIN_TOKEN). ``status`` exits 0 while the gate
-waits or says promote, 1 when it says roll back, so a pipeline can act on it.
+``promote`` and ``rollback``. ``start --shadow`` runs the canary on mirrored live batches
+instead, reported as action agreement and KL. ``start``, ``promote`` and ``rollback`` need
+the server's admin token (``--admin-token``, or RLSERVE_ADMIN_TOKEN). ``status`` exits 0
+while the gate waits or says promote, 1 when it says roll back, so a pipeline can act on
+it.
 """
 
 from __future__ import annotations
@@ -44,6 +46,13 @@ class StartArgs:
     auto: bool = field(
         default=False,
         metadata=arg("let the gate promote or roll back on its verdict (else: report only)"),
+    )
+    shadow: bool = field(
+        default=False,
+        metadata=arg(
+            "serve no episode on it: run it on --share of the live version's batches and "
+            "report action agreement and KL to the live version"
+        ),
     )
     margin: float = field(
         default=0.0,
@@ -89,15 +98,17 @@ def _start(client: PolicyClient, model: str, namespace: argparse.Namespace) -> i
     args = from_namespace(StartArgs, namespace)
     started = client.start_canary(
         model, args.version, args.share, action="auto" if args.auto else "report",
-        margin=args.margin, alpha=args.alpha, min_episodes=args.min_episodes,
-        planned_episodes=args.planned_episodes,
+        mode="shadow" if args.shadow else "episodes", margin=args.margin, alpha=args.alpha,
+        min_episodes=args.min_episodes, planned_episodes=args.planned_episodes,
     )  # fmt: skip
     plan = started["canary"]
     workers = started["workers"]
     everywhere = "every worker" if started["all_workers"] else "not yet every worker"
+    what = "runs in shadow on" if plan["mode"] == "shadow" else "serves"
+    unit = "live batches" if plan["mode"] == "shadow" else "episodes"
     print(
-        f"model {model}: canary version {plan['version']} serves {plan['share']:g} of "
-        f"episodes ({plan['action']}); {len(workers)} worker(s) follow it ({everywhere})"
+        f"model {model}: canary version {plan['version']} {what} {plan['share']:g} of "
+        f"{unit} ({plan['action']}); {len(workers)} worker(s) follow it ({everywhere})"
     )
     return 0
 
@@ -126,6 +137,8 @@ def _rollback(client: PolicyClient, model: str, namespace: argparse.Namespace) -
 def status_text(status: dict[str, Any]) -> str:
     """Both versions' returns, the interval and the verdict, as a few lines of text."""
     plan = status["canary"]
+    if plan["mode"] == "shadow":
+        return _shadow_text(status)
     lines = [
         f"model {status['model']}: canary version {plan['version']} on {plan['share']:g} of "
         f"episodes ({plan['action']}), counted on {status['workers']} worker(s)",
@@ -142,6 +155,21 @@ def status_text(status: dict[str, Any]) -> str:
     )
     lines.append(f"verdict: {status['verdict']} ({status['reason']})")
     return "\n".join(lines)
+
+
+def _shadow_text(status: dict[str, Any]) -> str:
+    plan, shadow = status["canary"], status["shadow"]
+    live = status["versions"][0]["version"]
+    agreement = "-" if shadow["agreement"] is None else f"{shadow['agreement']:.1%}"
+    return "\n".join([
+        f"model {status['model']}: canary version {plan['version']} in shadow on "
+        f"{plan['share']:g} of version {live}'s batches, counted on {status['workers']} "
+        "worker(s)",
+        f"rows compared: {shadow['rows']}",
+        f"actions agreeing with version {live}: {agreement}",
+        f"mean KL(live || canary): {_number(shadow['mean_kl'])}",
+        f"verdict: none ({status['reason']})",
+    ])  # fmt: skip
 
 
 def _number(value: float | None) -> str:

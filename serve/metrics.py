@@ -239,6 +239,12 @@ class Metrics:
             "sequence (lower, upper; +-Inf before min_episodes) and its estimate",
             ["model", "bound"], multiprocess_mode="livemostrecent", registry=r,
         )  # fmt: skip
+        self.shadow_rows = Counter(
+            "rlserve_canary_shadow_rows",
+            "Rows a shadow canary was run on (mirrored live batches), by whether its action "
+            "agreed with the live version's",
+            ["model", "agreement"], registry=r,
+        )  # fmt: skip
         self.canary_verdicts = Counter(
             "rlserve_canary_verdicts",
             "Canaries ended, by the verdict acted on (promote, rollback) and who acted",
@@ -252,6 +258,11 @@ class Metrics:
         self.child(self.canary_verdict, model).set(verdict)
         for bound, value in zip(("lower", "estimate", "upper"), bounds, strict=True):
             self.child(self.canary_difference, model, bound).set(value)
+
+    def shadow_compared(self, model: str, rows: int, agreeing: int) -> None:
+        """A shadow canary's comparison of a mirrored batch with the live version."""
+        self.child(self.shadow_rows, model, "agree").inc(agreeing)
+        self.child(self.shadow_rows, model, "disagree").inc(rows - agreeing)
 
     def canary_ended(self, model: str) -> None:
         """A model's canary ended: its judgement is no more."""

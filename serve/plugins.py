@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from starlette.types import Receive, Scope, Send
 
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from serve.batching.sequences import SequenceTable
     from serve.config import ModelSettings, Settings
     from serve.dataplane.deadline import LoopTurn
+    from serve.dataplane.messages import Prepared
     from serve.dataplane.model import ServedModel, VersionSource
     from serve.dataplane.routing import Router
     from serve.dataplane.scheduler import Scheduler
@@ -77,6 +78,24 @@ class Canary:
     log_probs: list[float]
     actions: Any = None
     atol: float = 1e-5
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two versions of a model on the same batch (a shadow canary's evidence): how many
+    rows, on how many the canary's action agreed with the live one's, and the sum over rows
+    of KL(live || canary) of their action distributions (None: the kind or the policy has
+    none)."""
+
+    rows: int
+    agreeing: int
+    kl_sum: float | None
+
+
+# a kind's comparison of two versions on a batch's inputs and requests
+Compare: TypeAlias = (
+    "Callable[[ServedModel, ServedModel, dict[str, Any], Sequence[Prepared]], Comparison]"
+)
 
 
 @dataclass(frozen=True)
@@ -143,6 +162,9 @@ class KindPlugin:
     metrics: Callable[[Metrics], Any]  # the kind's sink, made once per Metrics
     frontends: Callable[[FrontendParts], KindRoutes]
     listing: Callable[[list[str], int], dict[str, Any]] | None = None  # GET /v1/models adds
+    # a shadow canary's comparison of two versions on a live batch's inputs (None: the kind
+    # has none, and refuses a shadow canary)
+    compare: Compare | None = None
     openapi: OpenApiPart | None = None  # its own routes, as the OpenAPI document shows them
 
 

@@ -22,7 +22,7 @@ from kernel.errors import Forbidden, InvalidInput
 from kernel.versions import DESCRIPTION, MAX_VERSION, parse_version, path_version
 from serve.config import Settings
 from serve.control import pushed_files, store
-from serve.control.canary_assignment import CanaryPlan, GateAction
+from serve.control.canary_assignment import CanaryMode, CanaryPlan, GateAction
 from serve.control.http_bodies import body_chunks, json_response, read_body, read_json_object
 from serve.control.repository import MODEL_FILE
 from serve.control.return_gate import GateSettings, Verdict
@@ -211,11 +211,13 @@ def _push_from_json(settings: Settings, model: str, version: int, raw: dict[str,
 
 
 class CanaryStartBody(BaseModel):
-    """A canary to start: its version, its share of episodes, and its gate."""
+    """A canary to start: its version, its share of episodes (of live batches, in shadow),
+    and its gate."""
 
     model_config = ConfigDict(extra="forbid")
     version: StrictInt = Field(ge=1, le=MAX_VERSION)
     share: float = Field(gt=0, lt=1)
+    mode: CanaryMode = CanaryMode.EPISODES
     action: GateAction = GateAction.REPORT
     margin: float = Field(0.0, ge=0)
     alpha: float = Field(0.05, gt=0, lt=1)
@@ -225,10 +227,10 @@ class CanaryStartBody(BaseModel):
     def plan(self, model: str, now: float) -> CanaryPlan:
         try:
             gate = GateSettings(self.margin, self.alpha, self.min_episodes, self.planned_episodes)
+            return CanaryPlan(model, self.version, self.share, gate=gate, action=self.action,
+                              started_at=now, mode=self.mode)  # fmt: skip
         except ValueError as exc:
             raise InvalidInput(str(exc)) from None
-        return CanaryPlan(model, self.version, self.share, gate=gate, action=self.action,
-                          started_at=now)  # fmt: skip
 
 
 def _canary_body(raw: dict[str, Any]) -> CanaryStartBody:

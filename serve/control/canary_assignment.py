@@ -1,5 +1,6 @@
 """A model's canary, as recorded, and which version serves a call while it lasts: whole
-episodes, not requests (issue 45).
+episodes, not requests (issue 45). (A shadow canary serves no call: it runs on mirrored
+batches, ``serve.control.shadow_mirror``.)
 
 A canary serves ``share`` of a model's episodes on its version, the rest on the live
 (active) one. An episode must never mix versions (its return would then say nothing about
@@ -48,6 +49,13 @@ class Arm(StrEnum):
     CANARY = "canary"
 
 
+class CanaryMode(StrEnum):
+    """What the canary's version does."""
+
+    EPISODES = "episodes"  # serves its share of episodes; judged by their returns
+    SHADOW = "shadow"  # serves nothing: runs on its share of the live batches, compared
+
+
 class GateAction(StrEnum):
     """What the gate's verdict does."""
 
@@ -64,6 +72,7 @@ class CanaryPlan:
     gate: GateSettings = field(default_factory=GateSettings)
     action: GateAction = GateAction.REPORT
     started_at: float = 0.0  # wall-clock seconds
+    mode: CanaryMode = CanaryMode.EPISODES
     # keys seen lately and their side: an episode's calls hash its key once
     _arms: dict[str, Arm] = field(default_factory=dict, compare=False, repr=False)
 
@@ -72,6 +81,16 @@ class CanaryPlan:
             raise ValueError(
                 f"share: expected a fraction of episodes strictly between 0 and 1, got {self.share}"
             )
+        if self.mode is CanaryMode.SHADOW and self.action is GateAction.AUTO:
+            raise ValueError(
+                "action: a shadow canary is compared, not judged by return, so nothing acts "
+                "on it automatically; use action report (then promote or roll back)"
+            )
+
+    @property
+    def assigns(self) -> bool:
+        """Whether calls are assigned to sides (a shadow canary serves none)."""
+        return self.mode is CanaryMode.EPISODES
 
     def arm_for(self, key: str | None, rng: random.Random) -> tuple[Arm, Assignment]:
         """The side that serves a call naming episode ``key`` (None: no key)."""
@@ -95,6 +114,7 @@ class CanaryPlan:
             "model": self.model, "version": self.version, "share": self.share,
             "salt": self.salt, "gate": dataclasses.asdict(self.gate),
             "action": self.action.value, "started_at": self.started_at,
+            "mode": self.mode.value,
         }  # fmt: skip
 
     @classmethod
@@ -109,6 +129,7 @@ class CanaryPlan:
             gate,
             GateAction(raw.get("action", GateAction.REPORT)),
             float(raw.get("started_at", 0.0)),
+            CanaryMode(raw.get("mode", CanaryMode.EPISODES)),
         )
 
 

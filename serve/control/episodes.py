@@ -40,7 +40,7 @@ from serve.frontends.access import check_bearer
 from serve.metrics import Metrics
 
 if TYPE_CHECKING:
-    from serve.control.canary_returns import CanaryReturns
+    from serve.control.canary_evidence import CanaryEvidence
 
 RESERVOIR = 1024  # returns kept per version for quantiles (a uniform sample of all)
 REPORT_BYTES = 4096  # an episode report is a handful of fields
@@ -121,7 +121,7 @@ class EpisodeEndpoints:
         self,
         manager: ModelRepositoryManager,
         book: EpisodeBook,
-        canaries: CanaryReturns,
+        canaries: CanaryEvidence,
         token: SecretStr | None,
     ) -> None:
         self.manager = manager

@@ -42,7 +42,7 @@ class ModelRepositoryManager:
     def __init__(self, settings: Settings, metrics: Metrics, sinks: Sequence[RecordSink]) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.sinks = tuple(sinks)
+        self.sinks = tuple(sinks)  # every model's scheduler's, as it is made
         self.models: dict[str, ModelLifeCycle] = {}
         self.loading_done = False
         self.fatal: str | None = None  # why the repository itself could not be loaded
@@ -50,6 +50,11 @@ class ModelRepositoryManager:
         self.states: dict[str, store.ServingState] = {}  # serving states found at start-up
         self.result_caches: dict[str, CacheSettings | None] = {}  # by model, from its settings
         self._draws = random.Random()  # canary sides of calls that name no episode
+
+    def add_sink(self, sink: RecordSink) -> None:
+        """Hand ``sink`` every batch record of the models loaded from now on (so: of all of
+        them, when added before ``load_all``)."""
+        self.sinks = (*self.sinks, sink)
 
     # ------------------------------------------------------------------ loading
 
@@ -178,10 +183,11 @@ class ModelRepositoryManager:
         if lifecycle is None:
             hint = "still discovering the repository" if not self.loading_done else "unknown model"
             raise NotFound(f"model {quoted(name)}: {hint}; loaded models: {sorted(self.models)}")
-        by_episode = version is None and lifecycle.canary is not None
+        plan = lifecycle.canary
+        by_episode = version is None and plan is not None and plan.assigns
         if by_episode:
-            assert lifecycle.canary is not None
-            version = self._canary_side(lifecycle.canary, episode)
+            assert plan is not None
+            version = self._canary_side(plan, episode)
         chosen = lifecycle.get(version) if version is not None else lifecycle.active_model
         if chosen is not None:
             return Route(

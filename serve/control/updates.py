@@ -37,7 +37,7 @@ from typing import Any
 from kernel.errors import Conflict, InvalidInput, NotFound, RLServeError, ServiceUnavailable
 from serve.config import Settings
 from serve.control import repository, store
-from serve.control.canary_assignment import CanaryPlan
+from serve.control.canary_assignment import CanaryMode, CanaryPlan
 from serve.control.lifecycle import ModelLifeCycle
 from serve.control.manager import ModelRepositoryManager
 from serve.control.return_gate import Verdict
@@ -263,6 +263,11 @@ class Updater:
                 raise Conflict(
                     f"model {plan.model!r}: version {live} is the live version already; a "
                     "canary serves another version beside it"
+                )
+            if plan.mode is CanaryMode.SHADOW and plugin_of(entry.kind).compare is None:
+                raise InvalidInput(
+                    f"mode: model {plan.model!r} is a {entry.kind.noun}, whose versions rlserve "
+                    "cannot compare in shadow; run an episodes canary instead"
                 )
             if entry.canary is not None:
                 raise Conflict(

@@ -19,7 +19,7 @@ from serve.dataplane.kinds import ModelKind
 from serve.dataplane.scheduler import Scheduler
 from serve.metrics import Metrics
 from serve.plugins import Claim, FrontendParts, KindPlugin, KindRoutes, SchedulerParts
-from serve.policy import loading, updates
+from serve.policy import loading, shadow, updates
 
 
 def _claims(folder: Path | None) -> Claim:
@@ -55,6 +55,7 @@ PLUGIN = KindPlugin(
     load=loading.load,
     scheduler=_scheduler,
     check_update=updates.check_update,
+    compare=shadow.compare,
     default_deadline_ms=lambda settings: settings.default_deadline_ms,
     sequences=_sequences,
     metrics=_metrics,

@@ -42,10 +42,11 @@ from serve.batching.record import RecordSink
 from serve.control import single_file
 from serve.control.admin import AdminEndpoints
 from serve.control.api import ModelEndpoints
-from serve.control.canary_returns import CanaryReturns
+from serve.control.canary_evidence import CanaryEvidence
 from serve.control.episodes import EpisodeBook, EpisodeEndpoints
 from serve.control.http_bodies import error_response, json_response
 from serve.control.manager import ModelRepositoryManager
+from serve.control.shadow_mirror import ShadowMirror
 from serve.control.sync import RepositorySync
 from serve.control.updates import Updater
 from serve.control.watcher import RepositoryWatcher
@@ -178,7 +179,10 @@ def create_app(
     registry = WorkerRegistry(manager, stale_after_s=max(3 * settings.sync_interval_s, 5.0))
     updater = Updater(manager, settings, metrics, registry)
     phases = ServerPhases()
-    state = ServerState(settings, manager, phases, metrics, updater, EpisodeBook(metrics))
+    canaries = CanaryEvidence(manager, updater, metrics)
+    manager.add_sink(ShadowMirror(manager, canaries))
+    episodes = EpisodeBook(metrics)
+    state = ServerState(settings, manager, phases, metrics, updater, episodes, canaries)
     turn = LoopTurn()
     http_calls = HttpCalls(metrics, lambda: phases.draining, access_log=settings.access_log)
     transports = _transports(state, http_calls, turn)
@@ -301,9 +305,8 @@ def _control_app(state: ServerState) -> ASGIApp:
     app.add_api_route("/v1/models", _model_list(state, models), include_in_schema=False)
     app.include_router(models.router())
     app.include_router(AdminEndpoints(state.updater, state.settings).router())
-    canaries = CanaryReturns(state.manager, state.updater, state.metrics)
     token = state.settings.episode_token
-    episodes = EpisodeEndpoints(state.manager, state.episodes, canaries, token)
+    episodes = EpisodeEndpoints(state.manager, state.episodes, state.canaries, token)
     app.include_router(episodes.router())
     app.include_router(
         OperationsEndpoints(state.manager, state.phases, state.metrics, state.settings).router()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from serve.config import Settings
+from serve.control.canary_evidence import CanaryEvidence
 from serve.control.episodes import EpisodeBook
 from serve.control.manager import ModelRepositoryManager
 from serve.control.updates import Updater
@@ -20,6 +21,7 @@ class ServerState:
     metrics: Metrics
     updater: Updater
     episodes: EpisodeBook  # the returns clients reported, by model and version
+    canaries: CanaryEvidence  # the evidence on each model's canary, across workers
 
     def unready_reasons(self) -> list[str]:
         """Why the server is not ready to take traffic ([] when it is): the reasons /ready,

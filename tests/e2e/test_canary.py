@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -291,3 +292,54 @@ def test_a_lane_is_served_on_one_side_of_a_canary(lane_server: tuple[Server, Pat
     assert all(len(versions) == 1 for versions in seen), seen
     assert [next(iter(v)) for v in seen] == together
     assert set(together) == {1, 2}
+
+
+def kl(live: np.ndarray, canary: np.ndarray) -> float:
+    """KL(live || canary) of two categoricals given by logits."""
+    p, q = np.exp(live - logsumexp(live)), live - logsumexp(live)
+    return float(np.sum(p * (q - (canary - logsumexp(canary)))))
+
+
+def logsumexp(x: np.ndarray) -> float:
+    top = float(np.max(x))
+    return top + float(np.log(np.sum(np.exp(x - top))))
+
+
+def test_a_shadow_canary_serves_nothing_and_reports_agreement_and_kl(server: Server) -> None:
+    """Every call is answered by the live version; the canary runs on mirrored batches, and
+    its agreement and KL are those of the two versions' own answers on that observation."""
+    observation = [0.02, -0.3, 0.05, 0.4]
+    with PolicyClient(server.url, admin_token=TOKEN) as client:
+        live = client.model(MODEL)["active_version"]
+        other = 2 if live != 2 else 1
+        with pytest.raises(RequestFailed) as auto:
+            client.start_canary(MODEL, other, 0.9, mode="shadow", action="auto")
+        assert auto.value.status == 422
+        assert "shadow" in auto.value.message
+        started = rollout_canary(server, "start", "--version", str(other), "--share", "0.9",
+                                 "--shadow")  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        assert "runs in shadow on 0.9 of live batches" in started.stdout
+        asked = {"outputs": ("actions", "distribution")}  # each version's own answer
+        mine = client.predict(observation, model=MODEL, version=live, **asked)  # type: ignore[arg-type]
+        theirs = client.predict(observation, model=MODEL, version=other, **asked)  # type: ignore[arg-type]
+        stamps = {client.predict(observation, model=MODEL).model_version for _ in range(50)}
+        assert stamps == {live}  # the canary answered nothing
+        deadline = time.monotonic() + 30
+        while (shadow := client.canary(MODEL)["shadow"])["rows"] < 20:
+            assert time.monotonic() < deadline, shadow
+            time.sleep(0.05)
+        status = rollout_canary(server, "status")
+        client.rollback_canary(MODEL)
+    agree = int(np.asarray(mine.actions)) == int(np.asarray(theirs.actions))
+    assert shadow["agreement"] == (1.0 if agree else 0.0)
+    expected = kl(
+        np.asarray(mine.distribution["logits"]), np.asarray(theirs.distribution["logits"])
+    )
+    assert shadow["mean_kl"] == pytest.approx(expected, rel=1e-4, abs=1e-7)
+    assert status.returncode == 0, status.stderr
+    assert "rows compared:" in status.stdout
+    assert "verdict: none" in status.stdout
+    with server.client() as http:
+        rows = server.metric(http, "rlserve_canary_shadow_rows_total", model=MODEL)
+    assert rows >= shadow["rows"]

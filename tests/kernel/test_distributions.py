@@ -1,10 +1,13 @@
 """The numpy reference distributions agree with torch.distributions to 1e-5."""
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
-from torch.distributions import Bernoulli, Categorical, Normal
+from torch.distributions import Bernoulli, Categorical, Normal, kl_divergence
 
+from kernel import distributions as dist
 from kernel.distributions import DistributionKind, build
 
 RNG = np.random.default_rng(0)
@@ -111,3 +114,39 @@ def test_a_deterministic_policy_has_no_distribution_to_build() -> None:
     assert not DistributionKind.DETERMINISTIC.stochastic
     with pytest.raises(ValueError, match="no distribution"):
         build(DistributionKind.DETERMINISTIC, {})
+
+
+# -- KL divergences: the shadow canary's measure of two versions' distributions ---------------
+
+
+def _t(values: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(values)
+
+
+def test_kl_matches_torchs_for_every_stochastic_kind() -> None:
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(size=(64, 5)), rng.normal(size=(64, 5))
+    s1, s2 = rng.normal(scale=0.3, size=(64, 5)), rng.normal(scale=0.3, size=(64, 5))
+    categorical = kl_divergence(Categorical(logits=_t(a)), Categorical(logits=_t(b)))
+    bernoulli = kl_divergence(Bernoulli(logits=_t(a)), Bernoulli(logits=_t(b))).sum(-1)
+    normal = kl_divergence(Normal(_t(a), _t(np.exp(s1))), Normal(_t(b), _t(np.exp(s2)))).sum(-1)
+    pairs = zip(np.split(a, [2], axis=1), np.split(b, [2], axis=1), strict=True)
+    first, second = (
+        kl_divergence(Categorical(logits=_t(x)), Categorical(logits=_t(y))) for x, y in pairs
+    )
+    multi = first + second
+    cases: list[tuple[Any, Any, torch.Tensor]] = [
+        (dist.Categorical(a), dist.Categorical(b), categorical),
+        (dist.Bernoulli(a), dist.Bernoulli(b), bernoulli),
+        (dist.DiagGaussian(a, s1), dist.DiagGaussian(b, s2), normal),
+        (dist.SquashedDiagGaussian(a, s1), dist.SquashedDiagGaussian(b, s2), normal),
+        (dist.MultiCategorical(a, (2, 3)), dist.MultiCategorical(b, (2, 3)), multi),
+    ]
+    for mine, theirs, expected in cases:
+        np.testing.assert_allclose(mine.kl(theirs), expected.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_a_distribution_does_not_diverge_from_itself() -> None:
+    logits = np.random.default_rng(4).normal(size=(8, 3))
+    assert np.allclose(dist.Categorical(logits).kl(dist.Categorical(logits)), 0.0)
+    assert np.all(dist.Categorical(logits).kl(dist.Categorical(logits[::-1])) > 0.0)
