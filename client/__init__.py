@@ -12,11 +12,12 @@ server, so a training job installs it without the serving side.
 """
 
 from client.lane import LaneClient, LaneUnavailable
-from client.policy import AsyncPolicyClient, PolicyClient
+from client.policy import AsyncPolicyClient, EpisodeOutcome, PolicyClient
 from client.prediction import Prediction, RequestFailed
 
 __all__ = [
     "AsyncPolicyClient",
+    "EpisodeOutcome",
     "LaneClient",
     "LaneUnavailable",
     "PolicyClient",

@@ -212,18 +212,29 @@ def _rollback_call(model: str, version: int | None) -> _Call:
     return _Call("POST", path, body, headers, repeatable=False)
 
 
-def _episode_call(
-    model: str, model_version: int, episode_return: float, length: int | None,
-    terminated: bool, truncated: bool, token: str | None,
-) -> _Call:  # fmt: skip
-    body: dict[str, Any] = {
-        "model_version": int(model_version),
-        "return": float(episode_return),
-        "terminated": bool(terminated),
-        "truncated": bool(truncated),
-    }
-    if length is not None:
-        body["length"] = int(length)
+@dataclass(frozen=True)
+class EpisodeOutcome:
+    """How an episode went, on the version that served every one of its steps."""
+
+    model_version: int
+    episode_return: float
+    length: int | None = None
+    terminated: bool = False
+    truncated: bool = False
+
+    def body(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "model_version": int(self.model_version),
+            "return": float(self.episode_return),
+            "terminated": bool(self.terminated),
+            "truncated": bool(self.truncated),
+        }
+        if self.length is not None:
+            fields["length"] = int(self.length)
+        return fields
+
+
+def _episode_call(model: str, body: dict[str, Any], token: str | None) -> _Call:
     headers = {"Content-Type": "application/json", **_auth(token)}
     return _Call("POST", f"/v1/models/{model}/episodes", _json(body), headers, repeatable=False)
 
@@ -385,10 +396,10 @@ class PolicyClient:
         """``action_masks``: a masked policy's (MaskablePPO); ``memory``: a recurrent
         policy's state, or its server-held sequence (over the lane when its ids are
         integers, else over HTTP); ``episode_key``: the episode (or actor) every call of
-        one episode names, so that a model's canary serves it on one version (over HTTP)."""
+        one episode names, so that a model's canary serves it on one version (over HTTP;
+        over the lane, the lane is the key: it is one actor's)."""
         lane = _lane_arguments(action_masks, memory)
-        # the lane scores no actions, and names no episode
-        over_lane = actions is None and lane is not None and episode_key is None
+        over_lane = actions is None and lane is not None  # the lane scores no actions
         if self._lane is not None and over_lane and time.monotonic() >= self._lane_retry_at:
             assert lane is not None
             try:
@@ -454,10 +465,16 @@ class PolicyClient:
         """An episode's outcome, for the version that served its steps (every prediction's
         ``model_version``): what a policy canary is judged by (docs/rollouts.md).
         ``token``: the server's ``episode_token``, when it has one."""
-        call = _episode_call(
-            model, model_version, episode_return, length, terminated, truncated, token
-        )
+        outcome = EpisodeOutcome(model_version, episode_return, length, terminated, truncated)
+        call = _episode_call(model, outcome.body(), token)
         return dict(self._send(call))
+
+    def report_episodes(
+        self, model: str, outcomes: Sequence[EpisodeOutcome], *, token: str | None = None
+    ) -> dict[str, Any]:
+        """Several episodes' outcomes in one call (up to 256): a rollout worker's batch."""
+        body = {"episodes": [outcome.body() for outcome in outcomes]}
+        return dict(self._send(_episode_call(model, body, token)))
 
     def episodes(self, model: str) -> dict[str, Any]:
         """The model's reported episodes, by version: count, mean return, its spread."""
@@ -586,9 +603,8 @@ class AsyncPolicyClient:
         token: str | None = None,
     ) -> dict[str, Any]:
         """As ``PolicyClient.report_episode``."""
-        call = _episode_call(
-            model, model_version, episode_return, length, terminated, truncated, token
-        )
+        outcome = EpisodeOutcome(model_version, episode_return, length, terminated, truncated)
+        call = _episode_call(model, outcome.body(), token)
         return dict(await self._send(call))
 
     async def episodes(self, model: str) -> dict[str, Any]:

@@ -64,10 +64,11 @@ from typing import Any, Literal
 import gymnasium
 import numpy as np
 
-from client import PolicyClient, Prediction, RequestFailed
+from client import EpisodeOutcome, PolicyClient, Prediction, RequestFailed
 from kernel.errors import ConfigError, ServiceUnavailable, one_line
 from loop.buffers import open_producer
 from loop.buffers.base import BufferFull, BufferOptions, BufferUnavailable, Overflow, Producer
+from loop.episode_reports import EpisodeReporter
 from loop.experience import Step
 
 Vectorization = Literal["auto", "sync", "async"]
@@ -306,6 +307,8 @@ class RolloutWorker:
         vectorization: Vectorization = "auto",
         buffer_options: BufferOptions | None = None,
         lane: str | Path | None = None,
+        report_episodes: bool = True,
+        episode_token: str | None = None,
     ) -> None:
         if retry_for_s < 0:
             raise ConfigError(f"retry_for_s must be >= 0, got {retry_for_s}")
@@ -313,6 +316,9 @@ class RolloutWorker:
         self.retry_for_s = retry_for_s
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.run_id = secrets.token_hex(4)  # new for every worker: episode ids never repeat
+        # the worker's episodes are one client's: a model's canary serves them all on one
+        # side (over HTTP; a lane is its own key)
+        self.episode_key = f"{self.worker_id}-{self.run_id}"
         self.counters = Counters()
         self._stop = threading.Event()
         self._progress = _Progress(self.counters, None, 0.0, time.monotonic())
@@ -333,6 +339,7 @@ class RolloutWorker:
             except ValueError as e:
                 raise ConfigError(f"server {server!r}: give it as http://HOST:PORT") from e
             opened.pop_all()
+        self.reporter = EpisodeReporter(self.client, episode_token) if report_episodes else None
         self._next_step_reset = _autoreset(self.envs) == gymnasium.vector.AutoresetMode.NEXT_STEP
 
         # Per env: the episode it is in, the step within it, its return so far, and (NEXT_STEP
@@ -341,6 +348,8 @@ class RolloutWorker:
         self._step = np.zeros(num_envs, np.int64)
         self._return = np.zeros(num_envs, np.float64)
         self._resetting = np.zeros(num_envs, bool)
+        self._version = np.zeros(num_envs, np.int64)  # the version of the episode's steps
+        self._mixed = np.zeros(num_envs, bool)  # ... or several
         # With a seed, one sampling seed per request drawn from it (seeded requests cost the
         # server about 0.15 ms more each, so without one the server's randomness is used).
         self._seeds = None if seed is None else np.random.default_rng(seed)
@@ -422,6 +431,7 @@ class RolloutWorker:
                         deterministic=False,
                         seed=seed,
                         outputs=OUTPUTS,
+                        episode_key=self.episode_key,
                     )
                     self.counters.requests += 1
                     return answer
@@ -459,6 +469,9 @@ class RolloutWorker:
             if self._resetting[env]:
                 self._resetting[env] = False
                 continue
+            ended = bool(terminated[env] or truncated[env])
+            self._return[env] += rewards[env]
+            self._served_by(env, answer.model_version)
             records.append(
                 Step(
                     episode_id=f"{self.worker_id}-{self.run_id}-{env}-{self._episode[env]}",
@@ -472,18 +485,33 @@ class RolloutWorker:
                     truncated=bool(truncated[env]),
                     model_version=answer.model_version,
                     served_at=served_at,
+                    episode_return=float(self._return[env]) if ended else None,
                 )
             )
-            self._return[env] += rewards[env]
             self._step[env] += 1
-            if terminated[env] or truncated[env]:
-                self._end_episode(env)
+            if ended:
+                self._end_episode(env, answer.model, bool(terminated[env]))
         versions = self.counters.versions
         versions[answer.model_version] = versions.get(answer.model_version, 0) + len(records)
         self.counters.env_steps += len(records)
         return records
 
-    def _end_episode(self, env: int) -> None:
+    def _served_by(self, env: int, version: int) -> None:
+        """Note the version that served an episode's step (its first sets it)."""
+        if self._step[env] == 0:
+            self._version[env], self._mixed[env] = version, False
+        elif self._version[env] != version:
+            self._mixed[env] = True
+
+    def _end_episode(self, env: int, model: str, terminated: bool) -> None:
+        if self.reporter is not None:
+            outcome = None
+            if not self._mixed[env]:
+                outcome = EpisodeOutcome(
+                    int(self._version[env]), float(self._return[env]),
+                    int(self._step[env]), terminated, not terminated,
+                )  # fmt: skip
+            self.reporter.finished(model, outcome)
         self.counters.episodes += 1
         self.counters.return_sum += float(self._return[env])
         self.counters.recent_returns.append(float(self._return[env]))
@@ -548,7 +576,10 @@ class RolloutWorker:
                 signal.signal(sig, handler)
 
     def close(self) -> None:
-        """Close the environments, the connection and the producer."""
+        """Send the episode reports still waiting; close the environments, the connection
+        and the producer."""
+        if self.reporter is not None:
+            self.reporter.flush()
         self.envs.close()
         self.client.close()
         self.producer.close()

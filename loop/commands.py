@@ -12,6 +12,7 @@ clients are imported inside ``run``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -165,6 +166,15 @@ class CollectArgs:
             choices=["auto", "sync", "async"],
         ),
     )
+    no_episode_reports: bool = field(
+        default=False,
+        metadata=arg(
+            "do not report finished episodes' returns to the server (by default each is sent, "
+            "in batches, for the version that served it: the per-version return metrics and "
+            "a policy canary's evidence, docs/rollouts.md); the server's episode_token, if it "
+            "has one, is read from RLSERVE_EPISODE_TOKEN"
+        ),
+    )
     progress_every_s: float = field(
         default=5.0, metadata=arg("seconds between progress lines on stderr", metavar="SECONDS")
     )
@@ -270,6 +280,8 @@ def run(namespace: argparse.Namespace) -> int:
         vectorization=cast("Vectorization", given.vectorization),  # argparse or pydantic checked it
         buffer_options=given.buffer_options,
         lane=given.lane,
+        report_episodes=not args.no_episode_reports,
+        episode_token=os.environ.get("RLSERVE_EPISODE_TOKEN"),
     ) as worker:
         _progress(
             f"worker {worker.worker_id}-{worker.run_id}: {given.num_envs} x {given.env} "
@@ -297,6 +309,9 @@ def run(namespace: argparse.Namespace) -> int:
                 "worker": f"{worker.worker_id}-{worker.run_id}",
                 **worker.counters.summary(),
             }
+            if worker.reporter is not None:
+                worker.reporter.flush()
+                summary["episode_reports"] = dataclasses.asdict(worker.reporter.counts)
             _progress("stopped: " + _line(worker.counters))
             print(json.dumps(summary), flush=True)
     return 0

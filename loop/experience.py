@@ -20,7 +20,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-FORMAT = 1  # the encoding's version, first in every step's record
+FORMAT = 2  # the encoding's version, first in every step's record (1 is still read)
 COMPLETION = "completion"  # first in a completion's record, then its format
 COMPLETION_FORMAT = 1
 
@@ -38,6 +38,8 @@ class Step:
     truncated: bool
     model_version: int  # the version that chose the action (X-Policy-Version)
     served_at: float  # Unix seconds: when the server answered
+    # on an episode's last step: the episode's return (its rewards' sum); None before
+    episode_return: float | None = None
 
     @property
     def key(self) -> str:
@@ -74,6 +76,7 @@ class Step:
             bool(self.truncated),
             int(self.model_version),
             float(self.served_at),
+            None if self.episode_return is None else float(self.episode_return),
         ]
 
 
@@ -153,9 +156,11 @@ def decode(data: bytes) -> Record:
         raise ValueError(f"not an experience record: {e}") from e
     if isinstance(fields, list) and fields and fields[0] == COMPLETION:
         return _completion(fields)
-    if not isinstance(fields, list) or not fields or fields[0] != FORMAT:
-        raise ValueError(f"not an experience record of format {FORMAT}")
-    if len(fields) != 12 or [type(f) for f in fields] != _TYPES:
+    if not isinstance(fields, list) or not fields or fields[0] not in _STEP_FORMATS:
+        raise ValueError(f"not an experience record of format {FORMAT} (or 1)")
+    if fields[0] == 1:  # before episode_return
+        fields = [*fields, None]
+    if len(fields) != len(_TYPES) or not all(map(_typed, fields, _TYPES)):
         raise ValueError(f"not an experience record: fields {fields!r:.200}")
     (
         _,
@@ -170,6 +175,7 @@ def decode(data: bytes) -> Record:
         truncated,
         model_version,
         served_at,
+        episode_return,
     ) = fields
     return Step(
         episode_id,
@@ -183,11 +189,21 @@ def decode(data: bytes) -> Record:
         truncated,
         model_version,
         served_at,
+        episode_return,
     )
 
 
-_TYPES = [int, str, int, list, list, float, float, float, bool, bool, int, float]
+_STEP_FORMATS = (1, FORMAT)
+_NUMBER_OR_NONE = (float, type(None))
+_TYPES: list[type | tuple[type, ...]] = [
+    int, str, int, list, list, float, float, float, bool, bool, int, float, _NUMBER_OR_NONE,
+]  # fmt: skip
 _COMPLETION_TYPES = [str, int, str, int, int, list, list, list, float, str, int, float]
+
+
+def _typed(value: Any, wanted: type | tuple[type, ...]) -> bool:
+    """Exactly of the type (a bool is no int here), or of one of them."""
+    return type(value) in wanted if isinstance(wanted, tuple) else type(value) is wanted
 
 
 def _completion(fields: list[Any]) -> Completion:

@@ -16,12 +16,14 @@ import argparse
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cli.arguments import add_arguments as add_dataclass_arguments
 from cli.arguments import arg, from_namespace
-from client import PolicyClient, RequestFailed
 from ops.errors import CheckFailed
+
+if TYPE_CHECKING:
+    from client import PolicyClient
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -79,6 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(namespace: argparse.Namespace) -> int:
+    from client import PolicyClient, RequestFailed  # not for --help: it imports httpx
+
     _, _, handler = ACTIONS[namespace.canary_action]
     server = from_namespace(ServerArgs, namespace)
     url = server.url or os.environ.get("RLSERVE_URL", DEFAULT_URL)
@@ -176,7 +180,7 @@ def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-_Handler = Callable[[PolicyClient, str, argparse.Namespace], int]
+_Handler = Callable[["PolicyClient", str, argparse.Namespace], int]
 ACTIONS: dict[str, tuple[str, tuple[type, ...], _Handler]] = {
     "start": ("serve a version on a share of episodes beside the live one", (StartArgs,), _start),
     "status": ("both versions' returns, the interval and the gate's verdict", (), _status),

@@ -7,6 +7,7 @@ from client.lane import LaneClient, LaneUnavailable  # noqa: F401
 from client.policy import (  # noqa: F401
     LANE_RETRY_S,
     AsyncPolicyClient,
+    EpisodeOutcome,
     Memory,
     PolicyClient,
 )

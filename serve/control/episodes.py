@@ -6,6 +6,9 @@ answered its steps (every answer carries it):
     POST /v1/models/{model}/episodes
     {"model_version": 3, "return": 187.0, "length": 187, "terminated": true, "truncated": false}
 
+or several at once, ``{"episodes": [report, ...]}`` (up to ``MAX_REPORTS``: a rollout
+worker sends the episodes that ended since its last batch).
+
 The server keeps, per model and version, the returns' running count, mean and variance
 (``return_gate.Returns``), how many episodes terminated or were truncated, their mean length,
 and a bounded reservoir of returns (a uniform sample of every episode reported, for
@@ -43,7 +46,8 @@ if TYPE_CHECKING:
     from serve.control.canary_evidence import CanaryEvidence
 
 RESERVOIR = 1024  # returns kept per version for quantiles (a uniform sample of all)
-REPORT_BYTES = 4096  # an episode report is a handful of fields
+MAX_REPORTS = 256  # in one body: {"episodes": [...]}, a rollout worker's batch
+REPORTS_BYTES = 64 * 1024  # a report is a handful of fields; a batch of them fits
 FIELDS = ("model_version", "return", "length", "terminated", "truncated")
 
 
@@ -138,14 +142,20 @@ class EpisodeEndpoints:
         return router
 
     async def report(self, model: str, request: Request) -> Response:
-        """One episode's outcome, stamped with the version that served its steps."""
+        """One episode's outcome, stamped with the version that served its steps (or
+        ``{"episodes": [...]}``: several); all are checked before any counts."""
         if self.token is not None:
             check_bearer(self.token, request.headers.get("authorization", ""), "episode reports")
         self.manager.lifecycle(model)  # NotFound for a model not served
-        report = parse_report(await read_json_object(request, REPORT_BYTES))
-        self.book.add(model, report)
-        self.canaries.reported(model, report)
-        return json_response({"model": model, "model_version": report.version}, status=202)
+        body = await read_json_object(request, REPORTS_BYTES)
+        batch = "episodes" in body
+        reports = parse_reports(body) if batch else [parse_report(body)]
+        for report in reports:
+            self.book.add(model, report)
+            self.canaries.reported(model, report)
+        if batch:
+            return json_response({"model": model, "episodes": len(reports)}, status=202)
+        return json_response({"model": model, "model_version": reports[0].version}, status=202)
 
     async def summary(self, model: str) -> Response:
         """The model's reported episodes, by version."""
@@ -156,6 +166,27 @@ class EpisodeEndpoints:
         """The model's canary: both sides' returns on every worker, the interval and the
         gate's verdict (404 without a canary)."""
         return json_response((await self.canaries.status(model)).to_json())
+
+
+def parse_reports(body: dict[str, Any]) -> list[EpisodeReport]:
+    """A batch of reports, ``{"episodes": [...]}``, each checked (InvalidInput names the
+    first wrong one by its place)."""
+    unknown = sorted(set(body) - {"episodes"})
+    episodes = body["episodes"]
+    if unknown or not isinstance(episodes, list) or not 0 < len(episodes) <= MAX_REPORTS:
+        raise InvalidInput(
+            f'episodes: expected {{"episodes": [report, ...]}} with 1 to {MAX_REPORTS} '
+            f"reports and nothing else, each {list(FIELDS)}"
+        )
+    reports = []
+    for place, given in enumerate(episodes):
+        if not isinstance(given, dict):
+            raise InvalidInput(f"episodes[{place}]: expected an object, got {json_shown(given)}")
+        try:
+            reports.append(parse_report(given))
+        except InvalidInput as exc:
+            raise InvalidInput(f"episodes[{place}]: {exc.message}") from None
+    return reports
 
 
 def parse_report(body: dict[str, Any]) -> EpisodeReport:

@@ -13,7 +13,7 @@ import gymnasium as gym
 import httpx
 import pytest
 
-from client import PolicyClient, RequestFailed
+from client import EpisodeOutcome, PolicyClient, RequestFailed
 from tests.e2e.conftest import DEMO
 from tests.e2e.server import Server
 
@@ -88,6 +88,15 @@ def test_reported_episodes_are_tallied_by_version(server: Server) -> None:
         ({"model_version": 1, "return": 1.0, "length": 0}, "length: expected a positive"),
         ({"model_version": 1, "return": 1.0, "terminated": "yes"}, "terminated: expected true"),
         ({"model_version": 1, "return": 1.0, "reward": 1}, "unknown field(s) ['reward']"),
+        ({"episodes": []}, "1 to 256 reports"),
+        ({"episodes": [{"model_version": 1, "return": 1.0}] * 257}, "1 to 256 reports"),
+        ({"episodes": {"model_version": 1}}, "1 to 256 reports"),
+        ({"episodes": [{"model_version": 1, "return": 1}], "extra": 1}, "nothing else"),
+        (  # one bad report refuses the batch: none of it counts
+            {"episodes": [{"model_version": 1, "return": 1.0}, {"model_version": 1}]},
+            "episodes[1]: return: expected a finite number",
+        ),
+        ({"episodes": [{"model_version": 1, "return": 1.0}, 7]}, "episodes[1]: expected an"),
     ],
 )
 def test_bad_reports_are_refused_and_counted_nowhere(
@@ -100,6 +109,16 @@ def test_bad_reports_are_refused_and_counted_nowhere(
     assert response.status_code == 422, response.text
     assert words in response.json()["error"]["message"]
     assert after == before
+
+
+def test_a_batch_of_reports_counts_each(server: Server) -> None:
+    outcomes = [EpisodeOutcome(1, float(n), n + 1, terminated=True) for n in range(5)]
+    with PolicyClient(server.url) as client:
+        before = sum(v["episodes"] for v in client.episodes("cartpole")["versions"])
+        accepted = client.report_episodes("cartpole", outcomes)
+        after = sum(v["episodes"] for v in client.episodes("cartpole")["versions"])
+    assert accepted == {"model": "cartpole", "episodes": 5}
+    assert after - before == 5
 
 
 def test_reports_for_an_unknown_model_get_404(server: Server) -> None:

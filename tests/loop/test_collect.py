@@ -25,6 +25,7 @@ import pytest
 import zstandard
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from client import PolicyClient
 from kernel.distributions import Categorical
 from kernel.errors import ConfigError
 from loop.buffers import local_log, open_consumer
@@ -443,3 +444,60 @@ def test_sigterm_stops_collect_within_2_s_against_a_full_buffer(
 )
 def test_progress_shows_versions_as_a_few_runs(versions: list[int], shown: str) -> None:
     assert versions_shown(versions) == shown
+
+
+# -- episodes: their return on the last step, and reported to the server -------------------
+
+
+def reported_episodes(server: Server) -> tuple[int, float]:
+    """The server's tally of cartpole's reported episodes, every version's: how many, and
+    their returns' sum."""
+    with server.client() as http:
+        versions = http.get("/v1/models/cartpole/episodes").json()["versions"]
+    return (
+        sum(v["episodes"] for v in versions),
+        sum(v["episodes"] * v["mean_return"] for v in versions),
+    )
+
+
+def test_finished_episodes_carry_their_return_and_are_reported(server: Server) -> None:
+    before, summed_before = reported_episodes(server)
+    url = "memory://collect-episode-reports"
+    with RolloutWorker("CartPole-v1", server.url, url, num_envs=3, seed=5) as worker:
+        counters = worker.run(max_steps=1600)
+    assert worker.reporter is not None
+    steps = consume(url, counters.env_steps)
+    episodes: dict[str, list[Step]] = defaultdict(list)
+    for step in steps:
+        episodes[step.episode_id].append(step)
+    finished = [sorted(e, key=lambda s: s.step) for e in episodes.values() if e[-1].last]
+    assert len(finished) == counters.episodes > 0
+    for episode in finished:
+        assert episode[-1].episode_return == sum(s.reward for s in episode)
+        assert all(s.episode_return is None for s in episode[:-1])
+    after, summed_after = reported_episodes(server)
+    assert worker.reporter.counts.sent == after - before == len(finished)
+    returns = sum(e[-1].episode_return or 0.0 for e in finished)
+    assert summed_after - summed_before == pytest.approx(returns)
+    assert worker.reporter.counts.failed == worker.reporter.counts.mixed == 0
+
+
+def test_a_worker_is_served_on_one_side_of_a_canary(server: Server) -> None:
+    """A worker's requests name the worker as their episode key: during a canary all its
+    envs' episodes run on the version its key drew."""
+    with PolicyClient(server.url, admin_token=TOKEN) as admin:
+        live = admin.model("cartpole")["active_version"]
+        model = (DEMO / "1" / "model.onnx").read_bytes()
+        admin.push("cartpole", live + 1, model, activate=False)
+        admin.start_canary("cartpole", live + 1, 0.5)
+        try:
+            sides = []
+            for n in range(12):
+                url = f"memory://collect-canary-{n}"
+                with RolloutWorker("CartPole-v1", server.url, url, num_envs=2) as worker:
+                    counters = worker.run(max_steps=30)
+                sides.append(set(counters.versions))
+        finally:
+            admin.rollback_canary("cartpole")
+    assert all(len(side) == 1 for side in sides), sides
+    assert set().union(*sides) == {live, live + 1}  # 12 workers all on one side: 1 in 2,048
