@@ -36,6 +36,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    StrictInt,
     ValidationError,
     field_validator,
     model_validator,
@@ -49,7 +50,9 @@ from pydantic_settings import (
 from cli import config_file
 from kernel.errors import ConfigError
 from kernel.spaces import ObservationBounds
+from kernel.versions import MAX_VERSION
 from serve.config_file import ConfigFileSource
+from serve.types import CanaryMode, GateAction
 
 ENV_PREFIX = "RLSERVE_"
 ADMIN_TOKEN_MIN_CHARS = 16  # a bearer token short enough to guess is refused at start
@@ -247,6 +250,29 @@ class FeatureView(BaseModel):
         return f"{self.entity}:" if self.key_prefix is None else self.key_prefix
 
 
+class CanarySettings(BaseModel):
+    """A policy canary (docs/rollouts.md): a version serving a share of a model's episodes
+    beside the live one (or, in shadow, run on a share of its batches), and its gate. An
+    admin call's body, and a model's ``canary`` in its config.yaml."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    version: StrictInt = Field(ge=1, le=MAX_VERSION, description="the canary's version")
+    share: float = Field(gt=0, lt=1, description="of episodes (in shadow: of live batches)")
+    mode: CanaryMode = Field(CanaryMode.EPISODES, description="episodes or shadow")
+    action: GateAction = Field(GateAction.REPORT, description="report, or auto: the gate acts")
+    margin: float = Field(0.0, ge=0, description="how much lower a promoted mean return may be")
+    alpha: float = Field(0.05, gt=0, lt=1, description="the chance of a wrong verdict")
+    min_episodes: StrictInt = Field(30, ge=2, description="per version, before any verdict")
+    planned_episodes: StrictInt = Field(1000, ge=4, description="where the interval is tuned")
+
+
+_CANARY_HELP = (
+    "a policy canary started with the model (an object: version, share, mode, action, "
+    "margin, alpha, min_episodes, planned_episodes; docs/rollouts.md), once: a canary the "
+    "serving state says ended is not started again. Unset: none"
+)
+
+
 class ModelSettings(BaseModel):
     """The settings a model's own config.yaml may override; :class:`Settings` inherits them
     (declared here once), so the server's values are every model's defaults."""
@@ -286,6 +312,8 @@ class ModelSettings(BaseModel):
     result_cache_timeout_ms: float = Field(5.0, gt=0, description=_RESULT_CACHE_TIMEOUT_HELP)
     # Online features (serve.stores.features): off unless features is set.
     features: FeatureView | None = Field(None, description=_FEATURES_HELP)
+    # A policy canary declared with the model (serve.control.canary_assignment).
+    canary: CanarySettings | None = Field(None, description=_CANARY_HELP)
 
 
 class Settings(BaseSettings, ModelSettings):

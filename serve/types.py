@@ -19,6 +19,20 @@ class OutputKind(StrEnum):
     DISTRIBUTION = "distribution"
 
 
+class CanaryMode(StrEnum):
+    """What a model's canary version does (``serve.control.canary_assignment``)."""
+
+    EPISODES = "episodes"  # serves its share of episodes; judged by their returns
+    SHADOW = "shadow"  # serves nothing: runs on its share of the live batches, compared
+
+
+class GateAction(StrEnum):
+    """What a canary gate's verdict does."""
+
+    AUTO = "auto"  # promote or roll back as soon as the gate decides
+    REPORT = "report"  # say so (``rlserve rollout canary status``); a person acts
+
+
 @dataclass(frozen=True, slots=True)
 class PredictOptions:
     """How a request wants its rows answered (the request's parameters, validated)."""

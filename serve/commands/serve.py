@@ -30,6 +30,7 @@ NO_FLAG = {
     "result_cache": "its Redis URL may hold a password, which a command line shows (ps)",
     "version_policy": "an object: RLSERVE_VERSION_POLICY as JSON, or the --config file",
     "features": "an object: RLSERVE_FEATURES as JSON, or a model's config.yaml",
+    "canary": "an object: a model's config.yaml (or RLSERVE_CANARY as JSON)",
 }
 POSITIONAL = "model_file"
 FLAGS = {"config_file": "--config"}  # flags not named --kebab-case after their setting

@@ -20,12 +20,12 @@ from starlette.responses import Response
 
 from kernel.errors import Forbidden, InvalidInput
 from kernel.versions import DESCRIPTION, MAX_VERSION, parse_version, path_version
-from serve.config import Settings
+from serve.config import CanarySettings, Settings
 from serve.control import pushed_files, store
-from serve.control.canary_assignment import CanaryMode, CanaryPlan, GateAction
+from serve.control.canary_assignment import CanaryPlan
 from serve.control.http_bodies import body_chunks, json_response, read_body, read_json_object
 from serve.control.repository import MODEL_FILE
-from serve.control.return_gate import GateSettings, Verdict
+from serve.control.return_gate import Verdict
 from serve.control.updates import ActivationMode, Push, Updater
 from serve.frontends.access import check_bearer
 from serve.frontends.wire import decode_object, positive_number
@@ -111,7 +111,10 @@ class AdminEndpoints:
         """Serve a share of the model's episodes on another version beside the live one,
         judged by the returns they earn (docs/rollouts.md); query: wait_s."""
         body = _canary_body(await read_json_object(request, ROLLBACK_BODY_BYTES))
-        plan = body.plan(model, time.time())
+        try:
+            plan = CanaryPlan.of(model, body, time.time())
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
         spread = await self.updater.start_canary(plan, _wait_s(request.query_params))
         return json_response({"model": model, "canary": plan.to_json(), **spread.to_json()})
 
@@ -210,35 +213,12 @@ def _push_from_json(settings: Settings, model: str, version: int, raw: dict[str,
     )
 
 
-class CanaryStartBody(BaseModel):
-    """A canary to start: its version, its share of episodes (of live batches, in shadow),
-    and its gate."""
-
-    model_config = ConfigDict(extra="forbid")
-    version: StrictInt = Field(ge=1, le=MAX_VERSION)
-    share: float = Field(gt=0, lt=1)
-    mode: CanaryMode = CanaryMode.EPISODES
-    action: GateAction = GateAction.REPORT
-    margin: float = Field(0.0, ge=0)
-    alpha: float = Field(0.05, gt=0, lt=1)
-    min_episodes: StrictInt = Field(30, ge=2)
-    planned_episodes: StrictInt = Field(1000, ge=4)
-
-    def plan(self, model: str, now: float) -> CanaryPlan:
-        try:
-            gate = GateSettings(self.margin, self.alpha, self.min_episodes, self.planned_episodes)
-            return CanaryPlan(model, self.version, self.share, gate=gate, action=self.action,
-                              started_at=now, mode=self.mode)  # fmt: skip
-        except ValueError as exc:
-            raise InvalidInput(str(exc)) from None
-
-
-def _canary_body(raw: dict[str, Any]) -> CanaryStartBody:
+def _canary_body(raw: dict[str, Any]) -> CanarySettings:
     try:
-        return CanaryStartBody.model_validate(raw)
+        return CanarySettings.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        fields = list(CanaryStartBody.model_fields)
+        fields = list(CanarySettings.model_fields)
         raise InvalidInput(
             f"{'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']}; a canary is "
             f'{{"version": N, "share": 0.1}} with optional {fields[2:]}'

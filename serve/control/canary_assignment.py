@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from serve.config import CanarySettings
 from serve.control.return_gate import GateSettings
+from serve.types import CanaryMode, GateAction
 
 _SCALE = float(1 << 64)
 REMEMBERED_KEYS = 65_536  # a plan's keys and their sides, kept until this many (then anew)
@@ -47,20 +49,6 @@ class Arm(StrEnum):
 
     LIVE = "live"
     CANARY = "canary"
-
-
-class CanaryMode(StrEnum):
-    """What the canary's version does."""
-
-    EPISODES = "episodes"  # serves its share of episodes; judged by their returns
-    SHADOW = "shadow"  # serves nothing: runs on its share of the live batches, compared
-
-
-class GateAction(StrEnum):
-    """What the gate's verdict does."""
-
-    AUTO = "auto"  # promote or roll back as soon as the gate decides
-    REPORT = "report"  # say so (``rlserve rollout canary status``); a person acts
 
 
 @dataclass(frozen=True)
@@ -108,6 +96,16 @@ class CanaryPlan:
         named = f"{self.model}\0{self.version}\0{self.salt}\0{key}"
         digest = hashlib.blake2b(named.encode(), digest_size=8).digest()
         return int.from_bytes(digest, "big") / _SCALE
+
+    @classmethod
+    def of(cls, model: str, settings: CanarySettings, started_at: float) -> CanaryPlan:
+        """The plan a canary's settings (an admin call's, a model's config.yaml) make; a
+        ValueError names what cannot hold together."""
+        gate = GateSettings(
+            settings.margin, settings.alpha, settings.min_episodes, settings.planned_episodes
+        )
+        return cls(model, settings.version, settings.share, gate=gate, action=settings.action,
+                   started_at=started_at, mode=settings.mode)  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         return {

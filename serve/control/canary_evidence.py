@@ -39,13 +39,14 @@ import orjson
 
 from kernel.errors import NotFound, RLServeError
 from serve.control import store
-from serve.control.canary_assignment import Arm, CanaryMode, CanaryPlan, GateAction
+from serve.control.canary_assignment import Arm, CanaryPlan
 from serve.control.episodes import EpisodeReport
 from serve.control.manager import ModelRepositoryManager
 from serve.control.return_gate import Decision, Returns, Verdict, decide
 from serve.control.updates import Updater
 from serve.metrics import Metrics
 from serve.plugins import Comparison
+from serve.types import CanaryMode, GateAction
 
 log = logging.getLogger("rlserve.canary")
 

@@ -45,6 +45,7 @@ class ModelRepositoryManager:
         self.sinks = tuple(sinks)  # every model's scheduler's, as it is made
         self.models: dict[str, ModelLifeCycle] = {}
         self.loading_done = False
+        self.canaries_started = False  # the canaries models' config.yaml declare (ready after)
         self.fatal: str | None = None  # why the repository itself could not be loaded
         self.skipped: set[Path] = set()  # directories that are not versions, as loading found
         self.states: dict[str, store.ServingState] = {}  # serving states found at start-up
@@ -247,6 +248,8 @@ class ModelRepositoryManager:
             return [self.fatal]
         if not self.loading_done:
             return ["loading models"]
+        if not self.canaries_started:
+            return ["starting the canaries models' config.yaml declare"]
         reasons = [
             f"model {m.name!r} has no loaded version: {m.failures}"
             for m in self.models.values()

@@ -24,11 +24,12 @@ from collections import deque
 from dataclasses import dataclass
 
 from serve.batching.record import BatchRecord
-from serve.control.canary_assignment import CanaryMode, CanaryPlan
+from serve.control.canary_assignment import CanaryPlan
 from serve.control.canary_evidence import CanaryEvidence
 from serve.control.manager import ModelRepositoryManager
 from serve.dataplane.model import ServedModel
 from serve.plugins import plugin_of
+from serve.types import CanaryMode
 
 log = logging.getLogger("rlserve.canary")
 

@@ -56,6 +56,7 @@ class ServingState:
     updated_at: float = 0.0  # wall-clock seconds
     by: str = ""  # the worker that wrote it, host:pid
     canary: CanaryPlan | None = None  # a share of episodes on another version (issue 45)
+    judged: tuple[int, ...] = ()  # versions whose canary ended (a configured one runs once)
 
     def held_now(self, now: float) -> bool:
         return self.held and (self.hold_until is None or now < self.hold_until)
@@ -156,7 +157,8 @@ def read_state(model_dir: Path) -> ServingState | None:
         canary = raw.get("canary")
         plan = None if canary is None else CanaryPlan.from_json(canary)
         known = {k: v for k, v in raw.items() if k in fields}
-        return ServingState(**{**known, "canary": plan})
+        judged = tuple(int(v) for v in raw.get("judged", ()))
+        return ServingState(**{**known, "canary": plan, "judged": judged})
     except (TypeError, ValueError, KeyError, AttributeError):
         return None
 

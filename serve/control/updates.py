@@ -37,7 +37,7 @@ from typing import Any
 from kernel.errors import Conflict, InvalidInput, NotFound, RLServeError, ServiceUnavailable
 from serve.config import Settings
 from serve.control import repository, store
-from serve.control.canary_assignment import CanaryMode, CanaryPlan
+from serve.control.canary_assignment import CanaryPlan
 from serve.control.lifecycle import ModelLifeCycle
 from serve.control.manager import ModelRepositoryManager
 from serve.control.return_gate import Verdict
@@ -46,6 +46,7 @@ from serve.control.workers import Propagation, WorkerRegistry
 from serve.dataplane.model import ServedModel
 from serve.metrics import Metrics
 from serve.plugins import Canary, plugin_of
+from serve.types import CanaryMode
 
 log = logging.getLogger("rlserve.updates")
 
@@ -289,6 +290,26 @@ class Updater:
         )  # fmt: skip
         return await self._spread_generation(plan.model, state.generation, wait_s)
 
+    async def start_configured_canary(self, name: str) -> None:
+        """Start the canary a model's config.yaml declares, unless the serving state has a
+        canary, or has one of that version ended (a configured canary runs once), or that
+        version is live already. Logged, never raised: a server starts without it."""
+        entry = self._entry(name)
+        wanted = entry.settings.canary
+        if wanted is None or wanted.version == entry.active:
+            return
+        model_dir = self.settings.model_repository / name
+        state = await asyncio.to_thread(store.read_state, model_dir)
+        if state is not None and (state.canary is not None or wanted.version in state.judged):
+            return
+        try:
+            await self.start_canary(CanaryPlan.of(name, wanted, time.time()))
+        except Conflict:
+            return  # another worker started it first
+        except (RLServeError, ValueError) as exc:
+            message = exc.message if isinstance(exc, RLServeError) else str(exc)
+            log.error("model %s: its config.yaml's canary was not started: %s", name, message)
+
     async def end_canary(
         self, name: str, verdict: Verdict, salt: str | None = None, wait_s: float = 0.0
     ) -> UpdateReport:
@@ -301,19 +322,19 @@ class Updater:
             if plan is None or (salt is not None and plan.salt != salt):
                 raise NotFound(f"model {name!r} has no canary running")
             previous = entry.active
+            mode = ActivationMode.AT_BATCH_BOUNDARY
+
+            def change(current: ServingState | None) -> ServingState:
+                ended = _with_canary(current, entry, None)
+                ended = dataclasses.replace(ended, judged=(*ended.judged, plan.version))
+                if verdict is not Verdict.PROMOTE:
+                    return ended
+                return _activating(ended, name, plan.version, mode, allow_older=True)
+
+            state = await self._record(entry, change)
+            entry.follow_canary(None)
             if verdict is Verdict.PROMOTE:
-                mode = ActivationMode.AT_BATCH_BOUNDARY
-
-                def change(current: ServingState | None) -> ServingState:
-                    activated = _activating(current, name, plan.version, mode, allow_older=True)
-                    return dataclasses.replace(activated, canary=None)
-
-                state = await self._record(entry, change)
-                entry.follow_canary(None)
                 self._activate(entry, plan.version, mode)
-            else:
-                state = await self._record(entry, lambda cur: _with_canary(cur, entry, None))
-                entry.follow_canary(None)
             entry.generation = state.generation
         result = UpdateResult.ACTIVATED if verdict is Verdict.PROMOTE else UpdateResult.ROLLED_BACK
         served = entry.get(plan.version)

@@ -340,11 +340,15 @@ def _model_list(state: ServerState, models: ModelEndpoints) -> Callable[[], Awai
 
 async def _load(state: ServerState) -> None:
     """Load, verify and warm every model (while the server already answers /health, unless
-    it listens after loading), then follow the repository's serving state (and, in pull
-    mode, watch it for new versions and models)."""
+    it listens after loading) and start the canaries their config.yaml declare, then follow
+    the repository's serving state (and, in pull mode, watch it for new versions and
+    models)."""
     try:
         loaded = await _load_models(state)
+        for name in list(state.manager.models) if loaded else []:
+            await state.updater.start_configured_canary(name)
     finally:
+        state.manager.canaries_started = True
         state.phases.loaded.set()
     if not loaded:
         await _load_when_back(state)

@@ -343,3 +343,30 @@ def test_a_shadow_canary_serves_nothing_and_reports_agreement_and_kl(server: Ser
     with server.client() as http:
         rows = server.metric(http, "rlserve_canary_shadow_rows_total", model=MODEL)
     assert rows >= shadow["rows"]
+
+
+def test_a_canary_in_a_models_config_starts_with_it_once(versions: Path, tmp_path: Path) -> None:
+    """config.yaml's canary is running when the server is ready; once it ended, a restart
+    does not start it again (the serving state remembers)."""
+    repo = live_on_one(versions, tmp_path)
+    config = repo / MODEL / "config.yaml"
+    config.write_text(config.read_text() + "canary: {version: 2, share: 0.25, mode: episodes}\n")
+    env = {"RLSERVE_ADMIN_TOKEN": TOKEN, "RLSERVE_ACCESS_LOG": "false"}
+    first = Server.rlserve(repo, env=env, log=tmp_path / "first.log")
+    try:
+        first.wait_ready()
+        with PolicyClient(first.url, admin_token=TOKEN) as admin:
+            status = admin.canary(MODEL)
+            admin.rollback_canary(MODEL)
+    finally:
+        first.stop()
+    assert status["canary"]["version"] == 2
+    assert status["canary"]["share"] == 0.25
+    again = Server.rlserve(repo, env=env, log=tmp_path / "again.log")
+    try:
+        again.wait_ready()
+        with PolicyClient(again.url) as client, pytest.raises(RequestFailed) as none:
+            client.canary(MODEL)
+    finally:
+        again.stop()
+    assert none.value.status == 404

@@ -13,8 +13,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from serve.control.canary_assignment import Arm, Assignment, CanaryPlan, GateAction
+from serve.control.canary_assignment import Arm, Assignment, CanaryPlan
 from serve.control.return_gate import GateSettings
+from serve.types import GateAction
 
 ROOT = Path(__file__).resolve().parents[3]
 PLAN = CanaryPlan("cartpole", version=4, share=0.1, salt="a")
