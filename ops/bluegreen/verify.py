@@ -4,7 +4,8 @@ In order: the Deployment finished rolling out; the preview Service selects the c
 has ready endpoints; ``/ready`` answers 200 through it; the served model reproduces its
 contract's golden vectors (discrete actions exactly, floats within the contract's
 ``golden_atol``); and, when the live color serves another model version, both versions get
-the same observations and the share of rows whose actions agree must reach a threshold.
+the same observations and the share of rows whose actions agree must reach a threshold;
+with ``--canary``, the live color's policy canary of the new version must say promote.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from kernel.contract import PolicyContract, TensorRole
 from kernel.errors import MalformedRequest, NotFound
 from ops.bluegreen.kubectl import Kubectl
 from ops.bluegreen.names import MODEL_VERSION, annotation
+from ops.errors import KubectlError
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class VerifyOptions:
     min_agreement: float = 0.9
     action_atol: float = 0.05
     timeout_s: int = 600
+    canary: bool = False  # also require the live color's canary of this version to say promote
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,8 @@ def verify(k: Kubectl, color: str, options: VerifyOptions) -> Report:
     agreement = _agreement(k, color, target, policy, options)
     if agreement is not None:
         report.checks.append(agreement)
+    if options.canary:
+        report.checks.append(_canary_verdict(k, target))
     return report
 
 
@@ -188,6 +193,31 @@ def _agreement(
         f", continuous actions within {options.action_atol:g}"
     )
     return Check("action agreement with live", rate >= options.min_agreement, detail)
+
+
+def _canary_verdict(k: Kubectl, target: Target) -> Check:
+    """The live color's policy canary of the new version: its gate must say promote (the
+    returns its episodes earned beside the live version's: docs/rollouts.md)."""
+    name = "canary judged by return"
+    path = k.names.proxy(k.names.service, f"/v1/models/{target.model}/canary")
+    try:
+        status = k.document("get", "--raw", path)
+    except KubectlError:
+        return Check(
+            name, False,
+            f"no canary of model {target.model} runs on the live color; start one of version "
+            f"{target.version} there (rlserve rollout canary start {target.model} --version "
+            f"{target.version}) and let its episodes decide",
+        )  # fmt: skip
+    if status is None:  # a dry run
+        return Check(name, True, "a dry run asks nothing")
+    version, verdict = str(status["canary"]["version"]), status.get("verdict")
+    if version != target.version:
+        return Check(
+            name, False, f"the live color's canary is version {version}, not {target.version}"
+        )
+    detail = f"version {version}: {verdict} ({status.get('reason', '')})"
+    return Check(name, verdict == "promote", detail)
 
 
 def _paired_rows(

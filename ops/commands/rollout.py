@@ -66,6 +66,13 @@ class CheckArgs:
         default=0.05, metadata=arg("continuous actions closer than this count as agreeing")
     )
     timeout_s: int = field(default=600, metadata=arg("longest wait for a rollout to finish"))
+    canary: bool = field(
+        default=False,
+        metadata=arg(
+            "also require the live color's policy canary of the new version to say promote "
+            "(its episodes' returns against the live version's; docs/rollouts.md)"
+        ),
+    )
 
 
 @dataclass
@@ -164,7 +171,9 @@ def _retain(namespace: argparse.Namespace, k: Kubectl) -> int:
 
 def _verify_options(namespace: argparse.Namespace) -> VerifyOptions:
     args = from_namespace(CheckArgs, namespace)
-    return VerifyOptions(args.model, args.min_agreement, args.action_atol, args.timeout_s)
+    return VerifyOptions(
+        args.model, args.min_agreement, args.action_atol, args.timeout_s, args.canary
+    )
 
 
 _Handler = Callable[[argparse.Namespace, Kubectl], int]

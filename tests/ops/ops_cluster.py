@@ -62,6 +62,7 @@ def cluster(
     live_actions: list[int] = GOLDEN_ACTIONS,
     idle_ready: int = 3,
     idle_version: int = 4,
+    canary: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     preview = "rlserve-preview:http/proxy"
     live = "/services/rlserve:http/proxy"
@@ -81,6 +82,8 @@ def cluster(
         _rule("RLSERVE_DEFAULT_MODEL", stdout=MODEL),
         _rule("deployment rlserve-green", "model-version", stdout=str(idle_version)),
         _rule("deployment rlserve-blue", "model-version", stdout="3"),
+        # the live color's policy canary (before the model's own path, which it extends)
+        _rule("get --raw", f"{live}/v1/models/{MODEL}/canary", **_canary(canary)),
         _rule("get --raw", f"{preview}/v1/models/{MODEL}", json=_describe(idle_version)),
         _rule("get --raw", f"{live}/v1/models/{MODEL}", json=_describe(3)),
         _rule("create --raw", f"{preview}/v1/models/", json={"actions": idle_actions}),
@@ -88,6 +91,19 @@ def cluster(
         _rule("get deployments -l app=rlserve", json=_deployments()),
     ]
     return {"rules": rules}
+
+
+def _canary(status: dict[str, Any] | None) -> dict[str, Any]:
+    """The answer to a GET of the live color's canary: its status, or a 404 (kubectl fails)."""
+    if status is None:
+        return {"rc": 1, "stderr": "Error from server (NotFound): the server could not find"}
+    return {"json": status}
+
+
+def canary_status(version: int, verdict: str) -> dict[str, Any]:
+    """A canary's status as the server answers it (the fields verify reads)."""
+    return {"model": MODEL, "canary": {"version": version, "share": 0.1}, "verdict": verdict,
+            "reason": f"canary - live in [1, 2] at 95%: {verdict}"}  # fmt: skip
 
 
 def _deployments() -> dict[str, Any]:

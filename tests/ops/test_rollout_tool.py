@@ -9,7 +9,7 @@ import pytest
 
 import cli
 from tests.ops.conftest import FakeKubectl, run_rollout
-from tests.ops.ops_cluster import cluster
+from tests.ops.ops_cluster import canary_status, cluster
 
 MUTATING = {"patch", "scale", "apply", "delete", "annotate", "label", "set", "edit"}
 
@@ -118,6 +118,26 @@ def test_verify_sends_both_versions_the_same_observations(kubectl, capsys):
     assert live
     assert live <= preview
     assert "PASS  action agreement with live" in capsys.readouterr().out
+
+
+def test_verify_with_canary_needs_the_live_colors_canary_of_the_version_to_say_promote(
+    kubectl, capsys
+):
+    cases = [
+        (canary_status(4, "promote"), 0, "PASS  canary judged by return: version 4: promote"),
+        (canary_status(4, "continue"), 1, "FAIL  canary judged by return: version 4: continue"),
+        (canary_status(4, "rollback"), 1, "FAIL  canary judged by return: version 4: rollback"),
+        (canary_status(5, "promote"), 1, "canary is version 5, not 4"),
+        (None, 1, "no canary of model cartpole runs on the live color"),
+    ]
+    for status, code, words in cases:
+        kubectl.use(cluster(canary=status))
+        assert run_rollout("verify", "green", "--canary") == code
+        assert words in capsys.readouterr().out
+    asked = sum("/canary" in " ".join(c) for c in kubectl.calls())
+    kubectl.use(cluster(canary=None))
+    assert run_rollout("verify", "green") == 0  # without --canary: not asked
+    assert sum("/canary" in " ".join(c) for c in kubectl.calls()) == asked
 
 
 def test_rollback_is_a_single_patch_of_the_service(kubectl):
