@@ -119,14 +119,19 @@ def compare(args: argparse.Namespace) -> list[str]:
     return lines
 
 
-def _rows(scenario: Scenario, runs: dict[str, list[Run]], base: str) -> list[str]:
-    medians = {
+def medians(runs: dict[str, list[Run]]) -> dict[str, Run]:
+    """Each name's runs as one: the median of each figure over its rounds."""
+    return {
         name: Run(*(statistics.median(getattr(r, f) for r in found) for f in Run.__annotations__))
         for name, found in runs.items()
     }
+
+
+def _rows(scenario: Scenario, runs: dict[str, list[Run]], base: str) -> list[str]:
     rows = []
-    for name, run in medians.items():
-        ratio = run.cpu_us_per_request / medians[base].cpu_us_per_request
+    by_name = medians(runs)
+    for name, run in by_name.items():
+        ratio = run.cpu_us_per_request / by_name[base].cpu_us_per_request
         rows.append(
             f"| {scenario.name} | {name} | {run.requests_per_s:,.0f} | {run.p50_ms:.2f} | "
             f"{run.cpu_us_per_request:.1f} | {ratio:.3f} |"

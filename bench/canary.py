@@ -31,15 +31,14 @@ import datetime
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from bench import cpu, load, report, scenarios
+from bench.ab import Run, medians
 from bench.servers import Server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,13 +60,6 @@ request = function()
   return wrk.format()
 end
 """
-
-
-@dataclass(frozen=True)
-class Run:
-    requests_per_s: float
-    p50_ms: float
-    cpu_us_per_request: float
 
 
 def repository(folder: Path) -> Path:
@@ -145,19 +137,16 @@ def compare(args: argparse.Namespace) -> list[str]:
 
 def _table(runs: dict[str, list[Run]]) -> list[str]:
     """Each condition's medians; a canary's CPU over the same requests' without one."""
-    medians = {
-        name: Run(*(statistics.median(getattr(r, f) for r in found) for f in Run.__annotations__))
-        for name, found in runs.items()
-    }
+    by_name = medians(runs)
     lines = [
         "| condition | requests/s | p50 ms | CPU µs/request | CPU vs the same calls, no canary |",
         "|---|---:|---:|---:|---:|",
     ]
     ratios = []
-    for name, run in medians.items():
+    for name, run in by_name.items():
         ratio = ""
         if name in WITHOUT:
-            share = run.cpu_us_per_request / medians[WITHOUT[name]].cpu_us_per_request
+            share = run.cpu_us_per_request / by_name[WITHOUT[name]].cpu_us_per_request
             ratios.append(share)
             ratio = f"{share:.3f}"
         lines.append(

@@ -9,11 +9,11 @@ import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
-import gymnasium as gym
 import httpx
 import pytest
 
 from client import EpisodeOutcome, PolicyClient, RequestFailed
+from examples import canary_actors
 from tests.e2e.conftest import DEMO
 from tests.e2e.server import Server
 
@@ -37,22 +37,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def play(client: PolicyClient, seed: int) -> dict[str, object]:
-    """One CartPole episode, every step's action from the server; its report."""
-    env = gym.make("CartPole-v1")
-    observation, _ = env.reset(seed=seed)
-    total, steps, versions = 0.0, 0, set()
-    while True:
-        answer = client.predict(observation, model="cartpole")
-        versions.add(answer.model_version)
-        observation, reward, terminated, truncated, _ = env.step(int(answer.actions))
-        total, steps = total + float(reward), steps + 1
-        if terminated or truncated:
-            break
-    env.close()
-    (version,) = versions  # one version served the whole episode
+    """One CartPole episode through the server (examples/canary_actors.py's); its report."""
+    episode = canary_actors.play(client, "cartpole", f"episode-{seed}", seed)
+    (version,) = episode["versions"]  # one version served the whole episode
     return {
-        "model_version": version, "episode_return": total, "length": steps,
-        "terminated": terminated, "truncated": truncated,
+        "model_version": version, "episode_return": episode["return"],
+        "length": episode["length"], "terminated": episode["terminated"],
+        "truncated": episode["truncated"],
     }  # fmt: skip
 
 
