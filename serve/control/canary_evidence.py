@@ -195,7 +195,7 @@ class CanaryEvidence:
                 f"/v1/models/{model}/canary (rlserve rollout canary start)"
             )
         merged = self._of(plan)
-        others = await asyncio.to_thread(_read_others, self._folder(plan))
+        others = await asyncio.to_thread(read_others, self._folder(plan))
         if lifecycle.canary is not plan:  # ended (or replaced) while the files were read
             return await self.status(model)
         for evidence in others:
@@ -234,7 +234,7 @@ class CanaryEvidence:
         if plan is None:
             return
         body = self._of(plan).to_bytes()
-        await asyncio.to_thread(_write_own, self._folder(plan), body)
+        await asyncio.to_thread(write_own, self._folder(plan), body)
 
     async def _judge(self, model: str) -> None:
         plan = self.manager.lifecycle(model).canary
@@ -264,13 +264,13 @@ def _own_file(folder: Path) -> Path:
     return folder / f"{store.worker_id()}.json"
 
 
-def _write_own(folder: Path, body: bytes) -> None:
+def write_own(folder: Path, body: bytes) -> None:
     with store.writing_to(folder):
         folder.mkdir(parents=True, exist_ok=True)
         store.write_atomic(_own_file(folder), body, durable=False)
 
 
-def _read_others(folder: Path) -> list[Evidence]:
+def read_others(folder: Path) -> list[Evidence]:
     """Every other worker's evidence in ``folder`` (unreadable files are skipped: a worker
     may be writing its own)."""
     own = _own_file(folder).name

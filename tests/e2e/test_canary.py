@@ -213,6 +213,33 @@ def test_a_key_keeps_its_version_across_workers_and_a_live_push(
     for key in keys:
         (was,) = before[key]
         assert after[key] == ({2} if was == 2 else {4}), (key, before[key], after[key])
+    reported = report_on_fresh_connections(server.url, {4: 20, 2: 20})
+    counted = episodes_counted(server.url, reported)
+    # every worker's, whichever got which (the files' own exchange: test_canary_evidence.py)
+    assert counted == {"live": 20, "canary": 20}
+
+
+def report_on_fresh_connections(url: str, episodes: dict[int, int]) -> int:
+    """Report ``episodes[version]`` episodes of each version, each on a new connection (so
+    both workers get some); how many in all."""
+    for version, count in episodes.items():
+        for n in range(count):
+            with httpx.Client(base_url=url) as fresh:
+                body = {"model_version": version, "return": float(n), "length": 10}
+                assert fresh.post(f"/v1/models/{MODEL}/episodes", json=body).status_code == 202
+    return sum(episodes.values())
+
+
+def episodes_counted(url: str, reported: int) -> dict[str, int]:
+    """Each side's episodes as a worker counts them on every worker's files, once they add
+    up to ``reported`` (each worker writes its counts just after it answers a report)."""
+    deadline = time.monotonic() + 20
+    with PolicyClient(url) as client:
+        while True:
+            sides = {s["arm"]: s["episodes"] for s in client.canary(MODEL)["versions"]}
+            if sum(sides.values()) == reported or time.monotonic() > deadline:
+                return sides
+            time.sleep(0.05)
 
 
 def test_the_predicted_count_follows_the_design() -> None:
