@@ -5,9 +5,9 @@ Actions: ``start`` (a version serves a share of episodes beside the live one), `
 (both versions' returns, the interval for their difference and the gate's verdict),
 ``promote`` and ``rollback``. ``start --shadow`` runs the canary on mirrored live batches
 instead, reported as action agreement and KL. ``start``, ``promote`` and ``rollback`` need
-the server's admin token (``--admin-token``, or RLSERVE_ADMIN_TOKEN). ``status`` exits 0
-while the gate waits or says promote, 1 when it says roll back, so a pipeline can act on
-it.
+the server's admin token, from RLSERVE_ADMIN_TOKEN (never a flag: a command line is seen
+by every user of the machine). ``status`` exits 0 while the gate waits or says promote, 1
+when it says roll back, so a pipeline can act on it.
 """
 
 from __future__ import annotations
@@ -33,9 +33,6 @@ class ServerArgs:
     model: str = field(metadata=arg("the model whose canary it is", positional=True))
     url: str | None = field(
         default=None, metadata=arg(f"the server (default: RLSERVE_URL, else {DEFAULT_URL})")
-    )
-    admin_token: str | None = field(
-        default=None, metadata=arg("the server's admin token (default: RLSERVE_ADMIN_TOKEN)")
     )
 
 
@@ -72,10 +69,17 @@ class StartArgs:
     )
 
 
+TOKEN_HELP = (
+    "start, promote and rollback need the server's admin token: set RLSERVE_ADMIN_TOKEN "
+    "(it has no flag: a command line is seen by every user of the machine)"
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = TOKEN_HELP
     actions = parser.add_subparsers(dest="canary_action", required=True, metavar="ACTION")
     for name, (help_text, groups, _) in ACTIONS.items():
-        child = actions.add_parser(name, help=help_text, description=help_text)
+        child = actions.add_parser(name, help=help_text, description=help_text, epilog=TOKEN_HELP)
         for group in (*groups, ServerArgs):
             add_dataclass_arguments(child, group)
 
@@ -86,7 +90,8 @@ def run(namespace: argparse.Namespace) -> int:
     _, _, handler = ACTIONS[namespace.canary_action]
     server = from_namespace(ServerArgs, namespace)
     url = server.url or os.environ.get("RLSERVE_URL", DEFAULT_URL)
-    token = server.admin_token or os.environ.get("RLSERVE_ADMIN_TOKEN")  # never in --help
+    # a secret on a command line is seen by every user of the machine (ps): no flag for it
+    token = os.environ.get("RLSERVE_ADMIN_TOKEN")
     with PolicyClient(url, admin_token=token) as client:
         try:
             return handler(client, server.model, namespace)
