@@ -307,7 +307,8 @@ class LaneEngine:
             )
             asked_ms = timeout_ms if timeout_ms > 0 else None
             deadline = self.inference.admitted(route, call, received_at, asked_ms)
-            request = signature.request(call, call_id(lane, seq), received_at, deadline.at)
+            # the slot's tensors were laid out from this signature (``lane.follows``)
+            request = signature.laid_out_request(call, call_id(lane, seq), received_at, deadline.at)
             return _Taken(entry, seq, call, served.prepare(request))
         except RLServeError as exc:
             self._refuse(route, entry, exc, seq)

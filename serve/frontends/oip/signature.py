@@ -177,18 +177,34 @@ class Signature:
         self, call: InferCall, request_id: str, received_at: float, deadline: float
     ) -> InferenceRequest:
         """The call as a protocol-neutral request (its inputs checked against the contract)."""
-        observations = self._observations(call.inputs)
-        inputs: dict[str, Any] = {"observations": observations}
-        given = call.inputs.get(ACTIONS)
+        self._check_inputs(call.inputs)
+        return self._assembled(call, request_id, received_at, deadline)
+
+    def laid_out_request(
+        self, call: InferCall, request_id: str, received_at: float, deadline: float
+    ) -> InferenceRequest:
+        """``request`` for a call whose tensors were laid out from this very signature (a
+        local lane's slot: their names, dtypes and shapes fixed when it opened and checked
+        again whenever the served version changes, its rows checked per call): the same
+        request, without checking its tensors a second time."""
+        return self._assembled(call, request_id, received_at, deadline)
+
+    def _assembled(
+        self, call: InferCall, request_id: str, received_at: float, deadline: float
+    ) -> InferenceRequest:
+        tensors = call.inputs
+        inputs: dict[str, Any] = {"observations": self._observed(tensors)}
+        given = tensors.get(ACTIONS)
         if given is not None:
-            inputs["actions"] = self._given_actions(given)
+            inputs["actions"] = given
         for meta, request_input in self._extras:
-            if meta.name in call.inputs:
-                inputs[request_input] = call.inputs[meta.name]
+            if meta.name in tensors:
+                inputs[request_input] = tensors[meta.name]
         parameters = self._parameters(call)
         return InferenceRequest(inputs, parameters, request_id, received_at, deadline)
 
-    def _observations(self, tensors: Mapping[str, np.ndarray]) -> Any:
+    def _check_inputs(self, tensors: Mapping[str, np.ndarray]) -> None:
+        """Every input named, typed and shaped as the contract says, with one batch size."""
         unknown = sorted(set(tensors) - set(self._inputs_by_name) - {ACTIONS})
         missing = sorted(set(self._inputs_by_name) - set(tensors) - self._optional)
         if unknown or missing:
@@ -206,13 +222,15 @@ class Signature:
             rows.add(len(values))
         if len(rows) > 1:
             raise InvalidInput(f"inputs: every input needs the same batch size; got {sorted(rows)}")
+        given = tensors.get(ACTIONS)
+        if given is not None:
+            _check(self._actions, given)
+
+    def _observed(self, tensors: Mapping[str, np.ndarray]) -> Any:
+        """The observations the inputs carry: one array, or a Dict space's by key."""
         if not self._dict_space:
             return tensors[self._observation_inputs[0].name]
         return {str(self._keys[meta.name]): tensors[meta.name] for meta in self._observation_inputs}
-
-    def _given_actions(self, values: np.ndarray) -> np.ndarray:
-        _check(self._actions, values)
-        return values
 
     def _describe_inputs(self) -> str:
         return ", ".join(f"{i.name} ({i.datatype} {list(i.shape)})" for i in self.inputs)

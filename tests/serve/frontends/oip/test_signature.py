@@ -161,6 +161,29 @@ def test_a_dict_model_gets_its_observations_by_space_key() -> None:
         assert values is inputs[f"obs.{key}"]
 
 
+def test_a_laid_out_call_makes_the_request_a_checked_one_makes() -> None:
+    """The lane's request (its slot laid out from the signature: nothing checked again)
+    equals the checked one, for a single input, a Dict space and given parameters."""
+    cases = [
+        (CARTPOLE, call({"obs": cartpole_obs()}, ["actions", "log_probs"], seed=3)),
+        (DICT_BOX, call(dict_obs(), deterministic=False)),
+    ]
+    for model, given in cases:
+        signature = Signature(model)
+        checked = signature.request(given, "req-1", 10.0, 11.0)
+        laid_out = signature.laid_out_request(given, "req-1", 10.0, 11.0)
+        assert laid_out.parameters == checked.parameters
+        assert (laid_out.request_id, laid_out.received_at, laid_out.deadline) == (
+            checked.request_id, checked.received_at, checked.deadline,
+        )  # fmt: skip
+        assert laid_out.inputs.keys() == checked.inputs.keys()
+        for name, values in checked.inputs.items():
+            if isinstance(values, dict):
+                assert all(laid_out.inputs[name][k] is v for k, v in values.items())
+            else:
+                assert laid_out.inputs[name] is values
+
+
 @pytest.mark.parametrize("rows", [1, 3])
 def test_the_observations_handed_on_are_rows_the_policys_validator_takes(rows: int) -> None:
     """Tensors always carry the batch axis: one row stays a batch of one, never a single
