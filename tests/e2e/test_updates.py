@@ -360,8 +360,18 @@ def pushed_by(report: dict[str, object]) -> str:
 
 def test_a_huge_push_does_not_hold_up_predictions(server: Server) -> None:
     """A 200 MB upload (hashed, put together, written and refused as not ONNX) while an
-    actor steps: no prediction waits on it."""
+    actor steps: no prediction waits on it. Hashing it on the event loop would hold a
+    prediction up for about 120 ms here, every time; on two busy cores a scheduling hiccup
+    alone can reach 100 ms once, so a second push is tried before the test fails."""
     huge = random.Random(0).randbytes(200 * 1024 * 1024)
+    slowest = [push_while_predicting(server, huge)]
+    if slowest[0] >= 0.1:  # once more: a blocked loop would hold one up again
+        slowest.append(push_while_predicting(server, huge))
+    assert min(slowest) < 0.1, f"a prediction waited {[round(s * 1000) for s in slowest]} ms"
+
+
+def push_while_predicting(server: Server, huge: bytes) -> float:
+    """The slowest prediction while ``huge`` is pushed (and refused: 422)."""
     refused: list[int] = []
 
     def push() -> None:
@@ -382,4 +392,4 @@ def test_a_huge_push_does_not_hold_up_predictions(server: Server) -> None:
             slowest = max(slowest, time.monotonic() - started)
     pusher.join()
     assert refused == [422]
-    assert slowest < 0.1, f"a prediction waited {slowest * 1000:.0f} ms behind the push"
+    return slowest
