@@ -264,8 +264,10 @@ class Metrics:
         self.child(self.shadow_rows, model, "agree").inc(agreeing)
         self.child(self.shadow_rows, model, "disagree").inc(rows - agreeing)
 
-    def canary_ended(self, model: str) -> None:
-        """A model's canary ended: its judgement is no more."""
+    def canary_ended(self, model: str, verdict: str, by: str) -> None:
+        """A model's canary ended on ``verdict``, acted on ``by`` its gate or a person: its
+        judgement is no more."""
+        self.child(self.canary_verdicts, model, verdict, by).inc()
         nan = float("nan")
         self.canary_judged(model, nan, (nan, nan, nan))
 

@@ -22,7 +22,7 @@ from kernel.errors import Forbidden, InvalidInput
 from kernel.versions import DESCRIPTION, MAX_VERSION, parse_version, path_version
 from serve.config import CanarySettings, Settings
 from serve.control import pushed_files, store
-from serve.control.canary_assignment import CanaryPlan
+from serve.control.canary_assignment import CanaryPlan, Judge
 from serve.control.http_bodies import body_chunks, json_response, read_body, read_json_object
 from serve.control.repository import MODEL_FILE
 from serve.control.return_gate import Verdict
@@ -32,6 +32,7 @@ from serve.frontends.wire import decode_object, positive_number
 from serve.plugins import Canary
 
 ROLLBACK_BODY_BYTES = 4096  # {"version": N} and room to spare
+CANARY_BODY_BYTES = 4096  # a canary's settings: a handful of fields
 DEFAULT_WAIT_S = 10.0  # an update waits this long for every worker to serve it
 MAX_WAIT_S = 300.0
 
@@ -110,7 +111,7 @@ class AdminEndpoints:
     async def start_canary(self, request: Request, model: str) -> Response:
         """Serve a share of the model's episodes on another version beside the live one,
         judged by the returns they earn (docs/rollouts.md); query: wait_s."""
-        body = _canary_body(await read_json_object(request, ROLLBACK_BODY_BYTES))
+        body = _canary_body(await read_json_object(request, CANARY_BODY_BYTES))
         try:
             plan = CanaryPlan.of(model, body, time.time())
         except ValueError as exc:
@@ -127,8 +128,8 @@ class AdminEndpoints:
         return await self._end_canary(request, model, Verdict.ROLLBACK)
 
     async def _end_canary(self, request: Request, model: str, verdict: Verdict) -> Response:
-        report = await self.updater.end_canary(model, verdict, wait_s=_wait_s(request.query_params))
-        self.updater.metrics.canary_verdicts.labels(model, verdict.value, "admin").inc()
+        wait_s = _wait_s(request.query_params)
+        report = await self.updater.end_canary(model, verdict, Judge.ADMIN, wait_s=wait_s)
         return json_response({**report.to_json(), "verdict": verdict.value})
 
 

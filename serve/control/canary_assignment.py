@@ -131,5 +131,12 @@ class CanaryPlan:
         )
 
 
+class Judge(StrEnum):
+    """Who ended a canary."""
+
+    GATE = "gate"  # its gate, on an ``auto`` canary's first decisive verdict
+    ADMIN = "admin"  # a person, through the admin route (``rlserve rollout canary``)
+
+
 def _arm(on_canary: bool) -> Arm:
     return Arm.CANARY if on_canary else Arm.LIVE

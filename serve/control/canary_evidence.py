@@ -39,7 +39,7 @@ import orjson
 
 from kernel.errors import NotFound, RLServeError
 from serve.control import store
-from serve.control.canary_assignment import Arm, CanaryPlan
+from serve.control.canary_assignment import Arm, CanaryPlan, Judge
 from serve.control.episodes import EpisodeReport
 from serve.control.manager import ModelRepositoryManager
 from serve.control.return_gate import Decision, Returns, Verdict, decide
@@ -245,10 +245,9 @@ class CanaryEvidence:
             return
         verdict = status.decision.verdict
         try:
-            await self.updater.end_canary(model, verdict, plan.salt)
+            await self.updater.end_canary(model, verdict, Judge.GATE, plan.salt)
         except NotFound:
             return  # ended meanwhile (another worker's gate, or a person)
-        self.metrics.canary_verdicts.labels(model, verdict.value, "gate").inc()
         log.info(
             "model %s: the gate ended canary version %d: %s after %d live and %d canary "
             "episodes (%s)",

@@ -102,18 +102,15 @@ class VersionEpisodes:
 class EpisodeBook:
     """Every model's reported episodes, by version (this process's)."""
 
-    def __init__(self, metrics: Metrics, seed: int | None = None) -> None:
+    def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
         self._by_model: dict[str, dict[int, VersionEpisodes]] = {}
-        self._rng = random.Random(seed)
+        self._rng = random.Random()  # the reservoirs' draws
 
     def add(self, model: str, report: EpisodeReport) -> None:
         versions = self._by_model.setdefault(model, {})
         versions.setdefault(report.version, VersionEpisodes()).add(report, self._rng)
         self.metrics.episode_reported(model, report.version, report.value, _end(report))
-
-    def of(self, model: str, version: int) -> VersionEpisodes:
-        return self._by_model.get(model, {}).get(version, VersionEpisodes())
 
     def to_json(self, model: str) -> dict[str, Any]:
         versions = self._by_model.get(model, {})

@@ -11,8 +11,9 @@ comparison joins the canary's evidence (``serve.control.canary_evidence``), acro
 workers.
 
 The request path pays nothing for it: ``accept`` is a lookup and a draw per batch on the
-event loop, and at most ``PENDING`` batches wait for the thread; a batch that finds it
-full is not mirrored (counted). Without a shadow canary, ``accept`` returns at the lookup.
+event loop, and at most ``PENDING`` batches wait for the thread; a batch that finds them
+all waiting is not mirrored (the comparison is a sample). Without a shadow canary,
+``accept`` returns at the lookup.
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ class ShadowMirror:
     def __init__(self, manager: ModelRepositoryManager, evidence: CanaryEvidence) -> None:
         self.manager = manager
         self.evidence = evidence
-        self.skipped = 0  # batches drawn while the thread was behind: not mirrored
         self._pending: deque[_Mirrored] = deque()
         self._running: asyncio.Task[None] | None = None
         self._draws = random.Random()
@@ -67,8 +67,7 @@ class ShadowMirror:
         if live is None or canary is None:
             return  # unloaded meanwhile
         if len(self._pending) >= PENDING:
-            self.skipped += 1
-            return
+            return  # the thread is behind: a sample can do without this batch
         self._pending.append(_Mirrored(plan, live, canary, record))
         if self._running is None or self._running.done():
             self._running = asyncio.get_running_loop().create_task(self._run())

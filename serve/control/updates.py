@@ -37,7 +37,7 @@ from typing import Any
 from kernel.errors import Conflict, InvalidInput, NotFound, RLServeError, ServiceUnavailable
 from serve.config import Settings
 from serve.control import repository, store
-from serve.control.canary_assignment import CanaryPlan
+from serve.control.canary_assignment import CanaryPlan, Judge
 from serve.control.lifecycle import ModelLifeCycle
 from serve.control.manager import ModelRepositoryManager
 from serve.control.return_gate import Verdict
@@ -311,11 +311,17 @@ class Updater:
             log.error("model %s: its config.yaml's canary was not started: %s", name, message)
 
     async def end_canary(
-        self, name: str, verdict: Verdict, salt: str | None = None, wait_s: float = 0.0
+        self,
+        name: str,
+        verdict: Verdict,
+        by: Judge,
+        salt: str | None = None,
+        wait_s: float = 0.0,
     ) -> UpdateReport:
         """End the model's canary: PROMOTE activates its version, ROLLBACK leaves the live
-        one serving every episode. ``salt``: only the canary it names (the gate's own
-        verdict must not end a canary started since); NotFound with no such canary."""
+        one serving every episode; counted by who ended it. ``salt``: only the canary it
+        names (the gate's own verdict must not end a canary started since); NotFound with
+        no such canary."""
         entry = self._entry(name)
         async with self._lock(name):
             plan = entry.canary
@@ -341,7 +347,7 @@ class Updater:
         report = UpdateReport(
             name, plan.version, result, entry.active, previous, served.sha256 if served else ""
         )
-        self.metrics.canary_ended(name)
+        self.metrics.canary_ended(name, verdict.value, by.value)
         log.info("model %s: canary version %d ended: %s", name, plan.version, verdict.value)
         return await self._spread(report, state.generation, wait_s)
 
