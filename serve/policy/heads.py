@@ -99,6 +99,12 @@ class PolicyHeads:
         self._stochastic(outputs, requests, uniform=alike)
         return outputs
 
+    def distribution(self, outputs: Outputs) -> distributions.Distribution:
+        """The batch's action distribution, from its parameters among ``outputs`` (the
+        graph's whole outputs: a stochastic policy's)."""
+        params = {role: outputs[role] for role in self.parameters}
+        return distributions.build(self._kind, params, self._nvec)
+
     def answered_by_graph(self, requests: Sequence[Prepared]) -> bool:
         """Whether the batch's actions are the graph's own: nothing sampled, no log-prob
         (always, for a deterministic policy: it refused every request that needed them)."""
@@ -108,8 +114,7 @@ class PolicyHeads:
         """Sampled actions and log-probs for every row. A batch whose requests share one
         options object (no seed: ``predict_options`` gives equal parameters one object) is
         done in whole-batch operations; otherwise rows are sorted out request by request."""
-        params = {role: outputs[role] for role in self.parameters}
-        dist = distributions.build(self._kind, params, self._nvec)
+        dist = self.distribution(outputs)
         if uniform and not requests[0].options.deterministic:  # every row sampled, one draw
             actions = dist.sample_with(dist.draw(self._rng, len(outputs["actions"])))
             graph_actions = outputs["actions"]

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from kernel import distributions
 from kernel.spaces import Box
 from serve.dataplane.messages import Prepared
-from serve.dataplane.model import RowModel, ServedModel, as_rows
+from serve.dataplane.model import ServedModel, as_rows
 from serve.plugins import Comparison
+from serve.policy.version import PolicyVersion
 from serve.types import OutputKind, PredictOptions
 
 ACTION_ATOL = 0.05
@@ -37,7 +37,7 @@ _WITH_DISTRIBUTION = dataclasses.replace(
 def compare(
     live: ServedModel, canary: ServedModel, inputs: dict[str, Any], requests: Sequence[Prepared]
 ) -> Comparison:
-    ours, theirs = as_rows(live), as_rows(canary)
+    ours, theirs = _policy(live), _policy(canary)
     kind = ours.contract.distribution.kind
     options = _WITH_DISTRIBUTION if kind.stochastic else _ASKED
     asked = [dataclasses.replace(r, options=options, evaluate=None) for r in requests]
@@ -46,11 +46,11 @@ def compare(
     agreeing = int(_agreeing(ours, live_out["actions"], canary_out["actions"]).sum())
     if not kind.stochastic:
         return Comparison(rows, agreeing, None)
-    divergence = _distribution(ours, live_out).kl(_distribution(theirs, canary_out))
+    divergence = ours.distribution(live_out).kl(theirs.distribution(canary_out))
     return Comparison(rows, agreeing, float(np.sum(divergence)))
 
 
-def _agreeing(model: RowModel, live: np.ndarray, canary: np.ndarray) -> np.ndarray:
+def _agreeing(model: PolicyVersion, live: np.ndarray, canary: np.ndarray) -> np.ndarray:
     """Per row: whether the two actions agree."""
     rows = len(live)
     a, b = live.reshape(rows, -1), canary.reshape(rows, -1)
@@ -61,8 +61,6 @@ def _agreeing(model: RowModel, live: np.ndarray, canary: np.ndarray) -> np.ndarr
     return same
 
 
-def _distribution(model: RowModel, outputs: dict[str, np.ndarray]) -> distributions.Distribution:
-    spec = model.contract.distribution
-    roles = ("logits", "mean", "log_std")
-    params = {role: outputs[role] for role in roles if role in outputs}
-    return distributions.build(spec.kind, params, tuple(spec.nvec or ()) or None)
+def _policy(model: ServedModel) -> PolicyVersion:
+    """A version of this kind, as what it is (the kind's versions are PolicyVersions)."""
+    return cast(PolicyVersion, as_rows(model))

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from kernel.contract import PolicyContract, TensorRole
+from kernel.distributions import Distribution
 from kernel.errors import InvalidInput, one_line
 from kernel.spaces import ObservationBounds, parse_observations
 from serve.batching.plan import bucket, buckets_for
@@ -197,6 +198,10 @@ class PolicyVersion:
         return all(
             r.options.outputs == _ACTIONS_ONLY for r in requests
         ) and self._heads.answered_by_graph(requests)
+
+    def distribution(self, outputs: Outputs) -> Distribution:
+        """The action distribution of a batch this version ran with its whole graph."""
+        return self._heads.distribution(outputs)
 
     def respond(self, request: Prepared, outputs: Outputs, start: int) -> Answer:
         rows = slice(start, start + request.rows)
