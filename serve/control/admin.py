@@ -155,16 +155,28 @@ async def _push_from(request: Request, settings: Settings, model: str, version: 
     )
 
 
+_WRITE_BYTES = 1 << 20  # an upload is written in blocks of about this size
+
+
 async def _upload(request: Request, settings: Settings, model: str, version: int) -> Path:
     """The body, streamed into a staging file of the repository as it arrives: a pushed
-    model is never whole in memory, and no step costs the event loop more than a chunk."""
+    model is never whole in memory, and the event loop never writes: a write can wait
+    (the kernel throttles a process that dirties pages faster than the disk takes them),
+    so each block of about 1 MiB is written on a worker thread."""
     root = settings.model_repository
     chunks = body_chunks(request, settings.max_model_bytes)
     staged = await asyncio.to_thread(store.staging, root, model, version) / MODEL_FILE
     try:
         with store.writing_to(root), open(staged, "wb") as file:
+            block: list[bytes] = []
+            size = 0
             async for chunk in chunks:
-                file.write(chunk)
+                block.append(chunk)
+                size += len(chunk)
+                if size >= _WRITE_BYTES:
+                    await asyncio.to_thread(file.writelines, block)
+                    block, size = [], 0
+            await asyncio.to_thread(file.writelines, block)
     except BaseException:
         await asyncio.to_thread(store.discard, staged)
         raise
