@@ -63,10 +63,19 @@ class LaneRow:
     failure: str | None
     server_cpu_s: float
     rows: int  # rows the server computed for the row's clients, their warm-ups included
+    waiting_share: float | None = None  # a worker's: of its measured time, in predict calls
 
     @property
     def server_us_per_row(self) -> float | None:
         return self.server_cpu_s * 1e6 / self.rows if self.rows else None
+
+    @property
+    def own_ceiling(self) -> float | None:
+        """A worker's steps/s with answers that took no time: its own code's limit (its
+        env, bookkeeping and publishing), which no transport can pass."""
+        if self.steps_per_s is None or self.waiting_share is None or self.waiting_share >= 1:
+            return None
+        return self.steps_per_s / (1 - self.waiting_share)
 
 
 @dataclass(frozen=True)
@@ -146,7 +155,8 @@ def _measure(
         return LaneRow(load, transport, None, failure, 0.0, 0)
     rate = sum(_rate(o, load) for o in outputs)
     served = sum(_served(o, load) for o in outputs)
-    return LaneRow(load, transport, rate, None, spent, served)
+    waiting = outputs[0]["predict_share"] if load is Load.WORKER else None
+    return LaneRow(load, transport, rate, None, spent, served, waiting)
 
 
 def _rate(output: dict[str, float], load: Load) -> float:

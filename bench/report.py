@@ -1561,11 +1561,12 @@ def _lane_section(run: LaneRun) -> str:
         seconds=f"{run.measured_s:g}",
     )
     table = [
-        "| clients | transport | env steps/s | lane against HTTP | server CPU µs/row |",
-        "|---|---|---:|---:|---:|",
+        "| clients | transport | env steps/s | lane against HTTP | server CPU µs/row "
+        "| waiting on answers: its own ceiling |",
+        "|---|---|---:|---:|---:|---|",
         *(_lane_row(run, row) for row in run.rows),
         f"| {lane.ENVS} CartPole envs alone (random actions, no server) | none "
-        f"| {_maybe(run.env_steps_per_s, '{:,.0f}')} | | |",
+        f"| {_maybe(run.env_steps_per_s, '{:,.0f}')} | | | |",
     ]
     verdicts = targets.lane_verdicts(run)
     return _own_section(LANE_HEADING, method, verdicts, run.failure, table, _LANE_READING)
@@ -1574,13 +1575,15 @@ def _lane_section(run: LaneRun) -> str:
 def _lane_row(run: LaneRun, row: LaneRow) -> str:
     head = f"| {row.load.value} | {row.transport.value} "
     if row.steps_per_s is None:
-        return f"{head}| failed: {(row.failure or '').replace('|', '/')} | | |"
+        return f"{head}| failed: {(row.failure or '').replace('|', '/')} | | | |"
     versus = ""
     http = run.row(row.load, lane.Transport.HTTP)
     if row.transport.lane and http is not None and http.steps_per_s:
         versus = f"{row.steps_per_s / http.steps_per_s:.2f}x"
     cpu_us = _maybe(row.server_us_per_row, "{:,.0f}")
-    return f"{head}| {row.steps_per_s:,.0f} | {versus} | {cpu_us} |"
+    ceiling = row.own_ceiling
+    waiting = "" if ceiling is None else f"{row.waiting_share:.0%}: {ceiling:,.0f}"
+    return f"{head}| {row.steps_per_s:,.0f} | {versus} | {cpu_us} | {waiting} |"
 
 
 _LANE_METHOD = """\
@@ -1598,8 +1601,11 @@ code of `rlserve collect`, one call per iteration for every env, sampled actions
 log-probs and values, every step published into an in-process buffer that a drain thread
 empties). {warmup} s of warm-up, then {seconds} s measured, per row. *Server CPU µs/row*
 is the server process's CPU time over the row's whole run, warm-ups included, divided by
-the rows it computed for it. The last row steps the worker's vector env alone with random
-actions: the most any client of it could collect on core 1."""
+the rows it computed for it. *Waiting on answers* (the rollout worker's rows): the share of
+its measured time spent in predict calls, and the steps/s it would make were they
+instant: its own code's ceiling (env, bookkeeping, publishing), which no transport passes.
+The last row steps the worker's vector env alone with random actions: the most any client
+of it could collect on core 1."""
 
 _LANE_READING = """\
 How to read it: an actor waits for each answer before it steps again, so its rate is one
@@ -1609,4 +1615,5 @@ validation, the scheduler's turn, the model, the record and metrics). The lane r
 HTTP and JSON from that round trip, not the server's own path, which is most of it at one
 row per call; the eight actors share the server's core, and their rows meet in batches.
 The rollout worker's calls carry 64 rows each, so the per-call cost is spread over
-them and the env and the worker's own bookkeeping set the pace."""
+them and the env and the worker's own bookkeeping set the pace: the target of 90% of the
+env's rate alone is past the worker's own ceiling whatever serves it."""
