@@ -336,11 +336,18 @@ def test_a_client_past_the_connection_limit_gets_503_never_a_broken_pipe(tmp_pat
     assert set(refusals) == {503}
 
 
+CALLS = 51  # fewer than the 64 answers after which a client drops the rings it left
+
+
 @pytest.mark.parametrize("spin_us", [0.0, 1e6])
 def test_ends_that_are_awake_are_not_rung(tmp_path: Path, spin_us: float) -> None:
     """With both ends spinning longer than any call takes, the serving thread says it is
     awake and so does the client: no doorbell byte travels either way. A client that sleeps
-    at once (spin 0) is rung for every answer, and never waits past one."""
+    at once (spin 0) is rung for every answer and never waits past one (a ring lost would
+    hold a call to its 5 s timeout); it reads the rings it waits on, and leaves unread the
+    ring of an answer that was there before it waited (on busy cores the ring it sent can
+    hand its core to the server, which answers before the client looks): at most one per
+    call."""
     repository = tmp_path / "repository"
     repository.mkdir()
     (repository / "cartpole").symlink_to(DEMO)
@@ -351,13 +358,13 @@ def test_ends_that_are_awake_are_not_rung(tmp_path: Path, spin_us: float) -> Non
         server.wait_ready()
         with LaneClient(path, spin_us=spin_us, timeout_s=5) as lane:
             lane.predict(observations(1)[0])  # the lane is open and the thread awake
-            for seed in range(50):
+            for seed in range(CALLS - 1):
                 lane.predict(observations(1, seed)[0])
             (opened,) = lane._opened
             rung = _unread(opened.sock)
     finally:
         server.stop()
-    assert rung == 0  # spinning: nothing was rung; asleep: each ring was read
+    assert rung <= (0 if spin_us else CALLS)  # spinning: nothing was rung
 
 
 def _unread(sock: socket.socket) -> int:
