@@ -36,6 +36,8 @@ from kernel import lane_wire as wire
 # doorbell: an answer within it costs the client no wake-up (it spins on its own core).
 SPIN_US = 100.0
 _DOORBELLS = 64  # the server's doorbell bytes read at once, and left unread at most
+_DETERMINISTIC, _SEEDED = int(wire.Flags.DETERMINISTIC), int(wire.Flags.SEEDED)
+_STATUSES = tuple(sorted(wire.Status))  # by value: an answer's status without Status()
 
 
 class LaneUnavailable(ConnectionError):
@@ -83,9 +85,8 @@ class _Lane:
         for field, area in (*self.extras.items(), *self.sequences.items()):
             self._write(area, extras[field], field)
         self.seq += 1
-        flags = wire.Flags.DETERMINISTIC if deterministic else wire.Flags(0)
-        if seed is not None:
-            flags |= wire.Flags.SEEDED
+        # plain integers: an IntFlag made per call costs more than packing the header
+        flags = (_DETERMINISTIC if deterministic else 0) | (0 if seed is None else _SEEDED)
         rest = (n, flags, seed or 0, timeout_ms or 0.0)
         wire.REQUEST_REST.pack_into(slot, wire.REQUEST_OFFSET + wire.SEQ.size, *rest)
         if self.spin_s:  # awake until the spin ends: the server need not ring
@@ -96,7 +97,7 @@ class _Lane:
             self.sock.sendall(wire.DOORBELL)  # the server sleeps: ring
         self._wait_answer()
         answer = wire.ANSWER.unpack_from(slot, wire.ANSWER_OFFSET)
-        return wire.Status(answer[1]), answer
+        return _STATUSES[answer[1]], answer
 
     def _wait_answer(self) -> None:
         """Until the answer's seq is this call's: read in a spin for ``spin_s``, then on
@@ -140,6 +141,8 @@ class _Lane:
         """The inputs beside the observations this model takes (action masks, a recurrent
         policy's state and episode starts), as rows; a recurrent policy's state may be left
         out where every row starts an episode (zeros, as the server would take it)."""
+        if not given and not self.extras:
+            return {}  # the common case: observations alone
         unknown = sorted(set(given) - set(self.extras))
         if unknown:
             takes = sorted(map(str, self.extras)) or "nothing"
@@ -363,7 +366,7 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes:
 
 def _single(lane: _Lane, arrays: dict[str | None, np.ndarray]) -> bool:
     """Whether the call is one observation (answered without the batch axis)."""
-    if set(arrays) != set(lane.inputs):
+    if arrays.keys() != lane.inputs.keys():
         given = "an array" if None in arrays else f"a dict with keys {sorted(map(str, arrays))}"
         raise ValueError(f"observations: this model takes {_described(lane)}; got {given}")
     key, values = next(iter(arrays.items()))

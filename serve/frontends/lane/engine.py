@@ -13,11 +13,12 @@ same RECONNECT when the served version's tensors moved), then one run of the mod
 each call's outputs written back into its slot before its doorbell is answered. A call
 that fails is answered with its error alone; the others of its batch are not touched.
 
-What the loop's path gives every call, this one gives every batch: one record, published
-to the model's record sinks (the metrics, the experience stream) on the event loop, and
-refusals counted there too. They are handed over in an outbox that the event loop empties
-every ``OUTBOX_S`` (a wake-up of the loop per call would cost as much as the call's own
-steps): a record reaches its sinks at most that much later than on the loop's path.
+What the loop's path gives every call, this one gives every batch: one record, made and
+published to the model's record sinks (the metrics, the experience stream) on the event
+loop once the batch's answers are written, and refusals counted there too. They are handed
+over in an outbox that the event loop empties every ``OUTBOX_S`` (a wake-up of the loop per
+call would cost as much as the call's own steps): a record reaches its sinks at most that
+much later than on the loop's path.
 
 Lanes of server-held sequences are not handed here: their memory lives in the model's
 sequence table, on the event loop.
@@ -328,15 +329,20 @@ class LaneEngine:
                 self._refuse(route, one.entry, error, one.seq)
             return
         span = (started, time.monotonic())
-        scheduler = route.row_scheduler()
-        queued_at = [p.received_at for p in prepared]  # no queue: taken as they rang
-        record = batch_record(
-            served, prepared, queued_at, inputs, outputs, span, scheduler.max_batch_size
-        )
-        for one, start in zip(taken, record.offsets, strict=False):
+        start = 0
+        for one in taken:
             self._write(served, signature, one, outputs, start)
-        sinks = scheduler.sinks
-        self._outbox.append(lambda: publish(record, sinks))
+            start += one.prepared.rows
+        scheduler = route.row_scheduler()
+        sinks, max_rows = scheduler.sinks, scheduler.max_batch_size
+        queued_at = [p.received_at for p in prepared]  # no queue: taken as they rang
+
+        def record() -> None:  # on the event loop, off the answers' way
+            publish(
+                batch_record(served, prepared, queued_at, inputs, outputs, span, max_rows), sinks
+            )
+
+        self._outbox.append(record)
 
     def _write(
         self,
