@@ -9,7 +9,11 @@ drifts fall on both. Each server imports its own checkout's packages (it runs in
 folder, with it first on ``PYTHONPATH``).
 
     .venv/bin/python -m bench.ab --base e8730c6 [--only mlp-64,mlp-1,cartpole-64]
-        [--rounds 3] [--seconds 5] [--warmup 1]
+        [--rounds 3] [--seconds 5] [--warmup 1] [--access-log]
+
+Like ``python -m bench``, the servers run without their access log, unless
+``--access-log`` (the default of ``rlserve serve``) turns it on for both, written to each
+server's log file.
 
 Prints, per scenario and checkout, the median over rounds of requests/s, p50 and CPU µs per
 request, and this checkout's ratio to the base (CPU µs per request: lower is better).
@@ -76,6 +80,8 @@ def measure(
 ) -> Run:
     """One server of ``checkout`` serving ``repository``, loaded as ``scenario`` says."""
     env = {"PYTHONPATH": str(checkout.folder)}
+    if args.access_log:  # at level info: before 2026-12-07 the access log obeyed log_level
+        env |= {"RLSERVE_ACCESS_LOG": "true", "RLSERVE_LOG_LEVEL": "info"}
     command = [*checkout.command(), "serve", "--model-repository", str(repository)]
     with tempfile.TemporaryDirectory(prefix="bench-ab-") as tmp:
         server = Server(command, env, Path(tmp) / "server.log", cpu.SERVER_CORE, checkout.folder)
@@ -151,6 +157,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="turns of each checkout")
     parser.add_argument("--seconds", type=int, default=5, help="measured seconds per run")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up seconds per run")
+    parser.add_argument(
+        "--access-log", action="store_true",
+        help="serve with the access log on (rlserve serve's default), as both checkouts write it",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
     print("\n".join(compare(args)))

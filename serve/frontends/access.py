@@ -4,11 +4,13 @@ and the one check of the admin bearer token (:func:`check_bearer`), which the ad
 and the system shared-memory registry (HTTP headers and gRPC metadata alike) share.
 
 The predict frontend (``serve.frontends.predict.http``) does this inline; :class:`AccessMiddleware`
-does it for the control-plane application. Both use the functions here.
+does it for the control-plane application. Both use the functions here, and one
+:class:`AccessLog`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import random
@@ -60,26 +62,54 @@ def check_bearer(token: SecretStr, authorization: str, guarded: str) -> None:
         raise Forbidden(f"{guarded}: the bearer token does not match admin_token")
 
 
-def log_exchange(scope: Scope, request_id: str, status: int, seconds: float) -> None:
-    client = scope.get("client")
-    record = {
-        "request_id": request_id,
-        "method": scope["method"],
-        "path": scope["path"],
-        "status": status,
-        "latency_ms": round(seconds * 1000, 3),
-        "client": client[0] if client else None,
-    }
-    log.info(orjson.dumps(record).decode())
+FLUSH_S = 0.01  # how long the access log gathers lines before it writes them
+
+
+class AccessLog:
+    """The access log (``access_log``): one JSON line per answered request, on the
+    ``rlserve.access`` logger (stdout). Lines are gathered for FLUSH_S after the first of
+    them, then written together as one log record (and at shutdown): a record per request
+    (the logging module's record, its formatting and the stream's flush) cost 25-30 µs of
+    CPU a request at 64 connections on this project's machine, a quarter of a small predict
+    call, and about 60 µs for a lone one. A handler of that logger may therefore get
+    several lines in one record's message; a process killed outright loses the lines of
+    its last FLUSH_S."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+
+    def add(self, scope: Scope, request_id: str, status: int, seconds: float) -> None:
+        """The line of an exchange answered with ``status`` after ``seconds`` (called on
+        the event loop)."""
+        client = scope.get("client")
+        record = {
+            "request_id": request_id,
+            "method": scope["method"],
+            "path": scope["path"],
+            "status": status,
+            "latency_ms": round(seconds * 1000, 3),
+            "client": client[0] if client else None,
+        }
+        if not self._lines:  # the first line since the last write: the next one is due
+            asyncio.get_running_loop().call_later(FLUSH_S, self.flush)
+        self._lines.append(orjson.dumps(record).decode())
+
+    def flush(self) -> None:
+        """Write the lines gathered so far (FLUSH_S after the first, and at shutdown)."""
+        if self._lines:
+            lines, self._lines = self._lines, []
+            log.info("\n".join(lines))
 
 
 class AccessMiddleware:
     """A pure ASGI middleware: one wrapper around the app, no per-request task or body copy."""
 
-    def __init__(self, app: ASGIApp, draining: Callable[[], bool], log_requests: bool) -> None:
+    def __init__(
+        self, app: ASGIApp, draining: Callable[[], bool], access_log: AccessLog | None
+    ) -> None:
         self.app = app
         self.draining = draining
-        self.log_requests = log_requests
+        self.access_log = access_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -102,5 +132,5 @@ class AccessMiddleware:
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
-            if self.log_requests:
-                log_exchange(scope, rid, status, time.perf_counter() - started)
+            if self.access_log is not None:
+                self.access_log.add(scope, rid, status, time.perf_counter() - started)

@@ -29,7 +29,7 @@ import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from kernel.errors import MethodNotAllowed, RLServeError, internal_error, quoted
-from serve.frontends.access import given_request_id, log_exchange, new_request_id
+from serve.frontends.access import AccessLog, given_request_id, new_request_id
 from serve.frontends.wire import too_large
 from serve.metrics import Metrics
 from serve.status import http_headers, http_status
@@ -187,7 +187,9 @@ class Exchange:
 class HttpCalls:
     """The steps every data-plane HTTP call takes around its frontend's own."""
 
-    def __init__(self, metrics: Metrics, draining: Callable[[], bool], *, access_log: bool) -> None:
+    def __init__(
+        self, metrics: Metrics, draining: Callable[[], bool], *, access_log: AccessLog | None
+    ) -> None:
         self.metrics = metrics
         self.draining = draining
         self.access_log = access_log
@@ -293,8 +295,8 @@ class HttpCalls:
 
     def logged(self, scope: Scope, call: Call, status: int) -> None:
         """The access-log line of a call answered with ``status`` (when the log is on)."""
-        if self.access_log:
-            log_exchange(scope, call.request_id, status, time.monotonic() - call.received_at)
+        if self.access_log is not None:
+            self.access_log.add(scope, call.request_id, status, time.monotonic() - call.received_at)
 
 
 def unexpected(scope: Scope, exc: BaseException) -> RLServeError:

@@ -54,7 +54,7 @@ from serve.control.workers import WorkerRegistry
 from serve.dataplane.deadline import LoopTurn
 from serve.dataplane.kinds import ModelKind
 from serve.dataplane.row_calls import RowCalls
-from serve.frontends.access import AccessMiddleware
+from serve.frontends.access import AccessLog, AccessMiddleware
 from serve.frontends.http_calls import HttpCalls, Responder
 from serve.frontends.lane.server import LaneLimits, LaneServer, LaneServing
 from serve.frontends.oip import rest as oip_rest
@@ -89,8 +89,10 @@ class RLServeApp:
         routes: Sequence[RouteEntry],
         transports: Transports,
         turn: LoopTurn,
+        access_log: AccessLog | None = None,
     ):
         self.state = state
+        self.access_log = access_log  # flushed once more at shutdown
         self.turn = turn  # every frontend's deadlines read it
         self.control = control
         self.routes = routes  # the data plane's route table: the first entry that matches
@@ -164,6 +166,8 @@ class RLServeApp:
         self.transports.v2.inference.shared_memory.close()  # unmapped; clients' objects stay
         self.state.manager.sample_load()
         await asyncio.to_thread(self.state.updater.registry.withdraw)
+        if self.access_log is not None:
+            self.access_log.flush()  # the last turn's lines
         log.info("stopped")
         await send({"type": "lifespan.shutdown.complete"})
 
@@ -184,10 +188,12 @@ def create_app(
     episodes = EpisodeBook(metrics)
     state = ServerState(settings, manager, phases, metrics, updater, episodes, canaries)
     turn = LoopTurn()
-    http_calls = HttpCalls(metrics, lambda: phases.draining, access_log=settings.access_log)
+    access_log = AccessLog() if settings.access_log else None
+    http_calls = HttpCalls(metrics, lambda: phases.draining, access_log=access_log)
     transports = _transports(state, http_calls, turn)
     parts = FrontendParts(manager, manager.kind_of, http_calls, settings, turn)
-    return RLServeApp(state, _control_app(state), _routes(transports, parts), transports, turn)
+    control = _control_app(state, access_log)
+    return RLServeApp(state, control, _routes(transports, parts), transports, turn, access_log)
 
 
 def _transports(state: ServerState, http_calls: HttpCalls, turn: LoopTurn) -> Transports:
@@ -295,7 +301,7 @@ class Transports:
     lane: LaneServer | None
 
 
-def _control_app(state: ServerState) -> ASGIApp:
+def _control_app(state: ServerState, access_log: AccessLog | None) -> ASGIApp:
     app = FastAPI(
         title="rlserve",
         version=__version__,
@@ -317,7 +323,7 @@ def _control_app(state: ServerState) -> ASGIApp:
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected_error)
     phases = state.phases
-    return AccessMiddleware(app, lambda: phases.draining, log_requests=state.settings.access_log)
+    return AccessMiddleware(app, lambda: phases.draining, access_log)
 
 
 def _model_list(state: ServerState, models: ModelEndpoints) -> Callable[[], Awaitable[Response]]:

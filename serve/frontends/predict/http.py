@@ -45,7 +45,6 @@ from serve.dataplane.messages import InferenceRequest, InferenceResponse, Prepar
 from serve.dataplane.routing import Route, Router
 from serve.dataplane.row_calls import INLINE_BODY_BYTES, PreparedOn, RowCalls
 from serve.dataplane.scheduler import Scheduler
-from serve.frontends.access import log_exchange
 from serve.frontends.http_calls import (
     JSON_HEADER,
     READ_AGAIN_AFTER_S,
@@ -345,9 +344,10 @@ class PredictFrontend:
         )
         answer = plain_error(error)
         self.calls.refused(call, error, answer.status)
-        if self.calls.access_log:
+        if self.calls.access_log is not None:
             scope: Scope = {"method": "POST", "path": _path_of(path), "client": None}
-            log_exchange(scope, call.request_id, answer.status, time.monotonic() - call.received_at)
+            seconds = time.monotonic() - call.received_at
+            self.calls.access_log.add(scope, call.request_id, answer.status, seconds)
         head = _error_head(b"HTTP/1.1 504 Gateway Timeout\r\n", error)
         return _whole(head, orjson.dumps(answer.body), call.request_id)
 
@@ -386,9 +386,10 @@ class PredictFrontend:
         else:
             seconds = now - call.received_at
             self.metrics.refused(call.model, call.version, 429, _QUEUE_FULL, seconds)
-        if self.calls.access_log:
+        if self.calls.access_log is not None:
             scope: Scope = {"method": "POST", "path": _path_of(path), "client": None}
-            log_exchange(scope, call.request_id, 429, time.monotonic() - call.received_at)
+            seconds = time.monotonic() - call.received_at
+            self.calls.access_log.add(scope, call.request_id, 429, seconds)
         return cached.encode(call.request_id)
 
 
