@@ -356,7 +356,9 @@ async def _load(state: ServerState) -> None:
     finally:
         state.manager.canaries_started = True
         state.phases.loaded.set()
-    if not loaded:
+    if loaded:
+        _ready(state)  # once the canaries started: what keeps /ready red is known now
+    else:
         await _load_when_back(state)
     settings, updater = state.settings, state.updater
     sync = RepositorySync(state.manager, updater, updater.registry, settings.sync_interval_s)
@@ -396,7 +398,6 @@ async def _load_models(state: ServerState, *, quiet: bool = False) -> bool:
             log.error("cannot load the model repository: %s", exc.message)
         return False
     state.manager.fatal = None
-    _ready(state)
     return True
 
 
@@ -407,6 +408,7 @@ async def _load_when_back(state: ServerState) -> None:
         await asyncio.sleep(REPOSITORY_RETRY_S)
         if await _load_models(state, quiet=True):
             log.info("the model repository is back: %s", state.settings.model_repository)
+            _ready(state)
             return
 
 

@@ -15,6 +15,7 @@ def configure(level: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     access = logging.getLogger("rlserve.access")
+    access.setLevel(logging.INFO)  # access_log says whether it writes, not log_level
     access_handler = logging.StreamHandler(sys.stdout)
     access_handler.setFormatter(logging.Formatter("%(message)s"))
     access.handlers[:] = [access_handler]

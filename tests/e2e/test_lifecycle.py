@@ -143,6 +143,27 @@ def test_an_idle_server_stops_in_under_a_second_and_frees_its_port(
     assert took < 1.0, f"stopping an idle server took {took:.2f}s"
 
 
+def test_a_quiet_start_logs_no_error_and_still_writes_access_lines(
+    repository: Path, tmp_path: Path
+) -> None:
+    """``log_level: warning`` keeps a clean start silent (no "not ready" while the canaries
+    start: readiness is judged once they have), and ``access_log`` still writes each
+    request's line: the two settings are independent."""
+    repo = only(repository, tmp_path, "cartpole")
+    server = Server.rlserve(repo, "--log-level", "warning", log=tmp_path / "log")
+    try:
+        server.wait_ready()
+        with server.client() as client:
+            answered = client.post("/predict", json=GOOD, headers={"X-Request-Id": "quiet-1"})
+    finally:
+        server.stop()
+    assert answered.status_code == 200
+    lines = server.output(full=True).splitlines()
+    assert [line for line in lines if " ERROR " in line] == []
+    (access,) = [json.loads(line) for line in lines if "quiet-1" in line]
+    assert (access["path"], access["status"]) == ("/predict", 200)
+
+
 def test_sigterm_answers_every_request_written_on_a_keep_alive_connection(
     repository: Path, tmp_path: Path
 ) -> None:
