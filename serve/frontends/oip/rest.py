@@ -545,7 +545,7 @@ def _inputs(
             raise InvalidInput(f"inputs: {quoted(name)} is given twice")
         parameters = _object(given.get("parameters"), f"inputs[{i}].parameters")
         size = parameters.get("binary_data_size")
-        where = shared_memory.placement(parameters, f"input {quoted(name)}")
+        where = shared_memory.placement(parameters, "input", name)
         if where is not None:
             if size is not None or "data" in given:
                 raise InvalidInput(
@@ -598,6 +598,9 @@ def _check_binary_size(name: str, size: Any, left: int) -> None:
         )
 
 
+_OUTPUT_PARAMETERS = frozenset({"binary_data", *shared_memory.PARAMETERS})
+
+
 def _outputs(value: Any) -> list[RequestedOutput]:
     if value is None:
         return []
@@ -608,7 +611,11 @@ def _outputs(value: Any) -> list[RequestedOutput]:
         if not isinstance(given, dict) or not isinstance(given.get("name"), str):
             raise InvalidInput(f"outputs[{i}]: expected an object with a name")
         parameters = _object(given.get("parameters"), f"outputs[{i}].parameters")
-        unknown = sorted(set(parameters) - {"binary_data", *shared_memory.PARAMETERS})
+        unknown = (
+            []
+            if parameters.keys() <= _OUTPUT_PARAMETERS
+            else sorted(set(parameters) - _OUTPUT_PARAMETERS)
+        )
         if unknown:
             raise InvalidInput(
                 f"outputs[{i}].parameters: {unknown} not supported; an output takes binary_data "
@@ -617,7 +624,7 @@ def _outputs(value: Any) -> list[RequestedOutput]:
         binary = parameters.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
             raise InvalidInput(f"outputs[{i}].parameters.binary_data: expected true or false")
-        where = shared_memory.placement(parameters, f"output {quoted(given['name'])}")
+        where = shared_memory.placement(parameters, "output", given["name"])
         if where is not None and binary:
             raise InvalidInput(
                 f"output {quoted(given['name'])}: binary_data true and a shared-memory region; "

@@ -416,7 +416,7 @@ def _arrays(request: Any) -> tuple[dict[str, np.ndarray], list[PlacedInput]]:
     """The inputs given in the call, and those in shared memory (no raw entry of their own)."""
     raw = request.raw_input_contents
     placements = [
-        shared_memory.placement(_parameters(given.parameters), f"input {quoted(given.name)}")
+        shared_memory.placement(_parameters(given.parameters), "input", given.name)
         for given in request.inputs
     ]
     carried = sum(where is None for where in placements)
@@ -461,7 +461,7 @@ def _outputs(request: Any) -> list[RequestedOutput]:
         binary = parameters.get("binary_data")  # accepted, and changes nothing: answers go raw
         if binary is not None:
             _boolean(f"outputs: {quoted(output.name)} parameters.binary_data", binary)
-        where = shared_memory.placement(parameters, f"output {quoted(output.name)}")
+        where = shared_memory.placement(parameters, "output", output.name)
         outputs.append(RequestedOutput(output.name, None, where))
     return outputs
 

@@ -112,11 +112,13 @@ class RegionStatus:
         }
 
 
-def placement(parameters: Mapping[str, Any], tensor: str) -> Placement | None:
-    """The shared-memory placement a tensor's parameters give (None: they give none). The
-    region and the byte size go together; the offset is optional (0)."""
-    if not any(name in parameters for name in PARAMETERS):
+def placement(parameters: Mapping[str, Any], role: str, name: str) -> Placement | None:
+    """The shared-memory placement the parameters of a tensor give (None: they give none),
+    the tensor being ``role`` ("input", "output") ``name`` in messages. The region and the
+    byte size go together; the offset is optional (0)."""
+    if parameters.keys().isdisjoint(PARAMETERS):
         return None
+    tensor = f"{role} {quoted(name)}"
     region, size = parameters.get(REGION), parameters.get(BYTE_SIZE)
     if region is None or size is None:
         raise InvalidInput(

@@ -173,18 +173,19 @@ def test_everything_is_refused_naming_the_setting_while_it_is_off(make_object: M
 
 
 def test_parameters_place_a_tensor_only_with_a_region_and_a_byte_size() -> None:
-    assert placement({"binary_data_size": 4}, "input 'obs'") is None
-    got = placement({"shared_memory_region": "r", "shared_memory_byte_size": 16}, "x")
+    assert placement({"binary_data_size": 4}, "input", "obs") is None
+    got = placement({"shared_memory_region": "r", "shared_memory_byte_size": 16}, "input", "x")
     assert got == Placement("r", 0, 16)
-    with pytest.raises(InvalidInput, match="give both shared_memory_region and"):
-        placement({"shared_memory_region": "r"}, "input 'obs'")
+    with pytest.raises(InvalidInput, match="input 'obs': give both shared_memory_region and"):
+        placement({"shared_memory_region": "r"}, "input", "obs")
     with pytest.raises(InvalidInput, match="shared_memory_offset: expected a byte count"):
         placement(
             {"shared_memory_region": "r", "shared_memory_byte_size": 4, "shared_memory_offset": -1},
+            "output",
             "x",
         )
     with pytest.raises(InvalidInput, match="expected a byte count"):
-        placement({"shared_memory_region": "r", "shared_memory_byte_size": True}, "x")
+        placement({"shared_memory_region": "r", "shared_memory_byte_size": True}, "input", "x")
 
 
 ADMIN = SecretStr("shared-memory-admin-token")
