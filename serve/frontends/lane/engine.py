@@ -122,9 +122,14 @@ class LaneEngine:
             self._deliver()
 
     def _deliver(self) -> None:
-        """Run what the thread left for the event loop (publish records, count refusals)."""
+        """Run what the thread left for the event loop (make and publish records, count
+        refusals); one that fails (a bug of ours) is logged, and the rest still run."""
         while self._outbox:
-            self._outbox.popleft()()
+            work = self._outbox.popleft()
+            try:
+                work()
+            except Exception:
+                log.exception("a local-lane batch's record or count failed")
 
     @property
     def lanes(self) -> int:
