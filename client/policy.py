@@ -607,6 +607,13 @@ class AsyncPolicyClient:
         call = _episode_call(model, outcome.body(), token)
         return dict(await self._send(call))
 
+    async def report_episodes(
+        self, model: str, outcomes: Sequence[EpisodeOutcome], *, token: str | None = None
+    ) -> dict[str, Any]:
+        """As ``PolicyClient.report_episodes``."""
+        body = {"episodes": [outcome.body() for outcome in outcomes]}
+        return dict(await self._send(_episode_call(model, body, token)))
+
     async def episodes(self, model: str) -> dict[str, Any]:
         return dict(await self._send(_Call("GET", f"/v1/models/{model}/episodes")))
 

@@ -5,6 +5,7 @@ bad reports are refused clearly; a server with an episode token refuses reports 
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from client import EpisodeOutcome, PolicyClient, RequestFailed
+from client import AsyncPolicyClient, EpisodeOutcome, PolicyClient, Prediction, RequestFailed
 from examples import canary_actors
 from tests.e2e.conftest import DEMO
 from tests.e2e.server import Server
@@ -110,6 +111,34 @@ def test_a_batch_of_reports_counts_each(server: Server) -> None:
         after = sum(v["episodes"] for v in client.episodes("cartpole")["versions"])
     assert accepted == {"model": "cartpole", "episodes": 5}
     assert after - before == 5
+
+
+def test_the_async_client_predicts_and_reports_as_the_sync_one(server: Server) -> None:
+    """AsyncPolicyClient against the same server: the same action for the same observation,
+    a batch of reports counted, and a refusal raised as RequestFailed."""
+    observation = [0.01, -0.02, 0.03, 0.04]
+    outcomes = [EpisodeOutcome(1, 20.0 + n, 20 + n, truncated=True) for n in range(3)]
+
+    async def session() -> tuple[Prediction, dict[str, object], int, int]:
+        async with AsyncPolicyClient(server.url) as client:
+            predicted = await client.predict(observation, model="cartpole")
+            before = (await client.episodes("cartpole"))["versions"]
+            accepted = await client.report_episodes("cartpole", outcomes)
+            after = (await client.episodes("cartpole"))["versions"]
+            with pytest.raises(RequestFailed) as refused:
+                await client.report_episodes("nope", outcomes)
+        counted = sum(v["episodes"] for v in after) - sum(v["episodes"] for v in before)
+        return predicted, accepted, counted, refused.value.status
+
+    predicted, accepted, counted, refused = asyncio.run(session())
+    with PolicyClient(server.url) as client:
+        expected = client.predict(observation, model="cartpole")
+    assert (predicted.actions, predicted.model_version) == (
+        expected.actions,
+        expected.model_version,
+    )
+    assert accepted == {"model": "cartpole", "episodes": 3}
+    assert (counted, refused) == (3, 404)
 
 
 def test_reports_for_an_unknown_model_get_404(server: Server) -> None:
