@@ -689,8 +689,8 @@ def lane_verdicts(run: LaneRun | None) -> list[Verdict]:
         if http is not None and http.steps_per_s:
             versus = f" (HTTP: {http.steps_per_s:,.0f}, {row.steps_per_s / http.steps_per_s:.2f}x)"
         measured = f"{row.steps_per_s:,.0f} steps/s{versus}"
-        if row.own_ceiling is not None:
-            ceiling = row.own_ceiling
+        ceiling = row.own_ceiling
+        if ceiling is not None:
             measured += f"; the worker's own ceiling (answers taking no time): {ceiling:,.0f}"
         verdicts.append(Verdict(target, measured, row.steps_per_s >= minimum))
     return verdicts

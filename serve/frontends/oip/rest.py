@@ -611,11 +611,7 @@ def _outputs(value: Any) -> list[RequestedOutput]:
         if not isinstance(given, dict) or not isinstance(given.get("name"), str):
             raise InvalidInput(f"outputs[{i}]: expected an object with a name")
         parameters = _object(given.get("parameters"), f"outputs[{i}].parameters")
-        unknown = (
-            []
-            if parameters.keys() <= _OUTPUT_PARAMETERS
-            else sorted(set(parameters) - _OUTPUT_PARAMETERS)
-        )
+        unknown = sorted(parameters.keys() - _OUTPUT_PARAMETERS)
         if unknown:
             raise InvalidInput(
                 f"outputs[{i}].parameters: {unknown} not supported; an output takes binary_data "

@@ -346,8 +346,7 @@ class PredictFrontend:
         self.calls.refused(call, error, answer.status)
         if self.calls.access_log is not None:
             scope: Scope = {"method": "POST", "path": _path_of(path), "client": None}
-            seconds = time.monotonic() - call.received_at
-            self.calls.access_log.add(scope, call.request_id, answer.status, seconds)
+            self.calls.logged(scope, call, answer.status)
         head = _error_head(b"HTTP/1.1 504 Gateway Timeout\r\n", error)
         return _whole(head, orjson.dumps(answer.body), call.request_id)
 
@@ -388,8 +387,7 @@ class PredictFrontend:
             self.metrics.refused(call.model, call.version, 429, _QUEUE_FULL, seconds)
         if self.calls.access_log is not None:
             scope: Scope = {"method": "POST", "path": _path_of(path), "client": None}
-            seconds = time.monotonic() - call.received_at
-            self.calls.access_log.add(scope, call.request_id, 429, seconds)
+            self.calls.logged(scope, call, 429)
         return cached.encode(call.request_id)
 
 
