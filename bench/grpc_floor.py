@@ -8,6 +8,9 @@ seconds, divided by the calls answered. The servers:
   fixed, already serialized ``ModelInferResponse`` (raw bytes in and out: no protobuf
   objects, no model): the least a ``ModelInfer`` costs on grpcio's asyncio server, the
   floor rlserve's gRPC frontend is measured against;
+- *grpc.aio stream echo*: the same server's ``ModelStreamInfer``, a generic stream handler
+  that writes the fixed answer (wrapped as a ``ModelStreamInferResponse``) for each call it
+  reads: the floor of rlserve's stream;
 - *grpc sync echo*: the same on grpcio's thread-pool server (``--threads`` workers);
 - *grpclib echo*: the same on grpclib, a pure-Python asyncio gRPC implementation (skipped
   with one line when it is not installed: ``pip install grpclib``);
@@ -34,6 +37,7 @@ from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -78,18 +82,26 @@ def serve_aio(port: int) -> None:
     async def infer(body: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return fixed
 
+    async def stream_infer(bodies: Any, context: grpc.aio.ServicerContext) -> None:
+        async for _ in bodies:
+            await context.write(fixed_stream)
+
     async def main() -> None:
         server = grpc.aio.server()
-        handler = grpc.unary_unary_rpc_method_handler(infer)
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(SERVICE, {"ModelInfer": handler}),)
-        )
+        handlers = {
+            "ModelInfer": grpc.unary_unary_rpc_method_handler(infer),
+            "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(stream_infer),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
         print("ready", flush=True)
         await server.wait_for_termination()
 
     fixed = answer()
+    fixed_stream = pb.ModelStreamInferResponse(
+        infer_response=pb.ModelInferResponse.FromString(fixed)
+    ).SerializeToString()
     asyncio.run(main())
 
 
@@ -187,6 +199,11 @@ def setups(threads: int) -> list[Setup]:
     rlserve = [sys.executable, "-m", "cli", "serve", "--model-repository", str(REPOSITORY)]
     chosen = [
         Setup("grpc.aio echo", lambda port: [*me, "aio", "--port", str(port)]),
+        Setup(
+            "grpc.aio stream echo",
+            lambda port: [*me, "aio", "--port", str(port)],
+            streaming=True,
+        ),
         Setup(
             f"grpc sync echo ({threads} threads)",
             lambda port: [*me, "sync", "--port", str(port), "--threads", str(threads)],

@@ -49,6 +49,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kernel.errors import ConfigError, InvalidInput, RLServeError, internal_error, listed, quoted
 from kernel.json_shown import json_shown
 from serve import __version__
+from serve.dataplane.deadline import Deadline
 from serve.dataplane.routing import Route
 from serve.frontends.oip import shared_memory, tensors
 from serve.frontends.oip.catalog import PLATFORM, Catalog, extensions, repository_index
@@ -58,6 +59,7 @@ from serve.frontends.oip.proto import inference_pb2_grpc as pb_grpc
 from serve.frontends.oip.proto import model_config_pb2 as config_pb
 from serve.frontends.oip.shared_memory import PlacedInput
 from serve.frontends.oip.signature import EPISODE_KEY, InferCall, RequestedOutput, config_dims
+from serve.frontends.oip.stream import InferStream
 from serve.frontends.wire import episode_key
 from serve.status import grpc_status, grpc_trailers
 
@@ -239,65 +241,82 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(  # type: ignore[override]  # noqa: N802
         self, requests: Any, context: Any
     ) -> None:
-        """Read calls as they come and run each at once; answers are written as their
-        batches finish. At most ``stream_max_in_flight`` calls are between being read and
-        their answer being written: at the bound the stream is not read (grpc's flow
-        control then holds the client's writes back) until an answer is written. At
-        shutdown (``close_streams``) the reading stops: the calls in flight are answered and
-        the stream ends."""
-        writing = asyncio.Lock()
-        slots = asyncio.Semaphore(self.stream_max_in_flight)
-        pending: set[asyncio.Task[None]] = set()
+        """Read calls as they come and start each at once; answers are written as their
+        batches finish (``serve.frontends.oip.stream``). At shutdown (``close_streams``)
+        the reading stops: the calls in flight are answered and the stream ends."""
         remaining = context.time_remaining()
         stream_ends = None if remaining is None else time.monotonic() + remaining
+        waiting: set[asyncio.Task[None]] = set()  # calls with a step that waits
 
-        async def answer(request: Any, received_at: float) -> None:
-            try:
-                left = None if stream_ends is None else stream_ends - received_at
-                reply = await self._stream_reply(request, received_at, left, context)
-                async with writing:
-                    await context.write(reply)  # waits while the client reads nothing
-            finally:
-                slots.release()  # an answer written (or abandoned) frees its call's slot
+        def start(request: Any, received_at: float, reply: Callable[[Any], None]) -> None:
+            left = None if stream_ends is None else stream_ends - received_at
+            task = self._stream_call(request, received_at, left, context, reply)
+            if task is not None:
+                waiting.add(task)
+                task.add_done_callback(waiting.discard)
 
-        async def read() -> None:
-            await slots.acquire()
-            async for request in requests:
-                task = asyncio.create_task(answer(request, time.monotonic()))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-                await slots.acquire()  # the next call is read once one is free
-
-        reader = asyncio.create_task(read())
+        stream = InferStream(context, self.stream_max_in_flight)
+        reader = asyncio.create_task(stream.read(requests, start))
         self._readers.add(reader)
         try:
-            await asyncio.wait([reader])  # ends at the client's end of stream, or at shutdown
-            while pending:
-                await asyncio.gather(*pending)
+            await stream.write()  # ends once the reading ended and every call is answered
         finally:
             self._readers.discard(reader)
             reader.cancel()
-            for task in pending:
+            for task in waiting:
                 task.cancel()
 
-    async def _stream_reply(
-        self, request: Any, received_at: float, remaining_s: float | None, context: Any
-    ) -> Any:
-        """One stream call's answer: its response, or its error naming the call (``context``:
-        the stream's)."""
+    def _stream_call(
+        self,
+        request: Any,
+        received_at: float,
+        remaining_s: float | None,
+        context: Any,
+        reply: Callable[[Any], None],
+    ) -> asyncio.Task[None] | None:
+        """Start one stream call: its steps now, its reply (``reply``) once its batch is
+        done, from the batch's future; a call with a step that waits (entities, large
+        tensors) runs in the task returned."""
+        route: Route | None = None
         try:
-            return pb.ModelStreamInferResponse(
-                infer_response=await self._infer(request, received_at, remaining_s, context)
+            route = self._routed(request)
+            call, deadline = self._call_admitted(route, request, received_at, remaining_s, context)
+            queued = self.inference.queue(route, call, request.id, received_at, deadline)
+        except Exception as exc:
+            reply(_stream_error(request, self._refused(route, exc, received_at, request)))
+            return None
+        if queued is None:
+            return asyncio.create_task(
+                self._stream_reply(request, received_at, remaining_s, context, reply)
             )
+        future, signature = queued
+
+        def settled(done: asyncio.Future[Any]) -> None:
+            try:
+                answer = self.inference.answer(call, signature, done.result())
+                reply(pb.ModelStreamInferResponse(infer_response=encode_infer(answer, call)))
+            except BaseException as exc:  # a cancelled batch too: the one internal error
+                reply(_stream_error(request, self._refused(route, exc, received_at, request)))
+
+        future.add_done_callback(settled)
+        return None
+
+    async def _stream_reply(
+        self,
+        request: Any,
+        received_at: float,
+        remaining_s: float | None,
+        context: Any,
+        reply: Callable[[Any], None],
+    ) -> None:
+        """One stream call run in a task: its response, or its error naming the call
+        (``context``: the stream's)."""
+        try:
+            response = await self._infer(request, received_at, remaining_s, context)
         except RLServeError as exc:  # the stream goes on; the reply names the call
-            return pb.ModelStreamInferResponse(
-                error_message=status_message(f"[{exc.code.value}] {exc.message}"),
-                infer_response=pb.ModelInferResponse(
-                    model_name=request.model_name,
-                    model_version=request.model_version,
-                    id=request.id,
-                ),
-            )
+            reply(_stream_error(request, exc))
+        else:
+            reply(pb.ModelStreamInferResponse(infer_response=response))
 
     def close_streams(self) -> None:
         """Shutdown: every stream stops reading, answers its calls in flight and ends."""
@@ -311,23 +330,52 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         a tensor in shared memory is admitted by)."""
         route: Route | None = None
         try:
-            episode = _episode_key(request.parameters)
-            route = self.inference.route(request.model_name, request.model_version, episode)
-            call = decode_infer(request)
-            if call.in_shared_memory:
-                self.inference.shared_memory.admit(_authorization(context))
-            asked_ms = None if remaining_s is None else remaining_s * 1000
-            deadline = self.inference.admitted(route, call, received_at, asked_ms)
+            route = self._routed(request)
+            call, deadline = self._call_admitted(route, request, received_at, remaining_s, context)
             answer = await self.inference.run(route, call, request.id, received_at, deadline)
-        except RLServeError as exc:
-            self.inference.refused(route, exc, received_at)
-            raise
-        except Exception as exc:  # a bug of ours: logged, and answered INTERNAL like any error
-            log.exception("unhandled error on ModelInfer for %r", request.model_name)
-            error = internal_error(exc)
-            self.inference.refused(route, error, received_at)
-            raise error from None
+        except Exception as exc:
+            raise self._refused(route, exc, received_at, request) from None
         return encode_infer(answer, call)
+
+    def _routed(self, request: Any) -> Route:
+        episode = _episode_key(request.parameters)
+        return self.inference.route(request.model_name, request.model_version, episode)
+
+    def _call_admitted(
+        self,
+        route: Route,
+        request: Any,
+        received_at: float,
+        remaining_s: float | None,
+        context: Any,
+    ) -> tuple[InferCall, Deadline]:
+        """The call decoded, and its deadline once admission lets it in."""
+        call = decode_infer(request)
+        if call.in_shared_memory:
+            self.inference.shared_memory.admit(_authorization(context))
+        asked_ms = None if remaining_s is None else remaining_s * 1000
+        return call, self.inference.admitted(route, call, received_at, asked_ms)
+
+    def _refused(
+        self, route: Route | None, exc: BaseException, received_at: float, request: Any
+    ) -> RLServeError:
+        """A call's failure, counted: its RLServeError, or, for a bug of ours (logged), the
+        one internal error."""
+        if not isinstance(exc, RLServeError):
+            log.exception("unhandled error on ModelInfer for %r", request.model_name, exc_info=exc)
+            exc = internal_error(exc)
+        self.inference.refused(route, exc, received_at)
+        return exc
+
+
+def _stream_error(request: Any, error: RLServeError) -> Any:
+    """A stream call's error answer: the stream goes on, and the answer names the call."""
+    return pb.ModelStreamInferResponse(
+        error_message=status_message(f"[{error.code.value}] {error.message}"),
+        infer_response=pb.ModelInferResponse(
+            model_name=request.model_name, model_version=request.model_version, id=request.id
+        ),
+    )
 
 
 def _authorization(context: Any) -> str:
