@@ -43,6 +43,8 @@ Scenarios (all by default):
                                        decoupled (issue #26), see below
   lane                                 CartPole actors and a 64-env rollout worker over
                                        HTTP and over the local lane (issue #25), see below
+  grpc                                 rlserve's gRPC calls against grpcio's own floor
+                                       (issue #43), see below
 
 overload: one rlserve serve process (mlp). Saturation: wrk at 8, 16, 32 and 64
 connections; goodput = 2xx answers/s, its peak is reached at C* connections. Overload:
@@ -126,8 +128,17 @@ lane (bench/lane.py): rlserve serve --lane on core 0 serving the bundled CartPol
 on core 1, over HTTP (PolicyClient) and over the local lane (LaneClient), one after the
 other: one actor (one env, one call per step), eight actors at once, and one rollout
 worker with 64 envs (rlserve collect's code); beside them, the 64 envs stepped alone.
-Targets (issue #25), through the lane: one actor >= 10,000 env steps/s, eight actors >=
-20,000, the 64-env worker >= 100,000. `--only lane --seconds 8` takes about two minutes.
+Targets (issue #43), through the lane: one actor >= 12,000 env steps/s, eight actors >=
+10,000 together, the 64-env worker >= 90% of its envs' rate alone. `--only lane --seconds
+8` takes about two minutes.
+
+grpc (bench/grpc_floor.py): each server in turn on core 0, and a grpc.aio client on core
+1 with 16 calls in flight (one stream each for the stream rows), one CartPole
+observation per ModelInfer: grpcio's own floors (a grpc.aio unary echo and stream echo,
+raw bytes in and out; its thread-pool server; grpclib when installed), then rlserve serve
+--grpc-port over unary ModelInfer and over ModelStreamInfer. Target (issue #43): rlserve's
+unary call <= 1.3x the grpc.aio echo's CPU per call. `--only grpc --seconds 5` takes about
+two minutes; `python -m bench.grpc_floor` prints the same table alone.
 
 Needs wrk and taskset on PATH, two CPU cores, and the test install (torch and
 stable-baselines3 build the mlp and cnn models; transformers, trl, peft and
@@ -151,14 +162,17 @@ import platform
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench import (
     cache,
     cpu,
     features,
     gpu_report,
+    grpc_floor,
     grpo,
     lane,
     lm,
@@ -296,6 +310,9 @@ def _run_peers(
     if scenarios.LANE in chosen:
         _say("cartpole: actors and a rollout worker over HTTP and over the local lane")
         results.lane = lane.run(repository / "cartpole", workdir, args.seconds, args.warmup)
+    if scenarios.GRPC in chosen:
+        _say("cartpole: gRPC calls against grpcio's own floor")
+        results.grpc = grpc_floor.run(args.seconds)
 
 
 def _write(output: Path, results: Results, chosen: tuple[str, ...]) -> None:
@@ -327,22 +344,20 @@ def _splice(
 ) -> str | None:
     """``old`` with this subset run's sections in it; None when it is no benchmarks document."""
     if len(chosen) == 1 and chosen[0] in scenarios.SPLICED:
-        if results.oip is not None:
-            return report.splice_oip(old, results.oip, verdicts)
-        if results.loop is not None:
-            return report.splice_loop(old, results.loop, verdicts)
-        if results.lm is not None:
-            return report.splice_lm(old, results.lm, verdicts)
-        if results.cache is not None:
-            return report.splice_cache(old, results.cache, verdicts)
-        if results.recurrent is not None:
-            return report.splice_recurrent(old, results.recurrent, verdicts)
-        if results.features is not None:
-            return report.splice_features(old, results.features, verdicts)
-        if results.grpo is not None:
-            return report.splice_grpo(old, results.grpo, verdicts)
-        if results.lane is not None:
-            return report.splice_lane(old, results.lane, verdicts)
+        own: list[tuple[Any, Callable[[str, Any, list[targets.Verdict]], str | None]]] = [
+            (results.oip, report.splice_oip),
+            (results.loop, report.splice_loop),
+            (results.lm, report.splice_lm),
+            (results.cache, report.splice_cache),
+            (results.recurrent, report.splice_recurrent),
+            (results.features, report.splice_features),
+            (results.grpo, report.splice_grpo),
+            (results.lane, report.splice_lane),
+            (results.grpc, report.splice_grpc),
+        ]
+        for run, splice in own:
+            if run is not None:
+                return splice(old, run, verdicts)
     return report.splice_subset(old, results, verdicts)
 
 

@@ -21,14 +21,19 @@ seconds, divided by the calls answered. The servers:
     .venv/bin/python -m bench.grpc_floor [--seconds 5] [--concurrency 16] [--threads 4]
 
 Prints a markdown table: calls/s, the server's CPU µs per call, and that over the
-grpc.aio echo's. Needs taskset and two cores, as ``python -m bench`` does.
+grpc.aio unary and stream echos'. Needs taskset and two cores, as ``python -m bench`` does.
+``python -m bench --only grpc`` runs the same (:func:`run`) and writes its section and
+target (issue #43: rlserve's unary call ≤ 1.3x the unary echo's CPU) to
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import importlib.util
+import math
 import subprocess
 import sys
 import tempfile
@@ -36,6 +41,7 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +50,16 @@ import numpy as np
 
 from bench import cpu
 from bench.servers import ROOT, Server, free_port
+from kernel.errors import one_line
 from serve.frontends.oip.proto import inference_pb2 as pb
 
 SERVICE = "inference.GRPCInferenceService"
 METHOD = f"/{SERVICE}/ModelInfer"
 STREAM = f"/{SERVICE}/ModelStreamInfer"
 MODEL = "cartpole"
+CONCURRENCY = 16  # calls in flight: one per client task (one stream each when streaming)
+THREADS = 4  # the sync echo's workers
+MAX_UNARY_OVER_ECHO = 1.3  # issue #43: rlserve's unary ModelInfer, CPU per call
 REPOSITORY = ROOT / "examples" / "model_repository"
 
 
@@ -179,9 +189,20 @@ async def load(port: int, seconds: float, concurrency: int, streaming: bool) -> 
 # ---------------------------------------------------------------------- the runs
 
 
+class Kind(Enum):
+    """The servers measured, in the table's order (their labels)."""
+
+    AIO_ECHO = "grpc.aio echo"
+    AIO_STREAM_ECHO = "grpc.aio stream echo"
+    SYNC_ECHO = "grpc sync echo"
+    GRPCLIB_ECHO = "grpclib echo"
+    RLSERVE_UNARY = "rlserve unary"
+    RLSERVE_STREAM = "rlserve stream"
+
+
 @dataclass(frozen=True)
 class Setup:
-    name: str
+    kind: Kind
     command: Callable[[int], list[str]]  # the server's command, given its gRPC port
     streaming: bool = False
     rlserve: bool = False  # ready when /ready answers 200; an echo says "ready" on stdout
@@ -189,40 +210,85 @@ class Setup:
 
 @dataclass(frozen=True)
 class Row:
-    name: str
-    calls_per_s: float
-    cpu_us_per_call: float
+    kind: Kind
+    calls_per_s: float | None  # None: the row failed
+    cpu_us_per_call: float | None
+    failure: str | None = None
 
 
-def setups(threads: int) -> list[Setup]:
+@dataclass(frozen=True)
+class GrpcRun:
+    """The ``grpc`` scenario of ``python -m bench``: every server's row, in one run."""
+
+    when: str
+    seconds: float  # the scenario's wall time
+    measured_s: float  # per row
+    concurrency: int
+    threads: int  # the sync echo's workers
+    machine: str
+    load_before: str
+    load_after: str
+    rows: tuple[Row, ...]
+    skipped: tuple[str, ...]  # servers left out, and why
+
+    def row(self, kind: Kind) -> Row | None:
+        return next((r for r in self.rows if r.kind is kind and r.cpu_us_per_call), None)
+
+    def over(self, kind: Kind, floor: Kind) -> float | None:
+        """``kind``'s CPU per call over ``floor``'s (None: either is missing)."""
+        mine, theirs = self.row(kind), self.row(floor)
+        if mine is None or theirs is None or mine.cpu_us_per_call is None:
+            return None
+        return mine.cpu_us_per_call / (theirs.cpu_us_per_call or math.inf)
+
+
+def setups(threads: int) -> tuple[list[Setup], list[str]]:
+    """The servers to measure, and those left out (with why)."""
     me = [sys.executable, "-m", "bench.grpc_floor", "--serve"]
     rlserve = [sys.executable, "-m", "cli", "serve", "--model-repository", str(REPOSITORY)]
     chosen = [
-        Setup("grpc.aio echo", lambda port: [*me, "aio", "--port", str(port)]),
+        Setup(Kind.AIO_ECHO, lambda port: [*me, "aio", "--port", str(port)]),
+        Setup(Kind.AIO_STREAM_ECHO, lambda port: [*me, "aio", "--port", str(port)], True),
         Setup(
-            "grpc.aio stream echo",
-            lambda port: [*me, "aio", "--port", str(port)],
-            streaming=True,
-        ),
-        Setup(
-            f"grpc sync echo ({threads} threads)",
+            Kind.SYNC_ECHO,
             lambda port: [*me, "sync", "--port", str(port), "--threads", str(threads)],
         ),
     ]
+    skipped = []
     if importlib.util.find_spec("grpclib") is not None:
-        chosen.append(Setup("grpclib echo", lambda port: [*me, "grpclib", "--port", str(port)]))
+        chosen.append(Setup(Kind.GRPCLIB_ECHO, lambda port: [*me, "grpclib", "--port", str(port)]))
     else:
-        print("bench.grpc_floor: grpclib is not installed: its row is left out", file=sys.stderr)
+        skipped.append("grpclib echo: grpclib is not installed (pip install grpclib)")
     return [
         *chosen,
-        Setup("rlserve unary", lambda port: [*rlserve, "--grpc-port", str(port)], rlserve=True),
+        Setup(Kind.RLSERVE_UNARY, lambda port: [*rlserve, "--grpc-port", str(port)], rlserve=True),
         Setup(
-            "rlserve stream",
+            Kind.RLSERVE_STREAM,
             lambda port: [*rlserve, "--grpc-port", str(port)],
             streaming=True,
             rlserve=True,
         ),
-    ]
+    ], skipped
+
+
+def run(seconds: int, concurrency: int = CONCURRENCY, threads: int = THREADS) -> GrpcRun:
+    """Every server measured in turn: the scenario ``grpc`` of ``python -m bench``."""
+    started = time.monotonic()
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load_before = cpu.loadavg()
+    chosen, skipped = setups(threads)
+    rows = []
+    for setup in chosen:
+        _say(f"grpc: {setup.kind.value}")
+        try:
+            rows.append(measure(setup, seconds, concurrency))
+        except (RuntimeError, TimeoutError) as exc:
+            _say(f"grpc: {setup.kind.value} failed: {exc}")
+            rows.append(Row(setup.kind, None, None, one_line(exc)))
+    return GrpcRun(
+        when, time.monotonic() - started, float(seconds), concurrency, threads, cpu.machine(),
+        load_before, cpu.loadavg(), tuple(rows), tuple(skipped),
+    )  # fmt: skip
 
 
 def measure(setup: Setup, seconds: int, concurrency: int) -> Row:
@@ -243,13 +309,13 @@ def measure(setup: Setup, seconds: int, concurrency: int) -> Row:
                 assert loader.stdout is not None
                 loader.stdout.readline()  # "measuring": the warm-up is over
                 started = server.cpu_seconds()
-                calls = int(loader.stdout.readline())
+                calls = int(loader.stdout.readline() or 0)
                 spent = server.cpu_seconds() - started
-            if loader.returncode != 0:
+            if loader.returncode != 0 or not calls:
                 raise RuntimeError(f"the load client failed ({loader.returncode})")
         finally:
             server.stop()
-    return Row(setup.name, calls / seconds, spent / max(calls, 1) * 1e6)
+    return Row(setup.kind, calls / seconds, spent / calls * 1e6)
 
 
 def _wait_said_ready(server: Server, log: Path, timeout_s: float = 60) -> None:
@@ -264,18 +330,35 @@ def _wait_said_ready(server: Server, log: Path, timeout_s: float = 60) -> None:
     raise TimeoutError(f"server not ready after {timeout_s:g}s:\n{server.log_tail()}")
 
 
-def table(rows: list[Row]) -> str:
-    floor = rows[0].cpu_us_per_call
+def table(run: GrpcRun) -> list[str]:
+    """The run's rows as a markdown table: each server's CPU per call over its floor's (the
+    unary echo for unary calls, the stream echo for stream calls)."""
     lines = [
-        "| server | calls/s | server CPU µs/call | ÷ grpc.aio echo |",
-        "|---|---:|---:|---:|",
+        "| server | calls/s | server CPU µs/call | ÷ grpc.aio echo | ÷ grpc.aio stream echo |",
+        "|---|---:|---:|---:|---:|",
     ]
-    for row in rows:
+    for row in run.rows:
+        name = row.kind.value
+        if row.kind is Kind.SYNC_ECHO:
+            name += f" ({run.threads} threads)"
+        if row.calls_per_s is None or row.cpu_us_per_call is None:
+            lines.append(f"| {name} | failed: {(row.failure or '').replace('|', '/')} | | | |")
+            continue
+        unary = run.over(row.kind, Kind.AIO_ECHO)
+        stream = run.over(row.kind, Kind.AIO_STREAM_ECHO)
         lines.append(
-            f"| {row.name} | {row.calls_per_s:,.0f} | {row.cpu_us_per_call:.1f} | "
-            f"{row.cpu_us_per_call / floor:.2f} |"
+            f"| {name} | {row.calls_per_s:,.0f} | {row.cpu_us_per_call:.1f} | "
+            f"{_ratio(unary)} | {_ratio(stream)} |"
         )
-    return "\n".join(lines)
+    return lines
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _say(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -283,8 +366,8 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m bench.grpc_floor", description=" ".join(__doc__.split("\n\n")[0].split())
     )
     parser.add_argument("--seconds", type=int, default=5, help="measured seconds per server")
-    parser.add_argument("--concurrency", type=int, default=16, help="calls in flight")
-    parser.add_argument("--threads", type=int, default=4, help="the sync server's workers")
+    parser.add_argument("--concurrency", type=int, default=CONCURRENCY, help="calls in flight")
+    parser.add_argument("--threads", type=int, default=THREADS, help="the sync server's workers")
     parser.add_argument("--serve", choices=("aio", "sync", "grpclib"), help=argparse.SUPPRESS)
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--streaming", action="store_true", help=argparse.SUPPRESS)
@@ -299,8 +382,10 @@ def main(argv: list[str] | None = None) -> None:
         print(asyncio.run(load(args.port, args.seconds, args.concurrency, args.streaming)))
         return
     cpu.require_cores()
-    rows = [measure(setup, args.seconds, args.concurrency) for setup in setups(args.threads)]
-    print(table(rows))
+    measured = run(args.seconds, args.concurrency, args.threads)
+    print("\n".join(table(measured)))
+    for left_out in measured.skipped:
+        print(f"left out: {left_out}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from bench import (
     cache,
     children,
     features,
+    grpc_floor,
     lane,
     lm,
     lm_child,
@@ -29,6 +30,7 @@ from bench import (
 )
 from bench.cache import CacheRow, CacheRun, Path_
 from bench.features import FeatureRow, FeaturesRun
+from bench.grpc_floor import GrpcRun
 from bench.grpo import GrpoRun, LayoutRow
 from bench.lane import LaneRow, LaneRun
 from bench.lm import BaselineRun, LmRun, ServerRun
@@ -118,6 +120,8 @@ def _own_sections(results: Results) -> list[str]:
         parts.append(_grpo_section(results.grpo))
     if results.lane is not None:
         parts.append(_lane_section(results.lane))
+    if results.grpc is not None:
+        parts.append(_grpc_section(results.grpc))
     return parts
 
 
@@ -488,6 +492,12 @@ def splice_grpo(document: str, run: GrpoRun, verdicts: list[Verdict]) -> str | N
     """``document`` with its GRPO section replaced by this run's; None when it is no
     benchmarks document."""
     return _splice(document, GRPO_HEADING, _grpo_section(run), verdicts, targets.GRPO_PREFIX)
+
+
+def splice_grpc(document: str, run: GrpcRun, verdicts: list[Verdict]) -> str | None:
+    """``document`` with its gRPC-floor section and those rows of its Targets table replaced
+    by this run's; None when it is no benchmarks document."""
+    return _splice(document, GRPC_HEADING, _grpc_section(run), verdicts, targets.GRPC_PREFIX)
 
 
 def splice_lane(document: str, run: LaneRun, verdicts: list[Verdict]) -> str | None:
@@ -1617,3 +1627,43 @@ row per call; the eight actors share the server's core, and their rows meet in b
 The rollout worker's calls carry 64 rows each, so the per-call cost is spread over
 them and the env and the worker's own bookkeeping set the pace: the target of 90% of the
 env's rate alone is past the worker's own ceiling whatever serves it."""
+
+
+GRPC_HEADING = "## gRPC against its floor"
+
+
+def _grpc_section(run: GrpcRun) -> str:
+    method = _GRPC_METHOD.format(
+        **_conditions(run),
+        concurrency=run.concurrency,
+        seconds=f"{run.measured_s:g}",
+        threads=run.threads,
+    )
+    table = grpc_floor.table(run)
+    if run.skipped:
+        table += ["", *(f"Left out: {why}." for why in run.skipped)]
+    verdicts = targets.grpc_verdicts(run)
+    return _own_section(GRPC_HEADING, method, verdicts, None, table, _GRPC_READING)
+
+
+_GRPC_METHOD = """\
+Measured {when} ({took}) on {machine}; load average {load} before, {load_after} after.
+Each server runs alone on core 0 (`python -m bench.grpc_floor`), and one `grpc.aio` client
+process on core 1 keeps {concurrency} calls in flight: {concurrency} tasks, each calling
+`ModelInfer` (one CartPole observation in `raw_input_contents`) and waiting for its answer,
+or, for the stream rows, each writing a call on a `ModelStreamInfer` stream of its own and
+reading its answer. 1 s of warm-up, then {seconds} s measured. The floors are grpcio's own
+servers with a generic handler that answers a fixed, already serialized
+`ModelInferResponse` (raw bytes in and out: no protobuf objects, no model): its asyncio
+server over unary calls and over a stream, its thread-pool server ({threads} threads), and
+grpclib (a pure-Python asyncio gRPC implementation) when installed. rlserve is
+`rlserve serve --grpc-port` serving the bundled CartPole policy. *Server CPU µs/call*: the
+server process's CPU time over the measured seconds, divided by the calls answered."""
+
+_GRPC_READING = """\
+How to read it: grpcio's asyncio server costs most of a unary call by itself (the echo's
+row: its C core, its Cython layer, the event loop's turns), and a call on an open stream
+costs a fraction of that. rlserve's unary calls pay, besides grpcio's, the call's steps and
+a batch of one row each: grpcio's asyncio server starts one call per turn of the event
+loop, so unary calls reach the batcher one at a time (docs/benchmarks.md, "Where a call's
+time goes"). The streams' calls are read as they come and batched together."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from bench.actor import ActorResult
 from bench.cache import CacheRun
 from bench.features import FeaturesRun
+from bench.grpc_floor import GrpcRun
 from bench.grpo import GrpoRun
 from bench.lane import LaneRun
 from bench.lm import LmRun
@@ -85,6 +86,7 @@ class Results:
     features: FeaturesRun | None = None
     grpo: GrpoRun | None = None
     lane: LaneRun | None = None
+    grpc: GrpcRun | None = None
 
     def find(self, scenario: str, setup_key: str) -> LoadRun | None:
         for run in self.load:

@@ -37,6 +37,7 @@ RECURRENT = "recurrent"
 FEATURES = "features"
 GRPO = "grpo"
 LANE = "lane"
+GRPC = "grpc"
 STOCHASTIC_OUTPUTS = ("actions", "log_probs", "values")
 
 
@@ -60,7 +61,7 @@ WRK = (
 )
 NAMES = (
     *(s.name for s in WRK), RAW, ACTOR, OVERLOAD, OIP, LOOP, LM, CACHE, RECURRENT, FEATURES, GRPO,
-    LANE,
+    LANE, GRPC,
 )  # fmt: skip
 SPLICED = (
     OIP,
@@ -71,6 +72,7 @@ SPLICED = (
     FEATURES,
     GRPO,
     LANE,
+    GRPC,
 )  # alone into an existing document: replace only their own section
 MODELS = ("cartpole", "mlp", "cnn")  # every model of the repository, in document order
 

@@ -10,7 +10,8 @@ import sys
 
 import grpc
 
-from bench import grpc_floor
+from bench import grpc_floor, targets
+from bench.grpc_floor import Kind
 from bench.servers import free_port
 from serve.frontends.oip.proto import inference_pb2 as pb
 
@@ -41,8 +42,40 @@ def test_the_aio_echo_answers_calls_and_the_client_counts_them() -> None:
         echo.terminate()
 
 
-def test_the_table_divides_every_cost_by_the_first_rows() -> None:
-    rows = [grpc_floor.Row("echo", 1000, 200.0), grpc_floor.Row("rlserve", 500, 500.0)]
-    lines = grpc_floor.table(rows).splitlines()
-    assert lines[2].endswith("| 1.00 |")
-    assert lines[3] == "| rlserve | 500 | 500.0 | 2.50 |"
+def grpc_run(*rows: grpc_floor.Row) -> grpc_floor.GrpcRun:
+    return grpc_floor.GrpcRun(
+        "2026-12-07 12:00 UTC", 60.0, 5.0, 16, 4, "x86_64", "0.1", "0.2", rows, ()
+    )
+
+
+def test_the_table_divides_each_cost_by_the_unary_and_the_stream_echos() -> None:
+    run = grpc_run(
+        grpc_floor.Row(Kind.AIO_ECHO, 1000, 200.0),
+        grpc_floor.Row(Kind.AIO_STREAM_ECHO, 4000, 50.0),
+        grpc_floor.Row(Kind.RLSERVE_UNARY, 500, 500.0),
+        grpc_floor.Row(Kind.RLSERVE_STREAM, None, None, "server exited"),
+    )
+    lines = grpc_floor.table(run)
+    assert lines[2] == "| grpc.aio echo | 1,000 | 200.0 | 1.00 | 4.00 |"
+    assert lines[4] == "| rlserve unary | 500 | 500.0 | 2.50 | 10.00 |"
+    assert lines[5] == "| rlserve stream | failed: server exited | | | |"
+
+
+def test_the_unary_target_is_met_at_most_1_3_times_the_echo() -> None:
+    echo = grpc_floor.Row(Kind.AIO_ECHO, 1000, 200.0)
+    met = targets.grpc_verdicts(grpc_run(echo, grpc_floor.Row(Kind.RLSERVE_UNARY, 800, 260.0)))
+    assert [(v.met, v.measured) for v in met] == [(True, "1.30x: 260 against 200 µs")]
+    missed = targets.grpc_verdicts(grpc_run(echo, grpc_floor.Row(Kind.RLSERVE_UNARY, 500, 400.0)))
+    assert [v.met for v in missed] == [False]
+    assert missed[0].target.startswith(targets.GRPC_PREFIX)
+
+
+def test_the_unary_target_says_why_it_was_not_measured() -> None:
+    assert [v.measured for v in targets.grpc_verdicts(None)] == ["not run"]
+    failed = grpc_run(
+        grpc_floor.Row(Kind.AIO_ECHO, 1000, 200.0),
+        grpc_floor.Row(Kind.RLSERVE_UNARY, None, None, "server not ready after 120s"),
+    )
+    assert [(v.met, v.measured) for v in targets.grpc_verdicts(failed)] == [
+        (None, "server not ready after 120s")
+    ]
