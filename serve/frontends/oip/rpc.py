@@ -294,7 +294,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         def settled(done: asyncio.Future[Any]) -> None:
             try:
                 answer = self.inference.answer(call, signature, done.result())
-                reply(pb.ModelStreamInferResponse(infer_response=encode_infer(answer, call)))
+                message = pb.ModelStreamInferResponse()
+                fill_infer(message.infer_response, answer, call)
+                reply(message)
             except BaseException as exc:  # a cancelled batch too: the one internal error
                 reply(_stream_error(request, self._refused(route, exc, received_at, request)))
 
@@ -436,7 +438,7 @@ def _wire_bytes(text: str) -> int:
 
 
 def decode_infer(request: Any) -> InferCall:
-    parameters = _parameters(request.parameters)
+    parameters = _parameters(request.parameters) if request.parameters else {}
     if "binary_data_output" in parameters:  # as over REST, though answers here always go raw
         _boolean("parameters.binary_data_output", parameters["binary_data_output"])
     arrays, placed = _arrays(request)
@@ -463,28 +465,24 @@ def _parameters(given: Any) -> dict[str, Any]:
 def _arrays(request: Any) -> tuple[dict[str, np.ndarray], list[PlacedInput]]:
     """The inputs given in the call, and those in shared memory (no raw entry of their own)."""
     raw = request.raw_input_contents
+    if raw and not any(given.parameters for given in request.inputs):
+        return _raw_arrays(request, raw), []  # the usual call: every input's bytes in raw
     placements = [
         shared_memory.placement(_parameters(given.parameters), "input", given.name)
         for given in request.inputs
     ]
     carried = sum(where is None for where in placements)
     if raw and len(raw) != carried:
-        raise InvalidInput(
-            f"raw_input_contents: {len(raw)} entries for {carried} inputs not in shared memory; "
-            "give one per such input, in input order, or none and use contents"
-        )
+        raise _raw_count(len(raw), carried)
     arrays: dict[str, np.ndarray] = {}
     placed: list[PlacedInput] = []
     entries = iter(raw)
     for given, where in zip(request.inputs, placements, strict=True):
         if given.name in arrays or any(p.name == given.name for p in placed):
-            raise InvalidInput(f"inputs: {quoted(given.name)} is given twice")
+            raise _given_twice(given.name)
         shape = list(given.shape)
         if (raw or where is not None) and given.HasField("contents"):
-            raise InvalidInput(
-                f"input {quoted(given.name)}: give its data one way: in raw_input_contents, in "
-                "contents or in shared memory"
-            )
+            raise _two_ways(given.name)
         if where is not None:
             placed.append(PlacedInput(given.name, given.datatype, shape, where))
         elif raw:
@@ -496,9 +494,45 @@ def _arrays(request: Any) -> tuple[dict[str, np.ndarray], list[PlacedInput]]:
     return arrays, placed
 
 
+def _raw_arrays(request: Any, raw: Any) -> dict[str, np.ndarray]:
+    """Inputs without parameters (none in shared memory), each with its raw entry."""
+    if len(raw) != len(request.inputs):
+        raise _raw_count(len(raw), len(request.inputs))
+    arrays: dict[str, np.ndarray] = {}
+    for given, data in zip(request.inputs, raw, strict=True):
+        name = given.name
+        if name in arrays:
+            raise _given_twice(name)
+        if given.HasField("contents"):
+            raise _two_ways(name)
+        arrays[name] = tensors.from_bytes(name, given.datatype, list(given.shape), data)
+    return arrays
+
+
+def _raw_count(entries: int, carried: int) -> InvalidInput:
+    return InvalidInput(
+        f"raw_input_contents: {entries} entries for {carried} inputs not in shared memory; "
+        "give one per such input, in input order, or none and use contents"
+    )
+
+
+def _given_twice(name: str) -> InvalidInput:
+    return InvalidInput(f"inputs: {quoted(name)} is given twice")
+
+
+def _two_ways(name: str) -> InvalidInput:
+    return InvalidInput(
+        f"input {quoted(name)}: give its data one way: in raw_input_contents, in contents or "
+        "in shared memory"
+    )
+
+
 def _outputs(request: Any) -> list[RequestedOutput]:
     outputs = []
     for output in request.outputs:
+        if not output.parameters:  # the usual output: answered in raw_output_contents
+            outputs.append(RequestedOutput(output.name))
+            continue
         parameters = _parameters(output.parameters)
         unknown = sorted(set(parameters) - {"binary_data", *shared_memory.PARAMETERS})
         if unknown:
@@ -539,22 +573,26 @@ def _parameter(value: Any) -> Any:
 
 
 def encode_infer(answer: InferAnswer, call: InferCall) -> Any:
-    """The answer: every output with its ``raw_output_contents`` entry at the same index,
-    empty for an output written to shared memory."""
+    """The answer as a ``ModelInferResponse``."""
+    response = pb.ModelInferResponse()
+    fill_infer(response, answer, call)
+    return response
+
+
+def fill_infer(target: Any, answer: InferAnswer, call: InferCall) -> None:
+    """Write the answer into the empty ``ModelInferResponse`` ``target`` (a stream's
+    answer fills its own in place: no copy): every output with its
+    ``raw_output_contents`` entry at the same index, empty for an output written to
+    shared memory."""
     response = answer.response
-    output = pb.ModelInferResponse.InferOutputTensor
-    return pb.ModelInferResponse(
-        model_name=response.model,
-        model_version=str(response.version),
-        id=call.id,
-        parameters={"model_sha256": pb.InferParameter(string_param=response.sha256)},
-        outputs=[
-            output(name=t.name, datatype=t.datatype, shape=t.values.shape) for t in answer.tensors
-        ],
-        raw_output_contents=[
-            b"" if t.placement is not None else tensors.to_bytes(t.values) for t in answer.tensors
-        ],
-    )
+    target.model_name = response.model
+    target.model_version = str(response.version)
+    target.id = call.id
+    target.parameters["model_sha256"].string_param = response.sha256
+    outputs, contents = target.outputs, target.raw_output_contents
+    for tensor in answer.tensors:
+        outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.values.shape)
+        contents.append(b"" if tensor.placement is not None else tensors.to_bytes(tensor.values))
 
 
 def _data_type(datatype: str) -> Any:
