@@ -36,6 +36,7 @@ from tests.e2e.server import Server, free_port
 TOKEN = "oip-test-admin-token"
 MODELS = ("heavy", "cartpole", "pendulum", "dict")
 HEAVY_CONFIG = "max_queue_rows: 1\n"  # heavy: a queue of one row, to see 429s
+CARTPOLE_CONFIG = "max_queue_rows: 32768\n"  # room for a call too large to check on the loop
 
 
 class V2Server:
@@ -75,6 +76,7 @@ def start(repository: Path, tmp: Path, *flags: str) -> tuple[Server, int]:
 def v2(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[V2Server]:
     tmp = tmp_path_factory.mktemp("oip")
     repo = only(repository, tmp, *MODELS, config=HEAVY_CONFIG)
+    (repo / "cartpole" / "config.yaml").write_text(CARTPOLE_CONFIG)
     server, grpc_port = start(repo, tmp)
     yield V2Server(server, grpc_port, repo)
     server.stop()
@@ -188,6 +190,33 @@ def test_stream_answers_every_call_by_its_id(v2: V2Server) -> None:
     assert [by_id[i] for i in range(len(obs))] == expected.tolist()
     assert "not_found" in str(error)
     assert "nope" in str(error)
+
+
+def test_a_stream_answers_a_large_call_beside_small_ones(v2: V2Server) -> None:
+    """A call too large to check on the event loop runs in a task of its own while the
+    small calls around it take the stream's task-free path: every call is answered once,
+    with its own rows' actions."""
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    large = rows(20_000, seed=6)  # 320 kB of tensors: checked on a worker thread
+    small = rows(40, seed=7)
+    with v2.grpc() as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        for i in range(len(small)):
+            if i == len(small) // 2:
+                given = triton_grpc.InferInput("obs", list(large.shape), "FP32")
+                given.set_data_from_numpy(large)
+                client.async_stream_infer("cartpole", [given], request_id="large")
+            given = triton_grpc.InferInput("obs", [1, 4], "FP32")
+            given.set_data_from_numpy(small[i : i + 1])
+            client.async_stream_infer("cartpole", [given], request_id=str(i))
+        got = [answers.get(timeout=30) for _ in range(len(small) + 1)]
+        client.stop_stream()
+    assert [str(error) for _, error in got if error is not None] == []
+    by_id = {r.get_response().id: r.as_numpy("actions") for r, _ in got}
+    assert by_id.keys() == {"large", *map(str, range(len(small)))}
+    np.testing.assert_array_equal(by_id["large"], cartpole_expected(v2, large)["actions"])
+    expected = cartpole_expected(v2, small)["actions"]
+    assert [int(by_id[str(i)][0]) for i in range(len(small))] == expected.tolist()
 
 
 def test_answers_are_stamped_with_the_version_and_its_sha256(v2: V2Server) -> None:
