@@ -12,7 +12,8 @@ scenario:
    honour Retry-After: a refused request is sent again at once, so the server always holds
    ``FACTOR x C*`` requests and pays for every refusal it makes. ``PROBE_CONNECTIONS`` of
    the connections are the probe's (``bench/probe.py``), which times the 2xx answers: the
-   admitted latency.
+   admitted latency. The probe honours Retry-After, as a client that follows the protocol
+   does.
 3. **Saturation again**: ``C*`` connections as in step 1, right after the overload, so
    that a machine whose speed changed during the run shows it (the two saturation runs
    disagree) and the overload is judged against the mean of the two.

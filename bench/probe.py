@@ -1,10 +1,15 @@
 """Admitted latency under load, timed by the client: a few keep-alive connections of its own.
 
 wrk's latency histogram mixes every status, and a refusal is fast, so it says nothing about
-the requests that were served. The probe is a handful of connections that behave like
-wrk's (closed loop: each sends its next request as soon as the previous answer arrives,
-429s included) but time every request from just before it is written to just after its
-answer is read, and keep the times of 2xx answers. Its latencies are what a caller sees:
+the requests that were served. The probe is a handful of connections that behave like a
+client that follows the protocol (closed loop: each sends its next request as soon as the
+previous answer arrives, but after a refusal that names a Retry-After, 429 or 503, it
+waits that long first, as ``rlserve collect`` and the reference guides' clients do) and
+time every request from just before it is written to just after its answer is read,
+keeping the times of 2xx answers. (A probe that ignored Retry-After, as wrk does, would
+measure nothing once refused: the server reads a refused connection again only after the
+Retry-After and judges the request it then finds as sent when the wait began, so that
+request is answered 504, and so on while the overload lasts.) Its latencies are what a caller sees:
 they include the time a request waits in the kernel's buffers before the server reads it,
 which the server's own latency histogram (measured from the request's arrival in the
 handler, whatever its status) does not.
@@ -124,12 +129,26 @@ class Probe:
                     answer = connection.getresponse()
                     answer.read()
                     status = answer.status
+                    wait_s = _retry_after_s(status, answer.getheader("Retry-After"))
                 except (OSError, http.client.HTTPException):
-                    status = 0
+                    status, wait_s = 0, 0.0
                     connection.close()
                     connection = self._connect()
                 tally.requests.append((started, (time.monotonic() - started) * 1e3, status))
+                if wait_s:
+                    self._stop.wait(wait_s)
             connection.close()
 
     def _connect(self) -> http.client.HTTPConnection:
         return http.client.HTTPConnection(self._host, self._port, timeout=self._timeout_s)
+
+
+def _retry_after_s(status: int, given: str | None) -> float:
+    """How long to wait before the next request: a refusal's Retry-After (429, 503) in
+    seconds, else nothing."""
+    if status not in (429, 503) or not given:
+        return 0.0
+    try:
+        return max(0.0, float(given))
+    except ValueError:
+        return 0.0

@@ -434,11 +434,14 @@ and the probe on core 1.
   peak rate cannot be generated here (wrk 4 has no rate mode; Python cannot send that fast
   from one core), and no single Python process could even refuse requests that fast.
 - **Admitted latency** comes from a probe: {probe} of the overload connections are Python
-  threads (`bench/probe.py`) that behave like wrk's but time each request from the client,
-  from {ramp} s after the start to the end; the admitted p50/p99 are those of their 2xx
-  answers, including the wait before the server reads a request. wrk's percentiles mix
-  every status; so does the server's `rlserve_request_latency_seconds`, which starts when
-  the server parses the request's first bytes.
+  threads (`bench/probe.py`) that time each request from the client, from {ramp} s after
+  the start to the end; the admitted p50/p99 are those of their 2xx answers, including the
+  wait before the server reads a request. Unlike wrk they follow the protocol: after a 429
+  or 503 a probe connection waits its Retry-After before it sends again (one that did not
+  would be answered 504 for as long as the overload lasts, above, and time nothing).
+  wrk's percentiles mix every status; so does the server's
+  `rlserve_request_latency_seconds`, which starts when the server parses the request's
+  first bytes.
 - **Counts**: the statuses are wrk's; *errors* are socket errors, statuses other than
   2xx, 429, 503 and 504, and probe requests lost to a connection error. *Late 2xx* are the
   probe's 2xx answers slower than the deadline. *Server CPU µs/answer* is the server
