@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -286,9 +286,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             reply(_stream_error(request, self._refused(route, exc, received_at, request)))
             return None
         if queued is None:
-            return asyncio.create_task(
-                self._stream_reply(request, received_at, remaining_s, context, reply)
-            )
+            running = self._infer(request, received_at, remaining_s, context)
+            return asyncio.create_task(_replied(running, request, reply))
         future, signature = queued
 
         def settled(done: asyncio.Future[Any]) -> None:
@@ -302,23 +301,6 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
         future.add_done_callback(settled)
         return None
-
-    async def _stream_reply(
-        self,
-        request: Any,
-        received_at: float,
-        remaining_s: float | None,
-        context: Any,
-        reply: Callable[[Any], None],
-    ) -> None:
-        """One stream call run in a task: its response, or its error naming the call
-        (``context``: the stream's)."""
-        try:
-            response = await self._infer(request, received_at, remaining_s, context)
-        except RLServeError as exc:  # the stream goes on; the reply names the call
-            reply(_stream_error(request, exc))
-        else:
-            reply(pb.ModelStreamInferResponse(infer_response=response))
 
     def close_streams(self) -> None:
         """Shutdown: every stream stops reading, answers its calls in flight and ends."""
@@ -368,6 +350,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             exc = internal_error(exc)
         self.inference.refused(route, exc, received_at)
         return exc
+
+
+async def _replied(running: Awaitable[Any], request: Any, reply: Callable[[Any], None]) -> None:
+    """A stream call run in a task of its own: its response, or its error naming the call."""
+    try:
+        response = await running
+    except RLServeError as exc:  # the stream goes on; the reply names the call
+        reply(_stream_error(request, exc))
+    else:
+        reply(pb.ModelStreamInferResponse(infer_response=response))
 
 
 def _stream_error(request: Any, error: RLServeError) -> Any:
