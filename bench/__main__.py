@@ -127,10 +127,12 @@ about two minutes (plus building the tiny policies on a first run).
 lane (bench/lane.py): rlserve serve --lane on core 0 serving the bundled CartPole policy;
 on core 1, over HTTP (PolicyClient) and over the local lane (LaneClient), one after the
 other: one actor (one env, one call per step), eight actors at once, and one rollout
-worker with 64 envs (rlserve collect's code); beside them, the 64 envs stepped alone.
-Targets (issue #43), through the lane: one actor >= 12,000 env steps/s, eight actors >=
-10,000 together, the 64-env worker >= 90% of its envs' rate alone. `--only lane --seconds
-8` takes about two minutes.
+worker with 64 envs (rlserve collect's code); beside them, the 64 envs stepped alone, and
+the lane's floors: onnxruntime alone at batch 1 on core 0, and a bare shared-memory round
+trip between two processes (bench.ipc's lane design). Targets (issue #43), through the
+lane: one actor >= 12,000 env steps/s and >= 15% of onnxruntime's batch-1 rate alone,
+eight actors >= 10,000 together, the 64-env worker >= 90% of its envs' rate alone.
+`--only lane --seconds 8` takes about two minutes.
 
 grpc (bench/grpc_floor.py): each server in turn on core 0, and a grpc.aio client on core
 1 with 16 calls in flight (one stream each for the stream rows), one CartPole

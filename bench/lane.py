@@ -15,6 +15,12 @@ after another against the same server:
 Beside them, the env's own speed: the same vector env of 64 CartPoles stepped with random
 actions and no server, on the load core. Each row: ``warmup`` seconds, then ``seconds``
 measured; the server's CPU time over the row, per env step.
+
+And the lane's floors, in the same run: onnxruntime alone on the server core running the
+same model.onnx back to back at batch 1 (one thread: what one call's model costs), and
+the IPC floor (``bench.ipc``): a 16-byte request and its answer between two bare Python
+processes through the lane's design (a memfd slot, a doorbell byte each way), with the
+client blocking on its doorbell and, for reference, spinning on the answer's seq.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from bench import children, cpu, servers
+from bench import children, cpu, ipc, raw, servers
 
 ENVS = 64  # the rollout worker's
 ACTORS = 8
@@ -37,6 +43,8 @@ CHILD_TIMEOUT_S = 120.0
 MIN_ONE_ACTOR = 12_000.0
 MIN_EIGHT_ACTORS = 10_000.0
 MIN_WORKER_SHARE = 0.9  # of the same vector env's rate alone
+MIN_ONE_ACTOR_SHARE = 0.15  # one actor, of onnxruntime's batch-1 rate alone
+IPC_PAYLOAD = 16  # bytes: one CartPole observation
 
 
 class Transport(Enum):
@@ -79,6 +87,15 @@ class LaneRow:
 
 
 @dataclass(frozen=True)
+class Floors:
+    """What a lane call cannot beat, measured in the same run (None: not measured)."""
+
+    onnxruntime_rows_per_s: float | None  # the model alone, batch 1, on the server core
+    round_trips_per_s: float | None  # bench.ipc's lane design, blocking doorbells
+    spinning_round_trips_per_s: float | None  # the same, the client spinning
+
+
+@dataclass(frozen=True)
 class LaneRun:
     when: str
     seconds: float  # the scenario's wall time
@@ -90,6 +107,7 @@ class LaneRun:
     env_steps_per_s: float | None  # the vector env of ENVS CartPoles alone
     rows: tuple[LaneRow, ...]
     failure: str | None  # why nothing was measured
+    floors: Floors | None = None
 
     def row(self, load: Load, transport: Transport) -> LaneRow | None:
         return next((r for r in self.rows if r.load is load and r.transport is transport), None)
@@ -104,6 +122,7 @@ def run(model: Path, workdir: Path, seconds: int, warmup: int) -> LaneRun:
     rows: list[LaneRow] = []
     failure = None
     env_rate = _env_alone(seconds)
+    floors = _floors(model, seconds)
     for serving, transports in _SERVINGS:
         try:
             server = _serve(model, workdir, lane, serving)
@@ -122,7 +141,7 @@ def run(model: Path, workdir: Path, seconds: int, warmup: int) -> LaneRun:
     rows.sort(key=lambda r: (list(Load).index(r.load), order.index(r.transport)))
     return LaneRun(
         when, time.monotonic() - started, float(seconds), float(warmup), machine, load_before,
-        cpu.loadavg(), env_rate, tuple(rows), failure,
+        cpu.loadavg(), env_rate, tuple(rows), failure, floors,
     )  # fmt: skip
 
 
@@ -219,6 +238,21 @@ def _start(command: list[str]) -> subprocess.Popen[str]:
     pinned = cpu.pinned(command, cpu.LOAD_CORE)
     pipe = subprocess.PIPE
     return subprocess.Popen(pinned, stdout=pipe, stderr=pipe, text=True, cwd=children.ROOT)
+
+
+def _floors(model: Path, seconds: int) -> Floors:
+    """onnxruntime alone on the server core, and the IPC floor across the two cores."""
+    _say("lane: floors: onnxruntime alone at batch 1, and bench.ipc's lane design")
+    with cpu.on_core(cpu.SERVER_CORE):
+        onnx_rate = raw.rows_per_second(servers.newest_onnx(model), 1, seconds)
+    layout, request = ipc.Layout(IPC_PAYLOAD), bytes(range(IPC_PAYLOAD))
+    cores = (cpu.SERVER_CORE, cpu.LOAD_CORE)
+    rates = []
+    for transport in (ipc.LaneTransport(), ipc.SpinningLaneTransport()):
+        row = ipc.run(transport, layout, request, seconds, cores)
+        client = row.client
+        rates.append(None if isinstance(client, ipc.Failed) else client.calls / client.wall_s)
+    return Floors(onnx_rate, rates[0], rates[1])
 
 
 def _env_alone(seconds: int) -> float | None:

@@ -1580,9 +1580,31 @@ def _lane_section(run: LaneRun) -> str:
         *(_lane_row(run, row) for row in run.rows),
         f"| {lane.ENVS} CartPole envs alone (random actions, no server) | none "
         f"| {_maybe(run.env_steps_per_s, '{:,.0f}')} | | | |",
+        *_lane_floor_rows(run),
     ]
     verdicts = targets.lane_verdicts(run)
     return _own_section(LANE_HEADING, method, verdicts, run.failure, table, _LANE_READING)
+
+
+def _lane_floor_rows(run: LaneRun) -> list[str]:
+    """The lane's floors as rows of its table (calls/s in the steps/s column)."""
+    floors = run.floors
+    if floors is None:
+        return []
+    shown = (
+        ("onnxruntime alone, batch 1, one thread (rows/s)", "none", floors.onnxruntime_rows_per_s),
+        (
+            "a bare shared-memory round trip between two processes (`bench.ipc`)",
+            "the lane's design, blocking doorbells",
+            floors.round_trips_per_s,
+        ),
+        (
+            "the same, the client spinning on the answer",
+            "the lane's design, spinning",
+            floors.spinning_round_trips_per_s,
+        ),
+    )
+    return [f"| {what} | {how} | {_maybe(rate, '{:,.0f}')} | | | |" for what, how, rate in shown]
 
 
 def _lane_row(run: LaneRun, row: LaneRow) -> str:
@@ -1617,8 +1639,12 @@ is the server process's CPU time over the row's whole run, warm-ups included, di
 the rows it computed for it. *Waiting on answers* (the rollout worker's rows): the share of
 its measured time spent in predict calls, and the steps/s it would make were they
 instant: its own code's ceiling (env, bookkeeping, publishing), which no transport passes.
-The last row steps the worker's vector env alone with random actions: the most any client
-of it could collect on core 1."""
+The row after steps the worker's vector env alone with random actions: the most any client
+of it could collect on core 1. The last rows are the lane's floors, measured in the same
+run: the model alone (onnxruntime, the same model.onnx at batch 1, back to back, one thread
+on core 0) and a bare shared-memory round trip between two Python processes through the
+lane's design (`bench.ipc`: a memfd slot and a doorbell byte each way, 16 bytes each way,
+nothing else), its client blocking on the doorbell, then spinning on the answer's seq."""
 
 _LANE_READING = """\
 How to read it: an actor waits for each answer before it steps again, so its rate is one

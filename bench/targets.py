@@ -699,7 +699,35 @@ def lane_verdicts(run: LaneRun | None) -> list[Verdict]:
         if ceiling is not None:
             measured += f"; the worker's own ceiling (answers taking no time): {ceiling:,.0f}"
         verdicts.append(Verdict(target, measured, row.steps_per_s >= minimum))
+    verdicts.insert(1, _one_actor_share(run))
     return verdicts
+
+
+def _one_actor_share(run: LaneRun | None) -> Verdict:
+    """One actor's steps/s as a share of onnxruntime's batch-1 rate alone, the IPC floor's
+    round trips beside it."""
+    share = lane.MIN_ONE_ACTOR_SHARE
+    target = (
+        f"{LANE_PREFIX}one CartPole actor through the local lane ≥ {share:.0%} of onnxruntime's "
+        "batch-1 rate alone (the same model.onnx, one thread, the server core)"
+    )
+    floors = None if run is None else run.floors
+    row = None if run is None else run.row(lane.Load.ONE_ACTOR, lane.Transport.LANE)
+    if floors is None or floors.onnxruntime_rows_per_s is None:
+        return Verdict(target, "not run", None)
+    if row is None or row.steps_per_s is None:
+        return Verdict(target, "the one-actor row failed", None)
+    rate, alone = row.steps_per_s, floors.onnxruntime_rows_per_s
+    measured = f"{rate / alone:.1%}: {rate:,.0f} against {alone:,.0f} rows/s"
+    if floors.round_trips_per_s:
+        measured += (
+            f"; {rate / floors.round_trips_per_s:.0%} of a bare shared-memory round trip's "
+            f"rate ({floors.round_trips_per_s:,.0f}/s"
+        )
+        if floors.spinning_round_trips_per_s:
+            measured += f", {floors.spinning_round_trips_per_s:,.0f}/s spinning"
+        measured += ")"
+    return Verdict(target, measured, rate >= share * alone)
 
 
 def _lane_minimum(run: LaneRun | None, load: lane.Load) -> tuple[float | None, str]:
