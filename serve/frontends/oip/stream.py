@@ -11,8 +11,9 @@ only when they have nothing to do.
 At most ``max_in_flight`` calls are between being read and their answer being written (an
 answer waiting for the client to read it counts): at the bound the reader waits for a
 write, and grpc's flow control holds the client's writes back meanwhile. When the reader
-ends (the client's end of stream, or ``stop`` at shutdown) the calls in flight are
-answered, then the handler returns and the stream ends.
+ends (the client's end of stream, or its cancellation at shutdown:
+``InferenceService.close_streams``) the calls in flight are answered, then the handler
+returns and the stream ends.
 """
 
 from __future__ import annotations
