@@ -140,7 +140,7 @@ observation per ModelInfer: grpcio's own floors (a grpc.aio unary echo and strea
 raw bytes in and out; its thread-pool server; grpclib when installed), then rlserve serve
 --grpc-port over unary ModelInfer and over ModelStreamInfer. Target (issue #43): rlserve's
 unary call <= 1.3x the grpc.aio echo's CPU per call. `--only grpc --seconds 5` takes about
-two minutes; `python -m bench.grpc_floor` prints the same table alone.
+a minute; `python -m bench.grpc_floor` prints the same table alone.
 
 Needs wrk and taskset on PATH, two CPU cores, and the test install (torch and
 stable-baselines3 build the mlp and cnn models; transformers, trl, peft and

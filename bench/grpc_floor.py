@@ -248,7 +248,7 @@ def setups(threads: int) -> tuple[list[Setup], list[str]]:
     rlserve = [sys.executable, "-m", "cli", "serve", "--model-repository", str(REPOSITORY)]
     chosen = [
         Setup(Kind.AIO_ECHO, lambda port: [*me, "aio", "--port", str(port)]),
-        Setup(Kind.AIO_STREAM_ECHO, lambda port: [*me, "aio", "--port", str(port)], True),
+        Setup(Kind.AIO_STREAM_ECHO, lambda port: [*me, "aio", "--port", str(port)], streaming=True),
         Setup(
             Kind.SYNC_ECHO,
             lambda port: [*me, "sync", "--port", str(port), "--threads", str(threads)],
@@ -331,8 +331,8 @@ def _wait_said_ready(server: Server, log: Path, timeout_s: float = 60) -> None:
 
 
 def table(run: GrpcRun) -> list[str]:
-    """The run's rows as a markdown table: each server's CPU per call over its floor's (the
-    unary echo for unary calls, the stream echo for stream calls)."""
+    """The run's rows as a markdown table: each server's CPU per call over the unary echo's
+    and over the stream echo's."""
     lines = [
         "| server | calls/s | server CPU µs/call | ÷ grpc.aio echo | ÷ grpc.aio stream echo |",
         "|---|---:|---:|---:|---:|",
