@@ -76,7 +76,13 @@ from serve.frontends.oip import shared_memory, tensors
 from serve.frontends.oip.catalog import PLATFORM, Catalog, extensions, repository_index
 from serve.frontends.oip.infer import InferAnswer, Inference, call_budget_ms
 from serve.frontends.oip.shared_memory import PlacedInput
-from serve.frontends.oip.signature import InferCall, RequestedOutput, Signature, config_dims
+from serve.frontends.oip.signature import (
+    OUTPUT_PARAMETERS,
+    InferCall,
+    RequestedOutput,
+    Signature,
+    config_dims,
+)
 from serve.frontends.wire import episode_key, refuse_repeated_keys, timeout_header_ms
 from serve.status import http_status
 
@@ -598,9 +604,6 @@ def _check_binary_size(name: str, size: Any, left: int) -> None:
         )
 
 
-_OUTPUT_PARAMETERS = frozenset({"binary_data", *shared_memory.PARAMETERS})
-
-
 def _outputs(value: Any) -> list[RequestedOutput]:
     if value is None:
         return []
@@ -611,7 +614,7 @@ def _outputs(value: Any) -> list[RequestedOutput]:
         if not isinstance(given, dict) or not isinstance(given.get("name"), str):
             raise InvalidInput(f"outputs[{i}]: expected an object with a name")
         parameters = _object(given.get("parameters"), f"outputs[{i}].parameters")
-        unknown = sorted(parameters.keys() - _OUTPUT_PARAMETERS)
+        unknown = sorted(parameters.keys() - OUTPUT_PARAMETERS)
         if unknown:
             raise InvalidInput(
                 f"outputs[{i}].parameters: {unknown} not supported; an output takes binary_data "

@@ -58,7 +58,13 @@ from serve.frontends.oip.proto import inference_pb2 as pb
 from serve.frontends.oip.proto import inference_pb2_grpc as pb_grpc
 from serve.frontends.oip.proto import model_config_pb2 as config_pb
 from serve.frontends.oip.shared_memory import PlacedInput
-from serve.frontends.oip.signature import EPISODE_KEY, InferCall, RequestedOutput, config_dims
+from serve.frontends.oip.signature import (
+    EPISODE_KEY,
+    OUTPUT_PARAMETERS,
+    InferCall,
+    RequestedOutput,
+    config_dims,
+)
 from serve.frontends.oip.stream import InferStream
 from serve.frontends.wire import episode_key
 from serve.status import grpc_status, grpc_trailers
@@ -526,7 +532,7 @@ def _outputs(request: Any) -> list[RequestedOutput]:
             outputs.append(RequestedOutput(output.name))
             continue
         parameters = _parameters(output.parameters)
-        unknown = sorted(set(parameters) - {"binary_data", *shared_memory.PARAMETERS})
+        unknown = sorted(parameters.keys() - OUTPUT_PARAMETERS)
         if unknown:
             raise InvalidInput(
                 f"outputs: {quoted(output.name)} parameters {listed(unknown)} are not supported; "

@@ -33,6 +33,7 @@ import numpy as np
 from kernel.contract import PolicyContract, TensorRole
 from kernel.errors import InvalidInput, listed, quoted
 from serve.dataplane.messages import InferenceRequest
+from serve.frontends.oip.shared_memory import PARAMETERS as SHARED_MEMORY_PARAMETERS
 from serve.frontends.oip.shared_memory import PlacedInput, Placement
 from serve.frontends.oip.tensors import DTYPES, datatype_of
 from serve.types import Answer, OutputKind
@@ -81,6 +82,10 @@ class TensorMetadata:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+# The parameters a requested output may carry, over either transport.
+OUTPUT_PARAMETERS = frozenset({"binary_data", *SHARED_MEMORY_PARAMETERS})
 
 
 @dataclass(frozen=True, slots=True)
