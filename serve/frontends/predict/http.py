@@ -344,9 +344,7 @@ class PredictFrontend:
         )
         answer = plain_error(error)
         self.calls.refused(call, error, answer.status)
-        if self.calls.access_log is not None:
-            scope: Scope = {"method": "POST", "path": _path_of(path), "client": None}
-            self.calls.logged(scope, call, answer.status)
+        self._logged_early(call, path, answer.status)
         head = _error_head(b"HTTP/1.1 504 Gateway Timeout\r\n", error)
         return _whole(head, orjson.dumps(answer.body), call.request_id)
 
@@ -385,10 +383,15 @@ class PredictFrontend:
         else:
             seconds = now - call.received_at
             self.metrics.refused(call.model, call.version, 429, _QUEUE_FULL, seconds)
+        self._logged_early(call, path, 429)
+        return cached.encode(call.request_id)
+
+    def _logged_early(self, call: Call, path: PredictPath, status: int) -> None:
+        """The access-log line of a call answered from its headers (it has no ASGI scope:
+        one is made for the line, when the log is on)."""
         if self.calls.access_log is not None:
             scope: Scope = {"method": "POST", "path": _path_of(path), "client": None}
-            self.calls.logged(scope, call, 429)
-        return cached.encode(call.request_id)
+            self.calls.logged(scope, call, status)
 
 
 def _path_of(path: PredictPath) -> str:
