@@ -71,11 +71,9 @@ class InferStream:
             while self._answers:
                 await self._context.write(self._answers.popleft())  # waits on a slow reader
                 self._in_flight -= 1
-                waiting = self._reader_waits
-                if waiting is not None and self._in_flight < self._max_in_flight:
-                    self._reader_waits = None
-                    if not waiting.done():
-                        waiting.set_result(None)
+                if self._in_flight < self._max_in_flight:
+                    waiting, self._reader_waits = self._reader_waits, None
+                    _wake(waiting)
             if self._reading_done and self._in_flight == 0:
                 return
             self._writer_waits = asyncio.get_running_loop().create_future()
@@ -83,5 +81,10 @@ class InferStream:
 
     def _wake_writer(self) -> None:
         waiting, self._writer_waits = self._writer_waits, None
-        if waiting is not None and not waiting.done():
-            waiting.set_result(None)
+        _wake(waiting)
+
+
+def _wake(waiting: asyncio.Future[None] | None) -> None:
+    """Wake the end sleeping on ``waiting`` (None: it is not sleeping)."""
+    if waiting is not None and not waiting.done():
+        waiting.set_result(None)
