@@ -33,7 +33,6 @@ import argparse
 import asyncio
 import datetime
 import importlib.util
-import math
 import subprocess
 import sys
 import tempfile
@@ -231,15 +230,15 @@ class GrpcRun:
     rows: tuple[Row, ...]
     skipped: tuple[str, ...]  # servers left out, and why
 
-    def row(self, kind: Kind) -> Row | None:
-        return next((r for r in self.rows if r.kind is kind and r.cpu_us_per_call), None)
+    def cost(self, kind: Kind) -> float | None:
+        """``kind``'s server CPU µs per call (None: not measured)."""
+        costs = (r.cpu_us_per_call for r in self.rows if r.kind is kind and r.cpu_us_per_call)
+        return next(costs, None)
 
     def over(self, kind: Kind, floor: Kind) -> float | None:
         """``kind``'s CPU per call over ``floor``'s (None: either is missing)."""
-        mine, theirs = self.row(kind), self.row(floor)
-        if mine is None or theirs is None or mine.cpu_us_per_call is None:
-            return None
-        return mine.cpu_us_per_call / (theirs.cpu_us_per_call or math.inf)
+        mine, theirs = self.cost(kind), self.cost(floor)
+        return None if mine is None or theirs is None else mine / theirs
 
 
 def setups(threads: int) -> tuple[list[Setup], list[str]]:

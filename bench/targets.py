@@ -755,11 +755,11 @@ def grpc_verdicts(run: GrpcRun | None) -> list[Verdict]:
     )
     if run is None:
         return [Verdict(target, "not run", None)]
-    ratio = run.over(Kind.RLSERVE_UNARY, Kind.AIO_ECHO)
-    mine, echo = run.row(Kind.RLSERVE_UNARY), run.row(Kind.AIO_ECHO)
-    if ratio is None or mine is None or echo is None:
+    mine, echo = run.cost(Kind.RLSERVE_UNARY), run.cost(Kind.AIO_ECHO)
+    if mine is None or echo is None:
         asked = (Kind.RLSERVE_UNARY, Kind.AIO_ECHO)
         failed = [r.failure for r in run.rows if r.kind in asked and r.failure is not None]
         return [Verdict(target, failed[0] if failed else "not run", None)]
-    measured = f"{ratio:.2f}x: {mine.cpu_us_per_call:,.0f} against {echo.cpu_us_per_call:,.0f} µs"
+    ratio = mine / echo
+    measured = f"{ratio:.2f}x: {mine:,.0f} against {echo:,.0f} µs"
     return [Verdict(target, measured, ratio <= limit)]
